@@ -1,0 +1,45 @@
+//! The gRPC edge: the `atmost.v1.Gate` and `atmost.v1.Permits` services.
+//! Each handler decodes its request into a domain command, validates it,
+//! calls the store with the service's one clock, and encodes the answer.
+//! Errors become gRPC statuses only in [`status`].
+
+pub mod convert;
+pub mod gate;
+pub mod permits;
+pub mod status;
+
+use crate::domain::{Clock, Error};
+use crate::store::Backend;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What every handler shares: the store, the clock and the store deadline.
+#[derive(Clone)]
+pub struct Ctx {
+    pub store: Arc<Backend>,
+    pub clock: Arc<dyn Clock>,
+    /// Longest a store call may take before the RPC answers UNAVAILABLE.
+    /// A call cut off here may still have been applied: a retry with the
+    /// same idempotency key then sees it (REPLAY or IN_PROGRESS), never a
+    /// second DISPATCH.
+    pub store_timeout: Duration,
+}
+
+impl Ctx {
+    /// Runs one store call under the store deadline.
+    pub async fn call<T>(&self, fut: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        match tokio::time::timeout(self.store_timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::StoreUnavailable(format!(
+                "no answer within {:?}",
+                self.store_timeout
+            ))),
+        }
+    }
+}
+
+/// A fresh UUIDv7: permit, attempt and receipt ids.
+pub fn new_id() -> String {
+    uuid::Uuid::now_v7().hyphenated().to_string()
+}

@@ -1,0 +1,255 @@
+//! Conversions between the wire types of `atmost.v1` and the domain.
+//! Decoding never validates business rules (the domain does); it only
+//! reports what cannot even be represented (a missing oneof, a timestamp
+//! out of range) as an INVALID_REQUEST field violation.
+
+use crate::domain::{
+    self, AttemptState, AuthorizeCmd, CommitCmd, Error, GuardMode, MarkUncertainCmd, Millis,
+    Outcome, PermitSpec, PermitStatus, ResolveCmd, invalid,
+};
+use crate::pb;
+use crate::store::{AFTER_ALL_KEYS, Cursor};
+use prost_types::{Duration, Timestamp};
+
+// === time ===
+
+/// The latest instant accepted: 9999-12-31T23:59:59Z.
+const MAX_SECONDS: i64 = 253_402_300_799;
+
+pub fn timestamp(ms: Millis) -> Timestamp {
+    Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+    }
+}
+
+pub fn millis_of_timestamp(t: &Timestamp, field: &str) -> Result<Millis, Error> {
+    if !(0..=MAX_SECONDS).contains(&t.seconds) || !(0..1_000_000_000).contains(&t.nanos) {
+        return Err(invalid(field, "out of range"));
+    }
+    Ok(t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
+}
+
+pub fn duration(ms: Millis) -> Duration {
+    Duration {
+        seconds: ms / 1000,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+pub fn millis_of_duration(d: &Duration, field: &str) -> Result<Millis, Error> {
+    if !(0..=domain::MAX_DURATION_MS / 1000).contains(&d.seconds)
+        || !(0..1_000_000_000).contains(&d.nanos)
+    {
+        return Err(invalid(field, "must be positive and at most 7 days"));
+    }
+    Ok(d.seconds * 1000 + i64::from(d.nanos) / 1_000_000)
+}
+
+// === requests ===
+
+pub fn authorize_cmd(r: pb::AuthorizeRequest) -> AuthorizeCmd {
+    AuthorizeCmd {
+        permit_id: r.permit_id,
+        tool: r.tool,
+        idempotency_key: r.idempotency_key,
+        request_fingerprint: r.request_fingerprint,
+        cost: r.cost,
+    }
+}
+
+fn succeeded(s: pb::Succeeded) -> Outcome {
+    Outcome::Succeeded {
+        result: s.result,
+        actual_cost: s.actual_cost,
+    }
+}
+
+fn failed(f: pb::Failed) -> Outcome {
+    Outcome::Failed { reason: f.reason }
+}
+
+pub fn commit_cmd(r: pb::CommitRequest) -> Result<CommitCmd, Error> {
+    use pb::commit_request::Outcome as O;
+    let outcome = match r.outcome {
+        Some(O::Succeeded(s)) => succeeded(s),
+        Some(O::Failed(f)) => failed(f),
+        Some(O::NotSent(_)) => Outcome::NotSent,
+        None => return Err(invalid("outcome", "one of succeeded, failed or not_sent is required")),
+    };
+    Ok(CommitCmd {
+        permit_id: r.permit_id,
+        idempotency_key: r.idempotency_key,
+        attempt_id: r.attempt_id,
+        outcome,
+    })
+}
+
+pub fn mark_uncertain_cmd(r: pb::MarkUncertainRequest) -> MarkUncertainCmd {
+    MarkUncertainCmd {
+        permit_id: r.permit_id,
+        idempotency_key: r.idempotency_key,
+        attempt_id: r.attempt_id,
+        reason: r.reason,
+    }
+}
+
+pub fn resolve_cmd(r: pb::ResolveRequest) -> Result<ResolveCmd, Error> {
+    use pb::resolve_request::Outcome as O;
+    let outcome = match r.outcome {
+        Some(O::Succeeded(s)) => succeeded(s),
+        Some(O::Failed(f)) => failed(f),
+        None => return Err(invalid("outcome", "one of succeeded or failed is required")),
+    };
+    Ok(ResolveCmd {
+        permit_id: r.permit_id,
+        idempotency_key: r.idempotency_key,
+        outcome,
+    })
+}
+
+pub fn permit_spec(p: Option<pb::Permit>) -> Result<PermitSpec, Error> {
+    let p = p.ok_or_else(|| invalid("permit", "is required"))?;
+    let guard = p.duplicate_guard.unwrap_or_default();
+    let guard_mode = match pb::DuplicateGuardMode::try_from(guard.mode) {
+        Ok(pb::DuplicateGuardMode::Unspecified) => None,
+        Ok(pb::DuplicateGuardMode::Off) => Some(GuardMode::Off),
+        Ok(pb::DuplicateGuardMode::Log) => Some(GuardMode::Log),
+        Ok(pb::DuplicateGuardMode::Enforce) => Some(GuardMode::Enforce),
+        Err(_) => return Err(invalid("permit.duplicate_guard.mode", "unknown mode")),
+    };
+    Ok(PermitSpec {
+        permit_id: p.permit_id,
+        subject: p.subject,
+        tools: p.tools,
+        max_calls_per_tool: p.max_calls_per_tool.into_iter().collect(),
+        budget: p.budget,
+        currency: p.currency,
+        expires_at: p
+            .expires_at
+            .as_ref()
+            .map(|t| millis_of_timestamp(t, "permit.expires_at"))
+            .transpose()?,
+        lease_ms: p
+            .lease
+            .as_ref()
+            .map(|d| millis_of_duration(d, "permit.lease"))
+            .transpose()?,
+        guard_mode,
+        guard_window_ms: guard
+            .window
+            .as_ref()
+            .map(|d| millis_of_duration(d, "permit.duplicate_guard.window"))
+            .transpose()?,
+        server_fields_set: p.status != pb::PermitStatus::Unspecified as i32
+            || p.created_at.is_some(),
+    })
+}
+
+// === page tokens ===
+//
+// A token is the hex of "<permit_id><idempotency_key>" (the permit id is a
+// 36-character UUID): opaque to clients, trivially checked here.
+
+pub fn page_token(c: &Cursor) -> String {
+    use std::fmt::Write;
+    let mut token = String::with_capacity(2 * (c.permit_id.len() + c.idempotency_key.len()));
+    for b in c.permit_id.bytes().chain(c.idempotency_key.bytes()) {
+        let _ = write!(token, "{b:02x}");
+    }
+    token
+}
+
+pub fn cursor(token: &str) -> Result<Cursor, Error> {
+    let bad = || invalid("page_token", "not a token from a previous ListUncertain response");
+    if token.len() % 2 != 0 || !token.is_ascii() {
+        return Err(bad());
+    }
+    let bytes = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&token[i..i + 2], 16))
+        .collect::<Result<Vec<u8>, _>>()
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    if text.len() <= 36 || !text.is_char_boundary(36) {
+        return Err(bad());
+    }
+    let (permit_id, key) = text.split_at(36);
+    let permit_id = domain::canonical_id(permit_id).ok_or_else(bad)?;
+    if !(domain::valid_key(key) || key == AFTER_ALL_KEYS) {
+        return Err(bad());
+    }
+    Ok(Cursor {
+        permit_id,
+        idempotency_key: key.to_owned(),
+    })
+}
+
+// === responses ===
+
+fn state(s: AttemptState) -> pb::AttemptState {
+    match s {
+        AttemptState::Reserved => pb::AttemptState::Reserved,
+        AttemptState::Succeeded => pb::AttemptState::Succeeded,
+        AttemptState::Failed => pb::AttemptState::Failed,
+        AttemptState::Uncertain => pb::AttemptState::Uncertain,
+        AttemptState::Released => pb::AttemptState::Released,
+    }
+}
+
+pub fn attempt(a: domain::Attempt) -> pb::Attempt {
+    pb::Attempt {
+        attempt_id: a.attempt_id,
+        permit_id: a.permit_id,
+        tool: a.tool,
+        idempotency_key: a.idempotency_key,
+        request_fingerprint: a.request_fingerprint,
+        state: state(a.state) as i32,
+        cost: a.cost,
+        created_at: Some(timestamp(a.created_at)),
+        lease_expires_at: Some(timestamp(a.lease_expires_at)),
+        receipt: a.receipt.map(|r| pb::Receipt {
+            receipt_id: r.receipt_id,
+            result: r.result,
+            cost: r.cost,
+            issued_at: Some(timestamp(r.issued_at)),
+        }),
+        failure_reason: a.failure_reason,
+        uncertain_reason: a.uncertain_reason,
+    }
+}
+
+pub fn usage(u: domain::Usage) -> pb::Usage {
+    pb::Usage {
+        tool: u.tool,
+        calls_made: u.calls_made,
+        calls_limit: u.calls_limit,
+        budget_remaining: u.budget_remaining,
+    }
+}
+
+pub fn permit(p: domain::Permit) -> pb::Permit {
+    pb::Permit {
+        permit_id: p.permit_id,
+        subject: p.subject,
+        tools: p.tools,
+        max_calls_per_tool: p.max_calls_per_tool.into_iter().collect(),
+        budget: p.budget,
+        currency: p.currency,
+        expires_at: Some(timestamp(p.expires_at)),
+        lease: Some(duration(p.lease_ms)),
+        duplicate_guard: Some(pb::DuplicateGuard {
+            mode: match p.duplicate_guard.mode {
+                GuardMode::Off => pb::DuplicateGuardMode::Off,
+                GuardMode::Log => pb::DuplicateGuardMode::Log,
+                GuardMode::Enforce => pb::DuplicateGuardMode::Enforce,
+            } as i32,
+            window: Some(duration(p.duplicate_guard.window_ms)),
+        }),
+        status: match p.status {
+            PermitStatus::Active => pb::PermitStatus::Active,
+            PermitStatus::Revoked => pb::PermitStatus::Revoked,
+        } as i32,
+        created_at: Some(timestamp(p.created_at)),
+    }
+}

@@ -1,0 +1,147 @@
+//! `atmost.v1.Permits`: CreatePermit, GetPermit, RevokePermit,
+//! ListUncertain, Resolve.
+
+use super::{Ctx, convert, new_id, status::to_status};
+use crate::domain::{Error, invalid, validate_permit_id};
+use crate::pb::{self, permits_server::Permits};
+use crate::store::Store;
+use tonic::{Request, Response, Status};
+
+/// ListUncertain's page size when the request gives none.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// ListUncertain's largest page.
+pub const MAX_PAGE_SIZE: usize = 1000;
+
+pub struct PermitsService {
+    ctx: Ctx,
+}
+
+impl PermitsService {
+    pub fn new(ctx: Ctx) -> Self {
+        Self { ctx }
+    }
+}
+
+#[tonic::async_trait]
+impl Permits for PermitsService {
+    async fn create_permit(
+        &self,
+        request: Request<pb::CreatePermitRequest>,
+    ) -> Result<Response<pb::Permit>, Status> {
+        let now = self.ctx.clock.now();
+        let permit = convert::permit_spec(request.into_inner().permit)
+            .and_then(|spec| spec.into_permit(new_id(), now))
+            .map_err(to_status)?;
+        let permit = self
+            .ctx
+            .call(self.ctx.store.create_permit(permit))
+            .await
+            .map_err(to_status)?;
+        tracing::info!(permit_id = %permit.permit_id, subject = %permit.subject, "permit created");
+        Ok(Response::new(convert::permit(permit)))
+    }
+
+    async fn get_permit(
+        &self,
+        request: Request<pb::GetPermitRequest>,
+    ) -> Result<Response<pb::GetPermitResponse>, Status> {
+        let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
+        let view = self
+            .ctx
+            .call(self.ctx.store.get_permit(&id))
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::GetPermitResponse {
+            budget_remaining: view.budget_remaining(),
+            budget_committed: view.budget_committed,
+            budget_reserved: view.budget_reserved,
+            usage: view.usage.into_iter().map(convert::usage).collect(),
+            permit: Some(convert::permit(view.permit)),
+        }))
+    }
+
+    async fn revoke_permit(
+        &self,
+        request: Request<pb::RevokePermitRequest>,
+    ) -> Result<Response<pb::Permit>, Status> {
+        let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
+        let permit = self
+            .ctx
+            .call(self.ctx.store.revoke_permit(&id))
+            .await
+            .map_err(to_status)?;
+        tracing::info!(permit_id = %id, "permit revoked");
+        Ok(Response::new(convert::permit(permit)))
+    }
+
+    async fn list_uncertain(
+        &self,
+        request: Request<pb::ListUncertainRequest>,
+    ) -> Result<Response<pb::ListUncertainResponse>, Status> {
+        let r = request.into_inner();
+        let (permit_id, after, limit) = list_args(&r).map_err(to_status)?;
+        let now = self.ctx.clock.now();
+        let page = self
+            .ctx
+            .call(
+                self.ctx
+                    .store
+                    .list_uncertain(permit_id.as_deref(), after.as_ref(), limit, now),
+            )
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ListUncertainResponse {
+            attempts: page.attempts.into_iter().map(convert::attempt).collect(),
+            next_page_token: page.next.as_ref().map(convert::page_token).unwrap_or_default(),
+        }))
+    }
+
+    async fn resolve(
+        &self,
+        request: Request<pb::ResolveRequest>,
+    ) -> Result<Response<pb::ResolveResponse>, Status> {
+        let mut cmd = convert::resolve_cmd(request.into_inner()).map_err(to_status)?;
+        cmd.validate().map_err(to_status)?;
+        let now = self.ctx.clock.now();
+        let settled = self
+            .ctx
+            .call(self.ctx.store.resolve(&cmd, now, new_id()))
+            .await
+            .map_err(to_status)?;
+        tracing::info!(
+            permit_id = %cmd.permit_id,
+            idempotency_key = %cmd.idempotency_key,
+            state = settled.attempt.state.as_str(),
+            "uncertain attempt resolved"
+        );
+        Ok(Response::new(pb::ResolveResponse {
+            attempt: Some(convert::attempt(settled.attempt)),
+            usage: Some(convert::usage(settled.usage)),
+        }))
+    }
+}
+
+type ListArgs = (Option<String>, Option<crate::store::Cursor>, usize);
+
+fn list_args(r: &pb::ListUncertainRequest) -> Result<ListArgs, Error> {
+    let permit_id = if r.permit_id.is_empty() {
+        None
+    } else {
+        Some(validate_permit_id(&r.permit_id)?)
+    };
+    let limit = match r.page_size as usize {
+        0 => DEFAULT_PAGE_SIZE,
+        n if n <= MAX_PAGE_SIZE => n,
+        _ => return Err(invalid("page_size", "at most 1000")),
+    };
+    let after = if r.page_token.is_empty() {
+        None
+    } else {
+        let cursor = convert::cursor(&r.page_token)?;
+        if permit_id.as_ref().is_some_and(|p| *p != cursor.permit_id) {
+            return Err(invalid("page_token", "belongs to a listing of another permit"));
+        }
+        Some(cursor)
+    };
+    Ok((permit_id, after, limit))
+}

@@ -1,0 +1,106 @@
+//! The pure, I/O-free model of atmost: permits, attempts, the state machine
+//! and the order of checks. Nothing here touches the network, a clock or a
+//! random number generator; callers pass `now` and fresh ids in.
+//!
+//! [`Ledger`] is the reference semantics: the memory store runs it directly,
+//! and the Redis store's Lua scripts are a line-by-line translation of it,
+//! held to the same behaviour by the shared test suite.
+
+mod attempt;
+mod clock;
+mod error;
+mod ledger;
+mod permit;
+
+pub use attempt::{
+    Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, MarkUncertainCmd,
+    Outcome, Receipt, ResolveCmd, Settled, validate_permit_id,
+};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, Violation};
+pub use ledger::Ledger;
+pub use permit::{DuplicateGuard, GuardMode, Permit, PermitSpec, PermitStatus, PermitView, Usage};
+
+/// Milliseconds since the Unix epoch: the one time unit of the model.
+pub type Millis = i64;
+
+/// Largest amount (cost, budget) accepted: 2^53 - 1, so that every sum stays
+/// exact in the Redis store's Lua numbers (IEEE doubles).
+pub const MAX_AMOUNT: i64 = (1 << 53) - 1;
+/// Largest `Succeeded.result`, in bytes.
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+/// Most tools one permit may scope.
+pub const MAX_TOOLS: usize = 256;
+/// Longest idempotency key, in bytes.
+pub const MAX_KEY_LEN: usize = 255;
+/// Longest tool name, in bytes.
+pub const MAX_TOOL_LEN: usize = 128;
+/// Longest request fingerprint, in bytes.
+pub const MAX_FINGERPRINT_LEN: usize = 64;
+/// Longest free-text field (subject, failure and uncertain reasons), in bytes.
+pub const MAX_TEXT_LEN: usize = 1024;
+/// Default lease of a dispatch before it is presumed uncertain.
+pub const DEFAULT_LEASE_MS: Millis = 30_000;
+/// Default duplicate-guard window.
+pub const DEFAULT_GUARD_WINDOW_MS: Millis = 10 * 60_000;
+/// Longest lease or guard window accepted: 7 days.
+pub const MAX_DURATION_MS: Millis = 7 * 24 * 3_600_000;
+
+/// The uncertain reason of a RESERVED attempt whose lease has passed.
+pub const LEASE_EXPIRED: &str = "lease_expired";
+/// The uncertain reason stored when MarkUncertain gives none.
+pub const MARKED_UNCERTAIN: &str = "marked_uncertain";
+
+/// Checks a tool name: 1..=128 of `[A-Za-z0-9._:/-]`.
+pub fn valid_tool(tool: &str) -> bool {
+    !tool.is_empty()
+        && tool.len() <= MAX_TOOL_LEN
+        && tool
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'-'))
+}
+
+/// Checks an idempotency key: 1..=255 printable ASCII characters.
+pub fn valid_key(key: &str) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
+/// Parses an id that must be a UUID and returns it in canonical form
+/// (lower-case, hyphenated). Ids become parts of store keys, so nothing but
+/// a canonical UUID may pass.
+pub fn canonical_id(id: &str) -> Option<String> {
+    uuid::Uuid::try_parse(id)
+        .ok()
+        .map(|u| u.hyphenated().to_string())
+}
+
+/// Collects field violations and turns them into one [`Error::InvalidRequest`].
+#[derive(Debug, Default)]
+pub(crate) struct Violations(Vec<Violation>);
+
+impl Violations {
+    pub(crate) fn check(&mut self, ok: bool, field: &str, description: impl Into<String>) {
+        if !ok {
+            self.0.push(Violation {
+                field: field.to_owned(),
+                description: description.into(),
+            });
+        }
+    }
+
+    pub(crate) fn into_result(self) -> Result<(), Error> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::InvalidRequest(self.0))
+        }
+    }
+}
+
+/// One violation as a finished error, for checks that find a single problem.
+pub(crate) fn invalid(field: &str, description: impl Into<String>) -> Error {
+    Error::InvalidRequest(vec![Violation {
+        field: field.to_owned(),
+        description: description.into(),
+    }])
+}

@@ -1,0 +1,304 @@
+//! Attempts (one idempotency key under one permit), the commands that move
+//! them, and what those commands answer.
+
+use super::{
+    Error, LEASE_EXPIRED, MARKED_UNCERTAIN, MAX_AMOUNT, MAX_FINGERPRINT_LEN, MAX_RESULT_BYTES, MAX_TEXT_LEN, Millis,
+    Usage, Violations, canonical_id, valid_key, valid_tool,
+};
+
+/// The states of the attempt state machine.
+///
+/// ```text
+/// RESERVED ──Commit Succeeded──▶ SUCCEEDED   (receipt stored, cost committed, slot kept)
+///    │  ╲───Commit Failed─────▶ FAILED      (cost released, slot kept)
+///    │   ╲──Commit NotSent────▶ RELEASED    (slot and cost returned, key free again)
+///    └──MarkUncertain / lease passes──▶ UNCERTAIN ──Commit or Resolve──▶ SUCCEEDED | FAILED
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttemptState {
+    Reserved,
+    Succeeded,
+    Failed,
+    Uncertain,
+    Released,
+}
+
+impl AttemptState {
+    /// RESERVED and UNCERTAIN attempts hold a slot and reserved money, and
+    /// must never disappear on their own.
+    pub fn is_open(self) -> bool {
+        matches!(self, Self::Reserved | Self::Uncertain)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reserved => "RESERVED",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Failed => "FAILED",
+            Self::Uncertain => "UNCERTAIN",
+            Self::Released => "RELEASED",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    pub receipt_id: String,
+    pub result: Vec<u8>,
+    /// The cost actually committed.
+    pub cost: i64,
+    pub issued_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// UUIDv7; a fencing token for Commit and MarkUncertain.
+    pub attempt_id: String,
+    pub permit_id: String,
+    pub tool: String,
+    pub idempotency_key: String,
+    pub request_fingerprint: Vec<u8>,
+    pub cost: i64,
+    /// The stored state. Readers see [`Attempt::observed`], which turns a
+    /// RESERVED attempt past its lease into UNCERTAIN.
+    pub state: AttemptState,
+    pub created_at: Millis,
+    pub lease_expires_at: Millis,
+    pub receipt: Option<Receipt>,
+    pub failure_reason: String,
+    pub uncertain_reason: String,
+    /// The earlier live key with the same (tool, fingerprint) when this
+    /// attempt was dispatched (duplicate guard LOG); the guard's index falls
+    /// back to it if this attempt is released.
+    pub duplicate_of: Option<String>,
+}
+
+impl Attempt {
+    /// The state every reader sees at `now`: a RESERVED attempt whose lease
+    /// has passed *is* UNCERTAIN, with no background job needed.
+    pub fn observed_state(&self, now: Millis) -> AttemptState {
+        if self.state == AttemptState::Reserved && now >= self.lease_expires_at {
+            AttemptState::Uncertain
+        } else {
+            self.state
+        }
+    }
+
+    /// The attempt as readers see it at `now` (see [`Attempt::observed_state`]).
+    pub fn observed(&self, now: Millis) -> Attempt {
+        let mut seen = self.clone();
+        if seen.state != seen.observed_state(now) {
+            seen.state = AttemptState::Uncertain;
+            seen.uncertain_reason = LEASE_EXPIRED.to_owned();
+        }
+        seen
+    }
+
+    /// Whether `cmd` is the request this key is bound to.
+    pub fn same_request(&self, cmd: &AuthorizeCmd) -> bool {
+        self.tool == cmd.tool
+            && self.request_fingerprint == cmd.request_fingerprint
+            && self.cost == cmd.cost
+    }
+}
+
+/// Ask to reserve a slot and `cost` for one idempotency key before dispatch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthorizeCmd {
+    pub permit_id: String,
+    pub tool: String,
+    pub idempotency_key: String,
+    pub request_fingerprint: Vec<u8>,
+    pub cost: i64,
+}
+
+/// What a caller reports after dispatching (or not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded {
+        result: Vec<u8>,
+        actual_cost: Option<i64>,
+    },
+    Failed {
+        reason: String,
+    },
+    NotSent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitCmd {
+    pub permit_id: String,
+    pub idempotency_key: String,
+    pub attempt_id: String,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkUncertainCmd {
+    pub permit_id: String,
+    pub idempotency_key: String,
+    pub attempt_id: String,
+    pub reason: String,
+}
+
+/// An operator settles an UNCERTAIN attempt. `outcome` is never `NotSent`:
+/// an uncertain call may have left, so its slot is never returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolveCmd {
+    pub permit_id: String,
+    pub idempotency_key: String,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// A fresh reservation: the only answer on which a caller may send.
+    Dispatch,
+    /// The key's existing outcome; nothing may be sent.
+    Replay,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authorized {
+    pub decision: Decision,
+    pub attempt: Attempt,
+    pub usage: Usage,
+    pub duplicate_of: Option<String>,
+}
+
+/// The answer of Commit and Resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    pub attempt: Attempt,
+    pub usage: Usage,
+}
+
+// === validation ===
+//
+// Each command is checked whole before it reaches a store, so a malformed
+// request fails with every violation listed and changes nothing. Ids are
+// rewritten to their canonical form, because they become parts of keys.
+
+fn check_permit_id(v: &mut Violations, permit_id: &mut String) {
+    match canonical_id(permit_id) {
+        Some(id) => *permit_id = id,
+        None => v.check(false, "permit_id", "must be a UUID"),
+    }
+}
+
+fn check_key(v: &mut Violations, key: &str) {
+    v.check(
+        valid_key(key),
+        "idempotency_key",
+        "must be 1..=255 printable ASCII characters",
+    );
+}
+
+fn check_attempt_id(v: &mut Violations, attempt_id: &mut String) {
+    match canonical_id(attempt_id) {
+        Some(id) => *attempt_id = id,
+        None => v.check(false, "attempt_id", "must be a UUID"),
+    }
+}
+
+fn check_outcome(v: &mut Violations, outcome: &Outcome) {
+    match outcome {
+        Outcome::Succeeded {
+            result,
+            actual_cost,
+        } => {
+            v.check(
+                result.len() <= MAX_RESULT_BYTES,
+                "succeeded.result",
+                format!("at most {MAX_RESULT_BYTES} bytes"),
+            );
+            if let Some(cost) = actual_cost {
+                v.check(
+                    (0..=MAX_AMOUNT).contains(cost),
+                    "succeeded.actual_cost",
+                    format!("must be within 0..={MAX_AMOUNT}"),
+                );
+            }
+        }
+        Outcome::Failed { reason } => v.check(
+            reason.len() <= MAX_TEXT_LEN,
+            "failed.reason",
+            format!("at most {MAX_TEXT_LEN} bytes"),
+        ),
+        Outcome::NotSent => {}
+    }
+}
+
+impl AuthorizeCmd {
+    pub fn validate(&mut self) -> Result<(), Error> {
+        let mut v = Violations::default();
+        check_permit_id(&mut v, &mut self.permit_id);
+        v.check(
+            valid_tool(&self.tool),
+            "tool",
+            "must be 1..=128 of [A-Za-z0-9._:/-]",
+        );
+        check_key(&mut v, &self.idempotency_key);
+        v.check(
+            (1..=MAX_FINGERPRINT_LEN).contains(&self.request_fingerprint.len()),
+            "request_fingerprint",
+            "must be 1..=64 bytes",
+        );
+        v.check(
+            (0..=MAX_AMOUNT).contains(&self.cost),
+            "cost",
+            format!("must be within 0..={MAX_AMOUNT}"),
+        );
+        v.into_result()
+    }
+}
+
+impl CommitCmd {
+    pub fn validate(&mut self) -> Result<(), Error> {
+        let mut v = Violations::default();
+        check_permit_id(&mut v, &mut self.permit_id);
+        check_key(&mut v, &self.idempotency_key);
+        check_attempt_id(&mut v, &mut self.attempt_id);
+        check_outcome(&mut v, &self.outcome);
+        v.into_result()
+    }
+}
+
+impl MarkUncertainCmd {
+    /// Also fills in the default reason, so every store records the same.
+    pub fn validate(&mut self) -> Result<(), Error> {
+        if self.reason.is_empty() {
+            self.reason = MARKED_UNCERTAIN.to_owned();
+        }
+        let mut v = Violations::default();
+        check_permit_id(&mut v, &mut self.permit_id);
+        check_key(&mut v, &self.idempotency_key);
+        check_attempt_id(&mut v, &mut self.attempt_id);
+        v.check(
+            self.reason.len() <= MAX_TEXT_LEN,
+            "reason",
+            format!("at most {MAX_TEXT_LEN} bytes"),
+        );
+        v.into_result()
+    }
+}
+
+impl ResolveCmd {
+    pub fn validate(&mut self) -> Result<(), Error> {
+        let mut v = Violations::default();
+        check_permit_id(&mut v, &mut self.permit_id);
+        check_key(&mut v, &self.idempotency_key);
+        v.check(
+            self.outcome != Outcome::NotSent,
+            "outcome",
+            "must be succeeded or failed",
+        );
+        check_outcome(&mut v, &self.outcome);
+        v.into_result()
+    }
+}
+
+/// Validates a permit id on its own (GetPermit, RevokePermit, ListUncertain).
+pub fn validate_permit_id(permit_id: &str) -> Result<String, Error> {
+    canonical_id(permit_id).ok_or_else(|| super::invalid("permit_id", "must be a UUID"))
+}

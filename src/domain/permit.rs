@@ -1,0 +1,200 @@
+//! Permits: what an operator grants, and the usage counted against it.
+
+use super::{
+    DEFAULT_GUARD_WINDOW_MS, DEFAULT_LEASE_MS, Error, MAX_AMOUNT, MAX_DURATION_MS, MAX_TEXT_LEN,
+    MAX_TOOLS, Millis, Violations, valid_tool,
+};
+use std::collections::{BTreeMap, HashSet};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermitStatus {
+    Active,
+    Revoked,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardMode {
+    Off,
+    Log,
+    Enforce,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DuplicateGuard {
+    pub mode: GuardMode,
+    pub window_ms: Millis,
+}
+
+/// A durable authorization, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permit {
+    pub permit_id: String,
+    pub subject: String,
+    /// Exact tool names in scope, in the order the operator gave them.
+    pub tools: Vec<String>,
+    /// Per-tool call caps; a tool with no entry has no cap.
+    pub max_calls_per_tool: BTreeMap<String, u64>,
+    /// Total budget in minor units; `None` is unlimited.
+    pub budget: Option<i64>,
+    pub currency: String,
+    pub expires_at: Millis,
+    pub lease_ms: Millis,
+    pub duplicate_guard: DuplicateGuard,
+    pub status: PermitStatus,
+    pub created_at: Millis,
+}
+
+impl Permit {
+    pub fn in_scope(&self, tool: &str) -> bool {
+        self.tools.iter().any(|t| t == tool)
+    }
+}
+
+/// A permit as a client asks for it: every field optional or unchecked.
+/// [`PermitSpec::into_permit`] validates it and fills in the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct PermitSpec {
+    /// Must be empty: the server assigns ids.
+    pub permit_id: String,
+    pub subject: String,
+    pub tools: Vec<String>,
+    pub max_calls_per_tool: BTreeMap<String, u64>,
+    pub budget: Option<i64>,
+    pub currency: String,
+    /// Required.
+    pub expires_at: Option<Millis>,
+    pub lease_ms: Option<Millis>,
+    pub guard_mode: Option<GuardMode>,
+    pub guard_window_ms: Option<Millis>,
+    /// Set when the client supplied a status or a creation time: both are
+    /// the server's to set.
+    pub server_fields_set: bool,
+}
+
+impl PermitSpec {
+    /// Validates every field (reporting all violations at once) and builds
+    /// the permit to store under `permit_id`, created at `now`.
+    pub fn into_permit(self, permit_id: String, now: Millis) -> Result<Permit, Error> {
+        let mut v = Violations::default();
+        v.check(
+            self.permit_id.is_empty(),
+            "permit.permit_id",
+            "must be empty: the server assigns permit ids",
+        );
+        v.check(
+            !self.server_fields_set,
+            "permit.status",
+            "status and created_at are set by the server",
+        );
+        v.check(
+            self.subject.len() <= MAX_TEXT_LEN,
+            "permit.subject",
+            format!("at most {MAX_TEXT_LEN} bytes"),
+        );
+        v.check(
+            self.currency.len() <= 16,
+            "permit.currency",
+            "at most 16 bytes",
+        );
+        v.check(
+            !self.tools.is_empty(),
+            "permit.tools",
+            "at least one tool is required",
+        );
+        v.check(
+            self.tools.len() <= MAX_TOOLS,
+            "permit.tools",
+            format!("at most {MAX_TOOLS} tools"),
+        );
+        let mut seen = HashSet::new();
+        for tool in &self.tools {
+            v.check(
+                valid_tool(tool),
+                "permit.tools",
+                format!("{tool:?} is not 1..=128 of [A-Za-z0-9._:/-]"),
+            );
+            v.check(
+                seen.insert(tool.as_str()),
+                "permit.tools",
+                format!("{tool:?} is listed twice"),
+            );
+        }
+        for tool in self.max_calls_per_tool.keys() {
+            v.check(
+                seen.contains(tool.as_str()),
+                "permit.max_calls_per_tool",
+                format!("{tool:?} has a cap but is not in tools"),
+            );
+        }
+        if let Some(budget) = self.budget {
+            v.check(
+                (0..=MAX_AMOUNT).contains(&budget),
+                "permit.budget",
+                format!("must be within 0..={MAX_AMOUNT}"),
+            );
+        }
+        match self.expires_at {
+            None => v.check(false, "permit.expires_at", "is required"),
+            Some(at) => v.check(at > now, "permit.expires_at", "must be in the future"),
+        }
+        let lease_ms = self.lease_ms.unwrap_or(DEFAULT_LEASE_MS);
+        v.check(
+            (1..=MAX_DURATION_MS).contains(&lease_ms),
+            "permit.lease",
+            "must be positive and at most 7 days",
+        );
+        let window_ms = self.guard_window_ms.unwrap_or(DEFAULT_GUARD_WINDOW_MS);
+        v.check(
+            (1..=MAX_DURATION_MS).contains(&window_ms),
+            "permit.duplicate_guard.window",
+            "must be positive and at most 7 days",
+        );
+        v.into_result()?;
+        Ok(Permit {
+            permit_id,
+            subject: self.subject,
+            tools: self.tools,
+            max_calls_per_tool: self.max_calls_per_tool,
+            budget: self.budget,
+            currency: self.currency,
+            expires_at: self.expires_at.unwrap_or_default(),
+            lease_ms,
+            duplicate_guard: DuplicateGuard {
+                mode: self.guard_mode.unwrap_or(GuardMode::Log),
+                window_ms,
+            },
+            status: PermitStatus::Active,
+            created_at: now,
+        })
+    }
+}
+
+/// Usage of one tool under a permit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usage {
+    pub tool: String,
+    /// Slots held: attempts RESERVED, SUCCEEDED, FAILED or UNCERTAIN.
+    pub calls_made: u64,
+    /// `None`: no cap.
+    pub calls_limit: Option<u64>,
+    /// `None`: unlimited budget.
+    pub budget_remaining: Option<i64>,
+}
+
+/// A permit with all of its usage, as GetPermit shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermitView {
+    pub permit: Permit,
+    /// One per tool in scope, in the permit's order.
+    pub usage: Vec<Usage>,
+    pub budget_committed: i64,
+    pub budget_reserved: i64,
+}
+
+impl PermitView {
+    pub fn budget_remaining(&self) -> Option<i64> {
+        self.permit
+            .budget
+            .map(|b| b - self.budget_committed - self.budget_reserved)
+    }
+}

@@ -1,0 +1,35 @@
+#![forbid(unsafe_code)]
+//! # atmost
+//!
+//! A permit and receipt boundary in front of side-effecting tool calls made
+//! by AI agents. Callers ask [`Gate`](pb::gate_server::Gate) `Authorize`
+//! before every side-effecting call and report the outcome with `Commit` or
+//! `MarkUncertain`. atmost never dispatches anything itself; its promise is
+//! **at most N dispatches per tool per permit**, never "exactly once".
+//!
+//! ## Layout
+//! - `proto/atmost/v1/`: the wire contract, compiled into [`pb`].
+//! - [`api`]: the tonic services. Decode, call the store, encode, and map
+//!   errors to gRPC status in one place ([`api::status`]).
+//! - [`domain`]: the pure model: permits, attempts, the state machine
+//!   ([`domain::Ledger`]), the order of checks, the one error enum.
+//! - [`store`]: one trait, two backends: [`store::memory`] (embedded,
+//!   reference semantics) and [`store::redis`] (one Lua script per
+//!   transition).
+//! - [`server`]: [`run`], which `main` and the tests both call.
+
+pub mod api;
+pub mod domain;
+pub mod server;
+pub mod store;
+
+pub use server::{App, run};
+
+/// The generated protobuf and gRPC code of `atmost.v1`.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("atmost.v1");
+
+    /// The file descriptor set served by gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("atmost_descriptor");
+}

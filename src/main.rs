@@ -1,0 +1,135 @@
+#![forbid(unsafe_code)]
+//! The `atmost` binary: `atmost serve` runs the gRPC service.
+
+use atmost::domain::Millis;
+use atmost::store::{Backend, memory::MemoryStore, redis::{RedisConfig, RedisStore}};
+use atmost::{App, run};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+#[derive(Parser)]
+#[command(version, about = "A permit and receipt boundary in front of side-effecting tool calls: at most N dispatches per tool per permit.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the atmost.v1 Gate and Permits services over gRPC.
+    Serve(ServeArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum StoreKind {
+    /// Process memory: nothing survives a restart. For trying atmost out.
+    Memory,
+    /// Redis: shared by any number of replicas.
+    Redis,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "ATMOST_LISTEN", default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// Where permits and attempts live.
+    #[arg(long, env = "ATMOST_STORE", value_enum, default_value = "memory")]
+    store: StoreKind,
+    /// Redis URL (with --store redis).
+    #[arg(long, env = "ATMOST_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// Prefix of every Redis key.
+    #[arg(long, env = "ATMOST_REDIS_PREFIX", default_value = "atmost")]
+    redis_prefix: String,
+    /// How long finished attempts and permits are kept past the permit's expiry.
+    #[arg(long, env = "ATMOST_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    retention: Duration,
+    /// How long a store call may take before the RPC answers UNAVAILABLE.
+    #[arg(long, env = "ATMOST_STORE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    store_timeout: Duration,
+    /// How long in-flight RPCs may take to finish on SIGTERM or Ctrl-C.
+    #[arg(long, env = "ATMOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    shutdown_grace: Duration,
+    /// Log format (logs go to stderr; filter with RUST_LOG).
+    #[arg(long, env = "ATMOST_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let Command::Serve(args) = Cli::parse().command;
+    init_logging(args.log_format);
+
+    let retention_ms = Millis::try_from(args.retention.as_millis()).unwrap_or(Millis::MAX);
+    let store = match args.store {
+        StoreKind::Memory => Backend::Memory(MemoryStore::new(retention_ms)),
+        StoreKind::Redis => Backend::Redis(RedisStore::connect(&RedisConfig {
+            url: args.redis_url.clone(),
+            prefix: args.redis_prefix.clone(),
+            retention_ms,
+            timeout: args.store_timeout,
+        })?),
+    };
+    let app = App::new(store)
+        .with_store_timeout(args.store_timeout)
+        .with_shutdown_grace(args.shutdown_grace);
+
+    let listener = TcpListener::bind(args.listen).await?;
+    let addr = listener.local_addr()?;
+    // One line on stdout, so scripts and tests learn the port of --listen :0.
+    println!("atmost listening on {addr}");
+    tracing::info!(%addr, store = ?args.store_name(), "serving");
+    run(listener, app, shutdown_signal()).await
+}
+
+impl ServeArgs {
+    fn store_name(&self) -> &'static str {
+        match self.store {
+            StoreKind::Memory => "memory",
+            StoreKind::Redis => "redis",
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

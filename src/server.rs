@@ -1,0 +1,169 @@
+//! Serving: [`run`] takes a bound listener, the [`App`] (store, clock and
+//! limits) and a shutdown future, so `main` and every test start the server
+//! the same way.
+
+use crate::api::{Ctx, gate::GateService, permits::PermitsService};
+use crate::domain::{Clock, SystemClock};
+use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
+use crate::store::{Backend, Store};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+/// The service as configured: its store, its one clock and its limits.
+pub struct App {
+    store: Arc<Backend>,
+    clock: Arc<dyn Clock>,
+    store_timeout: Duration,
+    health_interval: Duration,
+    shutdown_grace: Duration,
+}
+
+impl App {
+    /// The defaults: system clock, 2 s store deadline, store health checked
+    /// every second, 10 s to drain on shutdown.
+    pub fn new(store: Backend) -> Self {
+        Self {
+            store: Arc::new(store),
+            clock: Arc::new(SystemClock),
+            store_timeout: Duration::from_secs(2),
+            health_interval: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+
+    /// Replaces the clock (tests move time with a [`ManualClock`](crate::domain::ManualClock)).
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// How long one store call may take before the RPC answers UNAVAILABLE.
+    pub fn with_store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
+
+    /// How often the store is pinged to keep gRPC health up to date.
+    pub fn with_health_interval(mut self, interval: Duration) -> Self {
+        self.health_interval = interval;
+        self
+    }
+
+    /// How long in-flight RPCs may take to finish after shutdown begins.
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+}
+
+/// Serves `atmost.v1.Gate`, `atmost.v1.Permits`, `grpc.health.v1.Health`
+/// and server reflection on `listener` until `shutdown` completes; then
+/// reports NOT_SERVING, stops accepting, and lets in-flight RPCs finish
+/// within the shutdown grace.
+pub async fn run(
+    listener: TcpListener,
+    app: App,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let ctx = Ctx {
+        store: app.store.clone(),
+        clock: app.clock.clone(),
+        store_timeout: app.store_timeout,
+    };
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    let stop = CancellationToken::new();
+    let health_task = tokio::spawn(watch_store(
+        ctx.clone(),
+        reporter.clone(),
+        app.health_interval,
+        stop.clone(),
+    ));
+
+    let serve = Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(GateServer::new(GateService::new(ctx.clone())))
+        .add_service(PermitsServer::new(PermitsService::new(ctx)))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(listener),
+            stop.clone().cancelled_owned(),
+        );
+    tokio::pin!(serve);
+
+    let result = tokio::select! {
+        result = &mut serve => result.map_err(Into::into),
+        () = shutdown => {
+            tracing::info!("shutting down: NOT_SERVING, draining in-flight requests");
+            stop.cancel();
+            set_all(&reporter, ServingStatus::NotServing).await;
+            match tokio::time::timeout(app.shutdown_grace, &mut serve).await {
+                Ok(result) => result.map_err(Into::into),
+                Err(_) => {
+                    tracing::warn!(grace = ?app.shutdown_grace, "drain timed out; closing");
+                    Ok(())
+                }
+            }
+        }
+    };
+    stop.cancel();
+    let _ = health_task.await;
+    result
+}
+
+async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
+    reporter.set_service_status("", status).await;
+    reporter
+        .set_service_status("atmost.v1.Gate", status)
+        .await;
+    reporter
+        .set_service_status("atmost.v1.Permits", status)
+        .await;
+}
+
+/// Keeps gRPC health in step with the store: SERVING while it answers,
+/// NOT_SERVING while it does not, until `stop`.
+async fn watch_store(
+    ctx: Ctx,
+    reporter: HealthReporter,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut last = None;
+    loop {
+        let status = match ctx.call(ctx.store.ping()).await {
+            Ok(()) => ServingStatus::Serving,
+            Err(e) => {
+                if last != Some(ServingStatus::NotServing) {
+                    tracing::error!(error = %e, "store unreachable: NOT_SERVING");
+                }
+                ServingStatus::NotServing
+            }
+        };
+        if stop.is_cancelled() {
+            return;
+        }
+        if last != Some(status) {
+            if status == ServingStatus::Serving && last.is_some() {
+                tracing::info!("store reachable again: SERVING");
+            }
+            set_all(&reporter, status).await;
+            last = Some(status);
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Where permits and attempts live: one trait, two backends.
+//!
+//! - [`memory`]: the embedded default and the reference semantics (it runs
+//!   the domain [`Ledger`](crate::domain::Ledger) under a lock). Keeps
+//!   nothing across restarts.
+//! - [`redis`]: the production store, shared by any number of replicas.
+//!   Each transition is one Lua script run; all keys of a permit share the
+//!   hash tag `{permit_id}`.
+//!
+//! Every method takes `now` from the service's one clock. A store that
+//! cannot answer returns [`Error::StoreUnavailable`]: it never guesses.
+
+pub mod memory;
+pub mod redis;
+
+use crate::domain::{
+    Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, MarkUncertainCmd, Millis, Permit,
+    PermitView, ResolveCmd, Settled,
+};
+use std::future::Future;
+
+/// A position in the (permit_id, idempotency_key) order of ListUncertain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub permit_id: String,
+    pub idempotency_key: String,
+}
+
+/// One page of uncertain attempts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Page {
+    pub attempts: Vec<Attempt>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<Cursor>,
+}
+
+/// A key that sorts after every idempotency key (those are printable
+/// ASCII, below 0x7f): a cursor at (permit, AFTER_ALL_KEYS) resumes at the
+/// next permit.
+pub const AFTER_ALL_KEYS: &str = "\u{7f}";
+
+/// Most permits one ListUncertain call looks into across all permits, so a
+/// page over a large, mostly settled index stays bounded (the page may then
+/// come back short, with a cursor to continue from).
+pub const MAX_PERMITS_PER_PAGE: usize = 1000;
+
+/// How long past its expiry a permit stays in the cross-permit index after
+/// its last open attempt settled. New keys stop at expiry; this margin
+/// covers clock skew between replicas.
+pub const INDEX_SKEW_MARGIN_MS: Millis = 3_600_000;
+
+pub trait Store: Send + Sync + 'static {
+    /// Stores a validated permit (its id is fresh).
+    fn create_permit(&self, permit: Permit) -> impl Future<Output = Result<Permit, Error>> + Send;
+    fn get_permit(&self, permit_id: &str) -> impl Future<Output = Result<PermitView, Error>> + Send;
+    fn revoke_permit(&self, permit_id: &str) -> impl Future<Output = Result<Permit, Error>> + Send;
+    /// Runs the order of checks and, for a new key that passes, reserves the
+    /// slot and cost and records the attempt as `attempt_id`, atomically.
+    fn authorize(
+        &self,
+        cmd: &AuthorizeCmd,
+        now: Millis,
+        attempt_id: String,
+    ) -> impl Future<Output = Result<Authorized, Error>> + Send;
+    fn commit(
+        &self,
+        cmd: &CommitCmd,
+        now: Millis,
+        receipt_id: String,
+    ) -> impl Future<Output = Result<Settled, Error>> + Send;
+    fn mark_uncertain(
+        &self,
+        cmd: &MarkUncertainCmd,
+        now: Millis,
+    ) -> impl Future<Output = Result<Attempt, Error>> + Send;
+    fn resolve(
+        &self,
+        cmd: &ResolveCmd,
+        now: Millis,
+        receipt_id: String,
+    ) -> impl Future<Output = Result<Settled, Error>> + Send;
+    /// Attempts UNCERTAIN at `now` after `after`, under one permit or (with
+    /// `permit_id` `None`) across all permits.
+    fn list_uncertain(
+        &self,
+        permit_id: Option<&str>,
+        after: Option<&Cursor>,
+        limit: usize,
+        now: Millis,
+    ) -> impl Future<Output = Result<Page, Error>> + Send;
+    /// Succeeds when the store can serve requests (for health checks).
+    fn ping(&self) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// The backend chosen at start-up.
+pub enum Backend {
+    Memory(memory::MemoryStore),
+    Redis(redis::RedisStore),
+}
+
+macro_rules! delegate {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            Backend::Memory($store) => $call.await,
+            Backend::Redis($store) => $call.await,
+        }
+    };
+}
+
+impl Store for Backend {
+    async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
+        delegate!(self, s => s.create_permit(permit))
+    }
+    async fn get_permit(&self, permit_id: &str) -> Result<PermitView, Error> {
+        delegate!(self, s => s.get_permit(permit_id))
+    }
+    async fn revoke_permit(&self, permit_id: &str) -> Result<Permit, Error> {
+        delegate!(self, s => s.revoke_permit(permit_id))
+    }
+    async fn authorize(
+        &self,
+        cmd: &AuthorizeCmd,
+        now: Millis,
+        attempt_id: String,
+    ) -> Result<Authorized, Error> {
+        delegate!(self, s => s.authorize(cmd, now, attempt_id))
+    }
+    async fn commit(&self, cmd: &CommitCmd, now: Millis, receipt_id: String) -> Result<Settled, Error> {
+        delegate!(self, s => s.commit(cmd, now, receipt_id))
+    }
+    async fn mark_uncertain(&self, cmd: &MarkUncertainCmd, now: Millis) -> Result<Attempt, Error> {
+        delegate!(self, s => s.mark_uncertain(cmd, now))
+    }
+    async fn resolve(&self, cmd: &ResolveCmd, now: Millis, receipt_id: String) -> Result<Settled, Error> {
+        delegate!(self, s => s.resolve(cmd, now, receipt_id))
+    }
+    async fn list_uncertain(
+        &self,
+        permit_id: Option<&str>,
+        after: Option<&Cursor>,
+        limit: usize,
+        now: Millis,
+    ) -> Result<Page, Error> {
+        delegate!(self, s => s.list_uncertain(permit_id, after, limit, now))
+    }
+    async fn ping(&self) -> Result<(), Error> {
+        delegate!(self, s => s.ping())
+    }
+}

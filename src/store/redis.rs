@@ -1,0 +1,755 @@
+//! The production store: Redis (or anything that speaks its protocol and
+//! runs its Lua), shared by any number of atmost replicas.
+//!
+//! Every transition is exactly one script run (EVALSHA, reloaded on
+//! NOSCRIPT, which means the script did not run). The scripts live next to
+//! this file as `.lua` files with a KEYS/ARGV/return header; `lib.lua` is
+//! prepended to each. All keys of a permit carry the hash tag `{permit_id}`
+//! and are passed in KEYS, so a permit lives in one Cluster slot.
+//!
+//! The connection is one multiplexed [`ConnectionManager`]: requests from
+//! all tasks are pipelined on it, a dropped (timed out) request cannot
+//! desynchronise it, and it reconnects in the background after Redis
+//! returns. It never re-sends a command on its own: a reply lost to a broken
+//! connection is an error here (UNAVAILABLE to the caller), and the caller's
+//! retry with the same key is answered from what the first run recorded.
+
+use super::{AFTER_ALL_KEYS, Cursor, INDEX_SKEW_MARGIN_MS, MAX_PERMITS_PER_PAGE, Page, Store};
+use crate::domain::{
+    Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, DuplicateGuard, Error,
+    GuardMode, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView, Receipt,
+    ResolveCmd, Settled, Usage, invalid,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+const LIB: &str = include_str!("redis/lib.lua");
+
+/// Builds a script as `lib.lua` followed by its own body.
+fn script(body: &str) -> Script {
+    Script::new(&format!("{LIB}\n{body}"))
+}
+
+struct Scripts {
+    create_permit: Script,
+    revoke_permit: Script,
+    authorize: Script,
+    settle: Script,
+    mark_uncertain: Script,
+    list_uncertain: Script,
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    create_permit: script(include_str!("redis/create_permit.lua")),
+    revoke_permit: script(include_str!("redis/revoke_permit.lua")),
+    authorize: script(include_str!("redis/authorize.lua")),
+    settle: script(include_str!("redis/settle.lua")),
+    mark_uncertain: script(include_str!("redis/mark_uncertain.lua")),
+    list_uncertain: script(include_str!("redis/list_uncertain.lua")),
+});
+
+/// Permits scanned per pipelined batch when listing across all permits.
+const LIST_BATCH: usize = 64;
+
+/// How the Redis store connects and names its keys.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    pub url: String,
+    /// Prepended to every key (`<prefix>:{permit_id}:...`), so several
+    /// deployments or test runs can share one Redis.
+    pub prefix: String,
+    /// How long finished attempts and the permit are kept past its expiry.
+    pub retention_ms: Millis,
+    /// How long to wait for a connection or a reply before failing.
+    pub timeout: Duration,
+}
+
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: String,
+    retention_ms: Millis,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> Error {
+    Error::StoreUnavailable(e.to_string())
+}
+
+/// The keys of one permit, in the order every script expects them.
+struct PermitKeys {
+    permit: String,
+    attempts: String,
+    open: String,
+    dup: String,
+}
+
+// === impl RedisStore ===
+
+impl RedisStore {
+    /// Connects (lazily: a Redis that is down at start-up is reported by the
+    /// first request and by health checks, and picked up when it comes).
+    pub fn connect(config: &RedisConfig) -> Result<Self, Error> {
+        if config.prefix.contains(['{', '}']) {
+            return Err(invalid("redis_prefix", "may not contain '{' or '}'"));
+        }
+        let client = redis::Client::open(config.url.as_str())
+            .map_err(|e| invalid("redis_url", e.to_string()))?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client, manager_config)
+            .map_err(unavailable)?;
+        Ok(Self {
+            conn,
+            prefix: config.prefix.clone(),
+            retention_ms: config.retention_ms,
+        })
+    }
+
+    fn keys(&self, permit_id: &str) -> PermitKeys {
+        let base = format!("{}:{{{permit_id}}}", self.prefix);
+        PermitKeys {
+            permit: format!("{base}:permit"),
+            attempts: format!("{base}:attempts"),
+            open: format!("{base}:open"),
+            dup: format!("{base}:dup"),
+        }
+    }
+
+    /// The cross-permit index: permits that may hold open attempts. A permit
+    /// enters it before it is created (so before any reservation), and
+    /// leaves only once no new key can open an attempt under it.
+    fn index_key(&self) -> String {
+        format!("{}:permits", self.prefix)
+    }
+
+    async fn run(&self, inv: &redis::ScriptInvocation<'_>) -> Result<Vec<Value>, Error> {
+        let mut conn = self.conn.clone();
+        inv.invoke_async(&mut conn).await.map_err(unavailable)
+    }
+}
+
+impl Store for RedisStore {
+    async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
+        let k = self.keys(&permit.permit_id);
+        // Index first: a permit is never able to hold an attempt before the
+        // cross-permit index knows it.
+        let mut conn = self.conn.clone();
+        redis::cmd("ZADD")
+            .arg(self.index_key())
+            .arg(0)
+            .arg(&permit.permit_id)
+            .exec_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let mut inv = SCRIPTS.create_permit.prepare_invoke();
+        inv.key(&k.permit)
+            .arg(permit.expires_at.saturating_add(self.retention_ms));
+        for (field, value) in encode_permit(&permit) {
+            inv.arg(field).arg(value);
+        }
+        let reply = self.run(&inv).await?;
+        let mut f = Fields::new(reply);
+        match f.string()?.as_str() {
+            "OK" => Ok(permit),
+            _ => Err(Error::StoreUnavailable(format!(
+                "permit id {} already taken",
+                permit.permit_id
+            ))),
+        }
+    }
+
+    async fn get_permit(&self, permit_id: &str) -> Result<PermitView, Error> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = redis::cmd("HGETALL")
+            .arg(self.keys(permit_id).permit)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        decode_permit(permit_id, reply)
+    }
+
+    async fn revoke_permit(&self, permit_id: &str) -> Result<Permit, Error> {
+        let mut inv = SCRIPTS.revoke_permit.prepare_invoke();
+        inv.key(self.keys(permit_id).permit);
+        let reply = self.run(&inv).await?;
+        decode_permit(permit_id, reply).map(|view| view.permit)
+    }
+
+    async fn authorize(
+        &self,
+        cmd: &AuthorizeCmd,
+        now: Millis,
+        attempt_id: String,
+    ) -> Result<Authorized, Error> {
+        let k = self.keys(&cmd.permit_id);
+        let mut inv = SCRIPTS.authorize.prepare_invoke();
+        inv.key(&k.permit)
+            .key(&k.attempts)
+            .key(&k.open)
+            .key(&k.dup)
+            .arg(now)
+            .arg(&cmd.tool)
+            .arg(&cmd.idempotency_key)
+            .arg(&cmd.request_fingerprint)
+            .arg(cmd.cost)
+            .arg(attempt_id);
+        let mut f = Fields::new(self.run(&inv).await?);
+        let decision = match f.string()?.as_str() {
+            "DISPATCH" => Decision::Dispatch,
+            "REPLAY" => Decision::Replay,
+            "ERR" => {
+                return Err(match f.string()?.as_str() {
+                    "KEY_REUSED" => Error::KeyReused {
+                        idempotency_key: cmd.idempotency_key.clone(),
+                    },
+                    "IN_PROGRESS" => {
+                        let lease_expires_at = f.int()?;
+                        Error::InProgress {
+                            idempotency_key: cmd.idempotency_key.clone(),
+                            lease_expires_at,
+                            retry_after_ms: lease_expires_at - now,
+                        }
+                    }
+                    "PERMIT_NOT_FOUND" => Error::PermitNotFound {
+                        permit_id: cmd.permit_id.clone(),
+                    },
+                    "PERMIT_REVOKED" => Error::PermitRevoked {
+                        permit_id: cmd.permit_id.clone(),
+                    },
+                    "PERMIT_EXPIRED" => Error::PermitExpired {
+                        permit_id: cmd.permit_id.clone(),
+                        expired_at: f.int()?,
+                    },
+                    "TOOL_NOT_IN_SCOPE" => Error::ToolNotInScope {
+                        tool: cmd.tool.clone(),
+                    },
+                    "DUPLICATE_REQUEST_SUSPECTED" => Error::DuplicateSuspected {
+                        tool: cmd.tool.clone(),
+                        earlier_key: f.string()?,
+                    },
+                    "PERMIT_MAX_CALLS_EXCEEDED" => Error::MaxCallsExceeded {
+                        tool: cmd.tool.clone(),
+                        limit: f.int()? as u64,
+                        calls_made: f.int()? as u64,
+                    },
+                    "PERMIT_BUDGET_EXCEEDED" => Error::BudgetExceeded {
+                        budget: f.int()?,
+                        committed: f.int()?,
+                        reserved: f.int()?,
+                        requested: cmd.cost,
+                    },
+                    other => return Err(malformed(other)),
+                });
+            }
+            other => return Err(malformed(other)),
+        };
+        let attempt = decode_attempt(&cmd.permit_id, f.array()?)?;
+        let usage = decode_usage(f.array()?)?;
+        let duplicate_of = Some(f.string()?).filter(|k| !k.is_empty());
+        Ok(Authorized {
+            decision,
+            attempt,
+            usage,
+            duplicate_of,
+        })
+    }
+
+    async fn commit(&self, cmd: &CommitCmd, now: Millis, receipt_id: String) -> Result<Settled, Error> {
+        self.settle(
+            &cmd.permit_id,
+            &cmd.idempotency_key,
+            &cmd.attempt_id,
+            &cmd.outcome,
+            now,
+            receipt_id,
+        )
+        .await
+    }
+
+    async fn mark_uncertain(&self, cmd: &MarkUncertainCmd, now: Millis) -> Result<Attempt, Error> {
+        let k = self.keys(&cmd.permit_id);
+        let mut inv = SCRIPTS.mark_uncertain.prepare_invoke();
+        inv.key(&k.permit)
+            .key(&k.attempts)
+            .arg(now)
+            .arg(&cmd.idempotency_key)
+            .arg(&cmd.attempt_id)
+            .arg(&cmd.reason);
+        let mut f = Fields::new(self.run(&inv).await?);
+        match f.string()?.as_str() {
+            "OK" => decode_attempt(&cmd.permit_id, f.array()?),
+            "ERR" => Err(attempt_error(&mut f, &cmd.idempotency_key)?),
+            other => Err(malformed(other)),
+        }
+    }
+
+    async fn resolve(&self, cmd: &ResolveCmd, now: Millis, receipt_id: String) -> Result<Settled, Error> {
+        self.settle(
+            &cmd.permit_id,
+            &cmd.idempotency_key,
+            "",
+            &cmd.outcome,
+            now,
+            receipt_id,
+        )
+        .await
+    }
+
+    async fn list_uncertain(
+        &self,
+        permit_id: Option<&str>,
+        after: Option<&Cursor>,
+        limit: usize,
+        now: Millis,
+    ) -> Result<Page, Error> {
+        let mut page = Page::default();
+        if let Some(id) = permit_id {
+            let after_key = after.map_or("", |c| c.idempotency_key.as_str());
+            let (found, _, attempts) = self.list_one(id, after_key, limit, now).await?;
+            if !found {
+                return Err(Error::PermitNotFound {
+                    permit_id: id.to_owned(),
+                });
+            }
+            page.attempts = attempts;
+            page.next = full_page_cursor(&page.attempts, limit);
+            return Ok(page);
+        }
+
+        let mut conn = self.conn.clone();
+        let mut from = match after {
+            Some(c) => format!("[{}", c.permit_id),
+            None => "-".to_owned(),
+        };
+        let mut scanned = 0;
+        while scanned < MAX_PERMITS_PER_PAGE {
+            let ids: Vec<String> = redis::cmd("ZRANGEBYLEX")
+                .arg(self.index_key())
+                .arg(&from)
+                .arg("+")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(LIST_BATCH.min(MAX_PERMITS_PER_PAGE - scanned))
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            let Some(last) = ids.last() else {
+                return Ok(page);
+            };
+            from = format!("({last}");
+            for id in &ids {
+                scanned += 1;
+                let after_key = match after {
+                    Some(c) if c.permit_id == *id => c.idempotency_key.as_str(),
+                    _ => "",
+                };
+                let (_, removable, attempts) = self
+                    .list_one(id, after_key, limit - page.attempts.len(), now)
+                    .await?;
+                if removable {
+                    redis::cmd("ZREM")
+                        .arg(self.index_key())
+                        .arg(id)
+                        .exec_async(&mut conn)
+                        .await
+                        .map_err(unavailable)?;
+                }
+                page.attempts.extend(attempts);
+                if page.attempts.len() == limit {
+                    page.next = full_page_cursor(&page.attempts, limit);
+                    return Ok(page);
+                }
+            }
+        }
+        // Scanned as many permits as one page may: continue after the last.
+        page.next = Some(Cursor {
+            permit_id: from[1..].to_owned(),
+            idempotency_key: AFTER_ALL_KEYS.to_owned(),
+        });
+        Ok(page)
+    }
+
+    async fn ping(&self) -> Result<(), Error> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING")
+            .exec_async(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+}
+
+impl RedisStore {
+    /// Commit (with the holder's `attempt_id`) and Resolve (`attempt_id`
+    /// empty: an operator) run the same script, as they share the domain's
+    /// `Ledger::settle`.
+    async fn settle(
+        &self,
+        permit_id: &str,
+        key: &str,
+        attempt_id: &str,
+        outcome: &Outcome,
+        now: Millis,
+        receipt_id: String,
+    ) -> Result<Settled, Error> {
+        let k = self.keys(permit_id);
+        let (kind, payload, actual_cost): (&str, &[u8], Option<i64>) = match outcome {
+            Outcome::Succeeded {
+                result,
+                actual_cost,
+            } => ("succeeded", result, *actual_cost),
+            Outcome::Failed { reason } => ("failed", reason.as_bytes(), None),
+            Outcome::NotSent => ("not_sent", b"", None),
+        };
+        let mut inv = SCRIPTS.settle.prepare_invoke();
+        inv.key(&k.permit)
+            .key(&k.attempts)
+            .key(&k.open)
+            .key(&k.dup)
+            .arg(now)
+            .arg(key)
+            .arg(attempt_id)
+            .arg(kind)
+            .arg(payload)
+            .arg(actual_cost.map(|c| c.to_string()).unwrap_or_default())
+            .arg(receipt_id)
+            .arg(if attempt_id.is_empty() { "operator" } else { "holder" })
+            .arg(self.retention_ms);
+        let mut f = Fields::new(self.run(&inv).await?);
+        match f.string()?.as_str() {
+            "OK" => Ok(Settled {
+                attempt: decode_attempt(permit_id, f.array()?)?,
+                usage: decode_usage(f.array()?)?,
+            }),
+            "ERR" => Err(attempt_error(&mut f, key)?),
+            other => Err(malformed(other)),
+        }
+    }
+
+    /// One permit's uncertain attempts: (permit found, may leave the index,
+    /// attempts).
+    async fn list_one(
+        &self,
+        permit_id: &str,
+        after_key: &str,
+        limit: usize,
+        now: Millis,
+    ) -> Result<(bool, bool, Vec<Attempt>), Error> {
+        let k = self.keys(permit_id);
+        let mut inv = SCRIPTS.list_uncertain.prepare_invoke();
+        inv.key(&k.permit)
+            .key(&k.attempts)
+            .key(&k.open)
+            .arg(now)
+            .arg(after_key)
+            .arg(limit)
+            .arg(INDEX_SKEW_MARGIN_MS);
+        let mut f = Fields::new(self.run(&inv).await?);
+        let found = f.int()? == 1;
+        let removable = f.int()? == 1;
+        let mut attempts = Vec::new();
+        while let Some(value) = f.next() {
+            attempts.push(decode_attempt(permit_id, as_array(value)?)?);
+        }
+        Ok((found, removable, attempts))
+    }
+}
+
+/// A full page continues after its last attempt.
+fn full_page_cursor(attempts: &[Attempt], limit: usize) -> Option<Cursor> {
+    (attempts.len() == limit)
+        .then(|| attempts.last())
+        .flatten()
+        .map(|a| Cursor {
+            permit_id: a.permit_id.clone(),
+            idempotency_key: a.idempotency_key.clone(),
+        })
+}
+
+// === encoding ===
+
+fn guard_code(mode: GuardMode) -> i64 {
+    match mode {
+        GuardMode::Off => 0,
+        GuardMode::Log => 1,
+        GuardMode::Enforce => 2,
+    }
+}
+
+fn encode_permit(p: &Permit) -> Vec<(String, Vec<u8>)> {
+    let mut fields: Vec<(String, Vec<u8>)> = vec![
+        ("subject".into(), p.subject.clone().into_bytes()),
+        ("currency".into(), p.currency.clone().into_bytes()),
+        ("tools".into(), p.tools.join("\n").into_bytes()),
+        ("exp".into(), p.expires_at.to_string().into_bytes()),
+        ("lease".into(), p.lease_ms.to_string().into_bytes()),
+        (
+            "gmode".into(),
+            guard_code(p.duplicate_guard.mode).to_string().into_bytes(),
+        ),
+        (
+            "gwin".into(),
+            p.duplicate_guard.window_ms.to_string().into_bytes(),
+        ),
+        ("status".into(), b"1".to_vec()),
+        ("created".into(), p.created_at.to_string().into_bytes()),
+        ("committed".into(), b"0".to_vec()),
+        ("reserved".into(), b"0".to_vec()),
+        ("open".into(), b"0".to_vec()),
+    ];
+    if let Some(budget) = p.budget {
+        fields.push(("budget".into(), budget.to_string().into_bytes()));
+    }
+    for tool in &p.tools {
+        let cap = p
+            .max_calls_per_tool
+            .get(tool)
+            .map(u64::to_string)
+            .unwrap_or_default();
+        fields.push((format!("t:{tool}"), cap.into_bytes()));
+    }
+    fields
+}
+
+// === decoding ===
+
+fn malformed(what: impl std::fmt::Display) -> Error {
+    Error::StoreUnavailable(format!("unexpected reply from the store: {what}"))
+}
+
+/// Reads a script's reply array field by field.
+struct Fields(std::vec::IntoIter<Value>);
+
+impl Fields {
+    fn new(values: Vec<Value>) -> Self {
+        Self(values.into_iter())
+    }
+
+    fn next(&mut self) -> Option<Value> {
+        self.0.next()
+    }
+
+    fn value(&mut self) -> Result<Value, Error> {
+        self.0.next().ok_or_else(|| malformed("reply too short"))
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, Error> {
+        match self.value()? {
+            Value::BulkString(b) => Ok(b),
+            Value::SimpleString(s) => Ok(s.into_bytes()),
+            other => Err(malformed(format!("{other:?} where bytes were expected"))),
+        }
+    }
+
+    fn string(&mut self) -> Result<String, Error> {
+        String::from_utf8(self.bytes()?).map_err(|_| malformed("invalid UTF-8"))
+    }
+
+    fn int(&mut self) -> Result<i64, Error> {
+        match self.value()? {
+            Value::Int(i) => Ok(i),
+            Value::BulkString(b) => parse_int(&b),
+            other => Err(malformed(format!("{other:?} where an integer was expected"))),
+        }
+    }
+
+    fn array(&mut self) -> Result<Vec<Value>, Error> {
+        as_array(self.value()?)
+    }
+}
+
+fn as_array(value: Value) -> Result<Vec<Value>, Error> {
+    match value {
+        Value::Array(values) => Ok(values),
+        other => Err(malformed(format!("{other:?} where an array was expected"))),
+    }
+}
+
+fn parse_int(bytes: &[u8]) -> Result<i64, Error> {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| malformed("not an integer"))
+}
+
+fn decode_state(code: i64) -> Result<AttemptState, Error> {
+    Ok(match code {
+        1 => AttemptState::Reserved,
+        2 => AttemptState::Succeeded,
+        3 => AttemptState::Failed,
+        4 => AttemptState::Uncertain,
+        5 => AttemptState::Released,
+        other => return Err(malformed(format!("attempt state {other}"))),
+    })
+}
+
+/// Decodes lib.lua's `attempt_reply`.
+fn decode_attempt(permit_id: &str, values: Vec<Value>) -> Result<Attempt, Error> {
+    let mut f = Fields::new(values);
+    let attempt_id = f.string()?;
+    let tool = f.string()?;
+    let request_fingerprint = f.bytes()?;
+    let cost = f.int()?;
+    let state = decode_state(f.int()?)?;
+    let created_at = f.int()?;
+    let lease_expires_at = f.int()?;
+    let receipt_id = f.string()?;
+    let result = f.bytes()?;
+    let receipt_cost = f.int()?;
+    let issued_at = f.int()?;
+    let failure_reason = f.string()?;
+    let uncertain_reason = f.string()?;
+    let idempotency_key = f.string()?;
+    let receipt = (state == AttemptState::Succeeded).then(|| Receipt {
+        receipt_id,
+        result,
+        cost: receipt_cost,
+        issued_at,
+    });
+    Ok(Attempt {
+        attempt_id,
+        permit_id: permit_id.to_owned(),
+        tool,
+        idempotency_key,
+        request_fingerprint,
+        cost,
+        state,
+        created_at,
+        lease_expires_at,
+        receipt,
+        failure_reason,
+        uncertain_reason,
+        duplicate_of: None,
+    })
+}
+
+/// Decodes lib.lua's `usage_reply`.
+fn decode_usage(values: Vec<Value>) -> Result<Usage, Error> {
+    let mut f = Fields::new(values);
+    let tool = f.string()?;
+    let calls_made = f.int()? as u64;
+    let has_limit = f.int()? == 1;
+    let limit = f.int()? as u64;
+    let has_budget = f.int()? == 1;
+    let remaining = f.int()?;
+    Ok(Usage {
+        tool,
+        calls_made,
+        calls_limit: has_limit.then_some(limit),
+        budget_remaining: has_budget.then_some(remaining),
+    })
+}
+
+/// The errors of settle.lua and mark_uncertain.lua, after "ERR".
+fn attempt_error(f: &mut Fields, key: &str) -> Result<Error, Error> {
+    Ok(match f.string()?.as_str() {
+        "ATTEMPT_NOT_FOUND" => Error::AttemptNotFound {
+            idempotency_key: key.to_owned(),
+        },
+        "ATTEMPT_MISMATCH" => Error::AttemptMismatch {
+            idempotency_key: key.to_owned(),
+        },
+        "ATTEMPT_STATE_CONFLICT" => Error::StateConflict {
+            state: decode_state(f.int()?)?,
+        },
+        "ACTUAL_COST_TOO_HIGH" => invalid(
+            "succeeded.actual_cost",
+            format!("may not exceed the reserved cost {}", f.int()?),
+        ),
+        other => return Err(malformed(other)),
+    })
+}
+
+/// Decodes a permit hash (HGETALL's flat field/value list).
+fn decode_permit(permit_id: &str, reply: Vec<Value>) -> Result<PermitView, Error> {
+    let mut f = Fields::new(reply);
+    let mut map: HashMap<String, Vec<u8>> = HashMap::new();
+    while let Some(field) = f.next() {
+        let Value::BulkString(field) = field else {
+            // {"ERR", "PERMIT_NOT_FOUND"} from revoke_permit.lua.
+            break;
+        };
+        let field = String::from_utf8(field).map_err(|_| malformed("field name"))?;
+        if field == "ERR" {
+            break;
+        }
+        map.insert(field, f.bytes()?);
+    }
+    if !map.contains_key("exp") {
+        return Err(Error::PermitNotFound {
+            permit_id: permit_id.to_owned(),
+        });
+    }
+    let text = |name: &str| -> String {
+        map.get(name)
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default()
+    };
+    let int = |name: &str| -> Result<i64, Error> {
+        map.get(name).map_or(Ok(0), |b| parse_int(b))
+    };
+    let tools: Vec<String> = text("tools").split('\n').map(str::to_owned).collect();
+    let mut max_calls_per_tool = std::collections::BTreeMap::new();
+    let mut usage = Vec::with_capacity(tools.len());
+    let budget = map.get("budget").map(|b| parse_int(b)).transpose()?;
+    let committed = int("committed")?;
+    let reserved = int("reserved")?;
+    for tool in &tools {
+        let cap = match map.get(&format!("t:{tool}")) {
+            Some(b) if !b.is_empty() => Some(parse_int(b)? as u64),
+            _ => None,
+        };
+        if let Some(cap) = cap {
+            max_calls_per_tool.insert(tool.clone(), cap);
+        }
+        usage.push(Usage {
+            tool: tool.clone(),
+            calls_made: int(&format!("n:{tool}"))? as u64,
+            calls_limit: cap,
+            budget_remaining: budget.map(|b| b - committed - reserved),
+        });
+    }
+    let permit = Permit {
+        permit_id: permit_id.to_owned(),
+        subject: text("subject"),
+        tools,
+        max_calls_per_tool,
+        budget,
+        currency: text("currency"),
+        expires_at: int("exp")?,
+        lease_ms: int("lease")?,
+        duplicate_guard: DuplicateGuard {
+            mode: match int("gmode")? {
+                0 => GuardMode::Off,
+                2 => GuardMode::Enforce,
+                _ => GuardMode::Log,
+            },
+            window_ms: int("gwin")?,
+        },
+        status: if int("status")? == 2 {
+            PermitStatus::Revoked
+        } else {
+            PermitStatus::Active
+        },
+        created_at: int("created")?,
+    };
+    Ok(PermitView {
+        permit,
+        usage,
+        budget_committed: committed,
+        budget_reserved: reserved,
+    })
+}

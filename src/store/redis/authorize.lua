@@ -1,0 +1,97 @@
+-- authorize.lua: the order of checks of one Authorize and, for a new key
+-- that passes them, the reservation (domain/ledger.rs: Ledger::authorize).
+--
+-- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
+-- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup
+-- ARGV[1]  now (ms)                ARGV[2]  tool
+-- ARGV[3]  idempotency key         ARGV[4]  request fingerprint (bytes)
+-- ARGV[5]  cost                    ARGV[6]  fresh attempt id (UUIDv7)
+--
+-- Returns one of
+--   {"DISPATCH", attempt, usage, duplicate_of or ""}  a fresh reservation
+--   {"REPLAY", attempt, usage, ""}                    the key's outcome
+--   {"ERR", "KEY_REUSED"} | {"ERR", "IN_PROGRESS", lease_expires_at}
+--   {"ERR", "PERMIT_NOT_FOUND"} | {"ERR", "PERMIT_REVOKED"}
+--   {"ERR", "PERMIT_EXPIRED", expires_at} | {"ERR", "TOOL_NOT_IN_SCOPE"}
+--   {"ERR", "DUPLICATE_REQUEST_SUSPECTED", earlier_key}
+--   {"ERR", "PERMIT_MAX_CALLS_EXCEEDED", limit, calls_made}
+--   {"ERR", "PERMIT_BUDGET_EXCEEDED", budget, committed, reserved}
+-- Example: ARGV={"1767225600000","payments.charge","order-42",<32 bytes>,"250",<uuid>}
+--   -> {"DISPATCH", {<uuid>,"payments.charge",...}, {"payments.charge","1",1,"3",1,"750"}, ""}
+
+local now = tonumber(ARGV[1])
+local tool, key, fp = ARGV[2], ARGV[3], ARGV[4]
+local cost = tonumber(ARGV[5])
+
+-- 1. The key exists (and was not released): replay, in progress or reused.
+local existing = load_attempt(KEYS[2], key)
+if existing and existing.state ~= RELEASED then
+  if existing.tool ~= tool or existing.fp ~= fp or existing.cost ~= cost then
+    return {'ERR', 'KEY_REUSED'}
+  end
+  if observed_state(existing, now) == RESERVED then
+    return {'ERR', 'IN_PROGRESS', int(existing.lease)}
+  end
+  return {'REPLAY', attempt_reply(existing, key, now), usage_reply(KEYS[1], tool), ''}
+end
+
+-- 2. A new key: found -> not revoked -> not expired -> in scope ->
+--    duplicate guard -> cap -> budget.
+local p = redis.call('HMGET', KEYS[1], 'exp', 'status', 'lease', 'gmode',
+  'gwin', 'budget', 'committed', 'reserved', 't:' .. tool, 'n:' .. tool)
+if not p[1] then
+  return {'ERR', 'PERMIT_NOT_FOUND'}
+end
+local exp = tonumber(p[1])
+if tonumber(p[2]) == STATUS_REVOKED then
+  return {'ERR', 'PERMIT_REVOKED'}
+end
+if now >= exp then
+  return {'ERR', 'PERMIT_EXPIRED', p[1]}
+end
+if not p[9] then
+  return {'ERR', 'TOOL_NOT_IN_SCOPE'}
+end
+local gmode = tonumber(p[4])
+local dup_field = tool .. '\n' .. fp
+local duplicate_of = ''
+if gmode ~= GUARD_OFF then
+  local earlier_key = redis.call('HGET', KEYS[4], dup_field)
+  if earlier_key then
+    local earlier = load_attempt(KEYS[2], earlier_key)
+    if earlier and earlier.tool == tool and earlier.fp == fp
+        and earlier.state ~= RELEASED
+        and now - earlier.created < tonumber(p[5]) then
+      if gmode == GUARD_ENFORCE then
+        return {'ERR', 'DUPLICATE_REQUEST_SUSPECTED', earlier_key}
+      end
+      duplicate_of = earlier_key
+    end
+  end
+end
+local calls = tonumber(p[10] or 0)
+if p[9] ~= '' and calls >= tonumber(p[9]) then
+  return {'ERR', 'PERMIT_MAX_CALLS_EXCEEDED', p[9], int(calls)}
+end
+local committed, reserved = tonumber(p[7] or 0), tonumber(p[8] or 0)
+if p[6] and committed + reserved + cost > tonumber(p[6]) then
+  return {'ERR', 'PERMIT_BUDGET_EXCEEDED', p[6], int(committed), int(reserved)}
+end
+
+-- Everything checked: reserve the slot and the cost, record the attempt.
+local a = {
+  id = ARGV[6], tool = tool, fp = fp, cost = cost, state = RESERVED,
+  created = now, lease = now + tonumber(p[3]), receipt_id = '', result = '',
+  actual = 0, issued = 0, failure = '', ureason = '', dup_of = duplicate_of,
+}
+save_attempt(KEYS[2], key, a)
+redis.call('ZADD', KEYS[3], 0, key)
+if gmode ~= GUARD_OFF then
+  redis.call('HSET', KEYS[4], dup_field, key)
+end
+redis.call('HINCRBY', KEYS[1], 'n:' .. tool, 1)
+redis.call('HINCRBY', KEYS[1], 'reserved', ARGV[5])
+if redis.call('HINCRBY', KEYS[1], 'open', 1) == 1 then
+  pin(KEYS)
+end
+return {'DISPATCH', attempt_reply(a, key, now), usage_reply(KEYS[1], tool), duplicate_of}

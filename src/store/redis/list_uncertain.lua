@@ -1,0 +1,45 @@
+-- list_uncertain.lua: one permit's attempts that are UNCERTAIN at `now`
+-- (including RESERVED ones past their lease), in key order after a cursor.
+--
+-- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
+-- KEYS[3]  <prefix>:{P}:open
+-- ARGV[1]  now (ms)                ARGV[2]  list keys after this one ("" = from the start)
+-- ARGV[3]  at most this many       ARGV[4]  index margin (ms)
+--
+-- Returns {found, removable, attempt, attempt, ...}: found is 0 when the
+-- permit does not exist; removable is 1 when the permit may leave the
+-- cross-permit index (gone, or expired more than the margin ago with no
+-- open attempt: no new key can open one any more).
+-- Example: ARGV={"1767225600000","",100,3600000} -> {1, 0, {<attempt>}, ...}
+
+local now, limit = tonumber(ARGV[1]), tonumber(ARGV[3])
+local p = redis.call('HMGET', KEYS[1], 'exp', 'open')
+if not p[1] then
+  return {0, 1}
+end
+local removable = 0
+if tonumber(p[2] or 0) == 0 and now > tonumber(p[1]) + tonumber(ARGV[4]) then
+  removable = 1
+end
+local out = {1, removable}
+local from = '-'
+if ARGV[2] ~= '' then
+  from = '(' .. ARGV[2]
+end
+while #out - 2 < limit do
+  local keys = redis.call('ZRANGEBYLEX', KEYS[3], from, '+', 'LIMIT', 0, 128)
+  if #keys == 0 then
+    break
+  end
+  for _, key in ipairs(keys) do
+    local a = load_attempt(KEYS[2], key)
+    if a and observed_state(a, now) == UNCERTAIN then
+      out[#out + 1] = attempt_reply(a, key, now)
+      if #out - 2 == limit then
+        break
+      end
+    end
+  end
+  from = '(' .. keys[#keys]
+end
+return out

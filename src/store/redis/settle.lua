@@ -1,0 +1,90 @@
+-- settle.lua: apply an outcome to an attempt, for Commit (the holder of the
+-- attempt id) and Resolve (an operator, UNCERTAIN only). A repeat of the
+-- outcome already recorded answers the same again (domain/ledger.rs:
+-- Ledger::commit, Ledger::resolve, Ledger::settle).
+--
+-- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
+-- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup
+-- ARGV[1]  now (ms)                ARGV[2]  idempotency key
+-- ARGV[3]  attempt id ("" for Resolve: the operator settles whatever attempt the key holds)
+-- ARGV[4]  "succeeded" | "failed" | "not_sent"
+-- ARGV[5]  result (succeeded) or reason (failed)
+-- ARGV[6]  actual cost ("" = the reserved cost)
+-- ARGV[7]  fresh receipt id       ARGV[8]  "holder" | "operator"
+-- ARGV[9]  retention (ms)
+--
+-- Returns {"OK", attempt, usage}, or {"ERR", "ATTEMPT_NOT_FOUND"} |
+-- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
+-- {"ERR", "ACTUAL_COST_TOO_HIGH", reserved_cost}.
+-- Example: ARGV={"1767225600000","order-42",<uuid>,"succeeded","ok","","<uuid>","holder","86400000"}
+
+local now, key, outcome, payload = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[5]
+local a = load_attempt(KEYS[2], key)
+if not a then
+  return {'ERR', 'ATTEMPT_NOT_FOUND'}
+end
+if ARGV[8] == 'holder' and a.id ~= ARGV[3] then
+  return {'ERR', 'ATTEMPT_MISMATCH'}
+end
+local state = observed_state(a, now)
+local settleable
+if ARGV[8] == 'holder' then
+  settleable = state == RESERVED or state == UNCERTAIN
+else
+  settleable = state == UNCERTAIN
+end
+local actual = a.cost
+if ARGV[6] ~= '' then
+  actual = tonumber(ARGV[6])
+end
+
+local function answer()
+  return {'OK', attempt_reply(a, key, now), usage_reply(KEYS[1], a.tool)}
+end
+
+if not settleable then
+  if outcome == 'succeeded' and state == SUCCEEDED
+      and a.result == payload and a.actual == actual then
+    return answer()
+  elseif outcome == 'failed' and state == FAILED and a.failure == payload then
+    return answer()
+  elseif outcome == 'not_sent' and state == RELEASED then
+    return answer()
+  end
+  return {'ERR', 'ATTEMPT_STATE_CONFLICT', state}
+end
+
+-- The attempt is open and may be settled; check before writing.
+if outcome == 'succeeded' and actual > a.cost then
+  return {'ERR', 'ACTUAL_COST_TOO_HIGH', int(a.cost)}
+end
+if outcome == 'not_sent' and state ~= RESERVED then
+  -- An uncertain call may have left: its slot stays held.
+  return {'ERR', 'ATTEMPT_STATE_CONFLICT', state}
+end
+
+redis.call('HINCRBY', KEYS[1], 'reserved', int(-a.cost))
+if outcome == 'succeeded' then
+  redis.call('HINCRBY', KEYS[1], 'committed', int(actual))
+  a.state, a.receipt_id, a.result, a.actual, a.issued =
+    SUCCEEDED, ARGV[7], payload, actual, now
+elseif outcome == 'failed' then
+  a.state, a.failure = FAILED, payload
+else
+  a.state = RELEASED
+  redis.call('HINCRBY', KEYS[1], 'n:' .. a.tool, -1)
+  local dup_field = a.tool .. '\n' .. a.fp
+  if redis.call('HGET', KEYS[4], dup_field) == key then
+    if a.dup_of ~= '' then
+      redis.call('HSET', KEYS[4], dup_field, a.dup_of)
+    else
+      redis.call('HDEL', KEYS[4], dup_field)
+    end
+  end
+end
+save_attempt(KEYS[2], key, a)
+redis.call('ZREM', KEYS[3], key)
+if redis.call('HINCRBY', KEYS[1], 'open', -1) == 0 then
+  unpin(KEYS, KEYS[1], tonumber(ARGV[9]))
+end
+return answer()
