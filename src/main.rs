@@ -2,7 +2,11 @@
 //! The `atmost` binary: `atmost serve` runs the gRPC service.
 
 use atmost::domain::Millis;
-use atmost::store::{Backend, memory::MemoryStore, redis::{RedisConfig, RedisStore}};
+use atmost::store::{
+    Backend,
+    memory::MemoryStore,
+    redis::{RedisConfig, RedisStore},
+};
 use atmost::{App, run};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
@@ -10,7 +14,10 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
-#[command(version, about = "A permit and receipt boundary in front of side-effecting tool calls: at most N dispatches per tool per permit.")]
+#[command(
+    version,
+    about = "A permit and receipt boundary in front of side-effecting tool calls: at most N dispatches per tool per permit."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -45,7 +52,11 @@ struct ServeArgs {
     #[arg(long, env = "ATMOST_STORE", value_enum, default_value = "memory")]
     store: StoreKind,
     /// Redis URL (with --store redis).
-    #[arg(long, env = "ATMOST_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    #[arg(
+        long,
+        env = "ATMOST_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
     redis_url: String,
     /// Prefix of every Redis key.
     #[arg(long, env = "ATMOST_REDIS_PREFIX", default_value = "atmost")]

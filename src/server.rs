@@ -124,9 +124,7 @@ pub async fn run(
 
 async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
     reporter.set_service_status("", status).await;
-    reporter
-        .set_service_status("atmost.v1.Gate", status)
-        .await;
+    reporter.set_service_status("atmost.v1.Gate", status).await;
     reporter
         .set_service_status("atmost.v1.Permits", status)
         .await;

@@ -52,7 +52,8 @@ pub const INDEX_SKEW_MARGIN_MS: Millis = 3_600_000;
 pub trait Store: Send + Sync + 'static {
     /// Stores a validated permit (its id is fresh).
     fn create_permit(&self, permit: Permit) -> impl Future<Output = Result<Permit, Error>> + Send;
-    fn get_permit(&self, permit_id: &str) -> impl Future<Output = Result<PermitView, Error>> + Send;
+    fn get_permit(&self, permit_id: &str)
+    -> impl Future<Output = Result<PermitView, Error>> + Send;
     fn revoke_permit(&self, permit_id: &str) -> impl Future<Output = Result<Permit, Error>> + Send;
     /// Runs the order of checks and, for a new key that passes, reserves the
     /// slot and cost and records the attempt as `attempt_id`, atomically.
@@ -125,13 +126,23 @@ impl Store for Backend {
     ) -> Result<Authorized, Error> {
         delegate!(self, s => s.authorize(cmd, now, attempt_id))
     }
-    async fn commit(&self, cmd: &CommitCmd, now: Millis, receipt_id: String) -> Result<Settled, Error> {
+    async fn commit(
+        &self,
+        cmd: &CommitCmd,
+        now: Millis,
+        receipt_id: String,
+    ) -> Result<Settled, Error> {
         delegate!(self, s => s.commit(cmd, now, receipt_id))
     }
     async fn mark_uncertain(&self, cmd: &MarkUncertainCmd, now: Millis) -> Result<Attempt, Error> {
         delegate!(self, s => s.mark_uncertain(cmd, now))
     }
-    async fn resolve(&self, cmd: &ResolveCmd, now: Millis, receipt_id: String) -> Result<Settled, Error> {
+    async fn resolve(
+        &self,
+        cmd: &ResolveCmd,
+        now: Millis,
+        receipt_id: String,
+    ) -> Result<Settled, Error> {
         delegate!(self, s => s.resolve(cmd, now, receipt_id))
     }
     async fn list_uncertain(

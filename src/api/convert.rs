@@ -75,7 +75,12 @@ pub fn commit_cmd(r: pb::CommitRequest) -> Result<CommitCmd, Error> {
         Some(O::Succeeded(s)) => succeeded(s),
         Some(O::Failed(f)) => failed(f),
         Some(O::NotSent(_)) => Outcome::NotSent,
-        None => return Err(invalid("outcome", "one of succeeded, failed or not_sent is required")),
+        None => {
+            return Err(invalid(
+                "outcome",
+                "one of succeeded, failed or not_sent is required",
+            ));
+        }
     };
     Ok(CommitCmd {
         permit_id: r.permit_id,
@@ -161,8 +166,13 @@ pub fn page_token(c: &Cursor) -> String {
 }
 
 pub fn cursor(token: &str) -> Result<Cursor, Error> {
-    let bad = || invalid("page_token", "not a token from a previous ListUncertain response");
-    if token.len() % 2 != 0 || !token.is_ascii() {
+    let bad = || {
+        invalid(
+            "page_token",
+            "not a token from a previous ListUncertain response",
+        )
+    };
+    if !token.len().is_multiple_of(2) || !token.is_ascii() {
         return Err(bad());
     }
     let bytes = (0..token.len())

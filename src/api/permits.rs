@@ -92,7 +92,11 @@ impl Permits for PermitsService {
             .map_err(to_status)?;
         Ok(Response::new(pb::ListUncertainResponse {
             attempts: page.attempts.into_iter().map(convert::attempt).collect(),
-            next_page_token: page.next.as_ref().map(convert::page_token).unwrap_or_default(),
+            next_page_token: page
+                .next
+                .as_ref()
+                .map(convert::page_token)
+                .unwrap_or_default(),
         }))
     }
 
@@ -139,7 +143,10 @@ fn list_args(r: &pb::ListUncertainRequest) -> Result<ListArgs, Error> {
     } else {
         let cursor = convert::cursor(&r.page_token)?;
         if permit_id.as_ref().is_some_and(|p| *p != cursor.permit_id) {
-            return Err(invalid("page_token", "belongs to a listing of another permit"));
+            return Err(invalid(
+                "page_token",
+                "belongs to a listing of another permit",
+            ));
         }
         Some(cursor)
     };

@@ -132,4 +132,3 @@ pub fn to_status(error: Error) -> Status {
     }
     Status::with_error_details(code, message, details)
 }
-

@@ -2,8 +2,8 @@
 //! them, and what those commands answer.
 
 use super::{
-    Error, LEASE_EXPIRED, MARKED_UNCERTAIN, MAX_AMOUNT, MAX_FINGERPRINT_LEN, MAX_RESULT_BYTES, MAX_TEXT_LEN, Millis,
-    Usage, Violations, canonical_id, valid_key, valid_tool,
+    Error, LEASE_EXPIRED, MARKED_UNCERTAIN, MAX_AMOUNT, MAX_FINGERPRINT_LEN, MAX_RESULT_BYTES,
+    MAX_TEXT_LEN, Millis, Usage, Violations, canonical_id, valid_key, valid_tool,
 };
 
 /// The states of the attempt state machine.

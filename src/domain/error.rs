@@ -18,7 +18,10 @@ pub enum Error {
     #[error("permit {permit_id} is revoked")]
     PermitRevoked { permit_id: String },
     #[error("permit {permit_id} expired")]
-    PermitExpired { permit_id: String, expired_at: Millis },
+    PermitExpired {
+        permit_id: String,
+        expired_at: Millis,
+    },
     #[error("tool {tool:?} is not in the permit's scope")]
     ToolNotInScope { tool: String },
     #[error("tool {tool:?} reached its cap of {limit} calls")]
@@ -27,7 +30,9 @@ pub enum Error {
         limit: u64,
         calls_made: u64,
     },
-    #[error("cost {requested} does not fit the budget {budget} ({committed} committed, {reserved} reserved)")]
+    #[error(
+        "cost {requested} does not fit the budget {budget} ({committed} committed, {reserved} reserved)"
+    )]
     BudgetExceeded {
         budget: i64,
         committed: i64,

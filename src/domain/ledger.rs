@@ -6,8 +6,8 @@
 
 use super::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GuardMode,
-    MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView,
-    Receipt, ResolveCmd, Settled, Usage, invalid,
+    MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView, Receipt, ResolveCmd,
+    Settled, Usage, invalid,
 };
 use std::collections::{BTreeMap, HashMap};
 
@@ -243,11 +243,18 @@ impl Ledger {
     }
 
     /// RESERVED (lease open or not) -> UNCERTAIN; UNCERTAIN stays as it is.
-    pub fn mark_uncertain(&mut self, cmd: &MarkUncertainCmd, now: Millis) -> Result<Attempt, Error> {
+    pub fn mark_uncertain(
+        &mut self,
+        cmd: &MarkUncertainCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
         let attempt = self.holder_attempt(&cmd.idempotency_key, &cmd.attempt_id)?;
         match attempt.state {
             AttemptState::Reserved => {
-                let attempt = self.attempts.get_mut(&cmd.idempotency_key).expect("checked");
+                let attempt = self
+                    .attempts
+                    .get_mut(&cmd.idempotency_key)
+                    .expect("checked");
                 attempt.state = AttemptState::Uncertain;
                 attempt.uncertain_reason = cmd.reason.clone();
                 Ok(attempt.observed(now))
@@ -260,9 +267,11 @@ impl Ledger {
     // --- helpers ---
 
     fn attempt(&self, key: &str) -> Result<&Attempt, Error> {
-        self.attempts.get(key).ok_or_else(|| Error::AttemptNotFound {
-            idempotency_key: key.to_owned(),
-        })
+        self.attempts
+            .get(key)
+            .ok_or_else(|| Error::AttemptNotFound {
+                idempotency_key: key.to_owned(),
+            })
     }
 
     /// The key's attempt, provided `attempt_id` is its fencing token.
@@ -387,7 +396,9 @@ impl Ledger {
         if guard.mode == GuardMode::Off {
             return None;
         }
-        let key = self.dup_index.get(&(tool.to_owned(), fingerprint.to_vec()))?;
+        let key = self
+            .dup_index
+            .get(&(tool.to_owned(), fingerprint.to_vec()))?;
         let earlier = self.attempts.get(key)?;
         let live = earlier.tool == tool
             && earlier.request_fingerprint == fingerprint

@@ -67,7 +67,7 @@ impl Store for MemoryStore {
     async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.created += 1;
-        if inner.created % PRUNE_EVERY == 0 {
+        if inner.created.is_multiple_of(PRUNE_EVERY) {
             inner.prune(permit.created_at, self.retention_ms);
         }
         inner
@@ -93,7 +93,12 @@ impl Store for MemoryStore {
         self.with_ledger(&cmd.permit_id, |l| l.authorize(cmd, now, attempt_id))
     }
 
-    async fn commit(&self, cmd: &CommitCmd, now: Millis, receipt_id: String) -> Result<Settled, Error> {
+    async fn commit(
+        &self,
+        cmd: &CommitCmd,
+        now: Millis,
+        receipt_id: String,
+    ) -> Result<Settled, Error> {
         self.with_ledger(&cmd.permit_id, |l| l.commit(cmd, now, receipt_id))
     }
 
@@ -101,7 +106,12 @@ impl Store for MemoryStore {
         self.with_ledger(&cmd.permit_id, |l| l.mark_uncertain(cmd, now))
     }
 
-    async fn resolve(&self, cmd: &ResolveCmd, now: Millis, receipt_id: String) -> Result<Settled, Error> {
+    async fn resolve(
+        &self,
+        cmd: &ResolveCmd,
+        now: Millis,
+        receipt_id: String,
+    ) -> Result<Settled, Error> {
         self.with_ledger(&cmd.permit_id, |l| l.resolve(cmd, now, receipt_id))
     }
 

@@ -110,8 +110,8 @@ impl RedisStore {
             .set_response_timeout(Some(config.timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, manager_config)
-            .map_err(unavailable)?;
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, manager_config).map_err(unavailable)?;
         Ok(Self {
             conn,
             prefix: config.prefix.clone(),
@@ -268,7 +268,12 @@ impl Store for RedisStore {
         })
     }
 
-    async fn commit(&self, cmd: &CommitCmd, now: Millis, receipt_id: String) -> Result<Settled, Error> {
+    async fn commit(
+        &self,
+        cmd: &CommitCmd,
+        now: Millis,
+        receipt_id: String,
+    ) -> Result<Settled, Error> {
         self.settle(
             &cmd.permit_id,
             &cmd.idempotency_key,
@@ -297,7 +302,12 @@ impl Store for RedisStore {
         }
     }
 
-    async fn resolve(&self, cmd: &ResolveCmd, now: Millis, receipt_id: String) -> Result<Settled, Error> {
+    async fn resolve(
+        &self,
+        cmd: &ResolveCmd,
+        now: Millis,
+        receipt_id: String,
+    ) -> Result<Settled, Error> {
         self.settle(
             &cmd.permit_id,
             &cmd.idempotency_key,
@@ -426,7 +436,11 @@ impl RedisStore {
             .arg(payload)
             .arg(actual_cost.map(|c| c.to_string()).unwrap_or_default())
             .arg(receipt_id)
-            .arg(if attempt_id.is_empty() { "operator" } else { "holder" })
+            .arg(if attempt_id.is_empty() {
+                "operator"
+            } else {
+                "holder"
+            })
             .arg(self.retention_ms);
         let mut f = Fields::new(self.run(&inv).await?);
         match f.string()?.as_str() {
@@ -562,7 +576,9 @@ impl Fields {
         match self.value()? {
             Value::Int(i) => Ok(i),
             Value::BulkString(b) => parse_int(&b),
-            other => Err(malformed(format!("{other:?} where an integer was expected"))),
+            other => Err(malformed(format!(
+                "{other:?} where an integer was expected"
+            ))),
         }
     }
 
@@ -613,7 +629,7 @@ fn decode_attempt(permit_id: &str, values: Vec<Value>) -> Result<Attempt, Error>
     let failure_reason = f.string()?;
     let uncertain_reason = f.string()?;
     let idempotency_key = f.string()?;
-    let receipt = (state == AttemptState::Succeeded).then(|| Receipt {
+    let receipt = (state == AttemptState::Succeeded).then_some(Receipt {
         receipt_id,
         result,
         cost: receipt_cost,
@@ -698,9 +714,7 @@ fn decode_permit(permit_id: &str, reply: Vec<Value>) -> Result<PermitView, Error
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .unwrap_or_default()
     };
-    let int = |name: &str| -> Result<i64, Error> {
-        map.get(name).map_or(Ok(0), |b| parse_int(b))
-    };
+    let int = |name: &str| -> Result<i64, Error> { map.get(name).map_or(Ok(0), |b| parse_int(b)) };
     let tools: Vec<String> = text("tools").split('\n').map(str::to_owned).collect();
     let mut max_calls_per_tool = std::collections::BTreeMap::new();
     let mut usage = Vec::with_capacity(tools.len());
