@@ -83,7 +83,7 @@ async fn create_permit_fills_defaults(h: Harness) {
     assert_eq!(created.tools, p.tools);
     assert_eq!(created.status(), pb::PermitStatus::Active);
     assert_eq!(created.lease.as_ref().map(|d| d.seconds), Some(30));
-    let guard = created.duplicate_guard.clone().expect("guard");
+    let guard = created.duplicate_guard.expect("guard");
     assert_eq!(guard.mode(), pb::DuplicateGuardMode::Log);
     assert_eq!(guard.window.map(|d| d.seconds), Some(600));
     assert!(created.created_at.is_some());
@@ -116,7 +116,8 @@ async fn create_permit_fills_defaults(h: Harness) {
 }
 
 async fn create_permit_rejects_bad_input(h: Harness) {
-    let cases: Vec<(&str, Box<dyn Fn(&mut pb::Permit)>)> = vec![
+    type Mutation = Box<dyn Fn(&mut pb::Permit)>;
+    let cases: Vec<(&str, Mutation)> = vec![
         (
             "permit.permit_id",
             Box::new(|p| p.permit_id = uuid::Uuid::now_v7().to_string()),
@@ -217,8 +218,8 @@ async fn dispatch_commit_succeeded_then_replay_returns_receipt(h: Harness) {
     assert_eq!(attempt.cost, 250);
     assert_eq!(attempt.permit_id, permit);
     assert_eq!(attempt.request_fingerprint, b"fp-42");
-    let lease = attempt.lease_expires_at.clone().expect("lease").seconds
-        - attempt.created_at.clone().expect("created").seconds;
+    let lease = attempt.lease_expires_at.expect("lease").seconds
+        - attempt.created_at.expect("created").seconds;
     assert_eq!(lease, 30);
     let usage = r.usage.expect("usage");
     assert_eq!(
