@@ -82,15 +82,21 @@ fn wait_ready(child: &mut Child, port: u16) -> bool {
 
 impl Redis {
     pub fn start() -> Self {
-        let prefix = format!("t{}", uuid::Uuid::now_v7().simple());
-        if let Ok(url) = std::env::var("REDIS_URL") {
-            return Self {
+        match std::env::var("REDIS_URL") {
+            Ok(url) => Self {
                 url,
-                prefix,
+                prefix: format!("t{}", uuid::Uuid::now_v7().simple()),
                 child: None,
                 port: 0,
-            };
+            },
+            Err(_) => Self::start_owned(),
         }
+    }
+
+    /// Always a `redis-server` of this test's own (REDIS_URL or not), for
+    /// tests that kill and restart it.
+    pub fn start_owned() -> Self {
+        let prefix = format!("t{}", uuid::Uuid::now_v7().simple());
         for _ in 0..5 {
             let port = free_port();
             let mut child = spawn_redis(port).unwrap_or_else(|e| {
@@ -111,11 +117,6 @@ impl Redis {
             let _ = child.wait();
         }
         panic!("redis-server did not come up on a free port after 5 tries");
-    }
-
-    /// Whether this test owns its Redis process (and so may kill it).
-    pub fn owned(&self) -> bool {
-        self.child.is_some()
     }
 
     /// Kills the Redis process (everything in it is lost).
@@ -469,4 +470,70 @@ pub fn violated_fields(status: &Status) -> Vec<String> {
         .get_details_bad_request()
         .map(|b| b.field_violations.into_iter().map(|v| v.field).collect())
         .unwrap_or_default()
+}
+
+// === the binary ===
+
+/// A real `atmost serve` process on a free loopback port, killed on drop.
+pub struct Process {
+    pub child: Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl Process {
+    /// Starts `atmost serve --listen 127.0.0.1:0 <args>` and waits for its
+    /// "atmost listening on ADDR" line.
+    pub fn spawn(args: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_atmost"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn atmost");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let addr = line
+            .trim()
+            .strip_prefix("atmost listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .expect("address");
+        Self { child, addr }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    /// Sends SIGTERM and waits (at most `within`) for the exit status.
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

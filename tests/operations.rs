@@ -1,0 +1,192 @@
+//! What operators and orchestrators rely on: gRPC health and reflection,
+//! failing closed while Redis is unreachable, script reloads after a Redis
+//! restart, and a clean exit on SIGTERM.
+
+mod support;
+
+use atmost::pb::{self, Decision, gate_client::GateClient};
+use std::time::{Duration, Instant};
+use support::*;
+use tonic::Code;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+async fn health(channel: &tonic::transport::Channel, service: &str) -> ServingStatus {
+    HealthClient::new(channel.clone())
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .expect("health check")
+        .into_inner()
+        .status()
+}
+
+/// Polls health until it reports `want` (the store is pinged every 50 ms).
+async fn wait_health(channel: &tonic::transport::Channel, want: ServingStatus) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while health(channel, "").await != want {
+        assert!(Instant::now() < deadline, "health never became {want:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn redis_harness() -> Harness {
+    let redis = Redis::start_owned();
+    let store = atmost::store::Backend::Redis(redis.store());
+    Harness::serve(Kind::Redis, store, Some(redis), |app| {
+        app.with_health_interval(Duration::from_millis(50))
+            .with_store_timeout(Duration::from_millis(500))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_serving_for_every_service() {
+    let h = Harness::start(Kind::Memory).await;
+    for service in ["", "atmost.v1.Gate", "atmost.v1.Permits"] {
+        assert_eq!(
+            health(&h.channel, service).await,
+            ServingStatus::Serving,
+            "{service:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_the_services() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let h = Harness::start(Kind::Memory).await;
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = ServerReflectionClient::new(h.channel.clone())
+        .server_reflection_info(tokio_stream::once(request))
+        .await
+        .expect("reflection")
+        .into_inner();
+    let response = responses
+        .message()
+        .await
+        .expect("message")
+        .expect("one response");
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected {response:?}");
+    };
+    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    for want in [
+        "atmost.v1.Gate",
+        "atmost.v1.Permits",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_closed_and_recovers() {
+    let mut h = redis_harness().await;
+    let permit = h.create_with(&["t"], &[("t", 3)], None).await;
+    h.dispatch(&permit, "t", "before", b"fp", 0).await;
+    wait_health(&h.channel, ServingStatus::Serving).await;
+
+    h.redis.as_mut().expect("redis").kill();
+    // Every RPC answers UNAVAILABLE / STORE_UNAVAILABLE, never a decision.
+    for key in ["k1", "k2", "before"] {
+        let started = Instant::now();
+        let (_, status) = expect_error(
+            h.authorize(&permit, "t", key, b"fp", 0).await,
+            Code::Unavailable,
+            "STORE_UNAVAILABLE",
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{status:?} took {:?}",
+            started.elapsed()
+        );
+    }
+    expect_error(h.get(&permit).await, Code::Unavailable, "STORE_UNAVAILABLE");
+    expect_error(
+        h.list("", 10, "").await,
+        Code::Unavailable,
+        "STORE_UNAVAILABLE",
+    );
+    wait_health(&h.channel, ServingStatus::NotServing).await;
+
+    // A fresh Redis (empty: no permit, no scripts) on the same port.
+    h.redis.as_mut().expect("redis").restart();
+    wait_health(&h.channel, ServingStatus::Serving).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match h.authorize(&permit, "t", "k1", b"fp", 0).await {
+            Err(s) if s.code() == Code::NotFound => break,
+            Err(s) if s.code() == Code::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => panic!("after the restart: {other:?}"),
+        }
+    }
+    let permit = h.create_with(&["t"], &[], None).await;
+    h.dispatch(&permit, "t", "after", b"fp", 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_script_cache_never_reaches_a_client() {
+    let h = redis_harness().await;
+    let permit = h.create_with(&["t"], &[], None).await;
+    h.dispatch(&permit, "t", "k1", b"1", 0).await;
+    let url = h.redis.as_ref().expect("redis").url.clone();
+    let mut conn = redis::Client::open(url)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec_async(&mut conn)
+        .await
+        .expect("flush");
+    let a = h.dispatch(&permit, "t", "k2", b"2", 0).await;
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec_async(&mut conn)
+        .await
+        .expect("flush");
+    h.commit(&a, succeeded(b"ok", None)).await.expect("commit");
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec_async(&mut conn)
+        .await
+        .expect("flush");
+    let replay = h
+        .authorize(&permit, "t", "k2", b"2", 0)
+        .await
+        .expect("replay");
+    assert_eq!(replay.decision(), Decision::Replay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_zero() {
+    let mut process = Process::spawn(&[]);
+    let channel = process.channel().await;
+    assert_eq!(health(&channel, "").await, ServingStatus::Serving);
+    let r = GateClient::new(channel.clone())
+        .authorize(pb::AuthorizeRequest {
+            permit_id: uuid::Uuid::now_v7().to_string(),
+            tool: "t".into(),
+            idempotency_key: "k".into(),
+            request_fingerprint: b"fp".to_vec(),
+            cost: 0,
+        })
+        .await;
+    expect_error(r, Code::NotFound, "PERMIT_NOT_FOUND");
+    let status = process
+        .terminate(Duration::from_secs(10))
+        .expect("exited within 10 s");
+    assert!(status.success(), "{status:?}");
+}
