@@ -104,3 +104,6 @@ pub(crate) fn invalid(field: &str, description: impl Into<String>) -> Error {
         description: description.into(),
     }])
 }
+
+#[cfg(test)]
+mod tests;

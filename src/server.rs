@@ -84,11 +84,12 @@ pub async fn run(
         .build_v1()?;
 
     let stop = CancellationToken::new();
-    let health_task = tokio::spawn(watch_store(
+    let watch_stop = CancellationToken::new();
+    let mut health_task = tokio::spawn(watch_store(
         ctx.clone(),
         reporter.clone(),
         app.health_interval,
-        stop.clone(),
+        watch_stop.clone(),
     ));
 
     let serve = Server::builder()
@@ -106,8 +107,12 @@ pub async fn run(
         result = &mut serve => result.map_err(Into::into),
         () = shutdown => {
             tracing::info!("shutting down: NOT_SERVING, draining in-flight requests");
-            stop.cancel();
+            // Health first (with the store watcher stopped, so it cannot
+            // flip it back), then stop accepting and drain.
+            watch_stop.cancel();
+            let _ = (&mut health_task).await;
             set_all(&reporter, ServingStatus::NotServing).await;
+            stop.cancel();
             match tokio::time::timeout(app.shutdown_grace, &mut serve).await {
                 Ok(result) => result.map_err(Into::into),
                 Err(_) => {
@@ -117,8 +122,10 @@ pub async fn run(
             }
         }
     };
-    stop.cancel();
-    let _ = health_task.await;
+    watch_stop.cancel();
+    if !health_task.is_finished() {
+        let _ = health_task.await;
+    }
     result
 }
 

@@ -23,6 +23,9 @@ pub struct Ledger {
     /// (tool, fingerprint) -> the latest key dispatched with them, for the
     /// duplicate guard. Validated on every read, so a stale entry is harmless.
     dup_index: HashMap<(String, Vec<u8>), String>,
+    /// When an attempt was last settled: retention runs from the later of
+    /// this and the permit's expiry.
+    last_settled_at: Millis,
 }
 
 /// Who settles an attempt: the caller holding its attempt_id (Commit) or an
@@ -44,6 +47,7 @@ impl Ledger {
             reserved: 0,
             attempts: BTreeMap::new(),
             dup_index: HashMap::new(),
+            last_settled_at: 0,
         }
     }
 
@@ -77,9 +81,13 @@ impl Ledger {
         }
     }
 
-    /// Whether any attempt is RESERVED or UNCERTAIN (and so must be kept).
-    pub fn has_open_attempts(&self) -> bool {
-        self.attempts.values().any(|a| a.state.is_open())
+    /// Whether the ledger may be dropped at `now`: no attempt is RESERVED
+    /// or UNCERTAIN (those are never dropped), and `retention_ms` has passed
+    /// since the permit expired and since its last attempt was settled.
+    pub fn retired(&self, now: Millis, retention_ms: Millis) -> bool {
+        let since = self.permit.expires_at.max(self.last_settled_at);
+        !self.attempts.values().any(|a| a.state.is_open())
+            && now >= since.saturating_add(retention_ms)
     }
 
     /// Attempts UNCERTAIN at `now` (including RESERVED ones past their
@@ -378,6 +386,7 @@ impl Ledger {
                 }
             }
         }
+        self.last_settled_at = now;
         Ok(self.settled(key, now))
     }
 

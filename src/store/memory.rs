@@ -54,12 +54,10 @@ impl MemoryStore {
 }
 
 impl Inner {
-    /// Drops ledgers whose retention has passed and that hold no open
-    /// attempt: RESERVED and UNCERTAIN attempts never disappear.
+    /// Drops retired ledgers (see [`Ledger::retired`]): RESERVED and
+    /// UNCERTAIN attempts never disappear.
     fn prune(&mut self, now: Millis, retention_ms: Millis) {
-        self.ledgers.retain(|_, l| {
-            l.has_open_attempts() || now < l.permit().expires_at.saturating_add(retention_ms)
-        });
+        self.ledgers.retain(|_, l| !l.retired(now, retention_ms));
     }
 }
 

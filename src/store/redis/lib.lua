@@ -80,15 +80,17 @@ local function usage_reply(permit_key, tool)
 end
 
 -- Open attempts pin the permit's keys; once none is open they expire
--- `retention` ms after the permit does (by Redis's clock).
+-- `retention` ms after the permit does, or after `now` if that is later (so
+-- an attempt settled long after expiry is still kept for `retention`).
+-- Expiry itself runs on Redis's clock.
 local function pin(keys)
   for i = 1, #keys do
     redis.call('PERSIST', keys[i])
   end
 end
 
-local function unpin(keys, permit_key, retention)
-  local exp = tonumber(redis.call('HGET', permit_key, 'exp'))
+local function unpin(keys, permit_key, retention, now)
+  local exp = math.max(tonumber(redis.call('HGET', permit_key, 'exp')), now)
   for i = 1, #keys do
     redis.call('PEXPIREAT', keys[i], int(exp + retention))
   end

@@ -85,6 +85,6 @@ end
 save_attempt(KEYS[2], key, a)
 redis.call('ZREM', KEYS[3], key)
 if redis.call('HINCRBY', KEYS[1], 'open', -1) == 0 then
-  unpin(KEYS, KEYS[1], tonumber(ARGV[9]))
+  unpin(KEYS, KEYS[1], tonumber(ARGV[9]), now)
 end
 return answer()

@@ -1,0 +1,108 @@
+//! Unit tests of the pure pieces: input limits and the lease rule. The
+//! state machine itself is exercised over gRPC on both stores by
+//! `tests/behaviour.rs`.
+
+use super::*;
+
+#[test]
+fn tool_names_are_bounded_and_restricted() {
+    assert!(valid_tool("payments.charge:v2/eu-west_1"));
+    assert!(valid_tool(&"t".repeat(MAX_TOOL_LEN)));
+    assert!(!valid_tool(&"t".repeat(MAX_TOOL_LEN + 1)));
+    for bad in ["", "has space", "new\nline", "brace{", "é"] {
+        assert!(!valid_tool(bad), "{bad:?}");
+    }
+}
+
+#[test]
+fn keys_are_printable_ascii_up_to_255_bytes() {
+    assert!(valid_key(" ~!{}"));
+    assert!(valid_key(&"k".repeat(MAX_KEY_LEN)));
+    assert!(!valid_key(&"k".repeat(MAX_KEY_LEN + 1)));
+    for bad in ["", "tab\t", "del\u{7f}", "é"] {
+        assert!(!valid_key(bad), "{bad:?}");
+    }
+}
+
+#[test]
+fn ids_must_be_uuids_and_are_canonicalised() {
+    let id = "0190F3A2-7B1C-7D4E-8F00-0123456789AB";
+    assert_eq!(
+        canonical_id(id).as_deref(),
+        Some("0190f3a2-7b1c-7d4e-8f00-0123456789ab")
+    );
+    for bad in ["", "x", "{0190f3a2-7b1c-7d4e-8f00-0123456789ab}x"] {
+        assert_eq!(canonical_id(bad), None, "{bad:?}");
+    }
+}
+
+fn attempt(state: AttemptState, lease_expires_at: Millis) -> Attempt {
+    Attempt {
+        attempt_id: String::new(),
+        permit_id: String::new(),
+        tool: "t".into(),
+        idempotency_key: "k".into(),
+        request_fingerprint: vec![1],
+        cost: 0,
+        state,
+        created_at: 0,
+        lease_expires_at,
+        receipt: None,
+        failure_reason: String::new(),
+        uncertain_reason: String::new(),
+        duplicate_of: None,
+    }
+}
+
+#[test]
+fn a_reserved_attempt_is_uncertain_the_instant_its_lease_passes() {
+    let a = attempt(AttemptState::Reserved, 1_000);
+    assert_eq!(a.observed_state(999), AttemptState::Reserved);
+    assert_eq!(a.observed_state(1_000), AttemptState::Uncertain);
+    let seen = a.observed(1_000);
+    assert_eq!(seen.state, AttemptState::Uncertain);
+    assert_eq!(seen.uncertain_reason, LEASE_EXPIRED);
+    // Only RESERVED attempts are affected by the lease.
+    for state in [
+        AttemptState::Succeeded,
+        AttemptState::Failed,
+        AttemptState::Released,
+    ] {
+        assert_eq!(attempt(state, 0).observed_state(5), state);
+    }
+}
+
+#[test]
+fn mark_uncertain_fills_in_a_default_reason() {
+    let mut cmd = MarkUncertainCmd {
+        permit_id: uuid::Uuid::now_v7().to_string(),
+        idempotency_key: "k".into(),
+        attempt_id: uuid::Uuid::now_v7().to_string(),
+        reason: String::new(),
+    };
+    cmd.validate().expect("valid");
+    assert_eq!(cmd.reason, MARKED_UNCERTAIN);
+}
+
+#[test]
+fn a_permit_spec_reports_every_violation_at_once() {
+    let spec = PermitSpec {
+        permit_id: "chosen".into(),
+        tools: vec!["ok".into(), "not ok".into()],
+        budget: Some(-5),
+        ..PermitSpec::default()
+    };
+    let Err(Error::InvalidRequest(violations)) = spec.into_permit("id".into(), 0) else {
+        panic!("expected violations");
+    };
+    let fields: Vec<_> = violations.iter().map(|v| v.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "permit.permit_id",
+            "permit.tools",
+            "permit.budget",
+            "permit.expires_at"
+        ]
+    );
+}

@@ -1,0 +1,85 @@
+//! The Redis store's key layout and retention, read straight from Redis:
+//! one hash tag per permit, open attempts pinned, finished ones expiring
+//! `retention` after the permit (or after the last settle, if later).
+
+mod support;
+
+use support::*;
+
+async fn pexpiretime(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("PEXPIRETIME")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_attempts_pin_keys_and_finished_ones_expire_after_retention() {
+    let h = Harness::start(Kind::Redis).await;
+    let redis = h.redis.as_ref().expect("redis");
+    let mut conn = redis::Client::open(redis.url.as_str())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let mut spec = h.permit(&["t"]);
+    let expires_at = h.now_ms() + 60_000;
+    spec.expires_at = Some(atmost::api::convert::timestamp(expires_at));
+    let permit = h.create(spec).await.permit_id;
+    let base = format!("{}:{{{permit}}}", redis.prefix);
+    let keys = ["permit", "attempts", "dup"].map(|k| format!("{base}:{k}"));
+
+    // Every key of the permit carries the same hash tag (one Cluster slot),
+    // and they are all there is under this test's prefix.
+    let mut stored: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:*", redis.prefix))
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    stored.sort();
+    assert_eq!(
+        stored,
+        vec![format!("{}:permits", redis.prefix), keys[0].clone()]
+    );
+    for k in &keys {
+        let tag = &k[k.find('{').expect("{")..=k.find('}').expect("}")];
+        assert_eq!(tag, format!("{{{permit}}}"));
+    }
+
+    assert_eq!(pexpiretime(&mut conn, &keys[0]).await, expires_at + DAY_MS);
+
+    let a = h.dispatch(&permit, "t", "k", b"fp", 1).await;
+    let b = h.dispatch(&permit, "t", "k2", b"fp2", 1).await;
+    for k in &keys {
+        assert_eq!(
+            pexpiretime(&mut conn, k).await,
+            -1,
+            "{k} pinned while attempts are open"
+        );
+    }
+    h.mark_uncertain(&b, "lost").await.expect("mark");
+    h.commit(&a, succeeded(b"ok", None)).await.expect("commit");
+    for k in &keys {
+        assert_eq!(
+            pexpiretime(&mut conn, k).await,
+            -1,
+            "{k} pinned while one is UNCERTAIN"
+        );
+    }
+
+    // Settled two days after expiry: kept for a full retention from then.
+    h.clock.advance(2 * DAY_MS);
+    h.resolve(&permit, "k2", resolved_failed("never charged"))
+        .await
+        .expect("resolve");
+    let settled_at = h.now_ms();
+    for k in &keys {
+        assert_eq!(pexpiretime(&mut conn, k).await, settled_at + DAY_MS, "{k}");
+    }
+    let replay = h
+        .authorize(&permit, "t", "k", b"fp", 1)
+        .await
+        .expect("replay");
+    assert_eq!(replay.attempt.expect("a").receipt.expect("r").result, b"ok");
+}
