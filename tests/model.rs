@@ -1,0 +1,377 @@
+//! Model-based test: random sequences of operations run against the pure
+//! domain model (`Ledger`, what the memory store runs) and against the Redis
+//! store on a real redis-server, with the same ids and the same clock. Every
+//! observable result must be identical after every step, so the Lua scripts
+//! are held to the reference semantics, including lease and permit expiry.
+
+mod support;
+
+use atmost::domain::{
+    Attempt, AuthorizeCmd, CommitCmd, DuplicateGuard, GuardMode, MarkUncertainCmd, Millis, Outcome,
+    Permit, PermitStatus, ResolveCmd,
+};
+use atmost::store::{Cursor, Store, memory::MemoryStore, redis::RedisStore};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use support::{DAY_MS, Redis};
+
+const T0: Millis = 1_800_000_000_000;
+const TOOLS: [&str; 3] = ["alpha", "beta", "out.of.scope"];
+const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];
+
+#[derive(Debug, Clone)]
+struct PermitConfig {
+    cap_alpha: Option<u64>,
+    cap_beta: Option<u64>,
+    budget: Option<i64>,
+    guard: GuardMode,
+    window_ms: Millis,
+    lease_ms: Millis,
+    lifetime_ms: Millis,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Authorize {
+        permit: usize,
+        tool: usize,
+        key: usize,
+        fp: u8,
+        cost: i64,
+    },
+    Commit {
+        permit: usize,
+        key: usize,
+        outcome: Outcome,
+        stale_id: bool,
+    },
+    MarkUncertain {
+        permit: usize,
+        key: usize,
+        reason: u8,
+    },
+    Resolve {
+        permit: usize,
+        key: usize,
+        outcome: Outcome,
+    },
+    Revoke {
+        permit: usize,
+    },
+    Get {
+        permit: usize,
+    },
+    List {
+        permit: Option<usize>,
+        limit: usize,
+    },
+    Advance {
+        ms: Millis,
+    },
+}
+
+fn permit_config() -> impl Strategy<Value = PermitConfig> {
+    (
+        proptest::option::of(0u64..4),
+        proptest::option::of(0u64..3),
+        proptest::option::of(0i64..12),
+        prop_oneof![
+            Just(GuardMode::Off),
+            Just(GuardMode::Log),
+            Just(GuardMode::Enforce)
+        ],
+        1_000i64..6_000,
+        1_000i64..6_000,
+        5_000i64..40_000,
+    )
+        .prop_map(
+            |(cap_alpha, cap_beta, budget, guard, window_ms, lease_ms, lifetime_ms)| PermitConfig {
+                cap_alpha,
+                cap_beta,
+                budget,
+                guard,
+                window_ms,
+                lease_ms,
+                lifetime_ms,
+            },
+        )
+}
+
+fn outcome(with_not_sent: bool) -> BoxedStrategy<Outcome> {
+    let succeeded =
+        (0u8..2, proptest::option::of(0i64..4)).prop_map(|(r, actual_cost)| Outcome::Succeeded {
+            result: vec![r; r as usize + 1],
+            actual_cost,
+        });
+    let failed = (0u8..2).prop_map(|r| Outcome::Failed {
+        reason: format!("reason-{r}"),
+    });
+    if with_not_sent {
+        prop_oneof![succeeded, failed, Just(Outcome::NotSent)].boxed()
+    } else {
+        prop_oneof![succeeded, failed].boxed()
+    }
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0usize..2, 0usize..3, 0usize..4, 0u8..2, 0i64..4)
+            .prop_map(|(permit, tool, key, fp, cost)| Op::Authorize { permit, tool, key, fp, cost }),
+        4 => (0usize..2, 0usize..4, outcome(true), proptest::bool::weighted(0.1))
+            .prop_map(|(permit, key, outcome, stale_id)| Op::Commit { permit, key, outcome, stale_id }),
+        2 => (0usize..2, 0usize..4, 0u8..2)
+            .prop_map(|(permit, key, reason)| Op::MarkUncertain { permit, key, reason }),
+        2 => (0usize..2, 0usize..4, outcome(false))
+            .prop_map(|(permit, key, outcome)| Op::Resolve { permit, key, outcome }),
+        1 => (0usize..2).prop_map(|permit| Op::Revoke { permit }),
+        1 => (0usize..2).prop_map(|permit| Op::Get { permit }),
+        1 => (proptest::option::of(0usize..2), 1usize..4)
+            .prop_map(|(permit, limit)| Op::List { permit, limit }),
+        3 => (0i64..4_000).prop_map(|ms| Op::Advance { ms }),
+    ]
+}
+
+fn permit_of(index: usize, c: &PermitConfig) -> Permit {
+    let mut caps = BTreeMap::new();
+    if let Some(n) = c.cap_alpha {
+        caps.insert("alpha".to_string(), n);
+    }
+    if let Some(n) = c.cap_beta {
+        caps.insert("beta".to_string(), n);
+    }
+    Permit {
+        permit_id: uuid::Uuid::from_u128(0xA000 + index as u128).to_string(),
+        subject: format!("model-{index}"),
+        tools: vec!["alpha".into(), "beta".into()],
+        max_calls_per_tool: caps,
+        budget: c.budget,
+        currency: "EUR".into(),
+        expires_at: T0 + c.lifetime_ms,
+        lease_ms: c.lease_ms,
+        duplicate_guard: DuplicateGuard {
+            mode: c.guard,
+            window_ms: c.window_ms,
+        },
+        status: PermitStatus::Active,
+        created_at: T0,
+    }
+}
+
+/// The model keeps an internal back-pointer that no reader sees.
+fn visible(mut a: Attempt) -> Attempt {
+    a.duplicate_of = None;
+    a
+}
+
+fn check<T: PartialEq + std::fmt::Debug>(
+    step: usize,
+    op: &Op,
+    model: T,
+    redis: T,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(
+        &model,
+        &redis,
+        "step {} {:?}: model (left) and Redis (right) differ",
+        step,
+        op
+    );
+    Ok(())
+}
+
+async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<(), TestCaseError> {
+    let model = MemoryStore::new(DAY_MS);
+    let redis = RedisStore::connect(&atmost::store::redis::RedisConfig {
+        url: url.to_owned(),
+        prefix: format!("m{}", uuid::Uuid::now_v7().simple()),
+        retention_ms: DAY_MS,
+        timeout: std::time::Duration::from_secs(5),
+    })
+    .expect("connect");
+    let permits: Vec<Permit> = configs
+        .iter()
+        .enumerate()
+        .map(|(i, c)| permit_of(i, c))
+        .collect();
+    for p in &permits {
+        let a = model.create_permit(p.clone()).await;
+        let b = redis.create_permit(p.clone()).await;
+        check(0, &Op::Get { permit: 0 }, a, b)?;
+    }
+    let mut now = T0;
+    let mut ids = 0u128;
+    let mut fresh = || {
+        ids += 1;
+        uuid::Uuid::from_u128(ids).to_string()
+    };
+    // The attempt id each key last received, as a holder would keep it.
+    let mut held: HashMap<(usize, usize), String> = HashMap::new();
+
+    for (step, op) in ops.iter().enumerate() {
+        match op {
+            Op::Authorize {
+                permit,
+                tool,
+                key,
+                fp,
+                cost,
+            } => {
+                let cmd = AuthorizeCmd {
+                    permit_id: permits[*permit].permit_id.clone(),
+                    tool: TOOLS[*tool].into(),
+                    idempotency_key: KEYS[*key].into(),
+                    request_fingerprint: vec![*fp; 8],
+                    cost: *cost,
+                };
+                let id = fresh();
+                let a = model.authorize(&cmd, now, id.clone()).await;
+                let b = redis.authorize(&cmd, now, id).await;
+                if let Ok(r) = &a {
+                    held.insert((*permit, *key), r.attempt.attempt_id.clone());
+                }
+                let a = a.map(|mut r| {
+                    r.attempt = visible(r.attempt);
+                    r
+                });
+                check(step, op, a, b)?;
+            }
+            Op::Commit {
+                permit,
+                key,
+                outcome,
+                stale_id,
+            } => {
+                let attempt_id = match (held.get(&(*permit, *key)), stale_id) {
+                    (Some(id), false) => id.clone(),
+                    _ => uuid::Uuid::from_u128(u128::MAX).to_string(),
+                };
+                let cmd = CommitCmd {
+                    permit_id: permits[*permit].permit_id.clone(),
+                    idempotency_key: KEYS[*key].into(),
+                    attempt_id,
+                    outcome: outcome.clone(),
+                };
+                let id = fresh();
+                let a = model.commit(&cmd, now, id.clone()).await.map(|mut s| {
+                    s.attempt = visible(s.attempt);
+                    s
+                });
+                let b = redis.commit(&cmd, now, id).await;
+                check(step, op, a, b)?;
+            }
+            Op::MarkUncertain {
+                permit,
+                key,
+                reason,
+            } => {
+                let cmd = MarkUncertainCmd {
+                    permit_id: permits[*permit].permit_id.clone(),
+                    idempotency_key: KEYS[*key].into(),
+                    attempt_id: held
+                        .get(&(*permit, *key))
+                        .cloned()
+                        .unwrap_or_else(|| uuid::Uuid::from_u128(u128::MAX).to_string()),
+                    reason: format!("lost-{reason}"),
+                };
+                let a = model.mark_uncertain(&cmd, now).await.map(visible);
+                let b = redis.mark_uncertain(&cmd, now).await;
+                check(step, op, a, b)?;
+            }
+            Op::Resolve {
+                permit,
+                key,
+                outcome,
+            } => {
+                let cmd = ResolveCmd {
+                    permit_id: permits[*permit].permit_id.clone(),
+                    idempotency_key: KEYS[*key].into(),
+                    outcome: outcome.clone(),
+                };
+                let id = fresh();
+                let a = model.resolve(&cmd, now, id.clone()).await.map(|mut s| {
+                    s.attempt = visible(s.attempt);
+                    s
+                });
+                let b = redis.resolve(&cmd, now, id).await;
+                check(step, op, a, b)?;
+            }
+            Op::Revoke { permit } => {
+                let id = &permits[*permit].permit_id;
+                check(
+                    step,
+                    op,
+                    model.revoke_permit(id).await,
+                    redis.revoke_permit(id).await,
+                )?;
+            }
+            Op::Get { permit } => {
+                let id = &permits[*permit].permit_id;
+                check(
+                    step,
+                    op,
+                    model.get_permit(id).await,
+                    redis.get_permit(id).await,
+                )?;
+            }
+            Op::List { permit, limit } => {
+                let id = permit.map(|p| permits[p].permit_id.clone());
+                let mut after: Option<Cursor> = None;
+                loop {
+                    let a = model
+                        .list_uncertain(id.as_deref(), after.as_ref(), *limit, now)
+                        .await;
+                    let b = redis
+                        .list_uncertain(id.as_deref(), after.as_ref(), *limit, now)
+                        .await;
+                    let a = a.map(|mut p| {
+                        p.attempts = p.attempts.into_iter().map(visible).collect();
+                        p
+                    });
+                    check(step, op, a.clone(), b)?;
+                    match a.ok().and_then(|p| p.next) {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+            }
+            Op::Advance { ms } => now += ms,
+        }
+    }
+    // Finally, the whole state must agree.
+    for p in &permits {
+        check(
+            ops.len(),
+            &Op::Get { permit: 0 },
+            model.get_permit(&p.permit_id).await,
+            redis.get_permit(&p.permit_id).await,
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn redis_store_matches_the_model() {
+    // One redis-server for the whole property, stopped when this test ends
+    // (pass or fail); each case uses its own key prefix.
+    let redis = Redis::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 256,
+        max_shrink_iters: 4_000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let strategy = (
+        [permit_config(), permit_config()],
+        proptest::collection::vec(op(), 1..60),
+    );
+    let result = runner.run(&strategy, |(configs, ops)| {
+        rt.block_on(run_case(&redis.url, &configs, &ops))
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
