@@ -41,8 +41,9 @@ pub const AFTER_ALL_KEYS: &str = "\u{7f}";
 
 /// Most permits one ListUncertain call looks into across all permits, so a
 /// page over a large, mostly settled index stays bounded (the page may then
-/// come back short, with a cursor to continue from).
-pub const MAX_PERMITS_PER_PAGE: usize = 1000;
+/// come back short, with a cursor to continue from). The Redis store also
+/// stops at half its store deadline.
+pub const MAX_PERMITS_PER_PAGE: usize = 256;
 
 /// How long past its expiry a permit stays in the cross-permit index after
 /// its last open attempt settled. New keys stop at expiry; this margin

@@ -58,6 +58,8 @@ on_both_stores!(
     concurrent_distinct_keys_respect_cap,
     concurrent_same_key_dispatches_once,
     timeout_then_new_key_story,
+    permits_created_during_listing_are_never_lost,
+    unlimited_budget_stops_at_the_accounting_ceiling,
 );
 
 fn state(a: &pb::Attempt) -> AttemptState {
@@ -140,6 +142,13 @@ async fn create_permit_rejects_bad_input(h: Harness) {
             Box::new(|p| p.tools = (0..257).map(|i| format!("t{i}")).collect()),
         ),
         ("permit.budget", Box::new(|p| p.budget = Some(-1))),
+        ("permit.budget", Box::new(|p| p.budget = Some(1 << 53))),
+        (
+            "permit.max_calls_per_tool",
+            Box::new(|p| {
+                p.max_calls_per_tool.insert("search".into(), u64::MAX);
+            }),
+        ),
         (
             "permit.status",
             Box::new(|p| p.status = pb::PermitStatus::Revoked as i32),
@@ -1273,4 +1282,65 @@ async fn timeout_then_new_key_story(h: Harness) {
     let receipt = replay.attempt.expect("a").receipt.expect("receipt");
     assert_eq!(receipt.result, b"wallet tx 981");
     assert!(h.list_all("", 100).await.is_empty());
+}
+
+/// Creating permits while a reconciler lists across all of them never
+/// hides a permit's uncertain attempts from that listing.
+async fn permits_created_during_listing_are_never_lost(h: Harness) {
+    let h = std::sync::Arc::new(h);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lister = {
+        let (h, stop) = (h.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                h.list_all("", 50).await;
+            }
+        })
+    };
+    let mut expected = Vec::new();
+    for i in 0..150 {
+        let permit = h.create_with(&["t"], &[], None).await;
+        let a = h.dispatch(&permit, "t", &format!("k{i}"), b"fp", 0).await;
+        h.mark_uncertain(&a, "lost").await.expect("mark");
+        expected.push(a.attempt_id);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    lister.await.expect("lister");
+    let listed: std::collections::HashSet<_> = h
+        .list_all("", 100)
+        .await
+        .into_iter()
+        .map(|a| a.attempt_id)
+        .collect();
+    let missing = expected.iter().filter(|id| !listed.contains(*id)).count();
+    assert_eq!(
+        missing, 0,
+        "uncertain attempts missing from ListUncertain{{}}"
+    );
+}
+
+async fn unlimited_budget_stops_at_the_accounting_ceiling(h: Harness) {
+    const MAX_AMOUNT: i64 = (1 << 53) - 1;
+    let permit = h.create_with(&["t"], &[], None).await;
+    let a = h.dispatch(&permit, "t", "k1", b"1", MAX_AMOUNT).await;
+    let (meta, _) = expect_error(
+        h.authorize(&permit, "t", "k2", b"2", 1).await,
+        Code::ResourceExhausted,
+        "PERMIT_BUDGET_EXCEEDED",
+    );
+    assert_eq!(meta["budget"], MAX_AMOUNT.to_string());
+    assert_eq!(meta["reserved"], MAX_AMOUNT.to_string());
+    h.commit(&a, succeeded(b"", Some(MAX_AMOUNT - 1)))
+        .await
+        .expect("commit");
+    h.dispatch(&permit, "t", "k2", b"2", 1).await;
+    let got = h.get(&permit).await.expect("get");
+    assert_eq!(
+        (
+            got.budget_committed,
+            got.budget_reserved,
+            got.budget_remaining
+        ),
+        (MAX_AMOUNT - 1, 1, None)
+    );
 }

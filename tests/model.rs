@@ -7,8 +7,8 @@
 mod support;
 
 use atmost::domain::{
-    Attempt, AuthorizeCmd, CommitCmd, DuplicateGuard, GuardMode, MarkUncertainCmd, Millis, Outcome,
-    Permit, PermitStatus, ResolveCmd,
+    Attempt, AuthorizeCmd, CommitCmd, DuplicateGuard, GuardMode, MAX_AMOUNT, MarkUncertainCmd,
+    Millis, Outcome, Permit, PermitStatus, ResolveCmd,
 };
 use atmost::store::{Cursor, Store, memory::MemoryStore, redis::RedisStore};
 use proptest::prelude::*;
@@ -113,19 +113,28 @@ fn outcome(with_not_sent: bool) -> BoxedStrategy<Outcome> {
     }
 }
 
+/// Mostly small costs, sometimes at the accounting ceiling.
+fn cost() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        8 => 0i64..4,
+        1 => Just(MAX_AMOUNT / 2 + 1),
+        1 => Just(MAX_AMOUNT),
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0usize..2, 0usize..3, 0usize..4, 0u8..2, 0i64..4)
+        6 => (0usize..3, 0usize..3, 0usize..4, 0u8..2, cost())
             .prop_map(|(permit, tool, key, fp, cost)| Op::Authorize { permit, tool, key, fp, cost }),
-        4 => (0usize..2, 0usize..4, outcome(true), proptest::bool::weighted(0.1))
+        4 => (0usize..3, 0usize..4, outcome(true), proptest::bool::weighted(0.1))
             .prop_map(|(permit, key, outcome, stale_id)| Op::Commit { permit, key, outcome, stale_id }),
-        2 => (0usize..2, 0usize..4, 0u8..2)
+        2 => (0usize..3, 0usize..4, 0u8..2)
             .prop_map(|(permit, key, reason)| Op::MarkUncertain { permit, key, reason }),
-        2 => (0usize..2, 0usize..4, outcome(false))
+        2 => (0usize..3, 0usize..4, outcome(false))
             .prop_map(|(permit, key, outcome)| Op::Resolve { permit, key, outcome }),
-        1 => (0usize..2).prop_map(|permit| Op::Revoke { permit }),
-        1 => (0usize..2).prop_map(|permit| Op::Get { permit }),
-        1 => (proptest::option::of(0usize..2), 1usize..4)
+        1 => (0usize..3).prop_map(|permit| Op::Revoke { permit }),
+        1 => (0usize..3).prop_map(|permit| Op::Get { permit }),
+        1 => (proptest::option::of(0usize..3), 1usize..4)
             .prop_map(|(permit, limit)| Op::List { permit, limit }),
         3 => (0i64..4_000).prop_map(|ms| Op::Advance { ms }),
     ]
@@ -188,7 +197,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
         timeout: std::time::Duration::from_secs(5),
     })
     .expect("connect");
-    let permits: Vec<Permit> = configs
+    let mut permits: Vec<Permit> = configs
         .iter()
         .enumerate()
         .map(|(i, c)| permit_of(i, c))
@@ -198,6 +207,8 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
         let b = redis.create_permit(p.clone()).await;
         check(0, &Op::Get { permit: 0 }, a, b)?;
     }
+    // Permit 2 is never created: every operation on it must fail alike.
+    permits.push(permit_of(2, &configs[0]));
     let mut now = T0;
     let mut ids = 0u128;
     let mut fresh = || {

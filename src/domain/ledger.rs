@@ -6,8 +6,8 @@
 
 use super::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GuardMode,
-    MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView, Receipt, ResolveCmd,
-    Settled, Usage, invalid,
+    MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView, Receipt,
+    ResolveCmd, Settled, Usage, invalid,
 };
 use std::collections::{BTreeMap, HashMap};
 
@@ -173,9 +173,10 @@ impl Ledger {
                 calls_made,
             });
         }
-        if let Some(budget) = permit.budget
-            && self.committed + self.reserved + cmd.cost > budget
-        {
+        // A permit without a budget still stops at the accounting ceiling,
+        // so no total can overflow (or lose precision in Lua).
+        let budget = permit.budget.unwrap_or(MAX_AMOUNT);
+        if self.committed + self.reserved + cmd.cost > budget {
             return Err(Error::BudgetExceeded {
                 budget,
                 committed: self.committed,

@@ -119,11 +119,16 @@ impl PermitSpec {
                 format!("{tool:?} is listed twice"),
             );
         }
-        for tool in self.max_calls_per_tool.keys() {
+        for (tool, cap) in &self.max_calls_per_tool {
             v.check(
                 seen.contains(tool.as_str()),
                 "permit.max_calls_per_tool",
                 format!("{tool:?} has a cap but is not in tools"),
+            );
+            v.check(
+                *cap <= MAX_AMOUNT as u64,
+                "permit.max_calls_per_tool",
+                format!("the cap of {tool:?} exceeds {MAX_AMOUNT}"),
             );
         }
         if let Some(budget) = self.budget {

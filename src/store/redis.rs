@@ -72,6 +72,9 @@ pub struct RedisStore {
     conn: ConnectionManager,
     prefix: String,
     retention_ms: Millis,
+    /// How long one cross-permit ListUncertain page may scan: half the
+    /// store deadline.
+    scan_budget: Duration,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -116,6 +119,7 @@ impl RedisStore {
             conn,
             prefix: config.prefix.clone(),
             retention_ms: config.retention_ms,
+            scan_budget: config.timeout / 2,
         })
     }
 
@@ -130,8 +134,8 @@ impl RedisStore {
     }
 
     /// The cross-permit index: permits that may hold open attempts. A permit
-    /// enters it before it is created (so before any reservation), and
-    /// leaves only once no new key can open an attempt under it.
+    /// enters it before CreatePermit answers (so before any reservation),
+    /// and leaves only once no new key can open an attempt under it.
     fn index_key(&self) -> String {
         format!("{}:permits", self.prefix)
     }
@@ -145,8 +149,25 @@ impl RedisStore {
 impl Store for RedisStore {
     async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
         let k = self.keys(&permit.permit_id);
-        // Index first: a permit is never able to hold an attempt before the
-        // cross-permit index knows it.
+        let mut inv = SCRIPTS.create_permit.prepare_invoke();
+        inv.key(&k.permit)
+            .arg(permit.expires_at.saturating_add(self.retention_ms));
+        for (field, value) in encode_permit(&permit) {
+            inv.arg(field).arg(value);
+        }
+        let mut f = Fields::new(self.run(&inv).await?);
+        if f.string()? != "OK" {
+            return Err(Error::StoreUnavailable(format!(
+                "permit id {} already taken",
+                permit.permit_id
+            )));
+        }
+        // Then the cross-permit index, before CreatePermit answers: nobody
+        // knows the id until then, so no attempt can exist under a permit
+        // the index does not know. (Indexing first would let a concurrent
+        // ListUncertain see an indexed permit with no hash yet and tidy it
+        // away for good.) If this fails the caller gets UNAVAILABLE and an
+        // unknown, unused permit expires with its retention.
         let mut conn = self.conn.clone();
         redis::cmd("ZADD")
             .arg(self.index_key())
@@ -155,21 +176,7 @@ impl Store for RedisStore {
             .exec_async(&mut conn)
             .await
             .map_err(unavailable)?;
-        let mut inv = SCRIPTS.create_permit.prepare_invoke();
-        inv.key(&k.permit)
-            .arg(permit.expires_at.saturating_add(self.retention_ms));
-        for (field, value) in encode_permit(&permit) {
-            inv.arg(field).arg(value);
-        }
-        let reply = self.run(&inv).await?;
-        let mut f = Fields::new(reply);
-        match f.string()?.as_str() {
-            "OK" => Ok(permit),
-            _ => Err(Error::StoreUnavailable(format!(
-                "permit id {} already taken",
-                permit.permit_id
-            ))),
-        }
+        Ok(permit)
     }
 
     async fn get_permit(&self, permit_id: &str) -> Result<PermitView, Error> {
@@ -297,7 +304,7 @@ impl Store for RedisStore {
         let mut f = Fields::new(self.run(&inv).await?);
         match f.string()?.as_str() {
             "OK" => decode_attempt(&cmd.permit_id, f.array()?),
-            "ERR" => Err(attempt_error(&mut f, &cmd.idempotency_key)?),
+            "ERR" => Err(attempt_error(&mut f, &cmd.permit_id, &cmd.idempotency_key)?),
             other => Err(malformed(other)),
         }
     }
@@ -340,20 +347,25 @@ impl Store for RedisStore {
             return Ok(page);
         }
 
+        // Across permits: walk the index in id order, one script run per
+        // permit, bounded in permits and in time so the page fits well
+        // inside the store deadline; a short page carries a cursor on.
+        let started = std::time::Instant::now();
         let mut conn = self.conn.clone();
         let mut from = match after {
             Some(c) => format!("[{}", c.permit_id),
             None => "-".to_owned(),
         };
         let mut scanned = 0;
-        while scanned < MAX_PERMITS_PER_PAGE {
+        let mut last_scanned = None;
+        'scan: loop {
             let ids: Vec<String> = redis::cmd("ZRANGEBYLEX")
                 .arg(self.index_key())
                 .arg(&from)
                 .arg("+")
                 .arg("LIMIT")
                 .arg(0)
-                .arg(LIST_BATCH.min(MAX_PERMITS_PER_PAGE - scanned))
+                .arg(LIST_BATCH)
                 .query_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
@@ -361,19 +373,25 @@ impl Store for RedisStore {
                 return Ok(page);
             };
             from = format!("({last}");
-            for id in &ids {
+            for id in ids {
+                // At least one permit per page, so paging always advances.
+                if scanned > 0
+                    && (scanned == MAX_PERMITS_PER_PAGE || started.elapsed() >= self.scan_budget)
+                {
+                    break 'scan;
+                }
                 scanned += 1;
                 let after_key = match after {
-                    Some(c) if c.permit_id == *id => c.idempotency_key.as_str(),
+                    Some(c) if c.permit_id == id => c.idempotency_key.as_str(),
                     _ => "",
                 };
                 let (_, removable, attempts) = self
-                    .list_one(id, after_key, limit - page.attempts.len(), now)
+                    .list_one(&id, after_key, limit - page.attempts.len(), now)
                     .await?;
                 if removable {
                     redis::cmd("ZREM")
                         .arg(self.index_key())
-                        .arg(id)
+                        .arg(&id)
                         .exec_async(&mut conn)
                         .await
                         .map_err(unavailable)?;
@@ -383,11 +401,13 @@ impl Store for RedisStore {
                     page.next = full_page_cursor(&page.attempts, limit);
                     return Ok(page);
                 }
+                last_scanned = Some(id);
             }
         }
-        // Scanned as many permits as one page may: continue after the last.
-        page.next = Some(Cursor {
-            permit_id: from[1..].to_owned(),
+        // Out of permits or time for this page: continue after the last
+        // permit looked into.
+        page.next = last_scanned.map(|permit_id| Cursor {
+            permit_id,
             idempotency_key: AFTER_ALL_KEYS.to_owned(),
         });
         Ok(page)
@@ -448,7 +468,7 @@ impl RedisStore {
                 attempt: decode_attempt(permit_id, f.array()?)?,
                 usage: decode_usage(f.array()?)?,
             }),
-            "ERR" => Err(attempt_error(&mut f, key)?),
+            "ERR" => Err(attempt_error(&mut f, permit_id, key)?),
             other => Err(malformed(other)),
         }
     }
@@ -670,8 +690,11 @@ fn decode_usage(values: Vec<Value>) -> Result<Usage, Error> {
 }
 
 /// The errors of settle.lua and mark_uncertain.lua, after "ERR".
-fn attempt_error(f: &mut Fields, key: &str) -> Result<Error, Error> {
+fn attempt_error(f: &mut Fields, permit_id: &str, key: &str) -> Result<Error, Error> {
     Ok(match f.string()?.as_str() {
+        "PERMIT_NOT_FOUND" => Error::PermitNotFound {
+            permit_id: permit_id.to_owned(),
+        },
         "ATTEMPT_NOT_FOUND" => Error::AttemptNotFound {
             idempotency_key: key.to_owned(),
         },

@@ -73,9 +73,11 @@ local calls = tonumber(p[10] or 0)
 if p[9] ~= '' and calls >= tonumber(p[9]) then
   return {'ERR', 'PERMIT_MAX_CALLS_EXCEEDED', p[9], int(calls)}
 end
+-- Without a budget, totals still stop at the accounting ceiling 2^53-1.
 local committed, reserved = tonumber(p[7] or 0), tonumber(p[8] or 0)
-if p[6] and committed + reserved + cost > tonumber(p[6]) then
-  return {'ERR', 'PERMIT_BUDGET_EXCEEDED', p[6], int(committed), int(reserved)}
+local budget = p[6] or MAX_AMOUNT
+if committed + reserved + cost > tonumber(budget) then
+  return {'ERR', 'PERMIT_BUDGET_EXCEEDED', budget, int(committed), int(reserved)}
 end
 
 -- Everything checked: reserve the slot and the cost, record the attempt.

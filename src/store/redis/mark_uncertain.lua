@@ -6,11 +6,15 @@
 -- ARGV[1]  now (ms)                ARGV[2]  idempotency key
 -- ARGV[3]  attempt id              ARGV[4]  reason (non-empty)
 --
--- Returns {"OK", attempt}, or {"ERR", "ATTEMPT_NOT_FOUND"} |
+-- Returns {"OK", attempt}, or {"ERR", "PERMIT_NOT_FOUND"} |
+-- {"ERR", "ATTEMPT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_STATE_CONFLICT", state}.
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"client deadline exceeded"}
 
 local now, key = tonumber(ARGV[1]), ARGV[2]
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'ERR', 'PERMIT_NOT_FOUND'}
+end
 local a = load_attempt(KEYS[2], key)
 if not a then
   return {'ERR', 'ATTEMPT_NOT_FOUND'}

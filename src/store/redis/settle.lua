@@ -13,12 +13,16 @@
 -- ARGV[7]  fresh receipt id       ARGV[8]  "holder" | "operator"
 -- ARGV[9]  retention (ms)
 --
--- Returns {"OK", attempt, usage}, or {"ERR", "ATTEMPT_NOT_FOUND"} |
+-- Returns {"OK", attempt, usage}, or {"ERR", "PERMIT_NOT_FOUND"} |
+-- {"ERR", "ATTEMPT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
 -- {"ERR", "ACTUAL_COST_TOO_HIGH", reserved_cost}.
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"succeeded","ok","","<uuid>","holder","86400000"}
 
 local now, key, outcome, payload = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[5]
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'ERR', 'PERMIT_NOT_FOUND'}
+end
 local a = load_attempt(KEYS[2], key)
 if not a then
   return {'ERR', 'ATTEMPT_NOT_FOUND'}
@@ -84,7 +88,9 @@ else
 end
 save_attempt(KEYS[2], key, a)
 redis.call('ZREM', KEYS[3], key)
-if redis.call('HINCRBY', KEYS[1], 'open', -1) == 0 then
+local open = redis.call('HINCRBY', KEYS[1], 'open', -1)
+local reply = answer()
+if open == 0 then
   unpin(KEYS, KEYS[1], tonumber(ARGV[9]), now)
 end
-return answer()
+return reply
