@@ -1,0 +1,844 @@
+#![forbid(unsafe_code)]
+//! atmost-stress: the multi-replica stress checker.
+//!
+//! Starts R `atmost serve --store redis` processes on one Redis, drives C
+//! concurrent clients that behave like agent loops under faults (client
+//! deadlines that drop responses, same-key and new-key retries, commits of
+//! all three outcomes, MarkUncertain, abandoned attempts left to their
+//! leases, optionally SIGKILLed replicas), records every client-side
+//! observation, and then checks the history against what the replicas read
+//! back. It prints one summary line and exits non-zero on any violation.
+//!
+//! ```text
+//! cargo run --release --bin atmost-stress -- --replicas 3 --clients 64 --duration 60s
+//! ```
+
+use atmost::pb::{
+    self, Decision, commit_request::Outcome, gate_client::GateClient, permits_client::PermitsClient,
+};
+use atmost::testkit::{AtmostProcess, RedisServer};
+use clap::Parser;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+use tonic_types::StatusExt;
+
+#[derive(Parser, Debug)]
+#[command(about = "Drive atmost replicas with faulty agent loops and check at-most-N afterwards.")]
+struct Args {
+    /// atmost processes sharing one Redis.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Concurrent agent loops.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// How long to drive load.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Stop after this many RPCs, if sooner.
+    #[arg(long)]
+    max_ops: Option<u64>,
+    /// Permits to spread the load over.
+    #[arg(long, default_value_t = 8)]
+    permits: usize,
+    /// Lease of every permit: abandoned attempts turn UNCERTAIN after it.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+    /// Share of RPCs whose response the client drops (a deadline of 0-3 ms).
+    #[arg(long, default_value_t = 0.12)]
+    drop_rate: f64,
+    /// SIGKILL and restart one replica this often (0: never).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    kill_every: Duration,
+    /// Seed of the agents' choices (default: from the clock; printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Use this Redis instead of starting a redis-server (keys get a fresh prefix).
+    #[arg(long, env = "REDIS_URL")]
+    redis_url: Option<String>,
+    /// The atmost binary (default: next to this one).
+    #[arg(long)]
+    atmost_bin: Option<PathBuf>,
+}
+
+const CHARGE: &str = "wallet.charge";
+const SEARCH: &str = "search";
+
+// === history ===
+
+/// What a client asked to do with an attempt it holds.
+#[derive(Debug, Clone, PartialEq)]
+enum Action {
+    Succeeded { result: Vec<u8>, actual: i64 },
+    Failed,
+    NotSent,
+    Mark,
+    Abandon,
+}
+
+#[derive(Debug, Default)]
+struct AttemptRecord {
+    cost: i64,
+    /// The one action its holder took, and whether an answer came back.
+    action: Option<Action>,
+    confirmed: bool,
+    /// NotSent was refused because the lease had passed: it is UNCERTAIN.
+    went_uncertain: bool,
+    /// Receipts seen for it: (receipt_id, result, cost).
+    receipts: Vec<(String, Vec<u8>, i64)>,
+}
+
+/// Everything one client saw of one idempotency key (keys are per client).
+#[derive(Debug, Default)]
+struct KeyHistory {
+    permit: usize,
+    tool: &'static str,
+    /// Attempt ids of DISPATCH decisions, in order.
+    dispatches: Vec<String>,
+    /// Attempt ids a NotSent was sent for (answered or not).
+    not_sent_sent: HashSet<String>,
+    /// Authorize calls that got no answer: they may have reserved.
+    unknown_authorizes: u32,
+    attempts: BTreeMap<String, AttemptRecord>,
+}
+
+#[derive(Default)]
+struct Counters {
+    ops: AtomicU64,
+    dropped: AtomicU64,
+    kills: AtomicU64,
+    dispatches: AtomicU64,
+}
+
+struct Ctx {
+    channels: Vec<Channel>,
+    permits: Vec<String>,
+    lease: Duration,
+    drop_rate: f64,
+    deadline: Instant,
+    max_ops: u64,
+    counters: Counters,
+    stop: AtomicBool,
+}
+
+impl Ctx {
+    fn done(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+            || Instant::now() >= self.deadline
+            || self.counters.ops.load(Ordering::Relaxed) >= self.max_ops
+    }
+}
+
+/// One RPC with a fault: with `drop_rate` the client gives up after 0-3 ms,
+/// whatever the server did. `None` means "no answer": the outcome is unknown.
+async fn call<T>(
+    ctx: &Ctx,
+    rng: &mut fastrand::Rng,
+    rpc: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Option<Result<T, Status>> {
+    ctx.counters.ops.fetch_add(1, Ordering::Relaxed);
+    let limit = if rng.f64() < ctx.drop_rate {
+        Duration::from_micros(rng.u64(0..3_000))
+    } else {
+        Duration::from_secs(5)
+    };
+    match tokio::time::timeout(limit, rpc).await {
+        Err(_) => {
+            ctx.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+        // No answer from the store or the replica: unknown too.
+        Ok(Err(s))
+            if matches!(
+                s.code(),
+                Code::Unavailable
+                    | Code::Cancelled
+                    | Code::Unknown
+                    | Code::DeadlineExceeded
+                    | Code::Internal
+            ) =>
+        {
+            None
+        }
+        Ok(r) => Some(r.map(tonic::Response::into_inner)),
+    }
+}
+
+fn reason(status: &Status) -> String {
+    status
+        .get_details_error_info()
+        .map(|i| i.reason)
+        .unwrap_or_else(|| format!("{:?}", status.code()))
+}
+
+// === the agent loop ===
+
+async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<String>) {
+    let mut rng = fastrand::Rng::with_seed(seed ^ (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut keys: Vec<KeyHistory> = Vec::new();
+    let mut violations = Vec::new();
+    let mut n = 0;
+    while !ctx.done() {
+        let permit = rng.usize(..ctx.permits.len());
+        let tool = if rng.bool() { CHARGE } else { SEARCH };
+        let fingerprint: Vec<u8> = (0..16).map(|_| rng.u8(..)).collect();
+        let cost = rng.i64(0..=3);
+        // One intent; after a lost answer the agent retries with the same
+        // key or (as agent frameworks do) with a fresh one.
+        let mut key_index = new_key(&mut keys, permit, tool);
+        let mut tries = 0;
+        while tries < 4 && !ctx.done() {
+            tries += 1;
+            let key = format!("a{id}-{key_index}");
+            let _ = n;
+            n += 1;
+            let mut gate = GateClient::new(ctx.channels[rng.usize(..ctx.channels.len())].clone());
+            let request = pb::AuthorizeRequest {
+                permit_id: ctx.permits[permit].clone(),
+                tool: tool.into(),
+                idempotency_key: key.clone(),
+                request_fingerprint: fingerprint.clone(),
+                cost,
+            };
+            let h = &mut keys[key_index];
+            match call(&ctx, &mut rng, gate.authorize(request)).await {
+                None => {
+                    h.unknown_authorizes += 1;
+                    if rng.bool() {
+                        key_index = new_key(&mut keys, permit, tool);
+                    }
+                    continue;
+                }
+                Some(Ok(r)) => {
+                    let attempt = r.attempt.clone().unwrap_or_default();
+                    let record = h.attempts.entry(attempt.attempt_id.clone()).or_default();
+                    record.cost = attempt.cost;
+                    if let Some(receipt) = &attempt.receipt {
+                        record.receipts.push((
+                            receipt.receipt_id.clone(),
+                            receipt.result.clone(),
+                            receipt.cost,
+                        ));
+                    }
+                    if r.decision() == Decision::Dispatch {
+                        ctx.counters.dispatches.fetch_add(1, Ordering::Relaxed);
+                        h.dispatches.push(attempt.attempt_id.clone());
+                        act(
+                            &ctx,
+                            &mut rng,
+                            &mut keys[key_index],
+                            &key,
+                            &attempt,
+                            &mut violations,
+                        )
+                        .await;
+                        // Sometimes reuse a key freed by NotSent for a new intent.
+                        if keys[key_index].attempts[&attempt.attempt_id].action
+                            == Some(Action::NotSent)
+                            && keys[key_index].attempts[&attempt.attempt_id].confirmed
+                            && rng.f64() < 0.3
+                        {
+                            continue;
+                        }
+                    }
+                    break;
+                }
+                Some(Err(status)) => match reason(&status).as_str() {
+                    "IDEMPOTENCY_IN_PROGRESS" => {
+                        if rng.bool() {
+                            tokio::time::sleep(ctx.lease / 2).await;
+                        } else {
+                            key_index = new_key(&mut keys, permit, tool);
+                        }
+                    }
+                    "PERMIT_MAX_CALLS_EXCEEDED"
+                    | "PERMIT_BUDGET_EXCEEDED"
+                    | "PERMIT_EXPIRED"
+                    | "DUPLICATE_REQUEST_SUSPECTED" => break,
+                    other => {
+                        violations.push(format!("{key}: Authorize answered {other}: {status:?}"));
+                        break;
+                    }
+                },
+            }
+        }
+    }
+    (keys, violations)
+}
+
+fn new_key(keys: &mut Vec<KeyHistory>, permit: usize, tool: &'static str) -> usize {
+    keys.push(KeyHistory {
+        permit,
+        tool,
+        ..KeyHistory::default()
+    });
+    keys.len() - 1
+}
+
+/// What the holder of a fresh DISPATCH does: commit one of three outcomes,
+/// mark it uncertain, or walk away. Lost answers are retried (same request)
+/// a few times.
+async fn act(
+    ctx: &Ctx,
+    rng: &mut fastrand::Rng,
+    h: &mut KeyHistory,
+    key: &str,
+    attempt: &pb::Attempt,
+    violations: &mut Vec<String>,
+) {
+    let roll = rng.f64();
+    let action = if roll < 0.45 {
+        let result: Vec<u8> = (0..8).map(|_| rng.u8(..)).collect();
+        Action::Succeeded {
+            result,
+            actual: rng.i64(0..=attempt.cost),
+        }
+    } else if roll < 0.60 {
+        Action::Failed
+    } else if roll < 0.75 {
+        Action::NotSent
+    } else if roll < 0.87 {
+        Action::Mark
+    } else {
+        Action::Abandon
+    };
+    let record = h.attempts.get_mut(&attempt.attempt_id).expect("recorded");
+    record.action = Some(action.clone());
+    if action == Action::NotSent {
+        h.not_sent_sent.insert(attempt.attempt_id.clone());
+    }
+    if action == Action::Abandon {
+        return;
+    }
+    for _ in 0..6 {
+        let mut gate = GateClient::new(ctx.channels[rng.usize(..ctx.channels.len())].clone());
+        let answer = match &action {
+            Action::Mark => call(
+                ctx,
+                rng,
+                gate.mark_uncertain(pb::MarkUncertainRequest {
+                    permit_id: attempt.permit_id.clone(),
+                    idempotency_key: key.into(),
+                    attempt_id: attempt.attempt_id.clone(),
+                    reason: "stress: response lost".into(),
+                }),
+            )
+            .await
+            .map(|r| r.map(|m| m.attempt)),
+            outcome => {
+                let outcome = match outcome {
+                    Action::Succeeded { result, actual } => Outcome::Succeeded(pb::Succeeded {
+                        result: result.clone(),
+                        actual_cost: Some(*actual),
+                    }),
+                    Action::Failed => Outcome::Failed(pb::Failed {
+                        reason: "stress: declined".into(),
+                    }),
+                    _ => Outcome::NotSent(pb::NotSent {}),
+                };
+                call(
+                    ctx,
+                    rng,
+                    gate.commit(pb::CommitRequest {
+                        permit_id: attempt.permit_id.clone(),
+                        idempotency_key: key.into(),
+                        attempt_id: attempt.attempt_id.clone(),
+                        outcome: Some(outcome),
+                    }),
+                )
+                .await
+                .map(|r| r.map(|c| c.attempt))
+            }
+        };
+        let record = h.attempts.get_mut(&attempt.attempt_id).expect("recorded");
+        match answer {
+            None => continue,
+            Some(Ok(settled)) => {
+                record.confirmed = true;
+                if let Some(receipt) = settled.and_then(|a| a.receipt) {
+                    record
+                        .receipts
+                        .push((receipt.receipt_id, receipt.result, receipt.cost));
+                }
+                return;
+            }
+            Some(Err(status)) => {
+                let why = reason(&status);
+                if action == Action::NotSent && why == "ATTEMPT_STATE_CONFLICT" {
+                    // The lease passed first: it is UNCERTAIN now, held.
+                    record.went_uncertain = true;
+                    record.confirmed = true;
+                } else {
+                    violations.push(format!("{key}: {action:?} answered {why}: {status:?}"));
+                }
+                return;
+            }
+        }
+    }
+}
+
+// === fixed races ===
+
+/// 10 parallel identical calls on one key: exactly one DISPATCH. 10 distinct
+/// keys racing a budget of 7 at cost 2: exactly 3 DISPATCH.
+async fn fixed_races(
+    channels: &[Channel],
+    expires_at: prost_types::Timestamp,
+    rounds: usize,
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    for round in 0..rounds {
+        for (name, budget, same_key, want) in
+            [("same-key", None, true, 1), ("budget", Some(7), false, 3)]
+        {
+            let permit = create_permit(
+                &channels[0],
+                expires_at,
+                budget,
+                None,
+                Duration::from_secs(30),
+            )
+            .await;
+            let mut tasks = Vec::new();
+            for i in 0..10 {
+                let mut gate = GateClient::new(channels[i % channels.len()].clone());
+                let permit = permit.clone();
+                tasks.push(tokio::spawn(async move {
+                    let key = if same_key {
+                        "k".to_string()
+                    } else {
+                        format!("k{i}")
+                    };
+                    gate.authorize(pb::AuthorizeRequest {
+                        permit_id: permit,
+                        tool: CHARGE.into(),
+                        idempotency_key: key.clone(),
+                        request_fingerprint: if same_key {
+                            b"same".to_vec()
+                        } else {
+                            key.into_bytes()
+                        },
+                        cost: 2,
+                    })
+                    .await
+                }));
+            }
+            let mut dispatched = 0;
+            for t in tasks {
+                match t.await {
+                    Ok(Ok(r)) if r.get_ref().decision() == Decision::Dispatch => dispatched += 1,
+                    Ok(Ok(r)) => {
+                        violations.push(format!("{name} race: unexpected {:?}", r.get_ref()))
+                    }
+                    Ok(Err(s)) => {
+                        let expected = if same_key {
+                            "IDEMPOTENCY_IN_PROGRESS"
+                        } else {
+                            "PERMIT_BUDGET_EXCEEDED"
+                        };
+                        if reason(&s) != expected {
+                            violations.push(format!("{name} race: unexpected {s:?}"));
+                        }
+                    }
+                    Err(e) => violations.push(format!("{name} race: task failed {e}")),
+                }
+            }
+            if dispatched != want {
+                violations.push(format!(
+                    "{name} race round {round}: {dispatched} DISPATCH, want exactly {want}"
+                ));
+            }
+        }
+    }
+    violations
+}
+
+async fn create_permit(
+    channel: &Channel,
+    expires_at: prost_types::Timestamp,
+    budget: Option<i64>,
+    cap: Option<u64>,
+    lease: Duration,
+) -> String {
+    let mut caps = HashMap::new();
+    if let Some(cap) = cap {
+        caps.insert(CHARGE.to_string(), cap);
+    }
+    PermitsClient::new(channel.clone())
+        .create_permit(pb::CreatePermitRequest {
+            permit: Some(pb::Permit {
+                subject: "atmost-stress".into(),
+                tools: vec![CHARGE.into(), SEARCH.into()],
+                max_calls_per_tool: caps,
+                budget,
+                currency: "EUR".into(),
+                expires_at: Some(expires_at),
+                lease: Some(prost_types::Duration {
+                    seconds: lease.as_secs() as i64,
+                    nanos: lease.subsec_nanos() as i32,
+                }),
+                duplicate_guard: Some(pb::DuplicateGuard {
+                    mode: pb::DuplicateGuardMode::Log as i32,
+                    window: None,
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("create permit")
+        .into_inner()
+        .permit_id
+}
+
+// === the check ===
+
+async fn list_all(channel: &Channel, permit_id: &str) -> Vec<pb::Attempt> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = PermitsClient::new(channel.clone())
+            .list_uncertain(pb::ListUncertainRequest {
+                permit_id: permit_id.into(),
+                page_size: 1000,
+                page_token: token,
+            })
+            .await
+            .expect("list uncertain")
+            .into_inner();
+        out.extend(page.attempts);
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Checks the merged history against what the store reads back, once every
+/// lease has passed (so every open attempt is UNCERTAIN and listed).
+async fn check(
+    channel: &Channel,
+    permits: &[String],
+    caps: &[Option<u64>],
+    budgets: &[Option<i64>],
+    keys: &[(String, KeyHistory)],
+) -> Vec<String> {
+    let mut v = Vec::new();
+    let everywhere: HashSet<String> = list_all(channel, "")
+        .await
+        .into_iter()
+        .map(|a| a.attempt_id)
+        .collect();
+    for (p, permit_id) in permits.iter().enumerate() {
+        let view = PermitsClient::new(channel.clone())
+            .get_permit(pb::GetPermitRequest {
+                permit_id: permit_id.clone(),
+            })
+            .await
+            .expect("get permit")
+            .into_inner();
+        let listed: HashMap<String, pb::Attempt> = list_all(channel, permit_id)
+            .await
+            .into_iter()
+            .map(|a| (a.attempt_id.clone(), a))
+            .collect();
+        let mut slots: HashMap<&str, u64> = HashMap::new();
+        let mut committed = 0i64;
+        let reserved: i64 = listed.values().map(|a| a.cost).sum();
+        for a in listed.values() {
+            *slots
+                .entry(if a.tool == CHARGE { CHARGE } else { SEARCH })
+                .or_default() += 1;
+            if !everywhere.contains(&a.attempt_id) {
+                v.push(format!(
+                    "{}: listed under its permit but not by ListUncertain across permits",
+                    a.idempotency_key
+                ));
+            }
+        }
+        let mut known_keys: HashMap<&str, &KeyHistory> = HashMap::new();
+        for (key, h) in keys.iter().filter(|(_, h)| h.permit == p) {
+            known_keys.insert(key.as_str(), h);
+            // A key never gets two DISPATCHes without a NotSent between them.
+            for pair in h.dispatches.windows(2) {
+                if !h.not_sent_sent.contains(&pair[0]) {
+                    v.push(format!(
+                        "{key}: second DISPATCH {} while {} was never released",
+                        pair[1], pair[0]
+                    ));
+                }
+            }
+            let mut ids: HashSet<&String> = h.attempts.keys().collect();
+            ids.extend(
+                listed
+                    .values()
+                    .filter(|a| a.idempotency_key == *key)
+                    .map(|a| &a.attempt_id),
+            );
+            if ids.len() > 1 + h.not_sent_sent.len() {
+                v.push(format!(
+                    "{key}: {} attempts but only {} NotSent",
+                    ids.len(),
+                    h.not_sent_sent.len()
+                ));
+            }
+            for (id, r) in &h.attempts {
+                let is_listed = listed.contains_key(id);
+                // Every REPLAY and answer of an attempt shows one receipt.
+                let distinct: HashSet<_> = r.receipts.iter().collect();
+                if distinct.len() > 1 {
+                    v.push(format!("{key}/{id}: receipts differ: {distinct:?}"));
+                }
+                if let (Some(Action::Succeeded { result, actual }), Some((_, got, got_cost))) =
+                    (&r.action, r.receipts.first())
+                    && (got != result || got_cost != actual)
+                {
+                    v.push(format!("{key}/{id}: receipt {got:?}/{got_cost} is not the committed {result:?}/{actual}"));
+                }
+                let must_list = match (&r.action, r.confirmed) {
+                    _ if r.went_uncertain => Some(true),
+                    (Some(Action::Succeeded { actual, .. }), true) => {
+                        committed += actual;
+                        *slots.entry(h.tool).or_default() += 1;
+                        Some(false)
+                    }
+                    (Some(Action::Failed), true) => {
+                        *slots.entry(h.tool).or_default() += 1;
+                        Some(false)
+                    }
+                    (Some(Action::NotSent), true) => Some(false),
+                    (Some(Action::Mark | Action::Abandon) | None, _) => Some(true),
+                    (Some(Action::Succeeded { actual, .. }), false) => {
+                        if !is_listed {
+                            committed += actual;
+                            *slots.entry(h.tool).or_default() += 1;
+                        }
+                        None
+                    }
+                    (Some(Action::Failed), false) => {
+                        if !is_listed {
+                            *slots.entry(h.tool).or_default() += 1;
+                        }
+                        None
+                    }
+                    (Some(Action::NotSent), false) => None,
+                };
+                match must_list {
+                    Some(true) if !is_listed => v.push(format!(
+                        "{key}/{id}: open attempt ({:?}) vanished: not UNCERTAIN in ListUncertain",
+                        r.action
+                    )),
+                    Some(false) if is_listed => v.push(format!(
+                        "{key}/{id}: settled ({:?}) but listed as UNCERTAIN",
+                        r.action
+                    )),
+                    _ => {}
+                }
+            }
+        }
+        // Nothing is open that no client could have caused.
+        for a in listed.values() {
+            let known = known_keys.get(a.idempotency_key.as_str());
+            let explained = known.is_some_and(|h| {
+                h.attempts.contains_key(&a.attempt_id) || h.unknown_authorizes > 0
+            });
+            if !explained {
+                v.push(format!(
+                    "{}/{}: UNCERTAIN attempt no client asked for",
+                    a.idempotency_key, a.attempt_id
+                ));
+            }
+        }
+        for u in &view.usage {
+            let expected = slots.get(u.tool.as_str()).copied().unwrap_or(0);
+            if u.calls_made != expected {
+                v.push(format!(
+                    "permit {p} {}: calls_made {} but the history implies {expected}",
+                    u.tool, u.calls_made
+                ));
+            }
+            if u.tool == CHARGE
+                && let Some(cap) = caps[p]
+                && u.calls_made > cap
+            {
+                v.push(format!(
+                    "permit {p}: {} slots held past the cap {cap}",
+                    u.calls_made
+                ));
+            }
+        }
+        if view.budget_committed != committed || view.budget_reserved != reserved {
+            v.push(format!(
+                "permit {p}: committed/reserved {}/{} but the history implies {committed}/{reserved}",
+                view.budget_committed, view.budget_reserved
+            ));
+        }
+        if let Some(budget) = budgets[p]
+            && view.budget_committed + view.budget_reserved > budget
+        {
+            v.push(format!(
+                "permit {p}: {} committed + {} reserved exceeds the budget {budget}",
+                view.budget_committed, view.budget_reserved
+            ));
+        }
+    }
+    v
+}
+
+// === main ===
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(0) => {}
+        Ok(_) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("stress: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<usize, Box<dyn std::error::Error>> {
+    let seed = args.seed.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    let bin = match args.atmost_bin {
+        Some(b) => b,
+        None => std::env::current_exe()?.with_file_name("atmost"),
+    };
+    let (_redis, url) = match &args.redis_url {
+        Some(url) => (None, url.clone()),
+        None => {
+            let r = RedisServer::start()?;
+            let url = r.url();
+            (Some(r), url)
+        }
+    };
+    let prefix = format!("stress{}", uuid::Uuid::now_v7().simple());
+    let replica_args = [
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-prefix",
+        &prefix,
+        "--store-timeout",
+        "2s",
+    ];
+    let mut replicas = Vec::new();
+    for _ in 0..args.replicas.max(1) {
+        replicas.push(AtmostProcess::spawn(&bin, &replica_args)?);
+    }
+    let mut channels = Vec::new();
+    for r in &replicas {
+        channels.push(
+            Channel::from_shared(format!("http://{}", r.addr()))?
+                .connect()
+                .await?,
+        );
+    }
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
+    let expires_at = atmost::api::convert::timestamp(now_ms + 3_600_000);
+
+    let mut violations = fixed_races(&channels, expires_at, 20).await;
+
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut permits = Vec::new();
+    let mut caps = Vec::new();
+    let mut budgets = Vec::new();
+    for _ in 0..args.permits.max(1) {
+        let cap = rng.bool().then(|| rng.u64(1..40));
+        let budget = rng.bool().then(|| rng.i64(20..400));
+        permits.push(create_permit(&channels[0], expires_at, budget, cap, args.lease).await);
+        caps.push(cap);
+        budgets.push(budget);
+    }
+
+    let ctx = Arc::new(Ctx {
+        channels: channels.clone(),
+        permits: permits.clone(),
+        lease: args.lease,
+        drop_rate: args.drop_rate,
+        deadline: Instant::now() + args.duration,
+        max_ops: args.max_ops.unwrap_or(u64::MAX),
+        counters: Counters::default(),
+        stop: AtomicBool::new(false),
+    });
+    let agents: Vec<_> = (0..args.clients)
+        .map(|i| tokio::spawn(agent(ctx.clone(), i, seed)))
+        .collect();
+
+    // Replica kills: SIGKILL one, restart it on the same address (clients'
+    // channels reconnect to it).
+    let replicas = Arc::new(std::sync::Mutex::new(replicas));
+    let killer = (!args.kill_every.is_zero()).then(|| {
+        let (ctx, replicas, every) = (ctx.clone(), replicas.clone(), args.kill_every);
+        tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(seed.rotate_left(7));
+            loop {
+                tokio::time::sleep(every).await;
+                if ctx.done() {
+                    return;
+                }
+                let replicas = replicas.clone();
+                let i = rng.usize(..ctx.channels.len());
+                let restarted = tokio::task::spawn_blocking(move || {
+                    let mut all = replicas.lock().unwrap_or_else(|e| e.into_inner());
+                    all[i].kill();
+                    std::thread::sleep(Duration::from_millis(200));
+                    all[i].restart()
+                })
+                .await;
+                ctx.counters.kills.fetch_add(1, Ordering::Relaxed);
+                if !matches!(restarted, Ok(Ok(()))) {
+                    eprintln!("stress: could not restart a replica: {restarted:?}");
+                    ctx.stop.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        })
+    });
+
+    let mut keys: Vec<(String, KeyHistory)> = Vec::new();
+    for (i, a) in agents.into_iter().enumerate() {
+        let (histories, mut agent_violations) = a.await?;
+        violations.append(&mut agent_violations);
+        keys.extend(
+            histories
+                .into_iter()
+                .enumerate()
+                .map(|(k, h)| (format!("a{i}-{k}"), h)),
+        );
+    }
+    if let Some(killer) = killer {
+        killer.await?;
+    }
+    // Let every lease pass: each open attempt is then UNCERTAIN, and listed.
+    tokio::time::sleep(args.lease + Duration::from_millis(500)).await;
+    violations.extend(check(&channels[0], &permits, &caps, &budgets, &keys).await);
+
+    let c = &ctx.counters;
+    for v in violations.iter().take(30) {
+        eprintln!("violation: {v}");
+    }
+    println!(
+        "stress: {} replicas, {} clients, {} ops, {} dispatches, {} faults injected ({} dropped responses, {} replica kills), {} violations (seed {seed})",
+        args.replicas.max(1),
+        args.clients,
+        c.ops.load(Ordering::Relaxed),
+        c.dispatches.load(Ordering::Relaxed),
+        c.dropped.load(Ordering::Relaxed) + c.kills.load(Ordering::Relaxed),
+        c.dropped.load(Ordering::Relaxed),
+        c.kills.load(Ordering::Relaxed),
+        violations.len(),
+    );
+    Ok(violations.len())
+}

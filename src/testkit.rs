@@ -1,0 +1,236 @@
+//! Real processes for the test suite and the stress checker: a
+//! `redis-server` on a free loopback port and the `atmost` binary. Both are
+//! killed on drop, so a failing test or run leaves nothing behind. Nothing
+//! here stands in for Redis or for the server.
+
+use std::io::{BufRead, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free TCP port on 127.0.0.1 (free when asked; callers retry on a clash).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a loopback port")
+        .port()
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut buf = [0u8; 7];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+/// A `redis-server` of our own on a loopback port, killed on drop.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts `redis-server` (no persistence) on a free port.
+    pub fn start() -> std::io::Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// Starts `redis-server` with extra arguments (e.g. `--appendonly yes`)
+    /// on a free port, trying a few ports if one is taken meanwhile.
+    pub fn start_with(extra: &[&str]) -> std::io::Result<Self> {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut last = None;
+        for _ in 0..5 {
+            let port = free_port();
+            match spawn_redis(port, &extra) {
+                Ok(child) => {
+                    return Ok(Self {
+                        child: Some(child),
+                        port,
+                        extra,
+                    });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("redis-server did not start")))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the process (SIGKILL); what it held in memory is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, with the same arguments.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        self.kill();
+        self.child = Some(spawn_redis(self.port, &self.extra)?);
+        Ok(())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Spawns `redis-server` on `port` and waits until it answers PING.
+fn spawn_redis(port: u16, extra: &[String]) -> std::io::Result<Child> {
+    let mut child = Command::new("redis-server")
+        .args(["--port", &port.to_string()])
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--daemonize", "no", "--loglevel", "warning"])
+        .arg("--dir")
+        .arg(std::env::temp_dir())
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot run redis-server ({e}): install it (scripts/test.sh does) \
+                     or set REDIS_URL to a Redis to use"
+                ),
+            )
+        })?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if ping(port) {
+            return Ok(child);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(std::io::Error::other(format!(
+                "redis-server on port {port} exited: {status}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err(std::io::Error::other(format!(
+        "redis-server on port {port} did not answer PING within 10 s"
+    )))
+}
+
+/// A running `atmost serve`, killed on drop.
+pub struct AtmostProcess {
+    child: Child,
+    addr: SocketAddr,
+    bin: PathBuf,
+    args: Vec<String>,
+}
+
+impl AtmostProcess {
+    /// Starts `<bin> serve --listen 127.0.0.1:0 <args>` and waits for its
+    /// "atmost listening on ADDR" line.
+    pub fn spawn(bin: &Path, args: &[&str]) -> std::io::Result<Self> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let (child, addr) = spawn_atmost(bin, "127.0.0.1:0", &args)?;
+        Ok(Self {
+            child,
+            addr,
+            bin: bin.to_owned(),
+            args,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL: no drain, no goodbye.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Kills it and starts it again on the same address, so clients'
+    /// channels reconnect to it.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match spawn_atmost(&self.bin, &self.addr.to_string(), &self.args) {
+                Ok((child, _)) => {
+                    self.child = child;
+                    return Ok(());
+                }
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Sends SIGTERM and waits (at most `within`) for the exit status.
+    pub fn terminate(&mut self, within: Duration) -> Option<ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for AtmostProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn spawn_atmost(bin: &Path, listen: &str, args: &[String]) -> std::io::Result<(Child, SocketAddr)> {
+    let mut child = Command::new(bin)
+        .args(["serve", "--listen", listen])
+        .args(args)
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line)?;
+    let addr = line
+        .trim()
+        .strip_prefix("atmost listening on ")
+        .and_then(|a| a.parse().ok());
+    match addr {
+        Some(addr) => Ok((child, addr)),
+        None => {
+            let _ = child.kill();
+            let status = child.wait()?;
+            Err(std::io::Error::other(format!(
+                "atmost did not start ({status}); first line {line:?}"
+            )))
+        }
+    }
+}
