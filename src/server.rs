@@ -108,8 +108,9 @@ pub async fn run(
         () = shutdown => {
             tracing::info!("shutting down: NOT_SERVING, draining in-flight requests");
             // Health first (with the store watcher stopped, so it cannot
-            // flip it back), then stop accepting and drain.
-            watch_stop.cancel();
+            // flip it back; aborted, so a slow store ping cannot delay
+            // this), then stop accepting and drain.
+            health_task.abort();
             let _ = (&mut health_task).await;
             set_all(&reporter, ServingStatus::NotServing).await;
             stop.cancel();

@@ -160,10 +160,15 @@ impl AtmostProcess {
         self.child.id()
     }
 
-    /// SIGKILL: no drain, no goodbye.
-    pub fn kill(&mut self) {
+    /// SIGKILL: no drain, no goodbye. Returns how it ended.
+    pub fn kill(&mut self) -> Option<ExitStatus> {
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.wait().ok()
+    }
+
+    /// How it exited, if it has.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// Kills it and starts it again on the same address, so clients'
@@ -201,7 +206,7 @@ impl AtmostProcess {
 
 impl Drop for AtmostProcess {
     fn drop(&mut self) {
-        self.kill();
+        let _ = self.kill();
     }
 }
 

@@ -792,7 +792,7 @@ async fn run(args: Args) -> Result<usize, Box<dyn std::error::Error>> {
                 let i = rng.usize(..ctx.channels.len());
                 let restarted = tokio::task::spawn_blocking(move || {
                     let mut all = replicas.lock().unwrap_or_else(|e| e.into_inner());
-                    all[i].kill();
+                    let _ = all[i].kill();
                     std::thread::sleep(Duration::from_millis(200));
                     all[i].restart()
                 })

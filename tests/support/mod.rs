@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use atmost::domain::ManualClock;
 use atmost::pb::{self, gate_client::GateClient, permits_client::PermitsClient};
 use atmost::store::{
@@ -11,12 +13,10 @@ use atmost::store::{
     memory::MemoryStore,
     redis::{RedisConfig, RedisStore},
 };
+use atmost::testkit::{AtmostProcess, RedisServer};
 use atmost::{App, run};
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener as StdListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -33,51 +33,13 @@ pub const DAY_MS: i64 = 24 * 3_600_000;
 pub struct Redis {
     pub url: String,
     pub prefix: String,
-    child: Option<Child>,
-    port: u16,
+    server: Option<RedisServer>,
+    /// A data directory of this Redis's own, removed on drop.
+    data_dir: Option<std::path::PathBuf>,
 }
 
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a loopback port")
-        .port()
-}
-
-fn ping(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut buf = [0u8; 7];
-    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
-}
-
-fn spawn_redis(port: u16) -> std::io::Result<Child> {
-    Command::new("redis-server")
-        .args(["--port", &port.to_string()])
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(["--daemonize", "no", "--loglevel", "warning"])
-        .arg("--dir")
-        .arg(std::env::temp_dir())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-}
-
-/// Waits until the server on `port` answers PING, or its process exits.
-fn wait_ready(child: &mut Child, port: u16) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if ping(port) {
-            return true;
-        }
-        if let Ok(Some(_)) = child.try_wait() {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
+fn prefix() -> String {
+    format!("t{}", uuid::Uuid::now_v7().simple())
 }
 
 impl Redis {
@@ -85,9 +47,9 @@ impl Redis {
         match std::env::var("REDIS_URL") {
             Ok(url) => Self {
                 url,
-                prefix: format!("t{}", uuid::Uuid::now_v7().simple()),
-                child: None,
-                port: 0,
+                prefix: prefix(),
+                server: None,
+                data_dir: None,
             },
             Err(_) => Self::start_owned(),
         }
@@ -96,44 +58,54 @@ impl Redis {
     /// Always a `redis-server` of this test's own (REDIS_URL or not), for
     /// tests that kill and restart it.
     pub fn start_owned() -> Self {
-        let prefix = format!("t{}", uuid::Uuid::now_v7().simple());
-        for _ in 0..5 {
-            let port = free_port();
-            let mut child = spawn_redis(port).unwrap_or_else(|e| {
-                panic!(
-                    "cannot start redis-server ({e}): install it (scripts/test.sh does) \
-                     or set REDIS_URL to a Redis to use"
-                )
-            });
-            if wait_ready(&mut child, port) {
-                return Self {
-                    url: format!("redis://127.0.0.1:{port}"),
-                    prefix,
-                    child: Some(child),
-                    port,
-                };
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        panic!("redis-server did not come up on a free port after 5 tries");
+        Self::owned(&[], None)
     }
 
-    /// Kills the Redis process (everything in it is lost).
+    /// An owned `redis-server` that persists every write to an append-only
+    /// file (fsynced before it answers) in a directory of its own, so a
+    /// [`Redis::restart`] after a kill keeps the data (but not the script
+    /// cache).
+    pub fn start_persistent() -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("atmost-redis-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir).expect("create the Redis data directory");
+        let dir_arg = dir.to_string_lossy().into_owned();
+        let args = [
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+            &dir_arg,
+        ];
+        Self::owned(&args, Some(dir.clone()))
+    }
+
+    fn owned(args: &[&str], data_dir: Option<std::path::PathBuf>) -> Self {
+        let server = RedisServer::start_with(args).unwrap_or_else(|e| panic!("{e}"));
+        Self {
+            url: server.url(),
+            prefix: prefix(),
+            server: Some(server),
+            data_dir,
+        }
+    }
+
+    /// Kills the Redis process (what it did not persist is lost).
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(server) = &mut self.server {
+            server.kill();
         }
     }
 
-    /// Starts a fresh, empty Redis on the same port.
+    /// Starts it again on the same port: empty, or with the data of a
+    /// [`Redis::start_persistent`] one.
     pub fn restart(&mut self) {
-        assert!(self.port != 0, "only an owned Redis can be restarted");
-        self.kill();
-        let mut child = spawn_redis(self.port).expect("restart redis-server");
-        assert!(wait_ready(&mut child, self.port), "redis-server restarted");
-        self.child = Some(child);
+        self.server
+            .as_mut()
+            .expect("only an owned Redis can be restarted")
+            .restart()
+            .expect("restart redis-server");
     }
 
     pub fn store(&self) -> RedisStore {
@@ -149,7 +121,10 @@ impl Redis {
 
 impl Drop for Redis {
     fn drop(&mut self) {
-        self.kill();
+        self.server.take();
+        if let Some(dir) = self.data_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -474,66 +449,34 @@ pub fn violated_fields(status: &Status) -> Vec<String> {
 
 // === the binary ===
 
-/// A real `atmost serve` process on a free loopback port, killed on drop.
-pub struct Process {
-    pub child: Child,
-    pub addr: std::net::SocketAddr,
-}
+/// The real `atmost` binary (`atmost serve --listen 127.0.0.1:0 <args>`),
+/// killed on drop.
+pub struct Process(AtmostProcess);
 
 impl Process {
-    /// Starts `atmost serve --listen 127.0.0.1:0 <args>` and waits for its
-    /// "atmost listening on ADDR" line.
     pub fn spawn(args: &[&str]) -> Self {
-        use std::io::BufRead;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_atmost"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn atmost");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("atmost listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .expect("address");
-        Self { child, addr }
+        let bin = std::path::Path::new(env!("CARGO_BIN_EXE_atmost"));
+        Self(AtmostProcess::spawn(bin, args).expect("start atmost"))
     }
 
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://{}", self.addr))
+        Channel::from_shared(format!("http://{}", self.0.addr()))
             .expect("uri")
             .connect()
             .await
             .expect("connect")
     }
+}
 
-    /// Sends SIGTERM and waits (at most `within`) for the exit status.
-    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+impl std::ops::Deref for Process {
+    type Target = AtmostProcess;
+    fn deref(&self) -> &AtmostProcess {
+        &self.0
     }
 }
 
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::DerefMut for Process {
+    fn deref_mut(&mut self) -> &mut AtmostProcess {
+        &mut self.0
     }
 }
