@@ -499,14 +499,7 @@ fn mentions_noscript(status: &Status) -> bool {
 async fn replica_killed_between_authorize_and_commit_leaves_the_attempt_uncertain() {
     use std::os::unix::process::ExitStatusExt;
     let redis = Redis::start();
-    let args = [
-        "--store",
-        "redis",
-        "--redis-url",
-        &redis.url,
-        "--redis-prefix",
-        &redis.prefix,
-    ];
+    let args = redis.serve_args();
     let mut a = Process::spawn(&args);
     let b = Process::spawn(&args);
     let (via_a, via_b) = (a.channel().await, b.channel().await);

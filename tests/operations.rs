@@ -172,7 +172,7 @@ async fn flushed_script_cache_never_reaches_a_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_zero() {
-    let mut process = Process::spawn(&[]);
+    let mut process = Process::spawn::<&str>(&[]);
     let channel = process.channel().await;
     assert_eq!(health(&channel, "").await, ServingStatus::Serving);
     let r = GateClient::new(channel.clone())

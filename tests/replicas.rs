@@ -10,14 +10,7 @@ use tonic::Code;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_keys_through_two_replicas_dispatch_exactly_the_cap() {
     let redis = Redis::start();
-    let args = [
-        "--store",
-        "redis",
-        "--redis-url",
-        &redis.url,
-        "--redis-prefix",
-        &redis.prefix,
-    ];
+    let args = redis.serve_args();
     let replicas = [Process::spawn(&args), Process::spawn(&args)];
     let channels = [replicas[0].channel().await, replicas[1].channel().await];
 

@@ -108,6 +108,20 @@ impl Redis {
             .expect("restart redis-server");
     }
 
+    /// The flags that point an `atmost serve` process at this Redis.
+    pub fn serve_args(&self) -> Vec<String> {
+        [
+            "--store",
+            "redis",
+            "--redis-url",
+            &self.url,
+            "--redis-prefix",
+            &self.prefix,
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
     pub fn store(&self) -> RedisStore {
         RedisStore::connect(&RedisConfig {
             url: self.url.clone(),
@@ -454,9 +468,10 @@ pub fn violated_fields(status: &Status) -> Vec<String> {
 pub struct Process(AtmostProcess);
 
 impl Process {
-    pub fn spawn(args: &[&str]) -> Self {
+    pub fn spawn<S: AsRef<str>>(args: &[S]) -> Self {
         let bin = std::path::Path::new(env!("CARGO_BIN_EXE_atmost"));
-        Self(AtmostProcess::spawn(bin, args).expect("start atmost"))
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+        Self(AtmostProcess::spawn(bin, &args).expect("start atmost"))
     }
 
     pub async fn channel(&self) -> Channel {
