@@ -70,16 +70,30 @@ struct ServeArgs {
     /// How long in-flight RPCs may take to finish on SIGTERM or Ctrl-C.
     #[arg(long, env = "ATMOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
+    /// Requests waiting on the store at once; more are shed at once with
+    /// UNAVAILABLE / OVERLOADED, so latency stays bounded past peak load.
+    #[arg(long, env = "ATMOST_MAX_IN_FLIGHT", default_value_t = atmost::server::DEFAULT_MAX_IN_FLIGHT)]
+    max_in_flight: usize,
+    /// Tokio worker threads (default: the CPUs this process may use,
+    /// cgroup quota included).
+    #[arg(long, env = "ATMOST_WORKER_THREADS")]
+    worker_threads: Option<usize>,
     /// Log format (logs go to stderr; filter with RUST_LOG).
     #[arg(long, env = "ATMOST_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let Command::Serve(args) = Cli::parse().command;
     init_logging(args.log_format);
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.worker_threads {
+        runtime.worker_threads(n.max(1));
+    }
+    runtime.enable_all().build()?.block_on(serve(args))
+}
 
+async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let retention_ms = Millis::try_from(args.retention.as_millis()).unwrap_or(Millis::MAX);
     let store = match args.store {
         StoreKind::Memory => Backend::Memory(MemoryStore::new(retention_ms)),
@@ -92,7 +106,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     };
     let app = App::new(store)
         .with_store_timeout(args.store_timeout)
-        .with_shutdown_grace(args.shutdown_grace);
+        .with_shutdown_grace(args.shutdown_grace)
+        .with_max_in_flight(args.max_in_flight);
 
     let listener = TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;

@@ -10,11 +10,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
+
+/// Default admission limit: requests waiting on the store at once.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 
 /// The service as configured: its store, its one clock and its limits.
 pub struct App {
@@ -23,11 +26,12 @@ pub struct App {
     store_timeout: Duration,
     health_interval: Duration,
     shutdown_grace: Duration,
+    max_in_flight: usize,
 }
 
 impl App {
     /// The defaults: system clock, 2 s store deadline, store health checked
-    /// every second, 10 s to drain on shutdown.
+    /// every second, 10 s to drain on shutdown, 512 requests in flight.
     pub fn new(store: Backend) -> Self {
         Self {
             store: Arc::new(store),
@@ -35,6 +39,7 @@ impl App {
             store_timeout: Duration::from_secs(2),
             health_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
     }
 
@@ -53,6 +58,13 @@ impl App {
     /// How often the store is pinged to keep gRPC health up to date.
     pub fn with_health_interval(mut self, interval: Duration) -> Self {
         self.health_interval = interval;
+        self
+    }
+
+    /// How many requests may wait on the store at once; more are shed with
+    /// UNAVAILABLE / OVERLOADED.
+    pub fn with_max_in_flight(mut self, max: usize) -> Self {
+        self.max_in_flight = max.max(1);
         self
     }
 
@@ -76,6 +88,8 @@ pub async fn run(
         store: app.store.clone(),
         clock: app.clock.clone(),
         store_timeout: app.store_timeout,
+        in_flight: Arc::new(tokio::sync::Semaphore::new(app.max_in_flight)),
+        max_in_flight: app.max_in_flight,
     };
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let reflection = tonic_reflection::server::Builder::configure()
@@ -98,7 +112,8 @@ pub async fn run(
         .add_service(GateServer::new(GateService::new(ctx.clone())))
         .add_service(PermitsServer::new(PermitsService::new(ctx)))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            // Small unary replies must not wait for Nagle's algorithm.
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
             stop.clone().cancelled_owned(),
         );
     tokio::pin!(serve);
@@ -148,7 +163,7 @@ async fn watch_store(
 ) {
     let mut last = None;
     loop {
-        let status = match ctx.call(ctx.store.ping()).await {
+        let status = match ctx.deadline(ctx.store.ping()).await {
             Ok(()) => ServingStatus::Serving,
             Err(e) => {
                 if last != Some(ServingStatus::NotServing) {

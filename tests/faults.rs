@@ -199,6 +199,12 @@ async fn wait_health(channel: &Channel, want: ServingStatus) {
 /// The real server in process, on a RedisStore that reaches its own Redis
 /// through `proxy`.
 async fn proxied_harness() -> (Proxy, Harness) {
+    proxied_harness_with(|app| app).await
+}
+
+async fn proxied_harness_with(
+    configure: impl FnOnce(atmost::App) -> atmost::App,
+) -> (Proxy, Harness) {
     let redis = Redis::start_owned();
     let proxy = Proxy::for_redis(&redis.url).await;
     let store = RedisStore::connect(&RedisConfig {
@@ -209,8 +215,10 @@ async fn proxied_harness() -> (Proxy, Harness) {
     })
     .expect("redis store");
     let h = Harness::serve(Kind::Redis, Backend::Redis(store), Some(redis), |app| {
-        app.with_store_timeout(STORE_TIMEOUT)
-            .with_health_interval(Duration::from_millis(50))
+        configure(
+            app.with_store_timeout(STORE_TIMEOUT)
+                .with_health_interval(Duration::from_millis(50)),
+        )
     })
     .await;
     (proxy, h)
@@ -831,4 +839,61 @@ async fn sigterm_drains_an_in_flight_authorize_and_exits_zero() {
     .expect("waiter")
     .expect("exited within the shutdown grace");
     assert!(status.success(), "{status:?}");
+}
+
+// === 6. Load shedding ===
+
+/// Past the admission limit a request is refused at once with UNAVAILABLE /
+/// OVERLOADED (and RetryInfo), without touching the store, instead of
+/// queueing behind a slow Redis; health is not shed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_in_flight_limit_requests_are_shed_at_once() {
+    let (proxy, h) = proxied_harness_with(|app| app.with_max_in_flight(2)).await;
+    let permit = harness_permit(&h, None).await;
+    // Warm the script cache, so each slow request is one delayed reply.
+    authorize(&h.channel, &permit, "warm", 1).await.expect("warm");
+    proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
+    let slow: Vec<_> = (0..2)
+        .map(|i| {
+            let channel = h.channel.clone();
+            let permit = permit.clone();
+            tokio::spawn(async move { authorize(&channel, &permit, &format!("slow-{i}"), 1).await })
+        })
+        .collect();
+    assert!(
+        proxy.wait_count("slow-1", 1, PATIENCE).await,
+        "both reached Redis"
+    );
+    let before = proxy.count("shed");
+    let started = Instant::now();
+    let shed = authorize(&h.channel, &permit, "shed", 1).await;
+    let (meta, status) = expect_error(shed, Code::Unavailable, "OVERLOADED");
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "shed at once, not queued"
+    );
+    assert_eq!(meta["in_flight"], "2");
+    assert!(status.get_details_retry_info().is_some());
+    assert_eq!(
+        proxy.count("shed"),
+        before,
+        "a shed request never reaches the store"
+    );
+    assert_eq!(
+        health(&h.channel).await.expect("health"),
+        ServingStatus::Serving
+    );
+    for t in slow {
+        let r = t
+            .await
+            .expect("task")
+            .expect("admitted requests are answered");
+        assert_eq!(r.decision(), Decision::Dispatch);
+    }
+    proxy.set_mode(Mode::Pass);
+    // Room again: the same request now goes through.
+    let r = authorize(&h.channel, &permit, "shed", 1)
+        .await
+        .expect("admitted");
+    assert_eq!(r.decision(), Decision::Dispatch);
 }

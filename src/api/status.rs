@@ -11,6 +11,9 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// The ErrorInfo domain of every atmost error.
 pub const DOMAIN: &str = "atmost";
 
+/// The retry delay suggested to a request shed under overload.
+const OVERLOAD_RETRY_MS: u64 = 50;
+
 /// RFC 3339 with milliseconds, for timestamps in ErrorInfo metadata.
 pub fn rfc3339(ms: Millis) -> String {
     let at = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
@@ -113,6 +116,11 @@ pub fn to_status(error: Error) -> Status {
         ),
         Error::InvalidRequest(_) => (Code::InvalidArgument, "INVALID_REQUEST", vec![]),
         Error::StoreUnavailable(_) => (Code::Unavailable, "STORE_UNAVAILABLE", vec![]),
+        Error::Overloaded { in_flight } => (
+            Code::Unavailable,
+            "OVERLOADED",
+            vec![("in_flight", in_flight.to_string())],
+        ),
     };
     let metadata: HashMap<String, String> = metadata
         .into_iter()
@@ -122,6 +130,9 @@ pub fn to_status(error: Error) -> Status {
     match &error {
         Error::InProgress { retry_after_ms, .. } => {
             details.set_retry_info(Some(Duration::from_millis((*retry_after_ms).max(0) as u64)));
+        }
+        Error::Overloaded { .. } => {
+            details.set_retry_info(Some(Duration::from_millis(OVERLOAD_RETRY_MS)));
         }
         Error::InvalidRequest(violations) => {
             for v in violations {

@@ -560,6 +560,13 @@ async fn check(
                 ));
             }
         }
+        let mut listed_by_key: HashMap<&str, Vec<&String>> = HashMap::new();
+        for a in listed.values() {
+            listed_by_key
+                .entry(a.idempotency_key.as_str())
+                .or_default()
+                .push(&a.attempt_id);
+        }
         let mut known_keys: HashMap<&str, &KeyHistory> = HashMap::new();
         for (key, h) in keys.iter().filter(|(_, h)| h.permit == p) {
             known_keys.insert(key.as_str(), h);
@@ -574,10 +581,11 @@ async fn check(
             }
             let mut ids: HashSet<&String> = h.attempts.keys().collect();
             ids.extend(
-                listed
-                    .values()
-                    .filter(|a| a.idempotency_key == *key)
-                    .map(|a| &a.attempt_id),
+                listed_by_key
+                    .get(key.as_str())
+                    .into_iter()
+                    .flatten()
+                    .copied(),
             );
             if ids.len() > 1 + h.not_sent_sent.len() {
                 v.push(format!(

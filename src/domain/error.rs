@@ -60,6 +60,10 @@ pub enum Error {
     InvalidRequest(Vec<Violation>),
     #[error("store unavailable: {0}")]
     StoreUnavailable(String),
+    /// Load shedding: the request was refused before it reached the store,
+    /// so it changed nothing and may be retried as it is.
+    #[error("overloaded: {in_flight} requests in flight")]
+    Overloaded { in_flight: usize },
 }
 
 fn describe(violations: &[Violation]) -> String {

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The benchmark: in one run on one machine, the two ceilings and atmost side
+# by side, each atmost figure printed as a ratio to its ceiling.
+#
+#   (a) Redis's ceiling: redis-benchmark running atmost's own authorize
+#       script by EVALSHA with random keys, at the same concurrency;
+#   (b) the gRPC ceiling: grpc.health.v1 Check against atmost (no store);
+#   (c) authorize, cycle, replay and contended on the memory store and on
+#       the Redis store; server CPU per Authorize and peak RSS (from /proc);
+#       Redis memory per finished attempt; a latency-vs-throughput sweep.
+#
+# Usage: scripts/bench.sh            (DURATION=10s CONCURRENCY=64 by default)
+#        DURATION=2s scripts/bench.sh   (a quick smoke run)
+# Results: target/bench/<time>/results.jsonl and summary.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-2s}
+CONCURRENCY=${CONCURRENCY:-64}
+OUT=${OUT:-target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+RESULTS="$OUT/results.jsonl"
+: > "$RESULTS"
+
+command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null || {
+  echo "bench.sh: needs redis-server and redis-benchmark (apt-get install redis-server)" >&2
+  exit 1
+}
+cargo build --release --locked --bins >&2
+BIN=target/release
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+REDIS_PORT=$(free_port)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+  --daemonize no --loglevel warning --dir "$OUT" >/dev/null &
+PIDS+=($!)
+REDIS_PID=$!
+until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.05; done
+rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
+
+# Starts atmost with the given flags; sets ATMOST_PID and ATMOST_URL.
+start_atmost() {
+  local fifo="$OUT/atmost.$$.$RANDOM"
+  mkfifo "$fifo"
+  "$BIN/atmost" serve --listen 127.0.0.1:0 "$@" >"$fifo" 2>>"$OUT/atmost.log" &
+  ATMOST_PID=$!
+  PIDS+=("$ATMOST_PID")
+  local line
+  read -r line <"$fifo"
+  rm -f "$fifo"
+  ATMOST_URL="http://${line#atmost listening on }"
+}
+stop_atmost() { kill "$ATMOST_PID" 2>/dev/null || true; wait "$ATMOST_PID" 2>/dev/null || true; }
+
+bench() { # label scenario [extra args]
+  local label=$1 scenario=$2; shift 2
+  "$BIN/atmost-bench" --target "$ATMOST_URL" --scenario "$scenario" --label "$label" \
+    --concurrency "$CONCURRENCY" --duration "$DURATION" --warmup "$WARMUP" --json "$RESULTS" "$@"
+}
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+peak_rss_kib() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
+record() { # name value
+  printf '{"metric":"%s","value":%s}\n' "$1" "$2" >>"$RESULTS"
+}
+
+echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
+echo "== (a) Redis ceiling: EVALSHA of authorize.lua, c=$CONCURRENCY"
+# The script as atmost sends it: lib.lua, a newline, authorize.lua.
+SCRIPT=$(cat src/store/redis/lib.lua; echo; cat src/store/redis/authorize.lua)
+SHA=$(rcli SCRIPT LOAD "$SCRIPT")
+NOW_MS=$(($(date +%s) * 1000))
+P="ceiling:{00000000-0000-7000-8000-000000000000}"
+rcli HSET "$P:permit" exp $((NOW_MS + 86400000)) status 1 lease 30000 gmode 1 gwin 600000 \
+  committed 0 reserved 0 open 0 t:search "" >/dev/null
+REQUESTS=${CEILING_REQUESTS:-400000}
+redis-benchmark -p "$REDIS_PORT" -c "$CONCURRENCY" -n "$REQUESTS" -r 1000000000 --csv \
+  EVALSHA "$SHA" 4 "$P:permit" "$P:attempts" "$P:open" "$P:dup" "$NOW_MS" search \
+  "key-__rand_int__" "fp-__rand_int__-0123456789abcdef" 1 "attempt-__rand_int__" \
+  | tee "$OUT/redis-benchmark.csv"
+RPS=$(tail -n 1 "$OUT/redis-benchmark.csv" | cut -d, -f2 | tr -d '"')
+record redis_evalsha_rps "$RPS"
+rcli FLUSHALL >/dev/null
+
+echo "== (b) gRPC ceiling and (c) the memory store"
+start_atmost --store memory
+bench memory health
+START=$(cpu_ticks "$ATMOST_PID")
+bench memory authorize
+END=$(cpu_ticks "$ATMOST_PID")
+record memory_authorize_cpu_ticks $((END - START))
+bench memory cycle
+bench memory replay
+bench memory contended
+record memory_peak_rss_kib "$(peak_rss_kib "$ATMOST_PID")"
+stop_atmost
+
+echo "== (c) the Redis store"
+start_atmost --store redis --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-prefix bench
+START=$(cpu_ticks "$ATMOST_PID")
+bench redis authorize
+END=$(cpu_ticks "$ATMOST_PID")
+record redis_authorize_cpu_ticks $((END - START))
+bench redis cycle
+bench redis replay
+bench redis contended
+record redis_peak_rss_kib "$(peak_rss_kib "$ATMOST_PID")"
+
+echo "== Redis memory per finished attempt (100 000 Authorize + Commit Succeeded, 16-byte results)"
+rcli FLUSHALL >/dev/null
+BEFORE=$(rcli INFO memory | awk -F: '/^used_memory:/ {print $2+0}')
+"$BIN/atmost-bench" --target "$ATMOST_URL" --scenario cycle --permits 16 --requests 100000 \
+  --concurrency "$CONCURRENCY" --label redis-memory >/dev/null
+AFTER=$(rcli INFO memory | awk -F: '/^used_memory:/ {print $2+0}')
+record redis_bytes_per_finished_attempt $(((AFTER - BEFORE) / 100000))
+
+echo "== latency vs throughput: open loop, Redis store"
+PEAK=$(python3 scripts/bench_report.py peak "$RESULTS" redis authorize)
+for pct in 25 50 80 100 120 150; do
+  bench "redis-sweep-$pct" authorize --rate $((PEAK * pct / 100)) --concurrency 4096
+done
+stop_atmost
+
+CLK_TCK=$(getconf CLK_TCK)
+python3 scripts/bench_report.py summary "$RESULTS" "$CLK_TCK" | tee "$OUT/summary.txt"
+python3 scripts/bench_report.py plot "$RESULTS" "$OUT/latency.png" || echo "(no plot: pip install matplotlib)"
+echo "results: $OUT"

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Reads scripts/bench.sh's results.jsonl and prints the ratio table, the
+peak throughput of one run, or the latency-vs-throughput plot.
+
+  bench_report.py peak RESULTS LABEL SCENARIO
+  bench_report.py summary RESULTS CLK_TCK
+  bench_report.py plot RESULTS OUT.png
+"""
+import json
+import sys
+
+
+def load(path):
+    runs, metrics = [], {}
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            if "metric" in row:
+                metrics[row["metric"]] = row["value"]
+            else:
+                runs.append(row)
+    return runs, metrics
+
+
+def find(runs, label, scenario, mode="closed"):
+    for r in runs:
+        if r["label"] == label and r["scenario"] == scenario and r["mode"] == mode:
+            return r
+    return None
+
+
+def peak(path, label, scenario):
+    runs, _ = load(path)
+    print(int(find(runs, label, scenario)["throughput_rps"]))
+
+
+def mark(ok):
+    return "ok " if ok else "MISS"
+
+
+def summary(path, clk_tck):
+    runs, m = load(path)
+    redis_ceiling = float(m["redis_evalsha_rps"])
+    health = find(runs, "memory", "health")
+    grpc_ceiling = health["throughput_rps"]
+    print()
+    print(f"(a) Redis ceiling, EVALSHA authorize.lua: {redis_ceiling:10.0f}/s")
+    print(f"(b) gRPC ceiling, health Check:           {grpc_ceiling:10.0f}/s   "
+          f"p50 {health['p50_us']}us p99 {health['p99_us']}us")
+    print()
+    print(f"{'store':<7}{'scenario':<11}{'RPC/s':>10}{'p50':>8}{'p99':>8}{'p99.9':>8}{'errors':>8}"
+          f"{'/(a)':>8}{'/(b)':>8}")
+    for store in ("memory", "redis"):
+        for scenario in ("authorize", "cycle", "replay", "contended"):
+            r = find(runs, store, scenario)
+            if not r:
+                continue
+            rps = r["throughput_rps"] * r["rpcs_per_request"]
+            to_a = f"{rps / redis_ceiling:7.0%}" if store == "redis" else "      -"
+            print(f"{store:<7}{scenario:<11}{rps:10.0f}{r['p50_us']:>6}us{r['p99_us']:>6}us"
+                  f"{r['p999_us']:>6}us{r['errors']:>8} {to_a}{rps / grpc_ceiling:8.0%}")
+    print()
+    mem = find(runs, "memory", "authorize")
+    red = find(runs, "redis", "authorize")
+    checks = [
+        ("Redis authorize >= 50% of (a)", red["throughput_rps"] / redis_ceiling, 0.5),
+        ("Redis authorize >= 70% of (b)", red["throughput_rps"] / grpc_ceiling, 0.7),
+        ("memory authorize >= 90% of (b)", mem["throughput_rps"] / grpc_ceiling, 0.9),
+    ]
+    for name, value, target in checks:
+        print(f"  {mark(value >= target)} {name}: {value:.0%}")
+    for store, r in (("memory", mem), ("redis", red)):
+        ticks = m.get(f"{store}_authorize_cpu_ticks")
+        if ticks is None:
+            continue
+        # CPU was read over warmup and measurement; requests are estimated
+        # over the same span from the measured rate.
+        total = r["throughput_rps"] * (r["duration_s"] + 2.0)
+        micros = ticks / float(clk_tck) / total * 1e6
+        print(f"  {mark(micros <= 30)} server CPU per Authorize ({store}): {micros:.1f} us (target <= 30)")
+        rss = m.get(f"{store}_peak_rss_kib")
+        if rss is not None:
+            print(f"  {mark(rss <= 65536)} peak RSS ({store}): {rss / 1024:.1f} MiB (target <= 64)")
+    per_attempt = m.get("redis_bytes_per_finished_attempt")
+    if per_attempt is not None:
+        beyond = per_attempt - 16
+        print(f"  {mark(beyond <= 300)} Redis memory per finished attempt: {per_attempt} B, "
+              f"{beyond} B beyond its 16-byte result (target <= 300)")
+    sweep = sorted(
+        (r for r in runs if r["label"].startswith("redis-sweep-")),
+        key=lambda r: int(r["label"].rsplit("-", 1)[1]),
+    )
+    if sweep:
+        print()
+        print("latency vs load (open loop, Redis store, authorize):")
+        for r in sweep:
+            pct = r["label"].rsplit("-", 1)[1]
+            print(f"  {pct:>4}% of peak: target {r['target_rate']:>7}/s got {r['throughput_rps']:8.0f}/s "
+                  f"p50 {r['p50_us']:>6}us p99 {r['p99_us']:>7}us p99.9 {r['p999_us']:>7}us "
+                  f"errors {r['errors']} {r['error_kinds'] or ''}")
+
+
+def plot(path, out):
+    try:
+        import matplotlib
+    except ImportError:
+        import subprocess
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "matplotlib"])
+        import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs, _ = load(path)
+    sweep = sorted(
+        (r for r in runs if r["label"].startswith("redis-sweep-")),
+        key=lambda r: r["target_rate"],
+    )
+    x = [r["target_rate"] for r in sweep]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for q, name in (("p50_us", "p50"), ("p99_us", "p99"), ("p999_us", "p99.9")):
+        ax.plot(x, [r[q] / 1000 for r in sweep], marker="o", label=name)
+    ax.set_xlabel("offered load, Authorize/s (open loop)")
+    ax.set_ylabel("latency, ms (from scheduled start)")
+    ax.set_yscale("log")
+    ax.set_title("atmost Authorize on the Redis store: latency vs load")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"plot: {out}")
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "peak":
+        peak(*sys.argv[2:5])
+    elif cmd == "summary":
+        summary(sys.argv[2], sys.argv[3])
+    elif cmd == "plot":
+        plot(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(__doc__)

@@ -1,0 +1,442 @@
+#![forbid(unsafe_code)]
+//! atmost-bench: the load generator.
+//!
+//! Drives one scenario against a running atmost, closed-loop (N requests in
+//! flight) or open-loop (`--rate`: requests start on a fixed schedule and
+//! latency is measured from the scheduled start, so a slow server cannot
+//! hide behind fewer requests: no coordinated omission). Prints one line,
+//! and with `--json FILE` appends the result as one JSON object.
+//!
+//! ```text
+//! atmost-bench --scenario authorize --concurrency 64 --duration 10s
+//! atmost-bench --scenario cycle --rate 20000 --duration 10s --json results.jsonl
+//! ```
+
+use atmost::pb::{self, gate_client::GateClient, permits_client::PermitsClient};
+use clap::{Parser, ValueEnum};
+use hdrhistogram::Histogram;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tonic::transport::Channel;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+use tonic_types::StatusExt;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Scenario {
+    /// Authorize with fresh keys on permits without caps.
+    Authorize,
+    /// Authorize a fresh key, then Commit Succeeded (two RPCs).
+    Cycle,
+    /// Authorize keys that already succeeded: REPLAY.
+    Replay,
+    /// Every client on one permit with a cap.
+    Contended,
+    /// grpc.health.v1 Check: the transport's ceiling, no store.
+    Health,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Load generator for atmost: throughput and latency of one scenario.")]
+struct Args {
+    /// The atmost to load.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    target: String,
+    #[arg(long, value_enum)]
+    scenario: Scenario,
+    /// Requests in flight (closed loop), or the most in flight (open loop).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Open loop: start this many requests per second on a fixed schedule.
+    #[arg(long)]
+    rate: Option<u64>,
+    /// How long to measure.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Closed loop: stop after this many requests (all measured, no warmup).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Load before measuring starts.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// HTTP/2 connections to spread the requests over.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Permits to spread fresh keys over (authorize, cycle, replay).
+    #[arg(long, default_value_t = 16)]
+    permits: usize,
+    /// A label for this run in the output (e.g. the store).
+    #[arg(long, default_value = "")]
+    label: String,
+    /// Append the result as one JSON line to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// What every request task needs.
+struct Plan {
+    scenario: Scenario,
+    channels: Vec<Channel>,
+    permits: Vec<String>,
+    /// Keys that already succeeded, for the replay scenario.
+    replay_keys: Vec<(usize, String)>,
+    run: String,
+}
+
+/// One request of the scenario; `n` numbers requests across the run.
+async fn one(plan: &Plan, n: u64) -> Result<(), String> {
+    let channel = plan.channels[n as usize % plan.channels.len()].clone();
+    let rpc = |e: tonic::Status| {
+        e.get_details_error_info()
+            .map(|i| i.reason)
+            .unwrap_or_else(|| format!("{:?}", e.code()))
+    };
+    match plan.scenario {
+        Scenario::Health => {
+            HealthClient::new(channel)
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .map_err(rpc)?;
+        }
+        Scenario::Authorize | Scenario::Contended | Scenario::Cycle => {
+            let permit = match plan.scenario {
+                Scenario::Contended => &plan.permits[0],
+                _ => &plan.permits[n as usize % plan.permits.len()],
+            };
+            let key = format!("{}-{n}", plan.run);
+            let mut gate = GateClient::new(channel);
+            let r = gate
+                .authorize(authorize_request(permit, &key, n))
+                .await
+                .map_err(rpc)?
+                .into_inner();
+            if r.decision() != pb::Decision::Dispatch {
+                return Err("NOT_DISPATCH".into());
+            }
+            if let Scenario::Cycle = plan.scenario {
+                let attempt = r.attempt.unwrap_or_default();
+                gate.commit(pb::CommitRequest {
+                    permit_id: permit.clone(),
+                    idempotency_key: key,
+                    attempt_id: attempt.attempt_id,
+                    outcome: Some(pb::commit_request::Outcome::Succeeded(pb::Succeeded {
+                        result: b"bench result 16b".to_vec(),
+                        actual_cost: None,
+                    })),
+                })
+                .await
+                .map_err(rpc)?;
+            }
+        }
+        Scenario::Replay => {
+            let (permit, key) = &plan.replay_keys[n as usize % plan.replay_keys.len()];
+            let seq = key
+                .rsplit('-')
+                .next()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            let r = GateClient::new(channel)
+                .authorize(authorize_request(&plan.permits[*permit], key, seq))
+                .await
+                .map_err(rpc)?
+                .into_inner();
+            if r.decision() != pb::Decision::Replay {
+                return Err("NOT_REPLAY".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn authorize_request(permit: &str, key: &str, n: u64) -> pb::AuthorizeRequest {
+    // A 32-byte fingerprint, unique per key (as a SHA-256 would be).
+    let mut fingerprint = Vec::with_capacity(32);
+    for i in 0..4u64 {
+        fingerprint.extend_from_slice(&(n ^ (i << 60)).to_le_bytes());
+    }
+    pb::AuthorizeRequest {
+        permit_id: permit.to_owned(),
+        tool: "search".into(),
+        idempotency_key: key.to_owned(),
+        request_fingerprint: fingerprint,
+        cost: 1,
+    }
+}
+
+async fn create_permits(channel: &Channel, count: usize, cap: Option<u64>) -> Vec<String> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let permit = PermitsClient::new(channel.clone())
+            .create_permit(pb::CreatePermitRequest {
+                permit: Some(pb::Permit {
+                    subject: "atmost-bench".into(),
+                    tools: vec!["search".into()],
+                    max_calls_per_tool: cap
+                        .map(|c| ("search".to_string(), c))
+                        .into_iter()
+                        .collect(),
+                    expires_at: Some(prost_types::Timestamp {
+                        seconds: now + 86_400,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect("create a permit")
+            .into_inner();
+        out.push(permit.permit_id);
+    }
+    out
+}
+
+/// Results of one worker (closed loop) or of the whole run (open loop).
+struct Tally {
+    latency: Histogram<u64>,
+    errors: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
+            errors: BTreeMap::new(),
+        }
+    }
+
+    fn record(&mut self, started: Instant, result: Result<(), String>) {
+        let micros = started.elapsed().as_micros().max(1) as u64;
+        let _ = self.latency.record(micros.min(60_000_000));
+        if let Err(e) = result {
+            *self.errors.entry(e).or_default() += 1;
+        }
+    }
+
+    fn merge(&mut self, other: Tally) {
+        let _ = self.latency.add(&other.latency);
+        for (k, v) in other.errors {
+            *self.errors.entry(k).or_default() += v;
+        }
+    }
+}
+
+async fn closed_loop(plan: Arc<Plan>, args: &Args, measure_from: Instant, end: Instant) -> Tally {
+    let workers: Vec<_> = (0..args.concurrency)
+        .map(|w| {
+            let plan = plan.clone();
+            let stride = args.concurrency as u64;
+            let limit = args.requests.unwrap_or(u64::MAX);
+            tokio::spawn(async move {
+                let mut tally = Tally::new();
+                let mut n = w as u64;
+                while Instant::now() < end && n < limit {
+                    let started = Instant::now();
+                    let result = one(&plan, n).await;
+                    if started >= measure_from {
+                        tally.record(started, result);
+                    }
+                    n += stride;
+                }
+                tally
+            })
+        })
+        .collect();
+    let mut total = Tally::new();
+    for w in workers {
+        total.merge(w.await.expect("worker"));
+    }
+    total
+}
+
+async fn open_loop(
+    plan: Arc<Plan>,
+    args: &Args,
+    rate: u64,
+    measure_from: Instant,
+    end: Instant,
+) -> Tally {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Result<(), String>)>();
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let start = Instant::now();
+    let mut n = 0u64;
+    let mut shed_by_client = 0u64;
+    loop {
+        let scheduled = start + interval.mul_f64(n as f64);
+        if scheduled >= end {
+            break;
+        }
+        tokio::time::sleep_until(scheduled.into()).await;
+        // Latency counts from the scheduled start, even if a request has to
+        // wait here for a free slot: queueing is the server's cost too.
+        match in_flight.clone().try_acquire_owned() {
+            Ok(slot) => {
+                let (plan, tx) = (plan.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let result = one(&plan, n).await;
+                    drop(slot);
+                    let _ = tx.send((scheduled, result));
+                });
+            }
+            Err(_) => {
+                if scheduled >= measure_from {
+                    shed_by_client += 1;
+                }
+            }
+        }
+        n += 1;
+    }
+    drop(tx);
+    let mut tally = Tally::new();
+    while let Some((scheduled, result)) = rx.recv().await {
+        if scheduled >= measure_from {
+            tally.record(scheduled, result);
+        }
+    }
+    if shed_by_client > 0 {
+        tally
+            .errors
+            .insert("CLIENT_IN_FLIGHT_LIMIT".into(), shed_by_client);
+    }
+    tally
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let mut channels = Vec::new();
+    for _ in 0..args.connections.max(1) {
+        channels.push(Channel::from_shared(args.target.clone())?.connect().await?);
+    }
+    let run = format!("r{}", uuid::Uuid::now_v7().simple());
+    let permits = match args.scenario {
+        Scenario::Health => Vec::new(),
+        Scenario::Contended => create_permits(&channels[0], 1, Some(1_000_000_000)).await,
+        _ => create_permits(&channels[0], args.permits.max(1), None).await,
+    };
+    let mut plan = Plan {
+        scenario: args.scenario,
+        channels: channels.clone(),
+        permits,
+        replay_keys: Vec::new(),
+        run: run.clone(),
+    };
+    if let Scenario::Replay = args.scenario {
+        // 10 000 keys that succeeded, replayed round-robin.
+        let setup = Plan {
+            scenario: Scenario::Cycle,
+            ..plan
+        };
+        let setup = Arc::new(setup);
+        let tasks: Vec<_> = (0..64u64)
+            .map(|w| {
+                let setup = setup.clone();
+                tokio::spawn(async move {
+                    let mut n = w;
+                    while n < 10_000 {
+                        one(&setup, n).await.expect("replay setup");
+                        n += 64;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await?;
+        }
+        let setup = Arc::try_unwrap(setup).ok().expect("setup done");
+        plan = Plan {
+            scenario: Scenario::Replay,
+            replay_keys: (0..10_000u64)
+                .map(|n| {
+                    (
+                        (n as usize) % setup.permits.len(),
+                        format!("{}-{n}", setup.run),
+                    )
+                })
+                .collect(),
+            ..setup
+        };
+    }
+
+    let plan = Arc::new(plan);
+    let started = Instant::now();
+    let (measure_from, end) = match args.requests {
+        Some(_) => (started, started + Duration::from_secs(24 * 3600)),
+        None => (started + args.warmup, started + args.warmup + args.duration),
+    };
+    let tally = match args.rate {
+        Some(rate) => open_loop(plan, &args, rate.max(1), measure_from, end).await,
+        None => closed_loop(plan, &args, measure_from, end).await,
+    };
+    let elapsed = match args.requests {
+        Some(_) => started.elapsed(),
+        None => args.duration,
+    };
+    report(&args, &tally, elapsed)?;
+    Ok(())
+}
+
+fn report(args: &Args, tally: &Tally, elapsed: Duration) -> Result<(), Box<dyn std::error::Error>> {
+    let h = &tally.latency;
+    let requests = h.len();
+    let errors: u64 = tally.errors.values().sum();
+    let rpcs_per_request = if let Scenario::Cycle = args.scenario {
+        2
+    } else {
+        1
+    };
+    let throughput = requests as f64 / elapsed.as_secs_f64();
+    let q = |p: f64| h.value_at_quantile(p);
+    println!(
+        "{:<10} {:<8} {:>10} {:>12.0}/s {:>8}us p50 {:>8}us p90 {:>8}us p99 {:>8}us p99.9 {:>8} errors{}",
+        format!("{:?}", args.scenario).to_lowercase(),
+        args.label,
+        args.rate
+            .map_or_else(|| format!("c={}", args.concurrency), |r| format!("r={r}")),
+        throughput,
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        q(0.999),
+        errors,
+        if tally.errors.is_empty() {
+            String::new()
+        } else {
+            format!(" {:?}", tally.errors)
+        },
+    );
+    if let Some(path) = &args.json {
+        let line = serde_json::json!({
+            "scenario": format!("{:?}", args.scenario).to_lowercase(),
+            "label": args.label,
+            "mode": if args.rate.is_some() { "open" } else { "closed" },
+            "concurrency": args.concurrency,
+            "target_rate": args.rate,
+            "duration_s": elapsed.as_secs_f64(),
+            "requests": requests,
+            "rpcs_per_request": rpcs_per_request,
+            "throughput_rps": throughput,
+            "errors": errors,
+            "error_kinds": tally.errors,
+            "p50_us": q(0.5),
+            "p90_us": q(0.9),
+            "p99_us": q(0.99),
+            "p999_us": q(0.999),
+            "max_us": h.max(),
+        });
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        writeln!(f, "{line}")?;
+    }
+    Ok(())
+}
