@@ -851,7 +851,9 @@ async fn past_the_in_flight_limit_requests_are_shed_at_once() {
     let (proxy, h) = proxied_harness_with(|app| app.with_max_in_flight(2)).await;
     let permit = harness_permit(&h, None).await;
     // Warm the script cache, so each slow request is one delayed reply.
-    authorize(&h.channel, &permit, "warm", 1).await.expect("warm");
+    authorize(&h.channel, &permit, "warm", 1)
+        .await
+        .expect("warm");
     proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
     let slow: Vec<_> = (0..2)
         .map(|i| {

@@ -24,8 +24,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tonic::Status;
 use tonic::transport::Channel;
-use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 #[derive(Parser, Debug)]
@@ -113,6 +113,8 @@ struct Counters {
     dropped: AtomicU64,
     kills: AtomicU64,
     dispatches: AtomicU64,
+    /// Errors that did not come from atmost (no ErrorInfo).
+    transport: AtomicU64,
 }
 
 struct Ctx {
@@ -152,19 +154,14 @@ async fn call<T>(
             ctx.counters.dropped.fetch_add(1, Ordering::Relaxed);
             None
         }
-        // No answer from the store or the replica: unknown too.
-        Ok(Err(s))
-            if matches!(
-                s.code(),
-                Code::Unavailable
-                    | Code::Cancelled
-                    | Code::Unknown
-                    | Code::DeadlineExceeded
-                    | Code::Internal
-            ) =>
-        {
+        // No answer from atmost itself (a transport failure, such as a
+        // killed replica or an HTTP/2 GOAWAY, carries no ErrorInfo), or the
+        // store could not answer: the outcome is unknown too.
+        Ok(Err(s)) if s.get_details_error_info().is_none() => {
+            ctx.counters.transport.fetch_add(1, Ordering::Relaxed);
             None
         }
+        Ok(Err(s)) if reason(&s) == "STORE_UNAVAILABLE" => None,
         Ok(r) => Some(r.map(tonic::Response::into_inner)),
     }
 }
@@ -780,6 +777,16 @@ async fn run(args: Args) -> Result<usize, Box<dyn std::error::Error>> {
         counters: Counters::default(),
         stop: AtomicBool::new(false),
     });
+    // Ctrl-C ends the load early; the check still runs and the processes
+    // this run started are still stopped.
+    {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                ctx.stop.store(true, Ordering::Relaxed);
+            }
+        });
+    }
     let agents: Vec<_> = (0..args.clients)
         .map(|i| tokio::spawn(agent(ctx.clone(), i, seed)))
         .collect();
@@ -837,6 +844,10 @@ async fn run(args: Args) -> Result<usize, Box<dyn std::error::Error>> {
     for v in violations.iter().take(30) {
         eprintln!("violation: {v}");
     }
+    eprintln!(
+        "stress: {} RPCs failed in transport (killed replicas, HTTP/2 GOAWAY): counted as lost answers",
+        c.transport.load(Ordering::Relaxed)
+    );
     println!(
         "stress: {} replicas, {} clients, {} ops, {} dispatches, {} faults injected ({} dropped responses, {} replica kills), {} violations (seed {seed})",
         args.replicas.max(1),
