@@ -58,10 +58,11 @@ start_atmost() {
 }
 stop_atmost() { kill "$ATMOST_PID" 2>/dev/null || true; wait "$ATMOST_PID" 2>/dev/null || true; }
 
-bench() { # label scenario [extra args]
+bench() { # label scenario [extra args]; IN_FLIGHT overrides the concurrency
   local label=$1 scenario=$2; shift 2
   "$BIN/atmost-bench" --target "$ATMOST_URL" --scenario "$scenario" --label "$label" \
-    --concurrency "$CONCURRENCY" --duration "$DURATION" --warmup "$WARMUP" --json "$RESULTS" "$@"
+    --concurrency "${IN_FLIGHT:-$CONCURRENCY}" --duration "$DURATION" --warmup "$WARMUP" \
+    --json "$RESULTS" "$@"
 }
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -123,7 +124,7 @@ record redis_bytes_per_finished_attempt $(((AFTER - BEFORE) / 100000))
 echo "== latency vs throughput: open loop, Redis store"
 PEAK=$(python3 scripts/bench_report.py peak "$RESULTS" redis authorize)
 for pct in 25 50 80 100 120 150; do
-  bench "redis-sweep-$pct" authorize --rate $((PEAK * pct / 100)) --concurrency 4096
+  IN_FLIGHT=4096 bench "redis-sweep-$pct" authorize --rate $((PEAK * pct / 100))
 done
 stop_atmost
 

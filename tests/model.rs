@@ -113,6 +113,15 @@ fn outcome(with_not_sent: bool) -> BoxedStrategy<Outcome> {
     }
 }
 
+/// Fingerprints 0 and 2 share their first 8 bytes (the duplicate guard's
+/// index prefix) but are different requests.
+fn fingerprint(n: u8) -> Vec<u8> {
+    match n {
+        2 => [[0u8; 8], [1u8; 8]].concat(),
+        n => vec![n; 8],
+    }
+}
+
 /// Mostly small costs, sometimes at the accounting ceiling.
 fn cost() -> impl Strategy<Value = i64> {
     prop_oneof![
@@ -124,7 +133,7 @@ fn cost() -> impl Strategy<Value = i64> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0usize..3, 0usize..3, 0usize..4, 0u8..2, cost())
+        6 => (0usize..3, 0usize..3, 0usize..4, 0u8..3, cost())
             .prop_map(|(permit, tool, key, fp, cost)| Op::Authorize { permit, tool, key, fp, cost }),
         4 => (0usize..3, 0usize..4, outcome(true), proptest::bool::weighted(0.1))
             .prop_map(|(permit, key, outcome, stale_id)| Op::Commit { permit, key, outcome, stale_id }),
@@ -231,7 +240,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     permit_id: permits[*permit].permit_id.clone(),
                     tool: TOOLS[*tool].into(),
                     idempotency_key: KEYS[*key].into(),
-                    request_fingerprint: vec![*fp; 8],
+                    request_fingerprint: fingerprint(*fp),
                     cost: *cost,
                 };
                 let id = fresh();

@@ -200,21 +200,28 @@ async fn create_permits(channel: &Channel, count: usize, cap: Option<u64>) -> Ve
 
 /// Results of one worker (closed loop) or of the whole run (open loop).
 struct Tally {
+    /// From the scheduled start (open loop) or the send (closed loop).
     latency: Histogram<u64>,
+    /// From the actual send: the server's share, without the generator's
+    /// own scheduling lag (tokio timers tick in milliseconds).
+    service: Histogram<u64>,
     errors: BTreeMap<String, u64>,
 }
 
 impl Tally {
     fn new() -> Self {
+        let histogram = || Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram");
         Self {
-            latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
+            latency: histogram(),
+            service: histogram(),
             errors: BTreeMap::new(),
         }
     }
 
-    fn record(&mut self, started: Instant, result: Result<(), String>) {
-        let micros = started.elapsed().as_micros().max(1) as u64;
-        let _ = self.latency.record(micros.min(60_000_000));
+    fn record(&mut self, scheduled: Instant, sent: Instant, result: Result<(), String>) {
+        let micros = |from: Instant| (from.elapsed().as_micros().max(1) as u64).min(60_000_000);
+        let _ = self.latency.record(micros(scheduled));
+        let _ = self.service.record(micros(sent));
         if let Err(e) = result {
             *self.errors.entry(e).or_default() += 1;
         }
@@ -222,6 +229,7 @@ impl Tally {
 
     fn merge(&mut self, other: Tally) {
         let _ = self.latency.add(&other.latency);
+        let _ = self.service.add(&other.service);
         for (k, v) in other.errors {
             *self.errors.entry(k).or_default() += v;
         }
@@ -241,7 +249,7 @@ async fn closed_loop(plan: Arc<Plan>, args: &Args, measure_from: Instant, end: I
                     let started = Instant::now();
                     let result = one(&plan, n).await;
                     if started >= measure_from {
-                        tally.record(started, result);
+                        tally.record(started, started, result);
                     }
                     n += stride;
                 }
@@ -263,27 +271,31 @@ async fn open_loop(
     measure_from: Instant,
     end: Instant,
 ) -> Tally {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Result<(), String>)>();
+    let tally = Arc::new(std::sync::Mutex::new(Tally::new()));
     let in_flight = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
     let start = Instant::now();
     let mut n = 0u64;
     let mut shed_by_client = 0u64;
+    let mut tasks = tokio::task::JoinSet::new();
     loop {
         let scheduled = start + interval.mul_f64(n as f64);
         if scheduled >= end {
             break;
         }
         tokio::time::sleep_until(scheduled.into()).await;
-        // Latency counts from the scheduled start, even if a request has to
-        // wait here for a free slot: queueing is the server's cost too.
         match in_flight.clone().try_acquire_owned() {
             Ok(slot) => {
-                let (plan, tx) = (plan.clone(), tx.clone());
-                tokio::spawn(async move {
+                let (plan, tally) = (plan.clone(), tally.clone());
+                tasks.spawn(async move {
+                    let sent = Instant::now();
                     let result = one(&plan, n).await;
                     drop(slot);
-                    let _ = tx.send((scheduled, result));
+                    // Latency counts from the scheduled start: a request that
+                    // started late because the last ones were slow pays for it.
+                    if scheduled >= measure_from {
+                        tally.lock().expect("tally").record(scheduled, sent, result);
+                    }
                 });
             }
             Err(_) => {
@@ -293,14 +305,14 @@ async fn open_loop(
             }
         }
         n += 1;
+        while tasks.try_join_next().is_some() {}
     }
-    drop(tx);
-    let mut tally = Tally::new();
-    while let Some((scheduled, result)) = rx.recv().await {
-        if scheduled >= measure_from {
-            tally.record(scheduled, result);
-        }
-    }
+    while tasks.join_next().await.is_some() {}
+    let mut tally = Arc::try_unwrap(tally)
+        .ok()
+        .expect("all tasks done")
+        .into_inner()
+        .expect("tally");
     if shed_by_client > 0 {
         tally
             .errors
@@ -431,6 +443,9 @@ fn report(args: &Args, tally: &Tally, elapsed: Duration) -> Result<(), Box<dyn s
             "p99_us": q(0.99),
             "p999_us": q(0.999),
             "max_us": h.max(),
+            "service_p50_us": tally.service.value_at_quantile(0.5),
+            "service_p99_us": tally.service.value_at_quantile(0.99),
+            "service_p999_us": tally.service.value_at_quantile(0.999),
         });
         let mut f = std::fs::OpenOptions::new()
             .create(true)

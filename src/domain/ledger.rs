@@ -20,8 +20,9 @@ pub struct Ledger {
     reserved: i64,
     /// By idempotency key; ordered so listings page stably.
     attempts: BTreeMap<String, Attempt>,
-    /// (tool, fingerprint) -> the latest key dispatched with them, for the
-    /// duplicate guard. Validated on every read, so a stale entry is harmless.
+    /// (tool, fingerprint prefix) -> the latest key dispatched with them,
+    /// for the duplicate guard: a pointer, checked against the attempt's
+    /// full request on every read, so a stale entry is harmless.
     dup_index: HashMap<(String, Vec<u8>), String>,
     /// When an attempt was last settled: retention runs from the later of
     /// this and the permit's expiry.
@@ -203,7 +204,7 @@ impl Ledger {
         };
         if permit.duplicate_guard.mode != GuardMode::Off {
             self.dup_index.insert(
-                (cmd.tool.clone(), cmd.request_fingerprint.clone()),
+                dup_key(&cmd.tool, &cmd.request_fingerprint),
                 cmd.idempotency_key.clone(),
             );
         }
@@ -374,7 +375,7 @@ impl Ledger {
                 let attempt = self.attempts.get_mut(key).expect("checked");
                 attempt.state = AttemptState::Released;
                 let tool = attempt.tool.clone();
-                let index_key = (tool.clone(), attempt.request_fingerprint.clone());
+                let index_key = dup_key(&tool, &attempt.request_fingerprint);
                 let fallback = attempt.duplicate_of.clone();
                 if let Some(calls) = self.calls.get_mut(&tool) {
                     *calls -= 1;
@@ -406,9 +407,7 @@ impl Ledger {
         if guard.mode == GuardMode::Off {
             return None;
         }
-        let key = self
-            .dup_index
-            .get(&(tool.to_owned(), fingerprint.to_vec()))?;
+        let key = self.dup_index.get(&dup_key(tool, fingerprint))?;
         let earlier = self.attempts.get(key)?;
         let live = earlier.tool == tool
             && earlier.request_fingerprint == fingerprint
@@ -416,4 +415,14 @@ impl Ledger {
             && now - earlier.created_at < guard.window_ms;
         live.then(|| key.clone())
     }
+}
+
+/// The duplicate guard's index key: the tool and the first 8 bytes of the
+/// fingerprint (fingerprints are hashes; the full one is compared on read).
+/// The Redis store keys its index the same way (lib.lua: dup_field).
+fn dup_key(tool: &str, fingerprint: &[u8]) -> (String, Vec<u8>) {
+    (
+        tool.to_owned(),
+        fingerprint[..fingerprint.len().min(8)].to_vec(),
+    )
 }

@@ -5,7 +5,7 @@
 -- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup
 -- ARGV[1]  now (ms)                ARGV[2]  tool
 -- ARGV[3]  idempotency key         ARGV[4]  request fingerprint (bytes)
--- ARGV[5]  cost                    ARGV[6]  fresh attempt id (UUIDv7)
+-- ARGV[5]  cost                    ARGV[6]  fresh attempt id (UUIDv7, 16 bytes)
 --
 -- Returns one of
 --   {"DISPATCH", attempt, usage, duplicate_of or ""}  a fresh reservation
@@ -53,10 +53,10 @@ if not p[9] then
   return {'ERR', 'TOOL_NOT_IN_SCOPE'}
 end
 local gmode = tonumber(p[4])
-local dup_field = tool .. '\n' .. fp
+local dup_key = dup_field(tool, fp)
 local duplicate_of = ''
 if gmode ~= GUARD_OFF then
-  local earlier_key = redis.call('HGET', KEYS[4], dup_field)
+  local earlier_key = redis.call('HGET', KEYS[4], dup_key)
   if earlier_key then
     local earlier = load_attempt(KEYS[2], earlier_key)
     if earlier and earlier.tool == tool and earlier.fp == fp
@@ -89,7 +89,7 @@ local a = {
 save_attempt(KEYS[2], key, a)
 redis.call('ZADD', KEYS[3], 0, key)
 if gmode ~= GUARD_OFF then
-  redis.call('HSET', KEYS[4], dup_field, key)
+  redis.call('HSET', KEYS[4], dup_key, key)
 end
 redis.call('HINCRBY', KEYS[1], 'n:' .. tool, 1)
 redis.call('HINCRBY', KEYS[1], 'reserved', ARGV[5])

@@ -7,9 +7,12 @@
 --       status, created, budget (absent = unlimited),
 --       t:<tool> (in scope; value = cap, "" = no cap), n:<tool> (slots held),
 --       committed, reserved, open (number of RESERVED/UNCERTAIN attempts)
---   <prefix>:{P}:attempts  HASH  idempotency key -> attempt (cmsgpack array)
+--   <prefix>:{P}:attempts  HASH  idempotency key -> attempt (cmsgpack array;
+--       attempt and receipt ids as their 16 raw bytes)
 --   <prefix>:{P}:open      ZSET  keys of RESERVED/UNCERTAIN attempts (score 0)
---   <prefix>:{P}:dup       HASH  tool .. "\n" .. fingerprint -> latest key
+--   <prefix>:{P}:dup       HASH  tool .. "\n" .. first 8 bytes of the
+--       fingerprint -> latest key (a pointer, checked against the attempt's
+--       full fingerprint on every read)
 --
 -- Every script validates everything before its first write (Lua has no
 -- rollback) and returns business outcomes as values: {"ERR", REASON, ...}.
@@ -68,6 +71,11 @@ local function attempt_reply(a, key, now)
 end
 
 -- Usage of one tool: {tool, calls_made, has_limit, limit, has_budget, remaining}.
+-- The duplicate guard's index field: the tool and a fingerprint prefix.
+local function dup_field(tool, fp)
+  return tool .. '\n' .. string.sub(fp, 1, 8)
+end
+
 local function usage_reply(permit_key, tool)
   local u = redis.call('HMGET', permit_key, 'n:' .. tool, 't:' .. tool,
     'budget', 'committed', 'reserved')

@@ -4,7 +4,7 @@
 --
 -- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
 -- ARGV[1]  now (ms)                ARGV[2]  idempotency key
--- ARGV[3]  attempt id              ARGV[4]  reason (non-empty)
+-- ARGV[3]  attempt id (16 bytes)   ARGV[4]  reason (non-empty)
 --
 -- Returns {"OK", attempt}, or {"ERR", "PERMIT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_NOT_FOUND"} |

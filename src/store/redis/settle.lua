@@ -6,11 +6,11 @@
 -- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
 -- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup
 -- ARGV[1]  now (ms)                ARGV[2]  idempotency key
--- ARGV[3]  attempt id ("" for Resolve: the operator settles whatever attempt the key holds)
+-- ARGV[3]  attempt id, 16 bytes ("" for Resolve: the operator settles whatever attempt the key holds)
 -- ARGV[4]  "succeeded" | "failed" | "not_sent"
 -- ARGV[5]  result (succeeded) or reason (failed)
 -- ARGV[6]  actual cost ("" = the reserved cost)
--- ARGV[7]  fresh receipt id       ARGV[8]  "holder" | "operator"
+-- ARGV[7]  fresh receipt id (16 bytes)  ARGV[8]  "holder" | "operator"
 -- ARGV[9]  retention (ms)
 --
 -- Returns {"OK", attempt, usage}, or {"ERR", "PERMIT_NOT_FOUND"} |
@@ -77,12 +77,12 @@ elseif outcome == 'failed' then
 else
   a.state = RELEASED
   redis.call('HINCRBY', KEYS[1], 'n:' .. a.tool, -1)
-  local dup_field = a.tool .. '\n' .. a.fp
-  if redis.call('HGET', KEYS[4], dup_field) == key then
+  local dup_key = dup_field(a.tool, a.fp)
+  if redis.call('HGET', KEYS[4], dup_key) == key then
     if a.dup_of ~= '' then
-      redis.call('HSET', KEYS[4], dup_field, a.dup_of)
+      redis.call('HSET', KEYS[4], dup_key, a.dup_of)
     else
-      redis.call('HDEL', KEYS[4], dup_field)
+      redis.call('HDEL', KEYS[4], dup_key)
     end
   end
 end
