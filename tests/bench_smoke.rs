@@ -1,0 +1,43 @@
+//! A smoke check that the load generator still works end to end against
+//! the real binary. It asserts no speed: benchmarks are not tests
+//! (scripts/bench.sh measures; docs/performance.md reports).
+
+mod support;
+
+use std::process::Command;
+use support::Process;
+
+#[test]
+fn atmost_bench_runs_every_scenario_against_the_real_server() {
+    let server = Process::spawn::<&str>(&[]);
+    let json = std::env::temp_dir().join(format!("atmost-bench-{}.jsonl", uuid::Uuid::now_v7()));
+    for scenario in ["health", "authorize", "cycle", "replay", "contended"] {
+        let status = Command::new(env!("CARGO_BIN_EXE_atmost-bench"))
+            .args(["--target", &format!("http://{}", server.addr())])
+            .args([
+                "--scenario",
+                scenario,
+                "--duration",
+                "300ms",
+                "--warmup",
+                "0s",
+            ])
+            .args(["--concurrency", "8", "--permits", "2"])
+            .arg("--json")
+            .arg(&json)
+            .status()
+            .expect("run atmost-bench");
+        assert!(status.success(), "{scenario}: {status:?}");
+    }
+    let lines = std::fs::read_to_string(&json).expect("results");
+    let _ = std::fs::remove_file(&json);
+    let rows: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(rows.len(), 5);
+    for row in rows {
+        assert!(row["requests"].as_u64().unwrap_or(0) > 0, "{row}");
+        assert_eq!(row["errors"].as_u64(), Some(0), "{row}");
+    }
+}
