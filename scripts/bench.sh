@@ -89,29 +89,28 @@ RPS=$(tail -n 1 "$OUT/redis-benchmark.csv" | cut -d, -f2 | tr -d '"')
 record redis_evalsha_rps "$RPS"
 rcli FLUSHALL >/dev/null
 
+# Runs the store scenarios against the running atmost, labelled $1.
+store_scenarios() {
+  local label=$1 start end
+  start=$(cpu_ticks "$ATMOST_PID")
+  bench "$label" authorize
+  end=$(cpu_ticks "$ATMOST_PID")
+  record "${label}_authorize_cpu_ticks" $((end - start))
+  bench "$label" cycle
+  bench "$label" replay
+  bench "$label" contended
+  record "${label}_peak_rss_kib" "$(peak_rss_kib "$ATMOST_PID")"
+}
+
 echo "== (b) gRPC ceiling and (c) the memory store"
 start_atmost --store memory
 bench memory health
-START=$(cpu_ticks "$ATMOST_PID")
-bench memory authorize
-END=$(cpu_ticks "$ATMOST_PID")
-record memory_authorize_cpu_ticks $((END - START))
-bench memory cycle
-bench memory replay
-bench memory contended
-record memory_peak_rss_kib "$(peak_rss_kib "$ATMOST_PID")"
+store_scenarios memory
 stop_atmost
 
 echo "== (c) the Redis store"
 start_atmost --store redis --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-prefix bench
-START=$(cpu_ticks "$ATMOST_PID")
-bench redis authorize
-END=$(cpu_ticks "$ATMOST_PID")
-record redis_authorize_cpu_ticks $((END - START))
-bench redis cycle
-bench redis replay
-bench redis contended
-record redis_peak_rss_kib "$(peak_rss_kib "$ATMOST_PID")"
+store_scenarios redis
 
 echo "== Redis memory per finished attempt (100 000 Authorize + Commit Succeeded, 16-byte results)"
 rcli FLUSHALL >/dev/null

@@ -75,7 +75,7 @@ def summary(path, clk_tck):
             continue
         # CPU was read over warmup and measurement; requests are estimated
         # over the same span from the measured rate.
-        total = r["throughput_rps"] * (r["duration_s"] + 2.0)
+        total = r["throughput_rps"] * (r["duration_s"] + r.get("warmup_s", 0.0))
         micros = ticks / float(clk_tck) / total * 1e6
         print(f"  {mark(micros <= 30)} server CPU per Authorize ({store}): {micros:.1f} us (target <= 30)")
         rss = m.get(f"{store}_peak_rss_kib")

@@ -66,6 +66,16 @@ fn state(a: &pb::Attempt) -> AttemptState {
     a.state()
 }
 
+/// (committed, reserved, remaining) of a permit's budget, as GetPermit reads it.
+async fn budget(h: &Harness, permit_id: &str) -> (i64, i64, Option<i64>) {
+    let got = h.get(permit_id).await.expect("get");
+    (
+        got.budget_committed,
+        got.budget_reserved,
+        got.budget_remaining,
+    )
+}
+
 async fn usage_of(h: &Harness, permit_id: &str, tool: &str) -> pb::Usage {
     h.get(permit_id)
         .await
@@ -333,15 +343,7 @@ async fn failed_refunds_cost_and_keeps_slot(h: Harness) {
         state(replay.attempt.as_ref().expect("a")),
         AttemptState::Failed
     );
-    let got = h.get(&permit).await.expect("get");
-    assert_eq!(
-        (
-            got.budget_committed,
-            got.budget_reserved,
-            got.budget_remaining
-        ),
-        (0, 0, Some(10))
-    );
+    assert_eq!(budget(&h, &permit).await, (0, 0, Some(10)));
 }
 
 async fn not_sent_returns_slot_and_frees_key(h: Harness) {
@@ -572,15 +574,7 @@ async fn budget_exceeded_reports_amounts(h: Harness) {
     );
     // Exactly what is left still fits.
     h.dispatch(&permit, "t", "k4", b"4", 1).await;
-    let got = h.get(&permit).await.expect("get");
-    assert_eq!(
-        (
-            got.budget_committed,
-            got.budget_reserved,
-            got.budget_remaining
-        ),
-        (2, 3, Some(0))
-    );
+    assert_eq!(budget(&h, &permit).await, (2, 3, Some(0)));
 }
 
 async fn actual_cost_defaults_and_may_not_exceed_reservation(h: Harness) {
@@ -594,15 +588,7 @@ async fn actual_cost_defaults_and_may_not_exceed_reservation(h: Harness) {
     assert_eq!(violated_fields(&status), vec!["succeeded.actual_cost"]);
     let r = h.commit(&a, succeeded(b"", Some(6))).await.expect("commit");
     assert_eq!(r.attempt.expect("a").receipt.expect("r").cost, 6);
-    let got = h.get(&permit).await.expect("get");
-    assert_eq!(
-        (
-            got.budget_committed,
-            got.budget_reserved,
-            got.budget_remaining
-        ),
-        (6, 0, Some(94))
-    );
+    assert_eq!(budget(&h, &permit).await, (6, 0, Some(94)));
     // Without actual_cost the reserved cost is committed, and a repeat
     // without it matches a commit that named it.
     let b = h.dispatch(&permit, "t", "k2", b"fp2", 10).await;
@@ -1324,13 +1310,5 @@ async fn unlimited_budget_stops_at_the_accounting_ceiling(h: Harness) {
         .await
         .expect("commit");
     h.dispatch(&permit, "t", "k2", b"2", 1).await;
-    let got = h.get(&permit).await.expect("get");
-    assert_eq!(
-        (
-            got.budget_committed,
-            got.budget_reserved,
-            got.budget_remaining
-        ),
-        (MAX_AMOUNT - 1, 1, None)
-    );
+    assert_eq!(budget(&h, &permit).await, (MAX_AMOUNT - 1, 1, None));
 }

@@ -433,6 +433,7 @@ fn report(args: &Args, tally: &Tally, elapsed: Duration) -> Result<(), Box<dyn s
             "concurrency": args.concurrency,
             "target_rate": args.rate,
             "duration_s": elapsed.as_secs_f64(),
+            "warmup_s": if args.requests.is_some() { 0.0 } else { args.warmup.as_secs_f64() },
             "requests": requests,
             "rpcs_per_request": rpcs_per_request,
             "throughput_rps": throughput,
