@@ -91,11 +91,15 @@ rcli FLUSHALL >/dev/null
 
 # Runs the store scenarios against the running atmost, labelled $1.
 store_scenarios() {
-  local label=$1 start end
-  start=$(cpu_ticks "$ATMOST_PID")
+  local label=$1 start end n=${CPU_REQUESTS:-200000}
   bench "$label" authorize
+  # CPU per Authorize: the server's CPU over exactly n Authorize calls.
+  start=$(cpu_ticks "$ATMOST_PID")
+  "$BIN/atmost-bench" --target "$ATMOST_URL" --scenario authorize --requests "$n" \
+    --concurrency "$CONCURRENCY" --label "$label-cpu" >/dev/null
   end=$(cpu_ticks "$ATMOST_PID")
   record "${label}_authorize_cpu_ticks" $((end - start))
+  record "${label}_authorize_cpu_requests" "$n"
   bench "$label" cycle
   bench "$label" replay
   bench "$label" contended

@@ -70,8 +70,8 @@ struct ServeArgs {
     /// How long in-flight RPCs may take to finish on SIGTERM or Ctrl-C.
     #[arg(long, env = "ATMOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
-    /// Requests waiting on the store at once; more are shed at once with
-    /// UNAVAILABLE / OVERLOADED, so latency stays bounded past peak load.
+    /// Requests waiting on the store at once; more are refused at once with
+    /// UNAVAILABLE / OVERLOADED instead of queueing behind the store.
     #[arg(long, env = "ATMOST_MAX_IN_FLIGHT", default_value_t = atmost::server::DEFAULT_MAX_IN_FLIGHT)]
     max_in_flight: usize,
     /// Tokio worker threads (default: the CPUs this process may use,

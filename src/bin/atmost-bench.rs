@@ -4,8 +4,10 @@
 //! Drives one scenario against a running atmost, closed-loop (N requests in
 //! flight) or open-loop (`--rate`: requests start on a fixed schedule and
 //! latency is measured from the scheduled start, so a slow server cannot
-//! hide behind fewer requests: no coordinated omission). Prints one line,
-//! and with `--json FILE` appends the result as one JSON object.
+//! hide behind fewer requests; requests the generator itself could not
+//! start, past its own in-flight limit, are counted as
+//! CLIENT_IN_FLIGHT_LIMIT errors, not as latencies). Prints one line, and
+//! with `--json FILE` appends the result as one JSON object.
 //!
 //! ```text
 //! atmost-bench --scenario authorize --concurrency 64 --duration 10s
@@ -437,6 +439,7 @@ fn report(args: &Args, tally: &Tally, elapsed: Duration) -> Result<(), Box<dyn s
             "requests": requests,
             "rpcs_per_request": rpcs_per_request,
             "throughput_rps": throughput,
+            "ok_rps": (requests - errors.min(requests)) as f64 / elapsed.as_secs_f64(),
             "errors": errors,
             "error_kinds": tally.errors,
             "p50_us": q(0.5),

@@ -161,7 +161,9 @@ async fn call<T>(
             ctx.counters.transport.fetch_add(1, Ordering::Relaxed);
             None
         }
-        Ok(Err(s)) if reason(&s) == "STORE_UNAVAILABLE" => None,
+        // The store could not answer (unknown), or the request was shed
+        // before it reached the store (nothing happened): retry either way.
+        Ok(Err(s)) if matches!(reason(&s).as_str(), "STORE_UNAVAILABLE" | "OVERLOADED") => None,
         Ok(r) => Some(r.map(tonic::Response::into_inner)),
     }
 }
@@ -367,9 +369,12 @@ async fn act(
             Some(Err(status)) => {
                 let why = reason(&status);
                 if action == Action::NotSent && why == "ATTEMPT_STATE_CONFLICT" {
-                    // The lease passed first: it is UNCERTAIN now, held.
+                    // The lease passed first: it is UNCERTAIN now, held, and
+                    // the NotSent released nothing: it no longer excuses a
+                    // second DISPATCH of this key.
                     record.went_uncertain = true;
                     record.confirmed = true;
+                    h.not_sent_sent.remove(&attempt.attempt_id);
                 } else {
                     violations.push(format!("{key}: {action:?} answered {why}: {status:?}"));
                 }
@@ -837,7 +842,8 @@ async fn run(args: Args) -> Result<usize, Box<dyn std::error::Error>> {
         killer.await?;
     }
     // Let every lease pass: each open attempt is then UNCERTAIN, and listed.
-    tokio::time::sleep(args.lease + Duration::from_millis(500)).await;
+    // (plus the replicas' store deadline, so a late script run has landed).
+    tokio::time::sleep(args.lease + Duration::from_millis(2_500)).await;
     violations.extend(check(&channels[0], &permits, &caps, &budgets, &keys).await);
 
     let c = &ctx.counters;
