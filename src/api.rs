@@ -58,8 +58,3 @@ impl Ctx {
         }
     }
 }
-
-/// A fresh UUIDv7: permit, attempt and receipt ids.
-pub fn new_id() -> String {
-    uuid::Uuid::now_v7().hyphenated().to_string()
-}

@@ -74,6 +74,16 @@ pub fn canonical_id(id: &str) -> Option<String> {
         .map(|u| u.hyphenated().to_string())
 }
 
+/// A fresh UUIDv7 for a permit, attempt or receipt, whose timestamp is
+/// `now` (not the system time, so an injected clock governs it too): the
+/// Redis store reads an attempt's creation time and a receipt's issue time
+/// from their ids instead of storing each twice.
+pub fn new_id(now: Millis) -> String {
+    let ms = u64::try_from(now).unwrap_or(0);
+    let ts = uuid::Timestamp::from_unix(uuid::NoContext, ms / 1000, (ms % 1000) as u32 * 1_000_000);
+    uuid::Uuid::new_v7(ts).hyphenated().to_string()
+}
+
 /// Collects field violations and turns them into one [`Error::InvalidRequest`].
 #[derive(Debug, Default)]
 pub(crate) struct Violations(Vec<Violation>);

@@ -219,11 +219,8 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
     // Permit 2 is never created: every operation on it must fail alike.
     permits.push(permit_of(2, &configs[0]));
     let mut now = T0;
-    let mut ids = 0u128;
-    let mut fresh = || {
-        ids += 1;
-        uuid::Uuid::from_u128(ids).to_string()
-    };
+    // Ids carry their creation time, as the service makes them.
+    let fresh = |now| atmost::domain::new_id(now);
     // The attempt id each key last received, as a holder would keep it.
     let mut held: HashMap<(usize, usize), String> = HashMap::new();
 
@@ -243,7 +240,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     request_fingerprint: fingerprint(*fp),
                     cost: *cost,
                 };
-                let id = fresh();
+                let id = fresh(now);
                 let a = model.authorize(&cmd, now, id.clone()).await;
                 let b = redis.authorize(&cmd, now, id).await;
                 if let Ok(r) = &a {
@@ -271,7 +268,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     attempt_id,
                     outcome: outcome.clone(),
                 };
-                let id = fresh();
+                let id = fresh(now);
                 let a = model.commit(&cmd, now, id.clone()).await.map(|mut s| {
                     s.attempt = visible(s.attempt);
                     s
@@ -307,7 +304,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     idempotency_key: KEYS[*key].into(),
                     outcome: outcome.clone(),
                 };
-                let id = fresh();
+                let id = fresh(now);
                 let a = model.resolve(&cmd, now, id.clone()).await.map(|mut s| {
                     s.attempt = visible(s.attempt);
                     s

@@ -1,7 +1,8 @@
 //! `atmost.v1.Gate`: Authorize, Commit, MarkUncertain.
 
-use super::{Ctx, convert, new_id, status::to_status};
+use super::{Ctx, convert, status::to_status};
 use crate::domain::Decision;
+use crate::domain::new_id;
 use crate::pb::{self, gate_server::Gate};
 use crate::store::Store;
 use tonic::{Request, Response, Status};
@@ -27,7 +28,7 @@ impl Gate for GateService {
         let now = self.ctx.clock.now();
         let authorized = self
             .ctx
-            .call(self.ctx.store.authorize(&cmd, now, new_id()))
+            .call(self.ctx.store.authorize(&cmd, now, new_id(now)))
             .await
             .map_err(to_status)?;
         if let (Decision::Dispatch, Some(earlier_key)) =
@@ -61,7 +62,7 @@ impl Gate for GateService {
         let now = self.ctx.clock.now();
         let settled = self
             .ctx
-            .call(self.ctx.store.commit(&cmd, now, new_id()))
+            .call(self.ctx.store.commit(&cmd, now, new_id(now)))
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::CommitResponse {

@@ -1,7 +1,8 @@
 //! `atmost.v1.Permits`: CreatePermit, GetPermit, RevokePermit,
 //! ListUncertain, Resolve.
 
-use super::{Ctx, convert, new_id, status::to_status};
+use super::{Ctx, convert, status::to_status};
+use crate::domain::new_id;
 use crate::domain::{Error, invalid, validate_permit_id};
 use crate::pb::{self, permits_server::Permits};
 use crate::store::Store;
@@ -30,7 +31,7 @@ impl Permits for PermitsService {
     ) -> Result<Response<pb::Permit>, Status> {
         let now = self.ctx.clock.now();
         let permit = convert::permit_spec(request.into_inner().permit)
-            .and_then(|spec| spec.into_permit(new_id(), now))
+            .and_then(|spec| spec.into_permit(new_id(now), now))
             .map_err(to_status)?;
         let permit = self
             .ctx
@@ -109,7 +110,7 @@ impl Permits for PermitsService {
         let now = self.ctx.clock.now();
         let settled = self
             .ctx
-            .call(self.ctx.store.resolve(&cmd, now, new_id()))
+            .call(self.ctx.store.resolve(&cmd, now, new_id(now)))
             .await
             .map_err(to_status)?;
         tracing::info!(

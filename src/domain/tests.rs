@@ -5,6 +5,24 @@
 use super::*;
 
 #[test]
+fn ids_carry_the_clock_time_in_milliseconds() {
+    for now in [0, 1, 999, 1_767_225_600_123, (1 << 48) - 1] {
+        let id = uuid::Uuid::parse_str(&super::new_id(now)).expect("a uuid");
+        assert_eq!(id.get_version_num(), 7);
+        // What lib.lua's id_ms reads: the first 48 bits, big-endian.
+        let ms = id.as_bytes()[..6]
+            .iter()
+            .fold(0i64, |ms, b| ms * 256 + i64::from(*b));
+        assert_eq!(ms, now);
+    }
+    assert_ne!(
+        super::new_id(5),
+        super::new_id(5),
+        "ids at the same time differ"
+    );
+}
+
+#[test]
 fn tool_names_are_bounded_and_restricted() {
     assert!(valid_tool("payments.charge:v2/eu-west_1"));
     assert!(valid_tool(&"t".repeat(MAX_TOOL_LEN)));

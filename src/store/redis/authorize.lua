@@ -5,7 +5,8 @@
 -- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup
 -- ARGV[1]  now (ms)                ARGV[2]  tool
 -- ARGV[3]  idempotency key         ARGV[4]  request fingerprint (bytes)
--- ARGV[5]  cost                    ARGV[6]  fresh attempt id (UUIDv7, 16 bytes)
+-- ARGV[5]  cost                    ARGV[6]  fresh attempt id (16 bytes: a
+--          UUIDv7 made at `now`, which is the attempt's creation time)
 --
 -- Returns one of
 --   {"DISPATCH", attempt, usage, duplicate_of or ""}  a fresh reservation
@@ -38,7 +39,7 @@ end
 -- 2. A new key: found -> not revoked -> not expired -> in scope ->
 --    duplicate guard -> cap -> budget.
 local p = redis.call('HMGET', KEYS[1], 'exp', 'status', 'lease', 'gmode',
-  'gwin', 'budget', 'committed', 'reserved', 't:' .. tool, 'n:' .. tool)
+  'gwin', 'budget', 'committed', 'reserved', 't:' .. tool, 'n:' .. tool, 'open')
 if not p[1] then
   return {'ERR', 'PERMIT_NOT_FOUND'}
 end
@@ -49,13 +50,15 @@ end
 if now >= exp then
   return {'ERR', 'PERMIT_EXPIRED', p[1]}
 end
-if not p[9] then
+local cap = p[9]
+if not cap then
   return {'ERR', 'TOOL_NOT_IN_SCOPE'}
 end
 local gmode = tonumber(p[4])
-local dup_key = dup_field(tool, fp)
+local dup_key
 local duplicate_of = ''
 if gmode ~= GUARD_OFF then
+  dup_key = dup_field(tool, fp)
   local earlier_key = redis.call('HGET', KEYS[4], dup_key)
   if earlier_key then
     local earlier = load_attempt(KEYS[2], earlier_key)
@@ -70,30 +73,35 @@ if gmode ~= GUARD_OFF then
   end
 end
 local calls = tonumber(p[10] or 0)
-if p[9] ~= '' and calls >= tonumber(p[9]) then
-  return {'ERR', 'PERMIT_MAX_CALLS_EXCEEDED', p[9], int(calls)}
+if cap ~= '' and calls >= tonumber(cap) then
+  return {'ERR', 'PERMIT_MAX_CALLS_EXCEEDED', cap, int(calls)}
 end
 -- Without a budget, totals still stop at the accounting ceiling 2^53-1.
 local committed, reserved = tonumber(p[7] or 0), tonumber(p[8] or 0)
-local budget = p[6] or MAX_AMOUNT
-if committed + reserved + cost > tonumber(budget) then
-  return {'ERR', 'PERMIT_BUDGET_EXCEEDED', budget, int(committed), int(reserved)}
+if committed + reserved + cost > tonumber(p[6] or MAX_AMOUNT) then
+  return {'ERR', 'PERMIT_BUDGET_EXCEEDED', p[6] or MAX_AMOUNT, int(committed),
+    int(reserved)}
 end
 
 -- Everything checked: reserve the slot and the cost, record the attempt.
+local created = id_ms(ARGV[6])
 local a = {
   id = ARGV[6], tool = tool, fp = fp, cost = cost, state = RESERVED,
-  created = now, lease = now + tonumber(p[3]), receipt_id = '', result = '',
-  actual = 0, issued = 0, failure = '', ureason = '', dup_of = duplicate_of,
+  created = created, lease = now + tonumber(p[3]), receipt_id = '',
+  result = '', actual = 0, issued = 0, failure = '', ureason = '',
+  dup_of = duplicate_of,
 }
 save_attempt(KEYS[2], key, a)
 redis.call('ZADD', KEYS[3], 0, key)
-if gmode ~= GUARD_OFF then
+if dup_key then
   redis.call('HSET', KEYS[4], dup_key, key)
 end
-redis.call('HINCRBY', KEYS[1], 'n:' .. tool, 1)
-redis.call('HINCRBY', KEYS[1], 'reserved', ARGV[5])
-if redis.call('HINCRBY', KEYS[1], 'open', 1) == 1 then
+calls, reserved = calls + 1, reserved + cost
+local open = tonumber(p[11] or 0) + 1
+redis.call('HSET', KEYS[1], 'n:' .. tool, int(calls), 'reserved', int(reserved),
+  'open', int(open))
+if open == 1 then
   pin(KEYS)
 end
-return {'DISPATCH', attempt_reply(a, key, now), usage_reply(KEYS[1], tool), duplicate_of}
+return {'DISPATCH', attempt_reply(a, key, now),
+  usage(tool, calls, cap, p[6], committed, reserved), duplicate_of}

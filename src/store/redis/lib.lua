@@ -8,11 +8,11 @@
 --       t:<tool> (in scope; value = cap, "" = no cap), n:<tool> (slots held),
 --       committed, reserved, open (number of RESERVED/UNCERTAIN attempts)
 --   <prefix>:{P}:attempts  HASH  idempotency key -> attempt (cmsgpack array;
---       attempt and receipt ids as their 16 raw bytes)
+--       attempt and receipt ids as their 16 raw bytes; see save_attempt)
 --   <prefix>:{P}:open      ZSET  keys of RESERVED/UNCERTAIN attempts (score 0)
---   <prefix>:{P}:dup       HASH  tool .. "\n" .. first 8 bytes of the
---       fingerprint -> latest key (a pointer, checked against the attempt's
---       full fingerprint on every read)
+--   <prefix>:{P}:dup       HASH  48-bit hash of tool and fingerprint ->
+--       latest key (a pointer, checked against the attempt's tool and full
+--       fingerprint on every read, so a collision only loses a pointer)
 --
 -- Every script validates everything before its first write (Lua has no
 -- rollback) and returns business outcomes as values: {"ERR", REASON, ...}.
@@ -30,26 +30,44 @@ local function int(n)
   return string.format('%d', n)
 end
 
--- Attempt record, as a cmsgpack array in this order.
+-- The millisecond timestamp of a UUIDv7 (its first 48 bits, big-endian).
+-- Attempt and receipt ids are made from the service's clock at creation and
+-- at issue (domain::new_id), so the record need not repeat those times.
+local function id_ms(id)
+  local b1, b2, b3, b4, b5, b6 = string.byte(id, 1, 6)
+  return ((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6
+end
+
+-- Attempt record, a cmsgpack array: id, tool, fp, cost, state, lease - created,
+-- receipt_id, result, actual, failure, ureason, dup_of, with trailing empty
+-- values ('' or 0) left off. created and issued come from the ids.
 local function load_attempt(attempts_key, key)
   local raw = redis.call('HGET', attempts_key, key)
   if not raw then
     return nil
   end
   local t = cmsgpack.unpack(raw)
+  local created, receipt_id = id_ms(t[1]), t[7] or ''
   return {
     id = t[1], tool = t[2], fp = t[3], cost = t[4], state = t[5],
-    created = t[6], lease = t[7], receipt_id = t[8], result = t[9],
-    actual = t[10], issued = t[11], failure = t[12], ureason = t[13],
-    dup_of = t[14],
+    created = created, lease = created + t[6], receipt_id = receipt_id,
+    result = t[8] or '', actual = t[9] or 0,
+    issued = receipt_id ~= '' and id_ms(receipt_id) or 0,
+    failure = t[10] or '', ureason = t[11] or '', dup_of = t[12] or '',
   }
 end
 
 local function save_attempt(attempts_key, key, a)
-  redis.call('HSET', attempts_key, key, cmsgpack.pack({
-    a.id, a.tool, a.fp, a.cost, a.state, a.created, a.lease, a.receipt_id,
-    a.result, a.actual, a.issued, a.failure, a.ureason, a.dup_of,
-  }))
+  local t = {
+    a.id, a.tool, a.fp, a.cost, a.state, a.lease - a.created, a.receipt_id,
+    a.result, a.actual, a.failure, a.ureason, a.dup_of,
+  }
+  local n = #t
+  while n > 6 and (t[n] == '' or t[n] == 0) do
+    t[n] = nil
+    n = n - 1
+  end
+  redis.call('HSET', attempts_key, key, cmsgpack.pack(t))
 end
 
 -- A RESERVED attempt whose lease has passed IS uncertain, for every reader.
@@ -70,24 +88,33 @@ local function attempt_reply(a, key, now)
   }
 end
 
--- Usage of one tool: {tool, calls_made, has_limit, limit, has_budget, remaining}.
--- The duplicate guard's index field: the tool and a fingerprint prefix.
+-- The duplicate guard's index field: 48 bits of SHA-1 over the tool and the
+-- fingerprint (12 characters: the smallest allocation Redis makes for it).
 local function dup_field(tool, fp)
-  return tool .. '\n' .. string.sub(fp, 1, 8)
+  return string.sub(redis.sha1hex(tool .. '\n' .. fp), 1, 12)
 end
 
+-- Usage of one tool, from the permit's fields as read or about to be written:
+-- {tool, calls_made, has_limit, limit, has_budget, remaining}. cap is the
+-- t:<tool> value ('' = no cap), budget nil when unlimited.
+local function usage(tool, calls, cap, budget, committed, reserved)
+  local limit = cap ~= '' and tonumber(cap)
+  local remaining = 0
+  if budget then
+    remaining = tonumber(budget) - committed - reserved
+  end
+  return {
+    tool, int(calls), limit and 1 or 0, int(limit or 0),
+    budget and 1 or 0, int(remaining),
+  }
+end
+
+-- The usage of one tool read from the permit hash.
 local function usage_reply(permit_key, tool)
   local u = redis.call('HMGET', permit_key, 'n:' .. tool, 't:' .. tool,
     'budget', 'committed', 'reserved')
-  local limit = u[2] and tonumber(u[2])
-  local remaining = 0
-  if u[3] then
-    remaining = tonumber(u[3]) - tonumber(u[4] or 0) - tonumber(u[5] or 0)
-  end
-  return {
-    tool, int(tonumber(u[1] or 0)), limit and 1 or 0, int(limit or 0),
-    u[3] and 1 or 0, int(remaining),
-  }
+  return usage(tool, tonumber(u[1] or 0), u[2] or '', u[3],
+    tonumber(u[4] or 0), tonumber(u[5] or 0))
 end
 
 -- Open attempts pin the permit's keys; once none is open they expire
@@ -100,8 +127,8 @@ local function pin(keys)
   end
 end
 
-local function unpin(keys, permit_key, retention, now)
-  local exp = math.max(tonumber(redis.call('HGET', permit_key, 'exp')), now)
+local function unpin(keys, exp, retention, now)
+  exp = math.max(exp, now)
   for i = 1, #keys do
     redis.call('PEXPIREAT', keys[i], int(exp + retention))
   end

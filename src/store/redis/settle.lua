@@ -10,7 +10,8 @@
 -- ARGV[4]  "succeeded" | "failed" | "not_sent"
 -- ARGV[5]  result (succeeded) or reason (failed)
 -- ARGV[6]  actual cost ("" = the reserved cost)
--- ARGV[7]  fresh receipt id (16 bytes)  ARGV[8]  "holder" | "operator"
+-- ARGV[7]  fresh receipt id (16 bytes: a UUIDv7 made at `now`, the issue
+--          time)                   ARGV[8]  "holder" | "operator"
 -- ARGV[9]  retention (ms)
 --
 -- Returns {"OK", attempt, usage}, or {"ERR", "PERMIT_NOT_FOUND"} |
@@ -20,10 +21,13 @@
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"succeeded","ok","","<uuid>","holder","86400000"}
 
 local now, key, outcome, payload = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[5]
-if redis.call('EXISTS', KEYS[1]) == 0 then
+local a = load_attempt(KEYS[2], key)
+local tool = a and a.tool or ''
+local p = redis.call('HMGET', KEYS[1], 'exp', 'budget', 'committed', 'reserved',
+  'open', 'n:' .. tool, 't:' .. tool)
+if not p[1] then
   return {'ERR', 'PERMIT_NOT_FOUND'}
 end
-local a = load_attempt(KEYS[2], key)
 if not a then
   return {'ERR', 'ATTEMPT_NOT_FOUND'}
 end
@@ -41,9 +45,12 @@ local actual = a.cost
 if ARGV[6] ~= '' then
   actual = tonumber(ARGV[6])
 end
+local calls, cap = tonumber(p[6] or 0), p[7] or ''
+local committed, reserved = tonumber(p[3] or 0), tonumber(p[4] or 0)
 
 local function answer()
-  return {'OK', attempt_reply(a, key, now), usage_reply(KEYS[1], a.tool)}
+  return {'OK', attempt_reply(a, key, now),
+    usage(tool, calls, cap, p[2], committed, reserved)}
 end
 
 if not settleable then
@@ -67,16 +74,16 @@ if outcome == 'not_sent' and state ~= RESERVED then
   return {'ERR', 'ATTEMPT_STATE_CONFLICT', state}
 end
 
-redis.call('HINCRBY', KEYS[1], 'reserved', int(-a.cost))
+reserved = reserved - a.cost
 if outcome == 'succeeded' then
-  redis.call('HINCRBY', KEYS[1], 'committed', int(actual))
+  committed = committed + actual
   a.state, a.receipt_id, a.result, a.actual, a.issued =
-    SUCCEEDED, ARGV[7], payload, actual, now
+    SUCCEEDED, ARGV[7], payload, actual, id_ms(ARGV[7])
 elseif outcome == 'failed' then
   a.state, a.failure = FAILED, payload
 else
   a.state = RELEASED
-  redis.call('HINCRBY', KEYS[1], 'n:' .. a.tool, -1)
+  calls = calls - 1
   local dup_key = dup_field(a.tool, a.fp)
   if redis.call('HGET', KEYS[4], dup_key) == key then
     if a.dup_of ~= '' then
@@ -88,9 +95,10 @@ else
 end
 save_attempt(KEYS[2], key, a)
 redis.call('ZREM', KEYS[3], key)
-local open = redis.call('HINCRBY', KEYS[1], 'open', -1)
-local reply = answer()
+local open = tonumber(p[5] or 0) - 1
+redis.call('HSET', KEYS[1], 'reserved', int(reserved), 'committed',
+  int(committed), 'n:' .. tool, int(calls), 'open', int(open))
 if open == 0 then
-  unpin(KEYS, KEYS[1], tonumber(ARGV[9]), now)
+  unpin(KEYS, tonumber(p[1]), tonumber(ARGV[9]), now)
 end
-return reply
+return answer()
