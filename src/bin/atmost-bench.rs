@@ -26,6 +26,11 @@ use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tonic_types::StatusExt;
 
+// The same allocator as the server: the generator shares the server's cores,
+// so its own malloc time would be taken from the server.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Scenario {
     /// Authorize with fresh keys on permits without caps.
