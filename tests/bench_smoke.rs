@@ -11,7 +11,12 @@ use support::Process;
 fn atmost_bench_runs_every_scenario_against_the_real_server() {
     let server = Process::spawn::<&str>(&[]);
     let json = std::env::temp_dir().join(format!("atmost-bench-{}.jsonl", uuid::Uuid::now_v7()));
-    for scenario in ["health", "authorize", "cycle", "replay", "contended"] {
+    // Every scenario closed-loop, then authorize open-loop (the pacer).
+    let runs = ["health", "authorize", "cycle", "replay", "contended"]
+        .map(|s| (s, None))
+        .into_iter()
+        .chain([("authorize", Some("500"))]);
+    for (scenario, rate) in runs {
         let status = Command::new(env!("CARGO_BIN_EXE_atmost-bench"))
             .args(["--target", &format!("http://{}", server.addr())])
             .args([
@@ -23,6 +28,7 @@ fn atmost_bench_runs_every_scenario_against_the_real_server() {
                 "0s",
             ])
             .args(["--concurrency", "8", "--permits", "2"])
+            .args(rate.map(|r| ["--rate", r]).into_iter().flatten())
             .arg("--json")
             .arg(&json)
             .status()
@@ -35,7 +41,7 @@ fn atmost_bench_runs_every_scenario_against_the_real_server() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("json line"))
         .collect();
-    assert_eq!(rows.len(), 5);
+    assert_eq!(rows.len(), 6);
     for row in rows {
         assert!(row["requests"].as_u64().unwrap_or(0) > 0, "{row}");
         assert_eq!(row["errors"].as_u64(), Some(0), "{row}");
