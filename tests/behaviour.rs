@@ -1017,6 +1017,21 @@ async fn duplicate_guard_log(h: Harness) {
         .await
         .expect("authorize");
     assert!(r.duplicate_of.is_empty(), "outside the window: {r:?}");
+    // Fingerprints that share their first bytes are still different
+    // requests, and one does not hide the other from the guard.
+    h.dispatch(&permit, "t", "k7", b"0123456789abcdef-a", 1)
+        .await;
+    for (key, fp, duplicate_of) in [
+        ("k8", &b"0123456789abcdef-b"[..], ""),
+        ("k9", b"0123456789abcdef-a", "k7"),
+        ("k10", b"0123456789abcdef-b", "k8"),
+    ] {
+        let r = h
+            .authorize(&permit, "t", key, fp, 1)
+            .await
+            .expect("authorize");
+        assert_eq!(r.duplicate_of, duplicate_of, "{key}");
+    }
 }
 
 async fn duplicate_guard_enforce(h: Harness) {

@@ -113,8 +113,8 @@ fn outcome(with_not_sent: bool) -> BoxedStrategy<Outcome> {
     }
 }
 
-/// Fingerprints 0 and 2 share their first 8 bytes (the duplicate guard's
-/// index prefix) but are different requests.
+/// Fingerprints 0 and 2 share their first 8 bytes but are different
+/// requests, which the duplicate guard must tell apart.
 fn fingerprint(n: u8) -> Vec<u8> {
     match n {
         2 => [[0u8; 8], [1u8; 8]].concat(),

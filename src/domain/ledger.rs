@@ -20,7 +20,7 @@ pub struct Ledger {
     reserved: i64,
     /// By idempotency key; ordered so listings page stably.
     attempts: BTreeMap<String, Attempt>,
-    /// (tool, fingerprint prefix) -> the latest key dispatched with them,
+    /// (tool, fingerprint) -> the latest key dispatched with them,
     /// for the duplicate guard: a pointer, checked against the attempt's
     /// full request on every read, so a stale entry is harmless.
     dup_index: HashMap<(String, Vec<u8>), String>,
@@ -417,12 +417,10 @@ impl Ledger {
     }
 }
 
-/// The duplicate guard's index key: the tool and the first 8 bytes of the
-/// fingerprint (fingerprints are hashes; the full one is compared on read).
-/// The Redis store keys its index the same way (lib.lua: dup_field).
+/// The duplicate guard's index key: the tool and the fingerprint. The Redis
+/// store keys its index by a 48-bit hash of the two (lib.lua: dup_field),
+/// where a collision can only overwrite a pointer: the guard may then miss
+/// a duplicate, never report a false one.
 fn dup_key(tool: &str, fingerprint: &[u8]) -> (String, Vec<u8>) {
-    (
-        tool.to_owned(),
-        fingerprint[..fingerprint.len().min(8)].to_vec(),
-    )
+    (tool.to_owned(), fingerprint.to_vec())
 }
