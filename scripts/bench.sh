@@ -5,6 +5,9 @@
 #   (a) Redis's ceiling: redis-benchmark running atmost's own authorize
 #       script by EVALSHA with random keys, at the same concurrency;
 #   (b) the gRPC ceiling: grpc.health.v1 Check against atmost (no store);
+#   the Redis connection strategy: the authorize script through one
+#       multiplexed connection and through deadpool pools (the example
+#       examples/redis_connections.rs);
 #   (c) authorize, cycle, replay and contended on the memory store and on
 #       the Redis store; server CPU per Authorize and peak RSS (from /proc);
 #       Redis memory per finished attempt; a latency-vs-throughput sweep.
@@ -27,7 +30,7 @@ command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null || {
   echo "bench.sh: needs redis-server and redis-benchmark (apt-get install redis-server)" >&2
   exit 1
 }
-cargo build --release --locked --bins >&2
+cargo build --release --locked --bins --example redis_connections >&2
 BIN=target/release
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -87,6 +90,11 @@ redis-benchmark -p "$REDIS_PORT" -c "$CONCURRENCY" -n "$REQUESTS" -r 1000000000 
   | tee "$OUT/redis-benchmark.csv"
 RPS=$(tail -n 1 "$OUT/redis-benchmark.csv" | cut -d, -f2 | tr -d '"')
 record redis_evalsha_rps "$RPS"
+rcli FLUSHALL >/dev/null
+
+echo "== Redis connection strategy: one multiplexed connection against deadpool pools"
+"$BIN/examples/redis_connections" --redis-url "redis://127.0.0.1:$REDIS_PORT" \
+  --concurrency "$CONCURRENCY" --requests "${CONN_REQUESTS:-100000}" --json "$RESULTS"
 rcli FLUSHALL >/dev/null
 
 # Runs the store scenarios against the running atmost, labelled $1.

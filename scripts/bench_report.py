@@ -24,7 +24,7 @@ def load(path):
 
 def find(runs, label, scenario, mode="closed"):
     for r in runs:
-        if r["label"] == label and r["scenario"] == scenario and r["mode"] == mode:
+        if r["label"] == label and r.get("scenario") == scenario and r.get("mode") == mode:
             return r
     return None
 
@@ -86,6 +86,13 @@ def summary(path, clk_tck):
         beyond = per_attempt - 16
         print(f"  {mark(beyond <= 300)} Redis memory per finished attempt: {per_attempt} B, "
               f"{beyond} B beyond its 16-byte result (target <= 300)")
+    conns = [r for r in runs if r["label"] == "redis-connections"]
+    if conns:
+        print()
+        print("Redis connection strategy (authorize script, same concurrency, client side):")
+        for r in conns:
+            print(f"  {r['strategy']:<12} {r['rps']:>8.0f}/s  p50 {r['p50_us']:>6}us p99 {r['p99_us']:>6}us  "
+                  f"client CPU {r['client_cpu_us_per_call']:.1f} us/call")
     sweep = sorted(
         (r for r in runs if r["label"].startswith("redis-sweep-")),
         key=lambda r: int(r["label"].rsplit("-", 1)[1]),
