@@ -50,6 +50,10 @@ pub const MAX_PERMITS_PER_PAGE: usize = 256;
 /// covers clock skew between replicas.
 pub const INDEX_SKEW_MARGIN_MS: Millis = 3_600_000;
 
+/// The stores' shared contract. Every id handed in (`attempt_id`,
+/// `receipt_id`) must be [`crate::domain::new_id`] of the same `now` the call
+/// carries: the Redis store reads an attempt's creation time and a receipt's
+/// issue time back from their ids.
 pub trait Store: Send + Sync + 'static {
     /// Stores a validated permit (its id is fresh).
     fn create_permit(&self, permit: Permit) -> impl Future<Output = Result<Permit, Error>> + Send;

@@ -202,6 +202,7 @@ impl Store for RedisStore {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
+        debug_assert_eq!(id_ms(&attempt_id), Some(now), "ids are new_id(now)");
         let k = self.keys(&cmd.permit_id);
         let mut inv = SCRIPTS.authorize.prepare_invoke();
         inv.key(&k.permit)
@@ -435,6 +436,7 @@ impl RedisStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
+        debug_assert_eq!(id_ms(&receipt_id), Some(now), "ids are new_id(now)");
         let k = self.keys(permit_id);
         let (kind, payload, actual_cost): (&str, &[u8], Option<i64>) = match outcome {
             Outcome::Succeeded {
@@ -568,6 +570,12 @@ fn id_bytes(id: &str) -> Vec<u8> {
 }
 
 // === decoding ===
+
+/// The millisecond timestamp a UUIDv7 id carries (lib.lua: id_ms).
+fn id_ms(id: &str) -> Option<Millis> {
+    let (secs, nanos) = uuid::Uuid::try_parse(id).ok()?.get_timestamp()?.to_unix();
+    Some(secs as Millis * 1000 + Millis::from(nanos / 1_000_000))
+}
 
 fn id_text(bytes: &[u8]) -> Result<String, Error> {
     if bytes.is_empty() {
