@@ -1,7 +1,7 @@
 #![forbid(unsafe_code)]
 //! The Redis connection strategy, measured (docs/performance.md): the
-//! authorize script as the Redis store sends it (lib.lua + authorize.lua,
-//! EVALSHA, a fresh key each call), driven by the same number of concurrent
+//! authorize script as the Redis store sends it (`script_text`, EVALSHA, a
+//! fresh key each call), driven by the same number of concurrent
 //! tasks through
 //!
 //! - `multiplexed`: one `redis::aio::ConnectionManager` shared by every task
@@ -18,6 +18,7 @@
 //! ```
 
 use atmost::domain::new_id;
+use atmost::store::redis::{script_body, script_text};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use redis::Script;
@@ -122,13 +123,22 @@ async fn drive(
                     .arg(1)
                     .arg(id.as_bytes().as_slice());
                 let started = Instant::now();
-                match strategy.eval(&inv).await {
-                    // Only a fresh reservation counts: anything else took a
-                    // shorter path through the script.
-                    Ok(redis::Value::Array(v))
-                        if v.first() == Some(&redis::Value::BulkString(b"DISPATCH".to_vec())) => {}
-                    other => panic!("expected a DISPATCH, got {other:?}"),
-                }
+                let reply = strategy.eval(&inv).await;
+                // Only a fresh reservation counts: anything else took a
+                // shorter path through the script. Unpacking the reply is
+                // part of the work, as in the Redis store.
+                let decision = match &reply {
+                    Ok(redis::Value::BulkString(packed)) => {
+                        match rmpv::decode::read_value(&mut packed.as_slice()) {
+                            Ok(rmpv::Value::Array(v)) => {
+                                v.first().and_then(|d| d.as_str().map(str::to_owned))
+                            }
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                assert_eq!(decision.as_deref(), Some("DISPATCH"), "{reply:?}");
                 hist.record(started.elapsed().as_micros() as u64)
                     .expect("record");
             }
@@ -164,10 +174,8 @@ async fn setup_permit(conn: &mut ConnectionManager, prefix: &str) -> redis::Redi
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let client = redis::Client::open(args.redis_url.as_str())?;
-    let script = Arc::new(Script::new(&format!(
-        "{}\n{}",
-        include_str!("../src/store/redis/lib.lua"),
-        include_str!("../src/store/redis/authorize.lua")
+    let script = Arc::new(Script::new(&script_text(
+        script_body("authorize").expect("the authorize script"),
     )));
     let mut strategies = vec![(
         "multiplexed".to_owned(),

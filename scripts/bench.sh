@@ -76,8 +76,8 @@ record() { # name value
 
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
 echo "== (a) Redis ceiling: EVALSHA of authorize.lua, c=$CONCURRENCY"
-# The script as atmost sends it: lib.lua, a newline, authorize.lua.
-SCRIPT=$(cat src/store/redis/lib.lua; echo; cat src/store/redis/authorize.lua)
+# The script exactly as atmost sends it (lib.lua, authorize.lua, the packing).
+SCRIPT=$("$BIN/atmost-bench" --print-script authorize)
 SHA=$(rcli SCRIPT LOAD "$SCRIPT")
 NOW_MS=$(($(date +%s) * 1000))
 P="ceiling:{00000000-0000-7000-8000-000000000000}"

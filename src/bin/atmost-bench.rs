@@ -51,8 +51,12 @@ struct Args {
     /// The atmost to load.
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     target: String,
-    #[arg(long, value_enum)]
-    scenario: Scenario,
+    #[arg(long, value_enum, required_unless_present = "print_script")]
+    scenario: Option<Scenario>,
+    /// Print one of atmost's Redis scripts exactly as the Redis store sends
+    /// it (e.g. `authorize`, for the benchmark's Redis ceiling) and exit.
+    #[arg(long, value_name = "NAME")]
+    print_script: Option<String>,
     /// Requests in flight (closed loop), or the most in flight (open loop).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -347,24 +351,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn generate(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(name) = &args.print_script {
+        let body = atmost::store::redis::script_body(name)
+            .ok_or_else(|| format!("no script named {name:?}"))?;
+        print!("{}", atmost::store::redis::script_text(body));
+        return Ok(());
+    }
+    let scenario = args.scenario.expect("clap requires a scenario");
     let mut channels = Vec::new();
     for _ in 0..args.connections.max(1) {
         channels.push(Channel::from_shared(args.target.clone())?.connect().await?);
     }
     let run = format!("r{}", uuid::Uuid::now_v7().simple());
-    let permits = match args.scenario {
+    let permits = match scenario {
         Scenario::Health => Vec::new(),
         Scenario::Contended => create_permits(&channels[0], 1, Some(1_000_000_000)).await,
         _ => create_permits(&channels[0], args.permits.max(1), None).await,
     };
     let mut plan = Plan {
-        scenario: args.scenario,
+        scenario,
         channels: channels.clone(),
         permits,
         replay_keys: Vec::new(),
         run: run.clone(),
     };
-    if let Scenario::Replay = args.scenario {
+    if let Scenario::Replay = scenario {
         // 10 000 keys that succeeded, replayed round-robin.
         let setup = Plan {
             scenario: Scenario::Cycle,
@@ -415,24 +426,25 @@ async fn generate(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(_) => started.elapsed(),
         None => args.duration,
     };
-    report(&args, &tally, elapsed)?;
+    report(&args, scenario, &tally, elapsed)?;
     Ok(())
 }
 
-fn report(args: &Args, tally: &Tally, elapsed: Duration) -> Result<(), Box<dyn std::error::Error>> {
+fn report(
+    args: &Args,
+    scenario: Scenario,
+    tally: &Tally,
+    elapsed: Duration,
+) -> Result<(), Box<dyn std::error::Error>> {
     let h = &tally.latency;
     let requests = h.len();
     let errors: u64 = tally.errors.values().sum();
-    let rpcs_per_request = if let Scenario::Cycle = args.scenario {
-        2
-    } else {
-        1
-    };
+    let rpcs_per_request = if let Scenario::Cycle = scenario { 2 } else { 1 };
     let throughput = requests as f64 / elapsed.as_secs_f64();
     let q = |p: f64| h.value_at_quantile(p);
     println!(
         "{:<10} {:<8} {:>10} {:>12.0}/s {:>8}us p50 {:>8}us p90 {:>8}us p99 {:>8}us p99.9 {:>8} errors{}",
-        format!("{:?}", args.scenario).to_lowercase(),
+        format!("{:?}", scenario).to_lowercase(),
         args.label,
         args.rate
             .map_or_else(|| format!("c={}", args.concurrency), |r| format!("r={r}")),
@@ -450,7 +462,7 @@ fn report(args: &Args, tally: &Tally, elapsed: Duration) -> Result<(), Box<dyn s
     );
     if let Some(path) = &args.json {
         let line = serde_json::json!({
-            "scenario": format!("{:?}", args.scenario).to_lowercase(),
+            "scenario": format!("{:?}", scenario).to_lowercase(),
             "label": args.label,
             "mode": if args.rate.is_some() { "open" } else { "closed" },
             "concurrency": args.concurrency,

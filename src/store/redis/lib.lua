@@ -1,5 +1,7 @@
--- lib.lua: helpers prepended to every atmost script (each script is sent as
--- lib.lua .. script.lua, so it stays one atomic EVALSHA).
+-- lib.lua: helpers prepended to every atmost script. Each script is sent as
+-- lib.lua, then its body as `local function main()`, then
+-- `return cmsgpack.pack(main())` (store/redis.rs: script_text): one atomic
+-- EVALSHA whose reply is one msgpack string of what the body returns.
 --
 -- Keys of one permit P (all share the hash tag, so one Cluster slot):
 --   <prefix>:{P}:permit    HASH  the permit and its usage counters:
