@@ -74,6 +74,11 @@ record() { # name value
   printf '{"metric":"%s","value":%s}\n' "$1" "$2" >>"$RESULTS"
 }
 
+# CPU time the hypervisor gave to others (steal) over the whole run: a
+# figure to read the others by on a shared virtual machine.
+cpu_totals() { awk '/^cpu / {t = 0; for (i = 2; i <= NF; i++) t += $i; print t, $9}' /proc/stat; }
+read -r CPU_TOTAL0 CPU_STEAL0 < <(cpu_totals)
+
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
 echo "== (a) Redis ceiling: EVALSHA of authorize.lua, c=$CONCURRENCY"
 # The script exactly as atmost sends it (lib.lua, authorize.lua, the packing).
@@ -138,6 +143,10 @@ for pct in 25 50 80 100 120 150; do
   IN_FLIGHT=4096 bench "redis-sweep-$pct" authorize --rate $((PEAK * pct / 100))
 done
 stop_atmost
+
+read -r CPU_TOTAL1 CPU_STEAL1 < <(cpu_totals)
+record cpu_steal_percent "$(awk -v t=$((CPU_TOTAL1 - CPU_TOTAL0)) -v s=$((CPU_STEAL1 - CPU_STEAL0)) \
+  'BEGIN { printf "%.1f", (t > 0 ? 100 * s / t : 0) }')"
 
 CLK_TCK=$(getconf CLK_TCK)
 python3 scripts/bench_report.py summary "$RESULTS" "$CLK_TCK" | tee "$OUT/summary.txt"

@@ -44,6 +44,9 @@ def summary(path, clk_tck):
     health = find(runs, "memory", "health")
     grpc_ceiling = health["throughput_rps"]
     print()
+    steal = m.get("cpu_steal_percent")
+    if steal is not None:
+        print(f"CPU stolen by the hypervisor during the run: {steal}%")
     print(f"(a) Redis ceiling, EVALSHA authorize.lua: {redis_ceiling:10.0f}/s")
     print(f"(b) gRPC ceiling, health Check:           {grpc_ceiling:10.0f}/s   "
           f"p50 {health['p50_us']}us p99 {health['p99_us']}us")
