@@ -47,3 +47,23 @@ fn atmost_bench_runs_every_scenario_against_the_real_server() {
         assert_eq!(row["errors"].as_u64(), Some(0), "{row}");
     }
 }
+
+#[test]
+fn atmost_bench_prints_the_scripts_the_redis_store_sends() {
+    let bench = || Command::new(env!("CARGO_BIN_EXE_atmost-bench"));
+    let out = bench()
+        .args(["--print-script", "authorize"])
+        .output()
+        .expect("run atmost-bench");
+    assert!(out.status.success(), "{out:?}");
+    let body = atmost::store::redis::script_body("authorize").expect("authorize");
+    assert_eq!(
+        String::from_utf8(out.stdout).expect("utf-8"),
+        atmost::store::redis::script_text(body)
+    );
+    let out = bench()
+        .args(["--print-script", "no_such_script"])
+        .output()
+        .expect("run atmost-bench");
+    assert!(!out.status.success(), "an unknown name must fail: {out:?}");
+}

@@ -4,7 +4,8 @@
 //! Every transition is exactly one script run (EVALSHA, reloaded on
 //! NOSCRIPT, which means the script did not run). The scripts live next to
 //! this file as `.lua` files with a KEYS/ARGV/return header; `lib.lua` is
-//! prepended to each, and each answers one msgpack string ([`script_text`]). All keys of a permit carry the hash tag `{permit_id}`
+//! prepended to each, and each answers one msgpack string
+//! ([`script_text`]). All keys of a permit carry the hash tag `{permit_id}`
 //! and are passed in KEYS, so a permit lives in one Cluster slot.
 //!
 //! The connection is one multiplexed [`ConnectionManager`]: requests from
