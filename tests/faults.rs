@@ -669,21 +669,12 @@ async fn a_timed_out_authorize_sends_its_script_once() {
     let (proxy, h) = proxied_harness().await;
     let channel = h.channel.clone();
     let permit = harness_permit(&h, Some(5)).await;
-    let url = h.redis.as_ref().expect("redis").url.clone();
-    let mut direct = redis::Client::open(url)
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect to Redis");
+    let mut direct = h.redis.as_ref().expect("redis").connect().await;
 
     // With an empty script cache, one Authorize is EVALSHA (NOSCRIPT: it did
     // not run), SCRIPT LOAD, EVALSHA again: two sends, one run, one
     // reservation.
-    redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .exec_async(&mut direct)
-        .await
-        .expect("SCRIPT FLUSH");
+    flush_scripts(&mut direct).await;
     let loads = proxy.count_command("SCRIPT", "LOAD");
     let r = until_available("authorize", || authorize(&channel, &permit, "noscript", 1))
         .await

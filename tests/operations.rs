@@ -140,29 +140,12 @@ async fn flushed_script_cache_never_reaches_a_client() {
     let h = redis_harness().await;
     let permit = h.create_with(&["t"], &[], None).await;
     h.dispatch(&permit, "t", "k1", b"1", 0).await;
-    let url = h.redis.as_ref().expect("redis").url.clone();
-    let mut conn = redis::Client::open(url)
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .exec_async(&mut conn)
-        .await
-        .expect("flush");
+    let mut conn = h.redis.as_ref().expect("redis").connect().await;
+    flush_scripts(&mut conn).await;
     let a = h.dispatch(&permit, "t", "k2", b"2", 0).await;
-    redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .exec_async(&mut conn)
-        .await
-        .expect("flush");
+    flush_scripts(&mut conn).await;
     h.commit(&a, succeeded(b"ok", None)).await.expect("commit");
-    redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .exec_async(&mut conn)
-        .await
-        .expect("flush");
+    flush_scripts(&mut conn).await;
     let replay = h
         .authorize(&permit, "t", "k2", b"2", 0)
         .await

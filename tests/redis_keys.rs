@@ -18,11 +18,7 @@ async fn pexpiretime(conn: &mut redis::aio::MultiplexedConnection, key: &str) ->
 async fn open_attempts_pin_keys_and_finished_ones_expire_after_retention() {
     let h = Harness::start(Kind::Redis).await;
     let redis = h.redis.as_ref().expect("redis");
-    let mut conn = redis::Client::open(redis.url.as_str())
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = redis.connect().await;
     let mut spec = h.permit(&["t"]);
     let expires_at = h.now_ms() + 60_000;
     spec.expires_at = Some(atmost::api::convert::timestamp(expires_at));

@@ -42,7 +42,25 @@ fn prefix() -> String {
     format!("t{}", uuid::Uuid::now_v7().simple())
 }
 
+/// Empties Redis's script cache: atmost's next script send meets NOSCRIPT.
+pub async fn flush_scripts(conn: &mut redis::aio::MultiplexedConnection) {
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec_async(conn)
+        .await
+        .expect("SCRIPT FLUSH");
+}
+
 impl Redis {
+    /// A connection of the test's own to this Redis, beside atmost's.
+    pub async fn connect(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url.as_str())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to Redis")
+    }
+
     pub fn start() -> Self {
         match std::env::var("REDIS_URL") {
             Ok(url) => Self {
