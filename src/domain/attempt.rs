@@ -77,28 +77,31 @@ impl Attempt {
     /// The state every reader sees at `now`: a RESERVED attempt whose lease
     /// has passed *is* UNCERTAIN, with no background job needed.
     pub fn observed_state(&self, now: Millis) -> AttemptState {
-        if self.state == AttemptState::Reserved && now >= self.lease_expires_at {
-            AttemptState::Uncertain
-        } else {
-            self.state
-        }
+        observe(self.state, self.lease_expires_at, now)
     }
 
     /// The attempt as readers see it at `now` (see [`Attempt::observed_state`]).
     pub fn observed(&self, now: Millis) -> Attempt {
-        let mut seen = self.clone();
-        if seen.state != seen.observed_state(now) {
-            seen.state = AttemptState::Uncertain;
-            seen.uncertain_reason = LEASE_EXPIRED.to_owned();
-        }
-        seen
+        self.clone().into_observed(now)
     }
 
-    /// Whether `cmd` is the request this key is bound to.
-    pub fn same_request(&self, cmd: &AuthorizeCmd) -> bool {
-        self.tool == cmd.tool
-            && self.request_fingerprint == cmd.request_fingerprint
-            && self.cost == cmd.cost
+    /// [`Attempt::observed`], in place.
+    pub fn into_observed(mut self, now: Millis) -> Attempt {
+        if self.state != self.observed_state(now) {
+            self.state = AttemptState::Uncertain;
+            self.uncertain_reason = LEASE_EXPIRED.to_owned();
+        }
+        self
+    }
+}
+
+/// The state of an attempt stored as `state` with its lease ending at
+/// `lease_expires_at`, as readers see it at `now`.
+pub(super) fn observe(state: AttemptState, lease_expires_at: Millis, now: Millis) -> AttemptState {
+    if state == AttemptState::Reserved && now >= lease_expires_at {
+        AttemptState::Uncertain
+    } else {
+        state
     }
 }
 

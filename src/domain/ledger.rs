@@ -7,26 +7,81 @@
 use super::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GuardMode,
     MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView, Receipt,
-    ResolveCmd, Settled, Usage, invalid,
+    ResolveCmd, Settled, Usage, attempt::observe, invalid,
 };
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+/// An idempotency key, shared by the attempts map and the duplicate guard's
+/// index (and by `duplicate_of`), so each key is stored once.
+type Key = Arc<str>;
 
 #[derive(Debug, Clone)]
 pub struct Ledger {
     permit: Permit,
-    /// Slots held per tool.
-    calls: HashMap<String, u64>,
+    /// Slots held, by the tool's index in `permit.tools`.
+    calls: Vec<u64>,
+    /// Call caps, by the tool's index in `permit.tools`; `None`: no cap.
+    limits: Vec<Option<u64>>,
     committed: i64,
     reserved: i64,
     /// By idempotency key; ordered so listings page stably.
-    attempts: BTreeMap<String, Attempt>,
-    /// (tool, fingerprint) -> the latest key dispatched with them,
-    /// for the duplicate guard: a pointer, checked against the attempt's
-    /// full request on every read, so a stale entry is harmless.
-    dup_index: HashMap<(String, Vec<u8>), String>,
+    attempts: BTreeMap<Key, Record>,
+    /// A keyed hash of (tool, fingerprint) -> the latest key dispatched with
+    /// them, for the duplicate guard: a pointer, checked against the
+    /// attempt's full request on every read, so a stale entry is harmless.
+    /// Two requests whose hashes collide (2^-64, with a per-ledger random
+    /// key) can only overwrite each other's pointer: the guard may then miss
+    /// a duplicate, never report a false one, as in the Redis store.
+    dup_index: HashMap<u64, Key>,
+    dup_hasher: RandomState,
     /// When an attempt was last settled: retention runs from the later of
     /// this and the permit's expiry.
     last_settled_at: Millis,
+}
+
+/// One attempt as the ledger keeps it: the permit and the key are the
+/// ledger's and the map's, the tool is an index, and what only settled or
+/// uncertain attempts carry sits behind one pointer. (An [`Attempt`] spells
+/// all of it out, for answers.)
+#[derive(Debug, Clone)]
+struct Record {
+    attempt_id: Box<str>,
+    fingerprint: Box<[u8]>,
+    cost: i64,
+    created_at: Millis,
+    lease_expires_at: Millis,
+    tool: u16,
+    state: AttemptState,
+    detail: Option<Box<Detail>>,
+    duplicate_of: Option<Key>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Detail {
+    receipt: Option<Receipt>,
+    failure_reason: String,
+    uncertain_reason: String,
+}
+
+impl Record {
+    fn observed_state(&self, now: Millis) -> AttemptState {
+        observe(self.state, self.lease_expires_at, now)
+    }
+
+    fn detail(&mut self) -> &mut Detail {
+        self.detail.get_or_insert_with(Box::default)
+    }
+
+    fn failure_reason(&self) -> &str {
+        self.detail.as_ref().map_or("", |d| &d.failure_reason)
+    }
+
+    fn receipt(&self) -> Option<&Receipt> {
+        self.detail.as_ref().and_then(|d| d.receipt.as_ref())
+    }
 }
 
 /// Who settles an attempt: the caller holding its attempt_id (Commit) or an
@@ -41,13 +96,20 @@ enum Settler {
 
 impl Ledger {
     pub fn new(permit: Permit) -> Self {
+        let limits = permit
+            .tools
+            .iter()
+            .map(|t| permit.max_calls_per_tool.get(t).copied())
+            .collect();
         Self {
+            calls: vec![0; permit.tools.len()],
+            limits,
             permit,
-            calls: HashMap::new(),
             committed: 0,
             reserved: 0,
             attempts: BTreeMap::new(),
             dup_index: HashMap::new(),
+            dup_hasher: RandomState::new(),
             last_settled_at: 0,
         }
     }
@@ -64,17 +126,20 @@ impl Ledger {
     pub fn view(&self) -> PermitView {
         PermitView {
             permit: self.permit.clone(),
-            usage: self.permit.tools.iter().map(|t| self.usage(t)).collect(),
+            usage: (0..self.permit.tools.len())
+                .map(|t| self.usage(t))
+                .collect(),
             budget_committed: self.committed,
             budget_reserved: self.reserved,
         }
     }
 
-    pub fn usage(&self, tool: &str) -> Usage {
+    /// Usage of the tool at index `tool` of the permit's tools.
+    fn usage(&self, tool: usize) -> Usage {
         Usage {
-            tool: tool.to_owned(),
-            calls_made: self.calls.get(tool).copied().unwrap_or(0),
-            calls_limit: self.permit.max_calls_per_tool.get(tool).copied(),
+            tool: self.permit.tools[tool].clone(),
+            calls_made: self.calls[tool],
+            calls_limit: self.limits[tool],
             budget_remaining: self
                 .permit
                 .budget
@@ -99,7 +164,7 @@ impl Ledger {
             .range::<str, _>((Excluded(after), Unbounded))
             .filter(|(_, a)| a.observed_state(now) == AttemptState::Uncertain)
             .take(limit)
-            .map(|(_, a)| a.observed(now))
+            .map(|(key, a)| self.attempt_view(key, a, now))
             .collect()
     }
 
@@ -114,26 +179,28 @@ impl Ledger {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        if let Some(existing) = self.attempts.get(&cmd.idempotency_key)
+        if let Some((key, existing)) = self.attempts.get_key_value(cmd.idempotency_key.as_str())
             && existing.state != AttemptState::Released
         {
-            if !existing.same_request(cmd) {
+            let same_request = self.permit.tools[usize::from(existing.tool)] == cmd.tool
+                && *existing.fingerprint == *cmd.request_fingerprint
+                && existing.cost == cmd.cost;
+            if !same_request {
                 return Err(Error::KeyReused {
                     idempotency_key: cmd.idempotency_key.clone(),
                 });
             }
-            let seen = existing.observed(now);
-            if seen.state == AttemptState::Reserved {
+            if existing.observed_state(now) == AttemptState::Reserved {
                 return Err(Error::InProgress {
                     idempotency_key: cmd.idempotency_key.clone(),
-                    lease_expires_at: seen.lease_expires_at,
-                    retry_after_ms: seen.lease_expires_at - now,
+                    lease_expires_at: existing.lease_expires_at,
+                    retry_after_ms: existing.lease_expires_at - now,
                 });
             }
             return Ok(Authorized {
                 decision: Decision::Replay,
-                usage: self.usage(&seen.tool),
-                attempt: seen,
+                usage: self.usage(usize::from(existing.tool)),
+                attempt: self.attempt_view(key, existing, now),
                 duplicate_of: None,
             });
         }
@@ -150,22 +217,23 @@ impl Ledger {
                 expired_at: permit.expires_at,
             });
         }
-        if !permit.in_scope(&cmd.tool) {
+        let Some(tool) = permit.tools.iter().position(|t| *t == cmd.tool) else {
             return Err(Error::ToolNotInScope {
                 tool: cmd.tool.clone(),
             });
-        }
-        let duplicate_of = self.live_duplicate(&cmd.tool, &cmd.request_fingerprint, now);
+        };
+        let dup_hash = self.dup_hash(tool, &cmd.request_fingerprint);
+        let duplicate_of = self.live_duplicate(dup_hash, tool, &cmd.request_fingerprint, now);
         if let Some(earlier_key) = &duplicate_of
             && permit.duplicate_guard.mode == GuardMode::Enforce
         {
             return Err(Error::DuplicateSuspected {
                 tool: cmd.tool.clone(),
-                earlier_key: earlier_key.clone(),
+                earlier_key: earlier_key.to_string(),
             });
         }
-        let calls_made = self.calls.get(&cmd.tool).copied().unwrap_or(0);
-        if let Some(&limit) = permit.max_calls_per_tool.get(&cmd.tool)
+        let calls_made = self.calls[tool];
+        if let Some(limit) = self.limits[tool]
             && calls_made >= limit
         {
             return Err(Error::MaxCallsExceeded {
@@ -187,36 +255,30 @@ impl Ledger {
         }
 
         // Everything checked: reserve and record in one step.
-        let attempt = Attempt {
-            attempt_id,
-            permit_id: permit.permit_id.clone(),
-            tool: cmd.tool.clone(),
-            idempotency_key: cmd.idempotency_key.clone(),
-            request_fingerprint: cmd.request_fingerprint.clone(),
+        let key: Key = Arc::from(cmd.idempotency_key.as_str());
+        let record = Record {
+            attempt_id: attempt_id.into_boxed_str(),
+            fingerprint: cmd.request_fingerprint.as_slice().into(),
             cost: cmd.cost,
-            state: AttemptState::Reserved,
             created_at: now,
             lease_expires_at: now + permit.lease_ms,
-            receipt: None,
-            failure_reason: String::new(),
-            uncertain_reason: String::new(),
+            tool: u16::try_from(tool).expect("at most MAX_TOOLS tools"),
+            state: AttemptState::Reserved,
+            detail: None,
             duplicate_of: duplicate_of.clone(),
         };
         if permit.duplicate_guard.mode != GuardMode::Off {
-            self.dup_index.insert(
-                dup_key(&cmd.tool, &cmd.request_fingerprint),
-                cmd.idempotency_key.clone(),
-            );
+            self.dup_index.insert(dup_hash, key.clone());
         }
-        *self.calls.entry(cmd.tool.clone()).or_default() += 1;
+        self.calls[tool] += 1;
         self.reserved += cmd.cost;
-        self.attempts
-            .insert(cmd.idempotency_key.clone(), attempt.clone());
+        let attempt = self.attempt_view(&key, &record, now);
+        self.attempts.insert(key, record);
         Ok(Authorized {
             decision: Decision::Dispatch,
-            usage: self.usage(&cmd.tool),
+            usage: self.usage(tool),
             attempt,
-            duplicate_of,
+            duplicate_of: duplicate_of.map(|k| k.to_string()),
         })
     }
 
@@ -258,25 +320,27 @@ impl Ledger {
         cmd: &MarkUncertainCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        let attempt = self.holder_attempt(&cmd.idempotency_key, &cmd.attempt_id)?;
-        match attempt.state {
+        let state = self
+            .holder_attempt(&cmd.idempotency_key, &cmd.attempt_id)?
+            .state;
+        match state {
             AttemptState::Reserved => {
-                let attempt = self
+                let record = self
                     .attempts
-                    .get_mut(&cmd.idempotency_key)
+                    .get_mut(cmd.idempotency_key.as_str())
                     .expect("checked");
-                attempt.state = AttemptState::Uncertain;
-                attempt.uncertain_reason = cmd.reason.clone();
-                Ok(attempt.observed(now))
+                record.state = AttemptState::Uncertain;
+                record.detail().uncertain_reason = cmd.reason.clone();
+                Ok(self.attempt_at(&cmd.idempotency_key, now))
             }
-            AttemptState::Uncertain => Ok(attempt.observed(now)),
+            AttemptState::Uncertain => Ok(self.attempt_at(&cmd.idempotency_key, now)),
             state => Err(Error::StateConflict { state }),
         }
     }
 
     // --- helpers ---
 
-    fn attempt(&self, key: &str) -> Result<&Attempt, Error> {
+    fn attempt(&self, key: &str) -> Result<&Record, Error> {
         self.attempts
             .get(key)
             .ok_or_else(|| Error::AttemptNotFound {
@@ -285,9 +349,9 @@ impl Ledger {
     }
 
     /// The key's attempt, provided `attempt_id` is its fencing token.
-    fn holder_attempt(&self, key: &str, attempt_id: &str) -> Result<&Attempt, Error> {
+    fn holder_attempt(&self, key: &str, attempt_id: &str) -> Result<&Record, Error> {
         let attempt = self.attempt(key)?;
-        if attempt.attempt_id != attempt_id {
+        if *attempt.attempt_id != *attempt_id {
             return Err(Error::AttemptMismatch {
                 idempotency_key: key.to_owned(),
             });
@@ -317,7 +381,7 @@ impl Ledger {
                 result,
                 actual_cost,
             } if state == AttemptState::Succeeded => {
-                let receipt = attempt.receipt.as_ref().expect("succeeded has a receipt");
+                let receipt = attempt.receipt().expect("succeeded has a receipt");
                 if receipt.result == *result && receipt.cost == actual_cost.unwrap_or(attempt.cost)
                 {
                     return Ok(self.settled(key, now));
@@ -325,7 +389,7 @@ impl Ledger {
                 return Err(Error::StateConflict { state });
             }
             Outcome::Failed { reason }
-                if state == AttemptState::Failed && attempt.failure_reason == *reason =>
+                if state == AttemptState::Failed && attempt.failure_reason() == reason =>
             {
                 return Ok(self.settled(key, now));
             }
@@ -351,9 +415,9 @@ impl Ledger {
                 }
                 self.reserved -= reserved_cost;
                 self.committed += actual;
-                let attempt = self.attempts.get_mut(key).expect("checked");
-                attempt.state = AttemptState::Succeeded;
-                attempt.receipt = Some(Receipt {
+                let record = self.attempts.get_mut(key).expect("checked");
+                record.state = AttemptState::Succeeded;
+                record.detail().receipt = Some(Receipt {
                     receipt_id,
                     result: result.clone(),
                     cost: actual,
@@ -362,28 +426,25 @@ impl Ledger {
             }
             Outcome::Failed { reason } => {
                 self.reserved -= reserved_cost;
-                let attempt = self.attempts.get_mut(key).expect("checked");
-                attempt.state = AttemptState::Failed;
-                attempt.failure_reason = reason.clone();
+                let record = self.attempts.get_mut(key).expect("checked");
+                record.state = AttemptState::Failed;
+                record.detail().failure_reason = reason.clone();
             }
             Outcome::NotSent => {
                 if state != AttemptState::Reserved {
                     // An uncertain call may have left: its slot stays held.
                     return Err(Error::StateConflict { state });
                 }
+                let dup_hash = self.dup_hash(usize::from(attempt.tool), &attempt.fingerprint);
                 self.reserved -= reserved_cost;
-                let attempt = self.attempts.get_mut(key).expect("checked");
-                attempt.state = AttemptState::Released;
-                let tool = attempt.tool.clone();
-                let index_key = dup_key(&tool, &attempt.request_fingerprint);
-                let fallback = attempt.duplicate_of.clone();
-                if let Some(calls) = self.calls.get_mut(&tool) {
-                    *calls -= 1;
-                }
-                if self.dup_index.get(&index_key).map(String::as_str) == Some(key) {
+                let record = self.attempts.get_mut(key).expect("checked");
+                record.state = AttemptState::Released;
+                self.calls[usize::from(record.tool)] -= 1;
+                let fallback = record.duplicate_of.clone();
+                if self.dup_index.get(&dup_hash).map(|k| &**k) == Some(key) {
                     match fallback {
-                        Some(earlier) => self.dup_index.insert(index_key, earlier),
-                        None => self.dup_index.remove(&index_key),
+                        Some(earlier) => self.dup_index.insert(dup_hash, earlier),
+                        None => self.dup_index.remove(&dup_hash),
                     };
                 }
             }
@@ -393,34 +454,68 @@ impl Ledger {
     }
 
     fn settled(&self, key: &str, now: Millis) -> Settled {
-        let attempt = self.attempts[key].observed(now);
+        let (key, record) = self.attempts.get_key_value(key).expect("checked");
         Settled {
-            usage: self.usage(&attempt.tool),
-            attempt,
+            usage: self.usage(usize::from(record.tool)),
+            attempt: self.attempt_view(key, record, now),
         }
+    }
+
+    /// The attempt under `key`, which exists, as readers see it at `now`.
+    fn attempt_at(&self, key: &str, now: Millis) -> Attempt {
+        let (key, record) = self.attempts.get_key_value(key).expect("checked");
+        self.attempt_view(key, record, now)
+    }
+
+    /// The attempt as readers see it at `now` (see [`Attempt::observed`]).
+    fn attempt_view(&self, key: &str, record: &Record, now: Millis) -> Attempt {
+        let detail = record.detail.as_deref();
+        Attempt {
+            attempt_id: record.attempt_id.to_string(),
+            permit_id: self.permit.permit_id.clone(),
+            tool: self.permit.tools[usize::from(record.tool)].clone(),
+            idempotency_key: key.to_owned(),
+            request_fingerprint: record.fingerprint.to_vec(),
+            cost: record.cost,
+            state: record.state,
+            created_at: record.created_at,
+            lease_expires_at: record.lease_expires_at,
+            receipt: detail.and_then(|d| d.receipt.clone()),
+            failure_reason: detail.map(|d| d.failure_reason.clone()).unwrap_or_default(),
+            uncertain_reason: detail
+                .map(|d| d.uncertain_reason.clone())
+                .unwrap_or_default(),
+            duplicate_of: record.duplicate_of.as_ref().map(|k| k.to_string()),
+        }
+        .into_observed(now)
+    }
+
+    /// The duplicate guard's index key: a keyed hash of the tool and the
+    /// fingerprint. (The Redis store uses 48 bits of SHA-1 of the two,
+    /// lib.lua: dup_field.)
+    fn dup_hash(&self, tool: usize, fingerprint: &[u8]) -> u64 {
+        self.dup_hasher.hash_one((tool, fingerprint))
     }
 
     /// The latest attempt dispatched with the same (tool, fingerprint), if
     /// it is not RELEASED and was created within the guard's window.
-    fn live_duplicate(&self, tool: &str, fingerprint: &[u8], now: Millis) -> Option<String> {
+    fn live_duplicate(
+        &self,
+        dup_hash: u64,
+        tool: usize,
+        fingerprint: &[u8],
+        now: Millis,
+    ) -> Option<Key> {
         let guard = self.permit.duplicate_guard;
         if guard.mode == GuardMode::Off {
             return None;
         }
-        let key = self.dup_index.get(&dup_key(tool, fingerprint))?;
-        let earlier = self.attempts.get(key)?;
-        let live = earlier.tool == tool
-            && earlier.request_fingerprint == fingerprint
+        let key = self.dup_index.get(&dup_hash)?;
+        let earlier = self.attempts.get(&**key)?;
+        let live = usize::from(earlier.tool) == tool
+            && *earlier.fingerprint == *fingerprint
             && earlier.state != AttemptState::Released
             && now - earlier.created_at < guard.window_ms;
         live.then(|| key.clone())
     }
-}
-
-/// The duplicate guard's index key: the tool and the fingerprint. The Redis
-/// store keys its index by a 48-bit hash of the two (lib.lua: dup_field),
-/// where a collision can only overwrite a pointer: the guard may then miss
-/// a duplicate, never report a false one.
-fn dup_key(tool: &str, fingerprint: &[u8]) -> (String, Vec<u8>) {
-    (tool.to_owned(), fingerprint.to_vec())
 }

@@ -25,8 +25,9 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Ordered by permit id so cross-permit listings page stably.
-    ledgers: BTreeMap<String, Ledger>,
+    /// Ordered by permit id so cross-permit listings page stably; boxed, so
+    /// the tree's nodes move pointers, not ledgers.
+    ledgers: BTreeMap<String, Box<Ledger>>,
     created: u64,
 }
 
@@ -68,9 +69,10 @@ impl Store for MemoryStore {
         if inner.created.is_multiple_of(PRUNE_EVERY) {
             inner.prune(permit.created_at, self.retention_ms);
         }
-        inner
-            .ledgers
-            .insert(permit.permit_id.clone(), Ledger::new(permit.clone()));
+        inner.ledgers.insert(
+            permit.permit_id.clone(),
+            Box::new(Ledger::new(permit.clone())),
+        );
         Ok(permit)
     }
 
