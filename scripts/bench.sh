@@ -10,7 +10,8 @@
 #       examples/redis_connections.rs);
 #   (c) authorize, cycle, replay and contended on the memory store and on
 #       the Redis store; server CPU per Authorize and peak RSS (from /proc);
-#       Redis memory per finished attempt; a latency-vs-throughput sweep.
+#       Redis memory per finished attempt; a latency-vs-throughput sweep,
+#       and the health check's latency at the same rates beside it.
 #
 # Usage: scripts/bench.sh            (DURATION=10s CONCURRENCY=64 by default)
 #        DURATION=2s scripts/bench.sh   (a quick smoke run)
@@ -141,6 +142,10 @@ echo "== latency vs throughput: open loop, Redis store"
 PEAK=$(python3 scripts/bench_report.py peak "$RESULTS" redis authorize)
 for pct in 25 50 80 100 120 150; do
   IN_FLIGHT=4096 bench "redis-sweep-$pct" authorize --rate $((PEAK * pct / 100))
+done
+echo "== the gRPC ceiling's latency at the same rates (health, same server)"
+for pct in 25 50 80 100; do
+  IN_FLIGHT=4096 bench "health-sweep-$pct" health --rate $((PEAK * pct / 100))
 done
 stop_atmost
 

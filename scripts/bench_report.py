@@ -100,15 +100,17 @@ def summary(path, clk_tck):
         (r for r in runs if r["label"].startswith("redis-sweep-")),
         key=lambda r: int(r["label"].rsplit("-", 1)[1]),
     )
+    ceiling = {r["label"].rsplit("-", 1)[1]: r for r in runs if r["label"].startswith("health-sweep-")}
     if sweep:
         print()
-        print("latency vs load (open loop, Redis store, authorize):")
+        print("latency vs load (open loop, Redis store, authorize; [the gRPC ceiling, health, at the same rate]):")
         for r in sweep:
             pct = r["label"].rsplit("-", 1)[1]
+            h = ceiling.get(pct)
             print(f"  {pct:>4}% of peak: {r['target_rate']:>6}/s offered {r.get('ok_rps', 0):>7.0f}/s ok  p50 {r['p50_us']:>6}us "
                   f"p99 {r['p99_us']:>7}us p99.9 {r['p999_us']:>7}us  (service p99 "
-                  f"{r.get('service_p99_us', '?')}us)  errors {r['errors']} {r['error_kinds'] or ''}")
-
+                  f"{r.get('service_p99_us', '?')}us)  errors {r['errors']} {r['error_kinds'] or ''}"
+                  + (f"  [health p50 {h['p50_us']}us p99 {h['p99_us']}us, service p99 {h['service_p99_us']}us]" if h else ""))
 
 def plot(path, out):
     try:
@@ -131,6 +133,13 @@ def plot(path, out):
                     ("service_p99_us", "p99 from send")):
         if all(q in r for r in sweep):
             ax.plot(x, [r[q] / 1000 for r in sweep], marker="o", label=name)
+    health = sorted(
+        (r for r in runs if r["label"].startswith("health-sweep-")),
+        key=lambda r: r["target_rate"],
+    )
+    if health:
+        ax.plot([r["target_rate"] for r in health], [r["p99_us"] / 1000 for r in health],
+                marker="x", linestyle="--", color="grey", label="p99 of the gRPC ceiling (health)")
     ax.set_xlabel("offered load, Authorize/s (open loop)")
     ax.set_ylabel("latency, ms (from scheduled start)")
     ax.set_yscale("log")

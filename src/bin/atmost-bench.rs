@@ -84,6 +84,11 @@ struct Args {
     /// Append the result as one JSON line to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Open loop: the pacer's shortest sleep. Requests due within one tick
+    /// start together; a shorter tick starts them closer to their schedule
+    /// and costs the generator (and the server) more wake-ups.
+    #[arg(long, default_value = "250us", value_parser = humantime::parse_duration)]
+    tick: Duration,
     /// Tokio worker threads of the generator (default: one per CPU).
     #[arg(long)]
     threads: Option<usize>,
@@ -286,53 +291,59 @@ async fn open_loop(
     end: Instant,
 ) -> Tally {
     let tally = Arc::new(std::sync::Mutex::new(Tally::new()));
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
+    let slots = u32::try_from(args.concurrency).unwrap_or(u32::MAX);
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(slots as usize));
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
-    let start = Instant::now();
-    let mut n = 0u64;
-    let mut shed_by_client = 0u64;
-    let mut tasks = tokio::task::JoinSet::new();
-    loop {
-        let scheduled = start + interval.mul_f64(n as f64);
-        if scheduled >= end {
-            break;
-        }
-        // tokio's timer ticks in milliseconds: requests due within one tick
-        // start together, and up to a tick of the generator's own lateness
-        // counts against the server (the service time, from the actual
-        // send, is reported beside it). A pacer thread of its own was tried
-        // and cost the generator 87 us of CPU per request, taken from the
-        // server's cores.
-        tokio::time::sleep_until(scheduled.into()).await;
-        match in_flight.clone().try_acquire_owned() {
-            Ok(slot) => {
-                let (plan, tally) = (plan.clone(), tally.clone());
-                tasks.spawn(async move {
-                    let sent = Instant::now();
-                    let result = one(&plan, n).await;
-                    drop(slot);
-                    // Latency counts from the scheduled start: a request that
-                    // started late because the last ones were slow pays for it.
-                    if scheduled >= measure_from {
-                        tally.lock().expect("tally").record(scheduled, sent, result);
+    let tick = args.tick;
+    let runtime = tokio::runtime::Handle::current();
+    // The pacer is a thread of its own that sleeps with the kernel's
+    // high-resolution timers (tokio's timer ticks in milliseconds, which
+    // would start the requests due within a tick together and count up to
+    // a tick of the generator's lateness against the server). Each wake-up
+    // starts every request that has come due, and it sleeps at least
+    // `--tick`, so a high rate costs batches, not a wake-up per request.
+    let pacer = {
+        let (tally, in_flight) = (tally.clone(), in_flight.clone());
+        tokio::task::spawn_blocking(move || {
+            let start = Instant::now();
+            let mut shed_by_client = 0u64;
+            let mut n = 0u64;
+            loop {
+                let now = Instant::now();
+                let mut scheduled = start + interval.mul_f64(n as f64);
+                while scheduled <= now && scheduled < end {
+                    match in_flight.clone().try_acquire_owned() {
+                        Ok(slot) => {
+                            let (plan, tally) = (plan.clone(), tally.clone());
+                            runtime.spawn(async move {
+                                let sent = Instant::now();
+                                let result = one(&plan, n).await;
+                                // Latency counts from the scheduled start: a
+                                // request that started late because the last
+                                // ones were slow pays for it.
+                                if scheduled >= measure_from {
+                                    tally.lock().expect("tally").record(scheduled, sent, result);
+                                }
+                                drop(slot);
+                            });
+                        }
+                        Err(_) if scheduled >= measure_from => shed_by_client += 1,
+                        Err(_) => {}
                     }
-                });
-            }
-            Err(_) => {
-                if scheduled >= measure_from {
-                    shed_by_client += 1;
+                    n += 1;
+                    scheduled = start + interval.mul_f64(n as f64);
                 }
+                if scheduled >= end {
+                    return shed_by_client;
+                }
+                std::thread::sleep(scheduled.saturating_duration_since(now).max(tick));
             }
-        }
-        n += 1;
-        while tasks.try_join_next().is_some() {}
-    }
-    while tasks.join_next().await.is_some() {}
-    let mut tally = Arc::try_unwrap(tally)
-        .ok()
-        .expect("all tasks done")
-        .into_inner()
-        .expect("tally");
+        })
+    };
+    let shed_by_client = pacer.await.expect("pacer");
+    // Every request holds a slot until it has been recorded.
+    let _all = in_flight.acquire_many(slots).await.expect("semaphore open");
+    let mut tally = std::mem::replace(&mut *tally.lock().expect("tally"), Tally::new());
     if shed_by_client > 0 {
         tally
             .errors
