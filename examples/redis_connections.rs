@@ -18,7 +18,7 @@
 //! ```
 
 use atmost::domain::new_id;
-use atmost::store::redis::{script_body, script_text};
+use atmost::store::redis::{script_body, script_text, unpack_reply};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use redis::Script;
@@ -129,16 +129,15 @@ async fn drive(
                 // part of the work, as in the Redis store.
                 let decision = match &reply {
                     Ok(redis::Value::BulkString(packed)) => {
-                        match rmpv::decode::read_value(&mut packed.as_slice()) {
-                            Ok(rmpv::Value::Array(v)) => {
-                                v.first().and_then(|d| d.as_str().map(str::to_owned))
-                            }
-                            _ => None,
-                        }
+                        unpack_reply(packed).ok().and_then(|v| v.into_iter().next())
                     }
                     _ => None,
                 };
-                assert_eq!(decision.as_deref(), Some("DISPATCH"), "{reply:?}");
+                assert_eq!(
+                    decision,
+                    Some(redis::Value::BulkString(b"DISPATCH".to_vec())),
+                    "{reply:?}"
+                );
                 hist.record(started.elapsed().as_micros() as u64)
                     .expect("record");
             }

@@ -171,9 +171,7 @@ impl RedisStore {
     async fn run(&self, inv: &redis::ScriptInvocation<'_>) -> Result<Vec<Value>, Error> {
         let mut conn = self.conn.clone();
         let packed: Vec<u8> = inv.invoke_async(&mut conn).await.map_err(unavailable)?;
-        let value = rmpv::decode::read_value(&mut packed.as_slice())
-            .map_err(|e| malformed(format!("a reply that is not msgpack: {e}")))?;
-        as_array(from_msgpack(value)?)
+        unpack_reply(&packed)
     }
 }
 
@@ -664,26 +662,81 @@ impl Fields {
     }
 }
 
-/// A script's unpacked reply, as the RESP values the decoders read: Lua
-/// strings come as msgpack strings, Lua integers as integers, Lua
-/// sequences as arrays (cmsgpack packs nothing else from atmost's scripts).
-fn from_msgpack(value: rmpv::Value) -> Result<Value, Error> {
-    Ok(match value {
-        rmpv::Value::String(s) => Value::BulkString(s.into_bytes()),
-        rmpv::Value::Binary(b) => Value::BulkString(b),
-        rmpv::Value::Integer(i) => Value::Int(
-            i.as_i64()
-                .ok_or_else(|| malformed("an integer out of range"))?,
-        ),
-        rmpv::Value::Array(values) => Value::Array(
-            values
-                .into_iter()
-                .map(from_msgpack)
-                .collect::<Result<_, _>>()?,
-        ),
-        rmpv::Value::Nil => Value::Nil,
-        other => return Err(malformed(format!("{other} in a script reply"))),
-    })
+/// A script's reply, as packed by [`script_text`], unpacked into the list
+/// of values the script returned.
+pub fn unpack_reply(packed: &[u8]) -> Result<Vec<Value>, Error> {
+    as_array(from_msgpack(&mut &packed[..])?)
+}
+
+/// Unpacks a script's msgpack reply straight into the RESP values the
+/// decoders read, with no intermediate tree: Lua strings come as msgpack
+/// strings, Lua integers as integers, Lua sequences as arrays (cmsgpack packs
+/// nothing else from atmost's scripts).
+fn from_msgpack(rd: &mut &[u8]) -> Result<Value, Error> {
+    use rmp::Marker;
+    use rmp::decode::RmpRead;
+    fn bad(e: impl std::fmt::Debug) -> Error {
+        malformed(format!("a reply that is not msgpack: {e:?}"))
+    }
+    fn bytes(rd: &mut &[u8], len: usize) -> Result<Value, Error> {
+        if rd.len() < len {
+            return Err(malformed("a truncated reply"));
+        }
+        let (head, rest) = rd.split_at(len);
+        *rd = rest;
+        Ok(Value::BulkString(head.to_vec()))
+    }
+    fn array(rd: &mut &[u8], len: usize) -> Result<Value, Error> {
+        // Every element takes at least a byte: a corrupt length cannot
+        // make this allocate more than the reply's size.
+        let mut values = Vec::with_capacity(len.min(rd.len()));
+        for _ in 0..len {
+            values.push(from_msgpack(rd)?);
+        }
+        Ok(Value::Array(values))
+    }
+    let int = |v: Result<i64, _>| v.map(Value::Int).map_err(bad);
+    match rmp::decode::read_marker(rd).map_err(|e| bad(e.0))? {
+        Marker::Null => Ok(Value::Nil),
+        Marker::FixPos(n) => Ok(Value::Int(n.into())),
+        Marker::FixNeg(n) => Ok(Value::Int(n.into())),
+        Marker::U8 => int(rd.read_data_u8().map(i64::from)),
+        Marker::U16 => int(rd.read_data_u16().map(i64::from)),
+        Marker::U32 => int(rd.read_data_u32().map(i64::from)),
+        Marker::U64 => {
+            let v = rd.read_data_u64().map_err(bad)?;
+            i64::try_from(v)
+                .map(Value::Int)
+                .map_err(|_| malformed("an integer out of range"))
+        }
+        Marker::I8 => int(rd.read_data_i8().map(i64::from)),
+        Marker::I16 => int(rd.read_data_i16().map(i64::from)),
+        Marker::I32 => int(rd.read_data_i32().map(i64::from)),
+        Marker::I64 => int(rd.read_data_i64()),
+        Marker::FixStr(n) => bytes(rd, n.into()),
+        Marker::Str8 | Marker::Bin8 => {
+            let n = rd.read_data_u8().map_err(bad)?;
+            bytes(rd, n.into())
+        }
+        Marker::Str16 | Marker::Bin16 => {
+            let n = rd.read_data_u16().map_err(bad)?;
+            bytes(rd, n.into())
+        }
+        Marker::Str32 | Marker::Bin32 => {
+            let n = rd.read_data_u32().map_err(bad)?;
+            bytes(rd, n as usize)
+        }
+        Marker::FixArray(n) => array(rd, n.into()),
+        Marker::Array16 => {
+            let n = rd.read_data_u16().map_err(bad)?;
+            array(rd, n.into())
+        }
+        Marker::Array32 => {
+            let n = rd.read_data_u32().map_err(bad)?;
+            array(rd, n as usize)
+        }
+        other => Err(malformed(format!("{other:?} in a script reply"))),
+    }
 }
 
 fn as_array(value: Value) -> Result<Vec<Value>, Error> {
@@ -868,4 +921,43 @@ fn decode_permit(permit_id: &str, reply: Vec<Value>) -> Result<PermitView, Error
         budget_committed: committed,
         budget_reserved: reserved,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Value, unpack_reply};
+
+    #[test]
+    fn unpacks_what_cmsgpack_packs() {
+        // ["DISPATCH", 7, -2, 300, [nil, "\x01\x02"]] as Redis's cmsgpack packs it.
+        let packed = [
+            0x95, 0xa8, b'D', b'I', b'S', b'P', b'A', b'T', b'C', b'H', 0x07, 0xfe, 0xcd, 0x01,
+            0x2c, 0x92, 0xc0, 0xa2, 0x01, 0x02,
+        ];
+        assert_eq!(
+            unpack_reply(&packed).unwrap(),
+            vec![
+                Value::BulkString(b"DISPATCH".to_vec()),
+                Value::Int(7),
+                Value::Int(-2),
+                Value::Int(300),
+                Value::Array(vec![Value::Nil, Value::BulkString(vec![1, 2])]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_malformed_reply_is_an_error_not_a_guess() {
+        for packed in [
+            &[][..],                                                 // nothing
+            &[0x92, 0x01],                   // an array of two holding one value
+            &[0xa5, b'a'],                   // a string shorter than its length
+            &[0xdd, 0xff, 0xff, 0xff, 0xff], // 4 billion elements promised, none sent
+            &[0xcb, 0, 0, 0, 0, 0, 0, 0, 0], // a float: no script returns one
+            &[0x01],                         // not an array
+            &[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff], // u64 past i64
+        ] {
+            assert!(unpack_reply(packed).is_err(), "{packed:?}");
+        }
+    }
 }
