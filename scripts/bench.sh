@@ -103,17 +103,22 @@ echo "== Redis connection strategy: one multiplexed connection against deadpool 
   --concurrency "$CONCURRENCY" --requests "${CONN_REQUESTS:-100000}" --json "$RESULTS"
 rcli FLUSHALL >/dev/null
 
-# Runs the store scenarios against the running atmost, labelled $1.
-store_scenarios() {
-  local label=$1 start end n=${CPU_REQUESTS:-200000}
-  bench "$label" authorize
-  # CPU per Authorize: the server's CPU over exactly n Authorize calls.
+# The server's CPU over exactly n calls of scenario $2, labelled $1.
+cpu_per_call() {
+  local label=$1 scenario=$2 start end n=${CPU_REQUESTS:-200000}
   start=$(cpu_ticks "$ATMOST_PID")
-  "$BIN/atmost-bench" --target "$ATMOST_URL" --scenario authorize --requests "$n" \
+  "$BIN/atmost-bench" --target "$ATMOST_URL" --scenario "$scenario" --requests "$n" \
     --concurrency "$CONCURRENCY" --label "$label-cpu" >/dev/null
   end=$(cpu_ticks "$ATMOST_PID")
-  record "${label}_authorize_cpu_ticks" $((end - start))
-  record "${label}_authorize_cpu_requests" "$n"
+  record "${label}_${scenario}_cpu_ticks" $((end - start))
+  record "${label}_${scenario}_cpu_requests" "$n"
+}
+
+# Runs the store scenarios against the running atmost, labelled $1.
+store_scenarios() {
+  local label=$1
+  bench "$label" authorize
+  cpu_per_call "$label" authorize
   bench "$label" cycle
   bench "$label" replay
   bench "$label" contended
@@ -123,6 +128,8 @@ store_scenarios() {
 echo "== (b) gRPC ceiling and (c) the memory store"
 start_atmost --store memory
 bench memory health
+# The transport's own CPU per call, the floor under CPU per Authorize.
+cpu_per_call memory health
 store_scenarios memory
 stop_atmost
 
