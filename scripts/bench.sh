@@ -81,6 +81,9 @@ cpu_totals() { awk '/^cpu / {t = 0; for (i = 2; i <= NF; i++) t += $i; print t, 
 read -r CPU_TOTAL0 CPU_STEAL0 < <(cpu_totals)
 
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
+# How late the idle machine wakes a sleeping thread: no request's tail can
+# beat it, and every request waits for several wake-ups.
+python3 scripts/bench_report.py wakeups 5 >>"$RESULTS"
 echo "== (a) Redis ceiling: EVALSHA of authorize.lua, c=$CONCURRENCY"
 # The script exactly as atmost sends it (lib.lua, authorize.lua, the packing).
 SCRIPT=$("$BIN/atmost-bench" --print-script authorize)

@@ -5,6 +5,8 @@ peak throughput of one run, or the latency-vs-throughput plot.
   bench_report.py peak RESULTS LABEL SCENARIO
   bench_report.py summary RESULTS CLK_TCK
   bench_report.py plot RESULTS OUT.png
+  bench_report.py wakeups SECONDS   (how late this machine wakes a sleeping
+                                     thread, idle: the floor under any tail)
 """
 import json
 import sys
@@ -34,6 +36,21 @@ def peak(path, label, scenario):
     print(int(find(runs, label, scenario)["throughput_rps"]))
 
 
+def wakeups(seconds):
+    """Sleeps 0.5 ms over and over and prints how late each wake-up came, as
+    two metric lines for results.jsonl."""
+    import time
+    late = []
+    end = time.perf_counter() + float(seconds)
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        time.sleep(0.0005)
+        late.append(time.perf_counter() - t - 0.0005)
+    late.sort()
+    for name, value in (("p999", late[int(len(late) * 0.999)]), ("max", late[-1])):
+        print(json.dumps({"metric": f"idle_wakeup_late_{name}_us", "value": round(value * 1e6)}))
+
+
 def mark(ok):
     return "ok " if ok else "MISS"
 
@@ -47,6 +64,9 @@ def summary(path, clk_tck):
     steal = m.get("cpu_steal_percent")
     if steal is not None:
         print(f"CPU stolen by the hypervisor during the run: {steal}%")
+    if "idle_wakeup_late_p999_us" in m:
+        print(f"a sleeping thread woke late, idle machine: p99.9 {m['idle_wakeup_late_p999_us']}us, "
+              f"max {m['idle_wakeup_late_max_us']}us")
     print(f"(a) Redis ceiling, EVALSHA authorize.lua: {redis_ceiling:10.0f}/s")
     print(f"(b) gRPC ceiling, health Check:           {grpc_ceiling:10.0f}/s   "
           f"p50 {health['p50_us']}us p99 {health['p99_us']}us")
@@ -162,6 +182,8 @@ if __name__ == "__main__":
         peak(*sys.argv[2:5])
     elif cmd == "summary":
         summary(sys.argv[2], sys.argv[3])
+    elif cmd == "wakeups":
+        wakeups(sys.argv[2])
     elif cmd == "plot":
         plot(sys.argv[2], sys.argv[3])
     else:
