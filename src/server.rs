@@ -18,10 +18,10 @@ use tonic_health::server::HealthReporter;
 
 /// Default admission limit: requests waiting on the store at once. Past
 /// peak, the wait of an admitted request grows with this limit (Little's
-/// law: in flight / throughput): on the benchmark machine, at 150% of peak,
-/// p99 was 27-38 ms at 128, 53-55 ms at 256 and 146-154 ms at 512, with the
-/// same successful rate; 128 also shed 0.1% at 80% of peak, 256 nothing.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+/// law: in flight / throughput), and a lower limit sheds more of a burst
+/// below peak: see docs/performance.md, "Admission", for the measured
+/// trade-off.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 
 /// The service as configured: its store, its one clock and its limits.
 pub struct App {
@@ -35,7 +35,7 @@ pub struct App {
 
 impl App {
     /// The defaults: system clock, 2 s store deadline, store health checked
-    /// every second, 10 s to drain on shutdown, 256 requests in flight.
+    /// every second, 10 s to drain on shutdown, 512 requests in flight.
     pub fn new(store: Backend) -> Self {
         Self {
             store: Arc::new(store),
