@@ -375,8 +375,13 @@ fn redis_store_matches_the_model() {
         .enable_all()
         .build()
         .expect("runtime");
+    // MODEL_CASES=5000 for a deeper run than CI's.
+    let cases = std::env::var("MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 256,
+        cases,
         max_shrink_iters: 4_000,
         failure_persistence: None,
         ..ProptestConfig::default()
