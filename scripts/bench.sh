@@ -134,6 +134,12 @@ bench memory health
 # The transport's own CPU per call, the floor under CPU per Authorize.
 cpu_per_call memory health
 store_scenarios memory
+# This machine's speed drifts between minutes: the memory store's ratio to
+# (b) again, as health and Authorize runs side by side, ROUNDS times.
+for round in $(seq "${ROUNDS:-3}"); do
+  bench "memory-round-$round" health
+  bench "memory-round-$round" authorize
+done
 stop_atmost
 
 echo "== (c) the Redis store"

@@ -93,6 +93,13 @@ def summary(path, clk_tck):
     ]
     for name, value, target in checks:
         print(f"  {mark(value >= target)} {name}: {value:.0%}")
+    rounds = sorted({r["label"] for r in runs if r["label"].startswith("memory-round-")})
+    ratios = [find(runs, label, "authorize")["throughput_rps"] / find(runs, label, "health")["throughput_rps"]
+              for label in rounds]
+    if ratios:
+        median = sorted(ratios)[len(ratios) // 2]
+        print(f"  {mark(median >= 0.9)} memory authorize >= 90% of (b), {len(ratios)} interleaved rounds: "
+              + " ".join(f"{x:.0%}" for x in ratios) + f" (median {median:.0%})")
     def cpu_us(store, scenario):
         ticks = m.get(f"{store}_{scenario}_cpu_ticks")
         total = m.get(f"{store}_{scenario}_cpu_requests")
