@@ -222,8 +222,11 @@ impl Ledger {
                 tool: cmd.tool.clone(),
             });
         };
-        let dup_hash = self.dup_hash(tool, &cmd.request_fingerprint);
-        let duplicate_of = self.live_duplicate(dup_hash, tool, &cmd.request_fingerprint, now);
+        // The guard's index key, unless the guard is off.
+        let dup_hash = (permit.duplicate_guard.mode != GuardMode::Off)
+            .then(|| self.dup_hash(tool, &cmd.request_fingerprint));
+        let duplicate_of = dup_hash
+            .and_then(|hash| self.live_duplicate(hash, tool, &cmd.request_fingerprint, now));
         if let Some(earlier_key) = &duplicate_of
             && permit.duplicate_guard.mode == GuardMode::Enforce
         {
@@ -267,8 +270,8 @@ impl Ledger {
             detail: None,
             duplicate_of: duplicate_of.clone(),
         };
-        if permit.duplicate_guard.mode != GuardMode::Off {
-            self.dup_index.insert(dup_hash, key.clone());
+        if let Some(hash) = dup_hash {
+            self.dup_index.insert(hash, key.clone());
         }
         self.calls[tool] += 1;
         self.reserved += cmd.cost;
@@ -498,7 +501,8 @@ impl Ledger {
     }
 
     /// The latest attempt dispatched with the same (tool, fingerprint), if
-    /// it is not RELEASED and was created within the guard's window.
+    /// it is not RELEASED and was created within the guard's window (asked
+    /// only while the guard is on).
     fn live_duplicate(
         &self,
         dup_hash: u64,
@@ -506,16 +510,12 @@ impl Ledger {
         fingerprint: &[u8],
         now: Millis,
     ) -> Option<Key> {
-        let guard = self.permit.duplicate_guard;
-        if guard.mode == GuardMode::Off {
-            return None;
-        }
         let key = self.dup_index.get(&dup_hash)?;
         let earlier = self.attempts.get(&**key)?;
         let live = usize::from(earlier.tool) == tool
             && *earlier.fingerprint == *fingerprint
             && earlier.state != AttemptState::Released
-            && now - earlier.created_at < guard.window_ms;
+            && now - earlier.created_at < self.permit.duplicate_guard.window_ms;
         live.then(|| key.clone())
     }
 }
