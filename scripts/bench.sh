@@ -82,8 +82,10 @@ read -r CPU_TOTAL0 CPU_STEAL0 < <(cpu_totals)
 
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
 # How late the idle machine wakes a sleeping thread: no request's tail can
-# beat it, and every request waits for several wake-ups.
+# beat it, and every request waits for several wake-ups. And what the first
+# touch of new memory costs: a transparent huge page is zeroed whole on it.
 python3 scripts/bench_report.py wakeups 5 >>"$RESULTS"
+python3 scripts/bench_report.py first_touch >>"$RESULTS"
 echo "== (a) Redis ceiling: EVALSHA of authorize.lua, c=$CONCURRENCY"
 # The script exactly as atmost sends it (lib.lua, authorize.lua, the packing).
 SCRIPT=$("$BIN/atmost-bench" --print-script authorize)

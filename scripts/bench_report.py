@@ -7,6 +7,8 @@ peak throughput of one run, or the latency-vs-throughput plot.
   bench_report.py plot RESULTS OUT.png
   bench_report.py wakeups SECONDS   (how late this machine wakes a sleeping
                                      thread, idle: the floor under any tail)
+  bench_report.py first_touch         (what the first touch of new memory costs:
+                                     a 4 KiB page, and a transparent huge page)
 """
 import json
 import sys
@@ -51,6 +53,32 @@ def wakeups(seconds):
         print(json.dumps({"metric": f"idle_wakeup_late_{name}_us", "value": round(value * 1e6)}))
 
 
+def first_touch():
+    """Times the first write to fresh anonymous pages: 4 KiB ones, and 2 MiB
+    ones asked for as transparent huge pages (what mimalloc asks for unless
+    built with no_thp); prints the medians as metric lines."""
+    import ctypes
+    import mmap
+    import time
+
+    def touch(count, step, huge):
+        m = mmap.mmap(-1, (count + 1) * step, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if huge:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        base = (-ctypes.addressof(ctypes.c_char.from_buffer(m))) % step
+        took = []
+        for i in range(count):
+            t = time.perf_counter_ns()
+            m[base + i * step] = 1
+            took.append(time.perf_counter_ns() - t)
+        took.sort()
+        return took[count // 2] / 1e3
+
+    print(json.dumps({"metric": "first_touch_4k_p50_us", "value": round(touch(20000, 4096, False), 1)}))
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        print(json.dumps({"metric": "first_touch_thp_p50_us", "value": round(touch(50, 2 << 20, True))}))
+
+
 def mark(ok):
     return "ok " if ok else "MISS"
 
@@ -67,6 +95,9 @@ def summary(path, clk_tck):
     if "idle_wakeup_late_p999_us" in m:
         print(f"a sleeping thread woke late, idle machine: p99.9 {m['idle_wakeup_late_p999_us']}us, "
               f"max {m['idle_wakeup_late_max_us']}us")
+    if "first_touch_thp_p50_us" in m:
+        print(f"first touch of new memory: a 4 KiB page {m['first_touch_4k_p50_us']}us, "
+              f"a transparent huge page {m['first_touch_thp_p50_us']}us (p50)")
     print(f"(a) Redis ceiling, EVALSHA authorize.lua: {redis_ceiling:10.0f}/s")
     print(f"(b) gRPC ceiling, health Check:           {grpc_ceiling:10.0f}/s   "
           f"p50 {health['p50_us']}us p99 {health['p99_us']}us")
@@ -191,6 +222,8 @@ if __name__ == "__main__":
         summary(sys.argv[2], sys.argv[3])
     elif cmd == "wakeups":
         wakeups(sys.argv[2])
+    elif cmd == "first_touch":
+        first_touch()
     elif cmd == "plot":
         plot(sys.argv[2], sys.argv[3])
     else:
