@@ -18,7 +18,7 @@
 //! ```
 
 use atmost::domain::new_id;
-use atmost::store::redis::{script_body, script_text, unpack_reply};
+use atmost::store::redis::{connection_info, script_body, script_text, unpack_reply};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use redis::Script;
@@ -172,7 +172,9 @@ async fn setup_permit(conn: &mut ConnectionManager, prefix: &str) -> redis::Redi
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let client = redis::Client::open(args.redis_url.as_str())?;
+    // The same connection settings as atmost's store, for every strategy.
+    let info = connection_info(&args.redis_url)?;
+    let client = redis::Client::open(info.clone())?;
     let script = Arc::new(Script::new(&script_text(
         script_body("authorize").expect("the authorize script"),
     )));
@@ -181,8 +183,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Strategy::Multiplexed(ConnectionManager::new(client.clone()).await?),
     )];
     for size in &args.pool_sizes {
-        let pool = deadpool_redis::Config::from_url(args.redis_url.as_str())
-            .builder()?
+        let pool = deadpool_redis::Pool::builder(deadpool_redis::Manager::new(info.clone())?)
             .max_size(*size)
             .runtime(deadpool_redis::Runtime::Tokio1)
             .build()?;

@@ -14,7 +14,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 // glibc's malloc and free were about a fifth of the server's CPU per
-// Authorize in the profile (docs/performance.md).
+// Authorize in the profile (docs/performance.md). Built with `no_thp`
+// (Cargo.toml): no transparent huge pages for the process.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

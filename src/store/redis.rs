@@ -22,7 +22,7 @@ use crate::domain::{
     ResolveCmd, Settled, Usage, invalid,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::{IntoConnectionInfo, Script, Value};
 use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -112,6 +112,18 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// How atmost connects to the Redis at `url`: with `TCP_NODELAY`, which
+/// redis-rs leaves off. With Nagle's algorithm a pipelined script call waits
+/// for the previous one's acknowledgement (p99 at 17 000 Authorize/s: 2.2-2.7
+/// ms with it, 1.6-2.1 ms without; docs/performance.md).
+pub fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
+    let info = url
+        .into_connection_info()
+        .map_err(|e| invalid("redis_url", e.to_string()))?;
+    let nodelay = info.tcp_settings().clone().set_nodelay(true);
+    Ok(info.set_tcp_settings(nodelay))
+}
+
 fn unavailable(e: redis::RedisError) -> Error {
     Error::StoreUnavailable(e.to_string())
 }
@@ -133,8 +145,7 @@ impl RedisStore {
         if config.prefix.contains(['{', '}']) {
             return Err(invalid("redis_prefix", "may not contain '{' or '}'"));
         }
-        let client = redis::Client::open(config.url.as_str())
-            .map_err(|e| invalid("redis_url", e.to_string()))?;
+        let client = redis::Client::open(connection_info(&config.url)?).map_err(unavailable)?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.timeout))
             .set_response_timeout(Some(config.timeout))
