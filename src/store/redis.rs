@@ -936,7 +936,19 @@ fn decode_permit(permit_id: &str, reply: Vec<Value>) -> Result<PermitView, Error
 
 #[cfg(test)]
 mod tests {
-    use super::{Value, unpack_reply};
+    use super::{Error, Value, connection_info, unpack_reply};
+
+    #[test]
+    fn connects_without_nagle_to_the_address_given() {
+        let info = connection_info("redis://127.0.0.1:6390/3").unwrap();
+        assert!(info.tcp_settings().nodelay());
+        assert_eq!(info.addr().to_string(), "127.0.0.1:6390");
+        assert_eq!(info.redis_settings().db(), 3);
+        match connection_info("http://127.0.0.1:6390") {
+            Err(Error::InvalidRequest(v)) => assert_eq!(v[0].field, "redis_url"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn unpacks_what_cmsgpack_packs() {
