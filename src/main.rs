@@ -15,7 +15,8 @@ use tokio::net::TcpListener;
 
 // glibc's malloc and free were about a fifth of the server's CPU per
 // Authorize in the profile (docs/performance.md). Built with `no_thp`
-// (Cargo.toml): no transparent huge pages for the process.
+// (Cargo.toml), so it never asks for transparent huge pages; `main` also
+// turns them off for the whole process.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -92,6 +93,7 @@ struct ServeArgs {
 fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let Command::Serve(args) = Cli::parse().command;
     init_logging(args.log_format);
+    no_huge_pages();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.worker_threads {
         runtime.worker_threads(n.max(1));
@@ -163,5 +165,17 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = term => {}
+    }
+}
+
+/// Turns transparent huge pages off for this process (inherited by its
+/// threads), whatever the machine's THP mode: the kernel zeroes a huge page
+/// whole on its first touch, which stalled a worker for about 5 ms on the
+/// benchmark machine (docs/performance.md, "Huge pages"). Redis does the
+/// same for itself.
+fn no_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
+        tracing::warn!(error = %e, "could not turn transparent huge pages off");
     }
 }

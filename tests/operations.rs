@@ -1,6 +1,6 @@
 //! What operators and orchestrators rely on: gRPC health and reflection,
 //! failing closed while Redis is unreachable, script reloads after a Redis
-//! restart, and a clean exit on SIGTERM.
+//! restart, a clean exit on SIGTERM, and no transparent huge pages.
 
 mod support;
 
@@ -172,4 +172,22 @@ async fn sigterm_exits_zero() {
         .terminate(Duration::from_secs(10))
         .expect("exited within 10 s");
     assert!(status.success(), "{status:?}");
+}
+
+/// The server turns transparent huge pages off for itself, whatever the
+/// machine's THP mode: the first touch of one stalled a worker for about
+/// 5 ms on the benchmark machine (docs/performance.md, "Huge pages").
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_runs_without_transparent_huge_pages() {
+    let process = Process::spawn::<&str>(&[]);
+    let channel = process.channel().await;
+    assert_eq!(health(&channel, "").await, ServingStatus::Serving);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", process.pid()))
+        .expect("the server's /proc status");
+    let thp = status
+        .lines()
+        .find_map(|line| line.strip_prefix("THP_enabled:"))
+        .expect("a kernel that reports THP_enabled (Linux 5.0 or later)");
+    assert_eq!(thp.trim(), "0", "THP_enabled in /proc/<pid>/status");
 }
