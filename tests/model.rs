@@ -376,10 +376,10 @@ fn redis_store_matches_the_model() {
         .build()
         .expect("runtime");
     // MODEL_CASES=5000 for a deeper run than CI's.
-    let cases = std::env::var("MODEL_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
+    let cases = std::env::var("MODEL_CASES").map_or(256, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("MODEL_CASES={v:?}: not a number of cases"))
+    });
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases,
         max_shrink_iters: 4_000,

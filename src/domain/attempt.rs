@@ -59,7 +59,7 @@ pub struct Attempt {
     pub idempotency_key: String,
     pub request_fingerprint: Vec<u8>,
     pub cost: i64,
-    /// The stored state. Readers see [`Attempt::observed`], which turns a
+    /// The stored state. Readers see [`Attempt::into_observed`], which turns a
     /// RESERVED attempt past its lease into UNCERTAIN.
     pub state: AttemptState,
     pub created_at: Millis,
@@ -81,11 +81,6 @@ impl Attempt {
     }
 
     /// The attempt as readers see it at `now` (see [`Attempt::observed_state`]).
-    pub fn observed(&self, now: Millis) -> Attempt {
-        self.clone().into_observed(now)
-    }
-
-    /// [`Attempt::observed`], in place.
     pub fn into_observed(mut self, now: Millis) -> Attempt {
         if self.state != self.observed_state(now) {
             self.state = AttemptState::Uncertain;

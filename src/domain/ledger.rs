@@ -470,7 +470,7 @@ impl Ledger {
         self.attempt_view(key, record, now)
     }
 
-    /// The attempt as readers see it at `now` (see [`Attempt::observed`]).
+    /// The attempt as readers see it at `now` (see [`Attempt::into_observed`]).
     fn attempt_view(&self, key: &str, record: &Record, now: Millis) -> Attempt {
         let detail = record.detail.as_deref();
         Attempt {
@@ -483,8 +483,8 @@ impl Ledger {
             state: record.state,
             created_at: record.created_at,
             lease_expires_at: record.lease_expires_at,
-            receipt: detail.and_then(|d| d.receipt.clone()),
-            failure_reason: detail.map(|d| d.failure_reason.clone()).unwrap_or_default(),
+            receipt: record.receipt().cloned(),
+            failure_reason: record.failure_reason().to_owned(),
             uncertain_reason: detail
                 .map(|d| d.uncertain_reason.clone())
                 .unwrap_or_default(),

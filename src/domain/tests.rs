@@ -77,7 +77,7 @@ fn a_reserved_attempt_is_uncertain_the_instant_its_lease_passes() {
     let a = attempt(AttemptState::Reserved, 1_000);
     assert_eq!(a.observed_state(999), AttemptState::Reserved);
     assert_eq!(a.observed_state(1_000), AttemptState::Uncertain);
-    let seen = a.observed(1_000);
+    let seen = a.clone().into_observed(1_000);
     assert_eq!(seen.state, AttemptState::Uncertain);
     assert_eq!(seen.uncertain_reason, LEASE_EXPIRED);
     // Only RESERVED attempts are affected by the lease.
