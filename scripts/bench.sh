@@ -31,7 +31,7 @@ command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null || {
   echo "bench.sh: needs redis-server and redis-benchmark (apt-get install redis-server)" >&2
   exit 1
 }
-cargo build --release --locked --bins --example redis_connections >&2
+cargo build --release --locked --workspace --bins --examples >&2
 BIN=target/release
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -17,4 +17,4 @@ if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_URL:-}" ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
 fi
 
-cargo test --locked --all-targets "$@"
+cargo test --locked --workspace --all-targets "$@"

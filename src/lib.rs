@@ -17,14 +17,11 @@
 //!   reference semantics) and [`store::redis`] (one Lua script per
 //!   transition).
 //! - [`server`]: [`run`], which `main` and the tests both call.
-//! - [`testkit`]: real `redis-server` and `atmost` processes for the tests
-//!   and the stress checker (`src/bin/atmost-stress.rs`).
 
 pub mod api;
 pub mod domain;
 pub mod server;
 pub mod store;
-pub mod testkit;
 
 pub use server::{App, run};
 

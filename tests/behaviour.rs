@@ -1,12 +1,9 @@
 //! The behavioural suite: every test runs over real gRPC on a loopback port,
 //! once against the memory store and once against a real Redis.
 
-mod support;
-
-use atmost::pb::{self, AttemptState, Decision};
-use support::*;
+use crate::support::*;
+use pb::{AttemptState, Decision};
 use tonic::Code;
-use tonic_types::StatusExt;
 
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
@@ -176,25 +173,17 @@ async fn create_permit_rejects_bad_input(h: Harness) {
     for (field, mutate) in cases {
         let mut p = h.permit(&["search"]);
         mutate(&mut p);
-        let result = h
-            .permits
-            .clone()
-            .create_permit(pb::CreatePermitRequest { permit: Some(p) })
-            .await;
+        let result = h.client.create_permit(p).await;
         let (_, status) = expect_error(result, Code::InvalidArgument, "INVALID_REQUEST");
         assert!(
-            violated_fields(&status).iter().any(|f| f == field),
+            status.violated_fields().iter().any(|f| f == field),
             "{field}: {status:?}"
         );
     }
     // An expiry in the past.
     let mut p = h.permit(&["search"]);
-    p.expires_at = Some(atmost::api::convert::timestamp(h.now_ms() - 1));
-    let result = h
-        .permits
-        .clone()
-        .create_permit(pb::CreatePermitRequest { permit: Some(p) })
-        .await;
+    p.expires_at = Some(atmost_client::timestamp(h.now_ms() - 1));
+    let result = h.client.create_permit(p).await;
     expect_error(result, Code::InvalidArgument, "INVALID_REQUEST");
 }
 
@@ -207,13 +196,7 @@ async fn unknown_permit_is_not_found(h: Harness) {
     );
     assert_eq!(meta["permit_id"], id);
     expect_error(h.get(&id).await, Code::NotFound, "PERMIT_NOT_FOUND");
-    let revoke = h
-        .permits
-        .clone()
-        .revoke_permit(pb::RevokePermitRequest {
-            permit_id: id.clone(),
-        })
-        .await;
+    let revoke = h.client.revoke_permit(&id).await;
     expect_error(revoke, Code::NotFound, "PERMIT_NOT_FOUND");
     expect_error(
         h.list(&id, 10, "").await,
@@ -396,11 +379,13 @@ async fn same_key_in_flight_is_in_progress(h: Harness) {
     );
     assert_eq!(meta["idempotency_key"], "k");
     let lease = a.lease_expires_at.expect("lease");
-    let expected =
-        atmost::api::status::rfc3339(lease.seconds * 1000 + i64::from(lease.nanos) / 1_000_000);
+    let expected = atmost::api::status::rfc3339(atmost_client::millis(&lease));
     assert_eq!(meta["lease_expires_at"], expected);
-    let retry = status.get_details_retry_info().expect("RetryInfo");
-    assert_eq!(retry.retry_delay, Some(std::time::Duration::from_secs(20)));
+    assert_eq!(
+        status.retry_after(),
+        Some(std::time::Duration::from_secs(20)),
+        "RetryInfo: {status:?}"
+    );
     let got = h.get(&permit).await.expect("get");
     assert_eq!(got.usage[0].calls_made, 1);
 }
@@ -477,15 +462,7 @@ async fn replay_survives_cap_expiry_and_revocation(h: Harness) {
         h.dispatch(&p2, "t", "k", b"fp", 1).await
     };
     // Revoked: new keys stop, replays and commits go on.
-    let revoked = h
-        .permits
-        .clone()
-        .revoke_permit(pb::RevokePermitRequest {
-            permit_id: b.permit_id.clone(),
-        })
-        .await
-        .expect("revoke")
-        .into_inner();
+    let revoked = h.client.revoke_permit(&b.permit_id).await.expect("revoke");
     assert_eq!(revoked.status(), pb::PermitStatus::Revoked);
     let (meta, _) = expect_error(
         h.authorize(&b.permit_id, "t", "new", b"new", 1).await,
@@ -545,7 +522,7 @@ async fn replay_survives_cap_expiry_and_revocation(h: Harness) {
 /// A permit over tool "t" that expires in 60 s.
 async fn permit_expiring(h: &Harness) -> String {
     let mut p = h.permit(&["t"]);
-    p.expires_at = Some(atmost::api::convert::timestamp(h.now_ms() + 60_000));
+    p.expires_at = Some(atmost_client::timestamp(h.now_ms() + 60_000));
     p.lease = Some(prost_types::Duration {
         seconds: 600,
         nanos: 0,
@@ -585,7 +562,7 @@ async fn actual_cost_defaults_and_may_not_exceed_reservation(h: Harness) {
         Code::InvalidArgument,
         "INVALID_REQUEST",
     );
-    assert_eq!(violated_fields(&status), vec!["succeeded.actual_cost"]);
+    assert_eq!(status.violated_fields(), vec!["succeeded.actual_cost"]);
     let r = h.commit(&a, succeeded(b"", Some(6))).await.expect("commit");
     assert_eq!(r.attempt.expect("a").receipt.expect("r").cost, 6);
     assert_eq!(budget(&h, &permit).await, (6, 0, Some(94)));
@@ -612,13 +589,7 @@ async fn tool_not_in_scope(h: Harness) {
 async fn order_of_checks(h: Harness) {
     // revoked before expired before scope.
     let p = permit_expiring(&h).await;
-    h.permits
-        .clone()
-        .revoke_permit(pb::RevokePermitRequest {
-            permit_id: p.clone(),
-        })
-        .await
-        .expect("revoke");
+    h.client.revoke_permit(&p).await.expect("revoke");
     h.clock.advance(61_000);
     expect_error(
         h.authorize(&p, "nope", "k", b"fp", 0).await,
@@ -660,13 +631,7 @@ async fn order_of_checks(h: Harness) {
         "PERMIT_MAX_CALLS_EXCEEDED",
     );
     // An existing key is answered before any permit check.
-    h.permits
-        .clone()
-        .revoke_permit(pb::RevokePermitRequest {
-            permit_id: p.clone(),
-        })
-        .await
-        .expect("revoke");
+    h.client.revoke_permit(&p).await.expect("revoke");
     expect_error(
         h.authorize(&p, "t", "k1", b"fp", 2).await,
         Code::FailedPrecondition,
@@ -941,7 +906,7 @@ async fn list_uncertain_pages_within_and_across_permits(h: Harness) {
         Code::InvalidArgument,
         "INVALID_REQUEST",
     );
-    assert_eq!(violated_fields(&status), vec!["page_token"]);
+    assert_eq!(status.violated_fields(), vec!["page_token"]);
     let page = h.list(&p1, 1, "").await.expect("page");
     expect_error(
         h.list(&p2, 1, &page.next_page_token).await,
@@ -1089,7 +1054,7 @@ async fn malformed_requests_change_nothing(h: Harness) {
             Code::InvalidArgument,
             "INVALID_REQUEST",
         );
-        assert_eq!(violated_fields(&status), vec![field], "{status:?}");
+        assert_eq!(status.violated_fields(), vec![field], "{status:?}");
     }
     for key in ["tab\there", "bad\u{1}key", "caf\u{e9}"] {
         expect_error(
@@ -1105,10 +1070,9 @@ async fn malformed_requests_change_nothing(h: Harness) {
         Code::InvalidArgument,
         "INVALID_REQUEST",
     );
-    assert_eq!(violated_fields(&status), vec!["succeeded.result"]);
+    assert_eq!(status.violated_fields(), vec!["succeeded.result"]);
     let no_outcome = h
-        .gate
-        .clone()
+        .client
         .commit(pb::CommitRequest {
             permit_id: permit.clone(),
             idempotency_key: "k".into(),
@@ -1136,12 +1100,12 @@ async fn malformed_requests_change_nothing(h: Harness) {
 
 /// Sends the requests all at once; returns how many got DISPATCH and the
 /// refusals.
-async fn race(h: &Harness, requests: Vec<pb::AuthorizeRequest>) -> (usize, Vec<tonic::Status>) {
+async fn race(h: &Harness, requests: Vec<pb::AuthorizeRequest>) -> (usize, Vec<Error>) {
     let tasks: Vec<_> = requests
         .into_iter()
         .map(|request| {
-            let mut gate = h.gate.clone();
-            tokio::spawn(async move { gate.authorize(request).await })
+            let client = h.client.clone();
+            tokio::spawn(async move { client.authorize(request).await })
         })
         .collect();
     let mut dispatched = 0;
@@ -1149,7 +1113,7 @@ async fn race(h: &Harness, requests: Vec<pb::AuthorizeRequest>) -> (usize, Vec<t
     for t in tasks {
         match t.await.expect("task") {
             Ok(r) => {
-                assert_eq!(r.into_inner().decision(), Decision::Dispatch);
+                assert_eq!(r.decision(), Decision::Dispatch);
                 dispatched += 1;
             }
             Err(s) => refused.push(s),

@@ -5,27 +5,18 @@
 //! in flight. In every case atmost fails closed (UNAVAILABLE, never a
 //! guess) and never gives a second DISPATCH for one idempotency key.
 
-mod support;
-
-use atmost::pb::{
-    self, AttemptState, Decision, gate_client::GateClient, permits_client::PermitsClient,
-};
-use atmost::store::{
-    Backend,
-    redis::{RedisConfig, RedisStore},
-};
+use crate::support::proxy::{HOLD, Mode, Proxy};
+use crate::support::*;
+use atmost::store::Backend;
+use pb::{AttemptState, Decision};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use support::proxy::{HOLD, Mode, Proxy};
-use support::*;
-use tonic::transport::Channel;
-use tonic::{Code, Status};
+use std::time::{Duration, Instant};
+use tonic::Code;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
-use tonic_types::StatusExt;
 
 /// The store deadline of the in-process servers here: small, so a dead or
 /// slow Redis is noticed quickly.
@@ -40,31 +31,19 @@ const PATIENCE: Duration = Duration::from_secs(15);
 
 // === helpers ===
 
-fn wall_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("time")
-        .as_millis() as i64
-}
-
-fn reason(status: &Status) -> Option<String> {
-    status.get_details_error_info().map(|info| info.reason)
+/// A client that sends every RPC with [`RPC_DEADLINE`].
+fn with_deadline(client: &Client) -> Client {
+    client.clone().with_timeout(RPC_DEADLINE)
 }
 
 /// UNAVAILABLE with ErrorInfo STORE_UNAVAILABLE: atmost's own "the store did
 /// not answer", not a transport error.
-fn is_store_unavailable(status: &Status) -> bool {
-    status.code() == Code::Unavailable && reason(status).as_deref() == Some("STORE_UNAVAILABLE")
+fn is_store_unavailable(e: &Error) -> bool {
+    e.code() == Code::Unavailable && e.reason_name() == Some("STORE_UNAVAILABLE")
 }
 
-fn is_in_progress(status: &Status) -> bool {
-    status.code() == Code::Aborted && reason(status).as_deref() == Some("IDEMPOTENCY_IN_PROGRESS")
-}
-
-fn with_deadline<T>(message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(RPC_DEADLINE);
-    request
+fn is_in_progress(e: &Error) -> bool {
+    e.code() == Code::Aborted && e.reason_name() == Some("IDEMPOTENCY_IN_PROGRESS")
 }
 
 fn authorize_request(permit_id: &str, key: &str, cost: i64) -> pb::AuthorizeRequest {
@@ -78,42 +57,32 @@ fn authorize_request(permit_id: &str, key: &str, cost: i64) -> pb::AuthorizeRequ
 }
 
 async fn authorize(
-    channel: &Channel,
+    client: &Client,
     permit_id: &str,
     key: &str,
     cost: i64,
-) -> Result<pb::AuthorizeResponse, Status> {
-    GateClient::new(channel.clone())
-        .authorize(with_deadline(authorize_request(permit_id, key, cost)))
+) -> Result<pb::AuthorizeResponse, Error> {
+    client
+        .authorize(authorize_request(permit_id, key, cost))
         .await
-        .map(|r| r.into_inner())
-}
-
-async fn get_permit(channel: &Channel, permit_id: &str) -> Result<pb::GetPermitResponse, Status> {
-    PermitsClient::new(channel.clone())
-        .get_permit(with_deadline(pb::GetPermitRequest {
-            permit_id: permit_id.into(),
-        }))
-        .await
-        .map(|r| r.into_inner())
 }
 
 /// Retries `call` while the store is unavailable (a loaded machine may miss
 /// the small store deadline now and then); any other answer is returned.
-async fn until_available<T, F, Fut>(what: &str, mut call: F) -> Result<T, Status>
+async fn until_available<T, F, Fut>(what: &str, mut call: F) -> Result<T, Error>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, Status>>,
+    Fut: std::future::Future<Output = Result<T, Error>>,
 {
     let deadline = Instant::now() + PATIENCE;
     loop {
         match call().await {
-            Err(s) if is_store_unavailable(&s) && Instant::now() < deadline => {
+            Err(e) if is_store_unavailable(&e) && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(s) => {
-                eprintln!("{what}: {s:?}");
-                return Err(s);
+            Err(e) => {
+                eprintln!("{what}: {e:?}");
+                return Err(e);
             }
             ok => return ok,
         }
@@ -123,40 +92,31 @@ where
 /// A permit over tool "t" expiring in an hour of wall-clock time (for the
 /// atmost processes, which run on the system clock).
 fn wall_permit(cap: Option<u64>, budget: Option<i64>, lease: Option<Duration>) -> pb::Permit {
-    pb::Permit {
-        subject: "faults".into(),
-        tools: vec!["t".into()],
-        max_calls_per_tool: cap.map(|n| ("t".to_string(), n)).into_iter().collect(),
-        budget,
-        currency: "EUR".into(),
-        expires_at: Some(atmost::api::convert::timestamp(wall_ms() + 3_600_000)),
-        lease: lease.map(|d| prost_types::Duration {
-            seconds: d.as_secs() as i64,
-            nanos: d.subsec_nanos() as i32,
-        }),
-        ..Default::default()
+    let mut p = NewPermit::new(["t"]).subject("faults").currency("EUR");
+    if let Some(cap) = cap {
+        p = p.cap("t", cap);
     }
+    if let Some(budget) = budget {
+        p = p.budget(budget);
+    }
+    if let Some(lease) = lease {
+        p = p.lease(lease);
+    }
+    p.build()
 }
 
-async fn create(channel: &Channel, permit: pb::Permit) -> String {
-    until_available("create permit", || {
-        let mut permits = PermitsClient::new(channel.clone());
-        let request = with_deadline(pb::CreatePermitRequest {
-            permit: Some(permit.clone()),
-        });
-        async move { permits.create_permit(request).await }
-    })
-    .await
-    .expect("create permit")
-    .into_inner()
-    .permit_id
+async fn create(client: &Client, permit: pb::Permit) -> String {
+    until_available("create permit", || client.create_permit(permit.clone()))
+        .await
+        .expect("create permit")
+        .permit_id
 }
 
 /// Authorizes fresh keys `<stem>-0`, `<stem>-1`, ... until one gets a
 /// DISPATCH (a key whose answer was lost to a missed store deadline is
 /// recorded in `sent` and left behind); returns the attempt.
 async fn fresh_dispatch(
-    channel: &Channel,
+    client: &Client,
     permit_id: &str,
     stem: &str,
     sent: &mut BTreeSet<String>,
@@ -164,31 +124,34 @@ async fn fresh_dispatch(
     for i in 0..20 {
         let key = format!("{stem}-{i}");
         sent.insert(key.clone());
-        match authorize(channel, permit_id, &key, 1).await {
+        match authorize(client, permit_id, &key, 1).await {
             Ok(r) => {
                 assert_eq!(r.decision(), Decision::Dispatch, "{key}: {r:?}");
                 return r.attempt.expect("attempt");
             }
-            Err(s) if is_store_unavailable(&s) => {}
-            Err(s) => panic!("{key}: {s:?}"),
+            Err(e) if is_store_unavailable(&e) => {}
+            Err(e) => panic!("{key}: {e:?}"),
         }
     }
     panic!("no DISPATCH for {stem} in 20 tries");
 }
 
-async fn health(channel: &Channel) -> Result<ServingStatus, Status> {
-    HealthClient::new(channel.clone())
-        .check(with_deadline(HealthCheckRequest {
-            service: String::new(),
-        }))
+async fn health(client: &Client) -> Result<ServingStatus, Error> {
+    let mut request = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    request.set_timeout(RPC_DEADLINE);
+    HealthClient::new(client.channel())
+        .check(request)
         .await
         .map(|r| r.into_inner().status())
+        .map_err(Error::from)
 }
 
-async fn wait_health(channel: &Channel, want: ServingStatus) {
+async fn wait_health(client: &Client, want: ServingStatus) {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        if health(channel).await.ok() == Some(want) {
+        if health(client).await.ok() == Some(want) {
             return;
         }
         assert!(Instant::now() < deadline, "health never became {want:?}");
@@ -207,14 +170,8 @@ async fn proxied_harness_with(
 ) -> (Proxy, Harness) {
     let redis = Redis::start_owned();
     let proxy = Proxy::for_redis(&redis.url).await;
-    let store = RedisStore::connect(&RedisConfig {
-        url: proxy.url(),
-        prefix: redis.prefix.clone(),
-        retention_ms: DAY_MS,
-        timeout: STORE_TIMEOUT,
-    })
-    .expect("redis store");
-    let h = Harness::serve(Kind::Redis, Backend::Redis(store), Some(redis), |app| {
+    let store = redis_store(&proxy.url(), &redis.prefix, STORE_TIMEOUT);
+    let h = Harness::serve(Backend::Redis(store), Some(redis), |app| {
         configure(
             app.with_store_timeout(STORE_TIMEOUT)
                 .with_health_interval(Duration::from_millis(50)),
@@ -228,20 +185,20 @@ async fn proxied_harness_with(
 async fn harness_permit(h: &Harness, cap: Option<u64>) -> String {
     let mut p = h.permit(&["t"]);
     p.max_calls_per_tool = cap.map(|n| ("t".to_string(), n)).into_iter().collect();
-    create(&h.channel, p).await
+    create(&with_deadline(&h.client), p).await
 }
 
 /// Retries Authorize of `key` until atmost answers something other than
 /// STORE_UNAVAILABLE, and asserts that answer is the key's existing
 /// reservation (IN_PROGRESS or a REPLAY), never a DISPATCH. Returns how many
 /// RPCs it took.
-async fn expect_original_reservation(channel: &Channel, permit_id: &str, key: &str) -> usize {
+async fn expect_original_reservation(client: &Client, permit_id: &str, key: &str) -> usize {
     let deadline = Instant::now() + PATIENCE;
     for rpcs in 1.. {
-        match authorize(channel, permit_id, key, 1).await {
-            Err(s) if is_in_progress(&s) => return rpcs,
+        match authorize(client, permit_id, key, 1).await {
+            Err(e) if is_in_progress(&e) => return rpcs,
             Ok(r) if r.decision() == Decision::Replay => return rpcs,
-            Err(s) if is_store_unavailable(&s) && Instant::now() < deadline => {
+            Err(e) if is_store_unavailable(&e) && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             other => panic!("the retry of {key} must see its reservation: {other:?}"),
@@ -250,8 +207,8 @@ async fn expect_original_reservation(channel: &Channel, permit_id: &str, key: &s
     unreachable!()
 }
 
-async fn calls_made(channel: &Channel, permit_id: &str) -> u64 {
-    let view = until_available("get permit", || get_permit(channel, permit_id))
+async fn calls_made(client: &Client, permit_id: &str) -> u64 {
+    let view = until_available("get permit", || client.get_permit(permit_id))
         .await
         .expect("get permit");
     view.usage[0].calls_made
@@ -264,49 +221,41 @@ struct Sample {
     key: String,
     started: Instant,
     finished: Instant,
-    outcome: Result<Decision, Status>,
+    outcome: Result<Decision, Error>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
+    let _machine = timing_sensitive().await;
     let redis = Redis::start_persistent();
-    let store = RedisStore::connect(&RedisConfig {
-        url: redis.url.clone(),
-        prefix: redis.prefix.clone(),
-        retention_ms: DAY_MS,
-        timeout: STORE_TIMEOUT,
-    })
-    .expect("redis store");
-    let mut h = Harness::serve(Kind::Redis, Backend::Redis(store), Some(redis), |app| {
+    let store = redis_store(&redis.url, &redis.prefix, STORE_TIMEOUT);
+    let mut h = Harness::serve(Backend::Redis(store), Some(redis), |app| {
         app.with_store_timeout(STORE_TIMEOUT)
             .with_health_interval(Duration::from_millis(50))
     })
     .await;
-    let channel = h.channel.clone();
+    let client = with_deadline(&h.client);
     let permit = harness_permit(&h, None).await;
-    wait_health(&channel, ServingStatus::Serving).await;
+    wait_health(&client, ServingStatus::Serving).await;
 
     // Before the kill: one attempt settled, one left RESERVED.
     let mut sent = BTreeSet::new();
-    let settled = fresh_dispatch(&channel, &permit, "pre-settled", &mut sent).await;
+    let settled = fresh_dispatch(&client, &permit, "pre-settled", &mut sent).await;
     let committed = until_available("commit", || {
-        let mut gate = GateClient::new(channel.clone());
-        let request = with_deadline(pb::CommitRequest {
+        client.commit(pb::CommitRequest {
             permit_id: permit.clone(),
             idempotency_key: settled.idempotency_key.clone(),
             attempt_id: settled.attempt_id.clone(),
             outcome: Some(succeeded(b"receipt before the kill", None)),
-        });
-        async move { gate.commit(request).await }
+        })
     })
     .await
-    .expect("commit")
-    .into_inner();
+    .expect("commit");
     let receipt = committed
         .attempt
         .and_then(|a| a.receipt)
         .expect("a receipt");
-    let reserved = fresh_dispatch(&channel, &permit, "pre-reserved", &mut sent).await;
+    let reserved = fresh_dispatch(&client, &permit, "pre-reserved", &mut sent).await;
 
     // Load: three clients sending Authorize with fresh keys, bounded in count.
     let stop = Arc::new(AtomicBool::new(false));
@@ -314,8 +263,8 @@ async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
     let dispatched = Arc::new(AtomicUsize::new(0));
     let during_outage = Arc::new(AtomicUsize::new(0));
     let mut load = Vec::new();
-    for client in 0..3 {
-        let (channel, permit) = (channel.clone(), permit.clone());
+    for loader in 0..3 {
+        let (client, permit) = (client.clone(), permit.clone());
         let (stop, killed_at) = (stop.clone(), killed_at.clone());
         let (dispatched, during_outage) = (dispatched.clone(), during_outage.clone());
         load.push(tokio::spawn(async move {
@@ -324,9 +273,9 @@ async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
-                let key = format!("load-{client}-{i}");
+                let key = format!("load-{loader}-{i}");
                 let started = Instant::now();
-                let outcome = authorize(&channel, &permit, &key, 1)
+                let outcome = authorize(&client, &permit, &key, 1)
                     .await
                     .map(|r| r.decision());
                 let finished = Instant::now();
@@ -364,20 +313,20 @@ async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
 
     // While it is down every RPC is UNAVAILABLE / STORE_UNAVAILABLE within
     // its deadline, never a decision.
-    let probe = fresh_key_probe(&channel, &permit, &mut sent).await;
+    let probe = fresh_key_probe(&client, &permit, &mut sent).await;
     assert!(is_store_unavailable(&probe), "new key: {probe:?}");
-    let replay = authorize(&channel, &permit, &settled.idempotency_key, 1).await;
+    let replay = authorize(&client, &permit, &settled.idempotency_key, 1).await;
     assert!(
         replay.as_ref().is_err_and(is_store_unavailable),
         "replay: {replay:?}"
     );
-    let get = get_permit(&channel, &permit).await;
+    let get = client.get_permit(&permit).await;
     assert!(get.as_ref().is_err_and(is_store_unavailable), "{get:?}");
-    let list = PermitsClient::new(channel.clone())
-        .list_uncertain(with_deadline(pb::ListUncertainRequest::default()))
+    let list = client
+        .list_uncertain(pb::ListUncertainRequest::default())
         .await;
     assert!(list.as_ref().is_err_and(is_store_unavailable), "{list:?}");
-    wait_health(&channel, ServingStatus::NotServing).await;
+    wait_health(&client, ServingStatus::NotServing).await;
     let deadline = Instant::now() + PATIENCE;
     while during_outage.load(Ordering::SeqCst) < 6 {
         assert!(Instant::now() < deadline, "no load during the outage");
@@ -393,7 +342,7 @@ async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
     for i in 0..1_000 {
         let key = format!("after-{i}");
         sent.insert(key.clone());
-        match authorize(&channel, &permit, &key, 1).await {
+        match authorize(&client, &permit, &key, 1).await {
             Ok(r) if r.decision() == Decision::Dispatch => {
                 resumed = Some(back.elapsed());
                 break;
@@ -411,19 +360,19 @@ async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
         "service resumed {resumed:?} after Redis returned"
     );
     // Pre-kill keys replay from the data that survived.
-    let replay = authorize(&channel, &permit, &settled.idempotency_key, 1)
+    let replay = authorize(&client, &permit, &settled.idempotency_key, 1)
         .await
         .expect("replay of the settled key");
     assert_eq!(replay.decision(), Decision::Replay);
     let attempt = replay.attempt.expect("attempt");
     assert_eq!(attempt.state(), AttemptState::Succeeded);
     assert_eq!(attempt.receipt, Some(receipt));
-    let again = authorize(&channel, &permit, &reserved.idempotency_key, 1).await;
+    let again = authorize(&client, &permit, &reserved.idempotency_key, 1).await;
     assert!(
         again.as_ref().is_err_and(is_in_progress),
         "the reserved key: {again:?}"
     );
-    wait_health(&channel, ServingStatus::Serving).await;
+    wait_health(&client, ServingStatus::Serving).await;
 
     stop.store(true, Ordering::SeqCst);
     let mut samples = Vec::new();
@@ -460,7 +409,7 @@ async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
 
     // Every DISPATCH given survived the restart: its key is still RESERVED.
     for key in &load_dispatched {
-        let r = authorize(&channel, &permit, key, 1).await;
+        let r = authorize(&client, &permit, key, 1).await;
         assert!(r.as_ref().is_err_and(is_in_progress), "{key}: {r:?}");
     }
     // Every key whose answer was lost either ran (IN_PROGRESS) or did not
@@ -469,7 +418,7 @@ async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
         if load_dispatched.contains(key) {
             continue;
         }
-        let r = until_available(key, || authorize(&channel, &permit, key, 1)).await;
+        let r = until_available(key, || authorize(&client, &permit, key, 1)).await;
         match r {
             Ok(r) => assert!(
                 matches!(r.decision(), Decision::Dispatch | Decision::Replay),
@@ -478,7 +427,7 @@ async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
             Err(s) => assert!(is_in_progress(&s), "{key}: {s:?}"),
         }
     }
-    let view = until_available("get permit", || get_permit(&channel, &permit))
+    let view = until_available("get permit", || client.get_permit(&permit))
         .await
         .expect("get permit");
     assert_eq!(view.usage[0].calls_made, sent.len() as u64);
@@ -489,28 +438,35 @@ async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
 }
 
 /// One Authorize of a fresh key while Redis is down; returns its error.
-async fn fresh_key_probe(channel: &Channel, permit: &str, sent: &mut BTreeSet<String>) -> Status {
+async fn fresh_key_probe(client: &Client, permit: &str, sent: &mut BTreeSet<String>) -> Error {
     sent.insert("down-probe".into());
-    match authorize(channel, permit, "down-probe", 1).await {
+    match authorize(client, permit, "down-probe", 1).await {
         Ok(r) => panic!("a decision while Redis is down: {r:?}"),
         Err(s) => s,
     }
 }
 
-fn mentions_noscript(status: &Status) -> bool {
-    status.message().to_ascii_lowercase().contains("noscript")
+fn mentions_noscript(e: &Error) -> bool {
+    e.status()
+        .message()
+        .to_ascii_lowercase()
+        .contains("noscript")
 }
 
 // === 2. A replica SIGKILLed between Authorize and Commit ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_killed_between_authorize_and_commit_leaves_the_attempt_uncertain() {
+    let _machine = timing_sensitive().await;
     use std::os::unix::process::ExitStatusExt;
     let redis = Redis::start();
     let args = redis.serve_args();
-    let mut a = Process::spawn(&args);
-    let b = Process::spawn(&args);
-    let (via_a, via_b) = (a.channel().await, b.channel().await);
+    let mut a = spawn_atmost(&args);
+    let b = spawn_atmost(&args);
+    let (via_a, via_b) = (
+        with_deadline(&a.client().await),
+        with_deadline(&b.client().await),
+    );
 
     let lease = Duration::from_secs(2);
     let permit = create(&via_b, wall_permit(Some(2), Some(1_000), Some(lease))).await;
@@ -520,13 +476,13 @@ async fn replica_killed_between_authorize_and_commit_leaves_the_attempt_uncertai
         .expect("authorize k0");
     assert_eq!(first.decision(), Decision::Dispatch);
     let first = first.attempt.expect("attempt");
-    GateClient::new(via_a.clone())
-        .commit(with_deadline(pb::CommitRequest {
+    via_a
+        .commit(pb::CommitRequest {
             permit_id: permit.clone(),
             idempotency_key: "k0".into(),
             attempt_id: first.attempt_id,
             outcome: Some(succeeded(b"done", None)),
-        }))
+        })
         .await
         .expect("commit k0");
     let open = authorize(&via_a, &permit, "k1", 200)
@@ -534,8 +490,7 @@ async fn replica_killed_between_authorize_and_commit_leaves_the_attempt_uncertai
         .expect("authorize k1");
     assert_eq!(open.decision(), Decision::Dispatch);
     let open = open.attempt.expect("attempt");
-    let lease_ends = open.lease_expires_at.expect("lease");
-    let lease_ends = lease_ends.seconds * 1000 + i64::from(lease_ends.nanos) / 1_000_000;
+    let lease_ends = atmost_client::millis(&open.lease_expires_at.expect("lease"));
 
     let status = a.kill().expect("SIGKILL replica A");
     assert_eq!(status.signal(), Some(9), "{status:?}");
@@ -545,14 +500,14 @@ async fn replica_killed_between_authorize_and_commit_leaves_the_attempt_uncertai
     let deadline = Instant::now() + PATIENCE;
     let uncertain = loop {
         assert!(Instant::now() < deadline, "k1 never became UNCERTAIN");
-        let asked = wall_ms();
+        let asked = atmost_client::now_ms();
         let r = authorize(&via_b, &permit, "k1", 200).await;
-        let answered = wall_ms();
+        let answered = atmost_client::now_ms();
         match r {
             Err(s) if is_in_progress(&s) => {
                 // atmost's clock read between `asked` and `answered`.
                 assert!(asked < lease_ends, "IN_PROGRESS after the lease: {s:?}");
-                let meta = s.get_details_error_info().expect("info").metadata;
+                let meta = s.metadata();
                 assert_eq!(
                     meta["lease_expires_at"],
                     atmost::api::status::rfc3339(lease_ends)
@@ -581,23 +536,21 @@ async fn replica_killed_between_authorize_and_commit_leaves_the_attempt_uncertai
     assert_eq!(uncertain.attempt_id, open.attempt_id);
 
     // The reconciler finds it, under the permit and across all permits.
-    let list = PermitsClient::new(via_b.clone())
-        .list_uncertain(with_deadline(pb::ListUncertainRequest {
+    let list = via_b
+        .list_uncertain(pb::ListUncertainRequest {
             permit_id: permit.clone(),
             ..Default::default()
-        }))
+        })
         .await
-        .expect("list")
-        .into_inner();
+        .expect("list");
     assert_eq!(list.attempts.len(), 1, "{list:?}");
     assert_eq!(list.attempts[0].idempotency_key, "k1");
     assert_eq!(list.attempts[0].attempt_id, open.attempt_id);
     assert_eq!(list.attempts[0].uncertain_reason, "lease_expired");
-    let everywhere = PermitsClient::new(via_b.clone())
-        .list_uncertain(with_deadline(pb::ListUncertainRequest::default()))
+    let everywhere = via_b
+        .list_uncertain(pb::ListUncertainRequest::default())
         .await
-        .expect("list everywhere")
-        .into_inner();
+        .expect("list everywhere");
     assert!(
         everywhere
             .attempts
@@ -614,7 +567,7 @@ async fn replica_killed_between_authorize_and_commit_leaves_the_attempt_uncertai
     );
     assert_eq!(meta["limit"], "2");
     assert_eq!(meta["calls_made"], "2");
-    let view = get_permit(&via_b, &permit).await.expect("get permit");
+    let view = &via_b.get_permit(&permit).await.expect("get permit");
     assert_eq!(view.usage[0].calls_made, 2);
     assert_eq!(view.budget_committed, 100);
     assert_eq!(view.budget_reserved, 200);
@@ -631,18 +584,19 @@ async fn replica_killed_between_authorize_and_commit_leaves_the_attempt_uncertai
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_or_lost_replies_answer_unavailable_and_the_retry_sees_the_reservation() {
+    let _machine = timing_sensitive().await;
     let (proxy, h) = proxied_harness().await;
-    let channel = h.channel.clone();
+    let client = with_deadline(&h.client);
     // Load the script, so the runs below are the first and only try.
     let warm = harness_permit(&h, None).await;
-    fresh_dispatch(&channel, &warm, "warm", &mut BTreeSet::new()).await;
+    fresh_dispatch(&client, &warm, "warm", &mut BTreeSet::new()).await;
 
     for mode in [Mode::Delay(SLOW), Mode::DropReplies] {
         let permit = harness_permit(&h, Some(3)).await;
         let key = format!("{mode:?}");
         proxy.set_mode(mode);
         let started = Instant::now();
-        let r = authorize(&channel, &permit, &key, 1).await;
+        let r = authorize(&client, &permit, &key, 1).await;
         assert!(
             r.as_ref().is_err_and(is_store_unavailable),
             "{mode:?}: a lost answer must be UNAVAILABLE, not a guess: {r:?}"
@@ -657,8 +611,8 @@ async fn slow_or_lost_replies_answer_unavailable_and_the_retry_sees_the_reservat
         proxy.set_mode(Mode::Pass);
         assert!(proxy.wait_flushed(PATIENCE).await);
 
-        expect_original_reservation(&channel, &permit, &key).await;
-        assert_eq!(calls_made(&channel, &permit).await, 1, "{mode:?}");
+        expect_original_reservation(&client, &permit, &key).await;
+        assert_eq!(calls_made(&client, &permit).await, 1, "{mode:?}");
     }
 }
 
@@ -666,8 +620,9 @@ async fn slow_or_lost_replies_answer_unavailable_and_the_retry_sees_the_reservat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_authorize_sends_its_script_once() {
+    let _machine = timing_sensitive().await;
     let (proxy, h) = proxied_harness().await;
-    let channel = h.channel.clone();
+    let client = with_deadline(&h.client);
     let permit = harness_permit(&h, Some(5)).await;
     let mut direct = h.redis.as_ref().expect("redis").connect().await;
 
@@ -676,7 +631,7 @@ async fn a_timed_out_authorize_sends_its_script_once() {
     // reservation.
     flush_scripts(&mut direct).await;
     let loads = proxy.count_command("SCRIPT", "LOAD");
-    let r = until_available("authorize", || authorize(&channel, &permit, "noscript", 1))
+    let r = until_available("authorize", || authorize(&client, &permit, "noscript", 1))
         .await
         .expect("authorize after SCRIPT FLUSH");
     assert_eq!(r.decision(), Decision::Dispatch);
@@ -687,13 +642,13 @@ async fn a_timed_out_authorize_sends_its_script_once() {
         "{:?}",
         proxy.commands()
     );
-    assert_eq!(calls_made(&channel, &permit).await, 1);
+    assert_eq!(calls_made(&client, &permit).await, 1);
 
     // The script is loaded now. An Authorize whose reply comes after the
     // store deadline sends its script exactly once, even once the late
     // reply arrives.
     proxy.set_mode(HOLD);
-    let r = authorize(&channel, &permit, "late", 1).await;
+    let r = authorize(&client, &permit, "late", 1).await;
     assert!(r.as_ref().is_err_and(is_store_unavailable), "{r:?}");
     assert!(proxy.wait_count("late", 1, PATIENCE).await);
     assert_eq!(proxy.count_command("EVALSHA", "late"), 1);
@@ -711,20 +666,21 @@ async fn a_timed_out_authorize_sends_its_script_once() {
 
     // The late run holds the key's one reservation: the retry sees it, and
     // each retry RPC is one more send.
-    let rpcs = expect_original_reservation(&channel, &permit, "late").await;
+    let rpcs = expect_original_reservation(&client, &permit, "late").await;
     assert_eq!(proxy.count_command("EVALSHA", "late"), 1 + rpcs);
-    assert_eq!(calls_made(&channel, &permit).await, 2);
+    assert_eq!(calls_made(&client, &permit).await, 2);
 }
 
 // === 5. SIGTERM drains ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_an_in_flight_authorize_and_exits_zero() {
+    let _machine = timing_sensitive().await;
     let redis = Redis::start_owned();
     let proxy = Proxy::for_redis(&redis.url).await;
     let url = proxy.url();
     let grace = Duration::from_secs(10);
-    let mut process = Process::spawn(&[
+    let mut process = spawn_atmost(&[
         "--store",
         "redis",
         "--redis-url",
@@ -736,10 +692,10 @@ async fn sigterm_drains_an_in_flight_authorize_and_exits_zero() {
         "--shutdown-grace",
         "10s",
     ]);
-    let channel = process.channel().await;
-    let permit = create(&channel, wall_permit(None, None, None)).await;
-    fresh_dispatch(&channel, &permit, "warm", &mut BTreeSet::new()).await;
-    let mut watch = HealthClient::new(channel.clone())
+    let client = with_deadline(&process.client().await);
+    let permit = create(&client, wall_permit(None, None, None)).await;
+    fresh_dispatch(&client, &permit, "warm", &mut BTreeSet::new()).await;
+    let mut watch = HealthClient::new(client.channel())
         .watch(HealthCheckRequest {
             service: String::new(),
         })
@@ -760,8 +716,8 @@ async fn sigterm_drains_an_in_flight_authorize_and_exits_zero() {
     assert!(proxy.wait_flushed(PATIENCE).await);
     proxy.set_mode(HOLD);
     let in_flight = tokio::spawn({
-        let (channel, permit) = (channel.clone(), permit.clone());
-        async move { authorize(&channel, &permit, "in-flight", 1).await }
+        let (client, permit) = (client.clone(), permit.clone());
+        async move { authorize(&client, &permit, "in-flight", 1).await }
     });
     assert!(
         proxy.wait_count("in-flight", 1, PATIENCE).await,
@@ -839,18 +795,19 @@ async fn sigterm_drains_an_in_flight_authorize_and_exits_zero() {
 /// queueing behind a slow Redis; health is not shed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_in_flight_limit_requests_are_shed_at_once() {
+    let _machine = timing_sensitive().await;
     let (proxy, h) = proxied_harness_with(|app| app.with_max_in_flight(2)).await;
     let permit = harness_permit(&h, None).await;
     // Warm the script cache, so each slow request is one delayed reply.
-    authorize(&h.channel, &permit, "warm", 1)
+    authorize(&with_deadline(&h.client), &permit, "warm", 1)
         .await
         .expect("warm");
     proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
     let slow: Vec<_> = (0..2)
         .map(|i| {
-            let channel = h.channel.clone();
+            let client = with_deadline(&h.client);
             let permit = permit.clone();
-            tokio::spawn(async move { authorize(&channel, &permit, &format!("slow-{i}"), 1).await })
+            tokio::spawn(async move { authorize(&client, &permit, &format!("slow-{i}"), 1).await })
         })
         .collect();
     assert!(
@@ -859,21 +816,21 @@ async fn past_the_in_flight_limit_requests_are_shed_at_once() {
     );
     let before = proxy.count("shed");
     let started = Instant::now();
-    let shed = authorize(&h.channel, &permit, "shed", 1).await;
+    let shed = authorize(&with_deadline(&h.client), &permit, "shed", 1).await;
     let (meta, status) = expect_error(shed, Code::Unavailable, "OVERLOADED");
     assert!(
         started.elapsed() < Duration::from_millis(250),
         "shed at once, not queued"
     );
     assert_eq!(meta["in_flight"], "2");
-    assert!(status.get_details_retry_info().is_some());
+    assert!(status.retry_after().is_some(), "RetryInfo: {status:?}");
     assert_eq!(
         proxy.count("shed"),
         before,
         "a shed request never reaches the store"
     );
     assert_eq!(
-        health(&h.channel).await.expect("health"),
+        health(&with_deadline(&h.client)).await.expect("health"),
         ServingStatus::Serving
     );
     for t in slow {
@@ -885,7 +842,7 @@ async fn past_the_in_flight_limit_requests_are_shed_at_once() {
     }
     proxy.set_mode(Mode::Pass);
     // Room again: the same request now goes through.
-    let r = authorize(&h.channel, &permit, "shed", 1)
+    let r = authorize(&with_deadline(&h.client), &permit, "shed", 1)
         .await
         .expect("admitted");
     assert_eq!(r.decision(), Decision::Dispatch);

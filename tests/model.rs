@@ -4,16 +4,14 @@
 //! observable result must be identical after every step, so the Lua scripts
 //! are held to the reference semantics, including lease and permit expiry.
 
-mod support;
-
+use crate::support::{DAY_MS, Redis, redis_store};
 use atmost::domain::{
     Attempt, AuthorizeCmd, CommitCmd, DuplicateGuard, GuardMode, MAX_AMOUNT, MarkUncertainCmd,
     Millis, Outcome, Permit, PermitStatus, ResolveCmd,
 };
-use atmost::store::{Cursor, Store, memory::MemoryStore, redis::RedisStore};
+use atmost::store::{Cursor, Store, memory::MemoryStore};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
-use support::{DAY_MS, Redis};
 
 const T0: Millis = 1_800_000_000_000;
 const TOOLS: [&str; 3] = ["alpha", "beta", "out.of.scope"];
@@ -199,13 +197,8 @@ fn check<T: PartialEq + std::fmt::Debug>(
 
 async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<(), TestCaseError> {
     let model = MemoryStore::new(DAY_MS);
-    let redis = RedisStore::connect(&atmost::store::redis::RedisConfig {
-        url: url.to_owned(),
-        prefix: format!("m{}", uuid::Uuid::now_v7().simple()),
-        retention_ms: DAY_MS,
-        timeout: std::time::Duration::from_secs(5),
-    })
-    .expect("connect");
+    let prefix = format!("m{}", uuid::Uuid::now_v7().simple());
+    let redis = redis_store(url, &prefix, std::time::Duration::from_secs(5));
     let mut permits: Vec<Permit> = configs
         .iter()
         .enumerate()

@@ -2,11 +2,9 @@
 //! failing closed while Redis is unreachable, script reloads after a Redis
 //! restart, a clean exit on SIGTERM, and no transparent huge pages.
 
-mod support;
-
-use atmost::pb::{self, Decision, gate_client::GateClient};
+use crate::support::*;
+use pb::Decision;
 use std::time::{Duration, Instant};
-use support::*;
 use tonic::Code;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -34,8 +32,12 @@ async fn wait_health(channel: &tonic::transport::Channel, want: ServingStatus) {
 
 async fn redis_harness() -> Harness {
     let redis = Redis::start_owned();
-    let store = atmost::store::Backend::Redis(redis.store());
-    Harness::serve(Kind::Redis, store, Some(redis), |app| {
+    let store = atmost::store::Backend::Redis(redis_store(
+        &redis.url,
+        &redis.prefix,
+        Duration::from_secs(2),
+    ));
+    Harness::serve(store, Some(redis), |app| {
         app.with_health_interval(Duration::from_millis(50))
             .with_store_timeout(Duration::from_millis(500))
     })
@@ -44,6 +46,7 @@ async fn redis_harness() -> Harness {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_reports_serving_for_every_service() {
+    let _machine = timing_sensitive().await;
     let h = Harness::start(Kind::Memory).await;
     for service in ["", "atmost.v1.Gate", "atmost.v1.Permits"] {
         assert_eq!(
@@ -56,6 +59,7 @@ async fn health_reports_serving_for_every_service() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_lists_the_services() {
+    let _machine = timing_sensitive().await;
     use tonic_reflection::pb::v1::{
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
@@ -90,6 +94,7 @@ async fn reflection_lists_the_services() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_fails_closed_and_recovers() {
+    let _machine = timing_sensitive().await;
     let mut h = redis_harness().await;
     let permit = h.create_with(&["t"], &[("t", 3)], None).await;
     h.dispatch(&permit, "t", "before", b"fp", 0).await;
@@ -137,6 +142,7 @@ async fn redis_down_fails_closed_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushed_script_cache_never_reaches_a_client() {
+    let _machine = timing_sensitive().await;
     let h = redis_harness().await;
     let permit = h.create_with(&["t"], &[], None).await;
     h.dispatch(&permit, "t", "k1", b"1", 0).await;
@@ -155,10 +161,11 @@ async fn flushed_script_cache_never_reaches_a_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_zero() {
-    let mut process = Process::spawn::<&str>(&[]);
-    let channel = process.channel().await;
-    assert_eq!(health(&channel, "").await, ServingStatus::Serving);
-    let r = GateClient::new(channel.clone())
+    let _machine = timing_sensitive().await;
+    let mut process = spawn_atmost::<&str>(&[]);
+    let client = process.client().await;
+    assert_eq!(health(&client.channel(), "").await, ServingStatus::Serving);
+    let r = client
         .authorize(pb::AuthorizeRequest {
             permit_id: uuid::Uuid::now_v7().to_string(),
             tool: "t".into(),
@@ -180,8 +187,9 @@ async fn sigterm_exits_zero() {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_runs_without_transparent_huge_pages() {
-    let process = Process::spawn::<&str>(&[]);
-    let channel = process.channel().await;
+    let _machine = timing_sensitive().await;
+    let process = spawn_atmost::<&str>(&[]);
+    let channel = process.client().await.channel();
     assert_eq!(health(&channel, "").await, ServingStatus::Serving);
     let status = std::fs::read_to_string(format!("/proc/{}/status", process.pid()))
         .expect("the server's /proc status");

@@ -2,9 +2,7 @@
 //! one hash tag per permit, open attempts pinned, finished ones expiring
 //! `retention` after the permit (or after the last settle, if later).
 
-mod support;
-
-use support::*;
+use crate::support::*;
 
 async fn pexpiretime(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PEXPIRETIME")
@@ -21,7 +19,7 @@ async fn open_attempts_pin_keys_and_finished_ones_expire_after_retention() {
     let mut conn = redis.connect().await;
     let mut spec = h.permit(&["t"]);
     let expires_at = h.now_ms() + 60_000;
-    spec.expires_at = Some(atmost::api::convert::timestamp(expires_at));
+    spec.expires_at = Some(atmost_client::timestamp(expires_at));
     let permit = h.create(spec).await.permit_id;
     let base = format!("{}:{{{permit}}}", redis.prefix);
     let keys = ["permit", "attempts", "dup"].map(|k| format!("{base}:{k}"));

@@ -1,7 +1,6 @@
-//! Real processes for the test suite and the stress checker: a
-//! `redis-server` on a free loopback port and the `atmost` binary. Both are
-//! killed on drop, so a failing test or run leaves nothing behind. Nothing
-//! here stands in for Redis or for the server.
+//! Real processes: a `redis-server` on a free loopback port and the
+//! `atmost` binary. Both are killed on drop, so a failing test or run leaves
+//! nothing behind.
 
 use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -141,8 +140,8 @@ pub struct AtmostProcess {
 impl AtmostProcess {
     /// Starts `<bin> serve --listen 127.0.0.1:0 <args>` and waits for its
     /// "atmost listening on ADDR" line.
-    pub fn spawn(bin: &Path, args: &[&str]) -> std::io::Result<Self> {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    pub fn spawn<S: AsRef<str>>(bin: &Path, args: &[S]) -> std::io::Result<Self> {
+        let args: Vec<String> = args.iter().map(|s| s.as_ref().to_owned()).collect();
         let (child, addr) = spawn_atmost(bin, "127.0.0.1:0", &args)?;
         Ok(Self {
             child,
@@ -154,6 +153,13 @@ impl AtmostProcess {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// A client connected to it.
+    pub async fn client(&self) -> atmost_client::Client {
+        atmost_client::Client::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect to atmost")
     }
 
     pub fn pid(&self) -> u32 {

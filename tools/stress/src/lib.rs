@@ -7,63 +7,60 @@
 //! all three outcomes, MarkUncertain, abandoned attempts left to their
 //! leases, optionally SIGKILLed replicas), records every client-side
 //! observation, and then checks the history against what the replicas read
-//! back. It prints one summary line and exits non-zero on any violation.
+//! back. [`run`] returns a [`Summary`]; the binary prints it and exits
+//! non-zero on any violation. The test suite calls [`run`] directly.
 //!
 //! ```text
-//! cargo run --release --bin atmost-stress -- --replicas 3 --clients 64 --duration 60s
+//! cargo run --release -p atmost-stress -- --replicas 3 --clients 64 --duration 60s
 //! ```
 
-use atmost::pb::{
-    self, Decision, commit_request::Outcome, gate_client::GateClient, permits_client::PermitsClient,
-};
-use atmost::testkit::{AtmostProcess, RedisServer};
+use atmost_client::{Client, Error, NewPermit, pb};
+use atmost_testkit::{AtmostProcess, RedisServer};
 use clap::Parser;
+use pb::{Decision, commit_request::Outcome};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tonic::Status;
-use tonic::transport::Channel;
-use tonic_types::StatusExt;
 
 #[derive(Parser, Debug)]
 #[command(about = "Drive atmost replicas with faulty agent loops and check at-most-N afterwards.")]
-struct Args {
+pub struct Args {
     /// atmost processes sharing one Redis.
     #[arg(long, default_value_t = 3)]
-    replicas: usize,
+    pub replicas: usize,
     /// Concurrent agent loops.
     #[arg(long, default_value_t = 64)]
-    clients: usize,
+    pub clients: usize,
     /// How long to drive load.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-    duration: Duration,
+    pub duration: Duration,
     /// Stop after this many RPCs, if sooner.
     #[arg(long)]
-    max_ops: Option<u64>,
+    pub max_ops: Option<u64>,
     /// Permits to spread the load over.
     #[arg(long, default_value_t = 8)]
-    permits: usize,
+    pub permits: usize,
     /// Lease of every permit: abandoned attempts turn UNCERTAIN after it.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    lease: Duration,
+    pub lease: Duration,
     /// Share of RPCs whose response the client drops (a deadline of 0-3 ms).
     #[arg(long, default_value_t = 0.12)]
-    drop_rate: f64,
+    pub drop_rate: f64,
     /// SIGKILL and restart one replica this often (0: never).
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
-    kill_every: Duration,
+    pub kill_every: Duration,
     /// Seed of the agents' choices (default: from the clock; printed).
     #[arg(long)]
-    seed: Option<u64>,
+    pub seed: Option<u64>,
     /// Use this Redis instead of starting a redis-server (keys get a fresh prefix).
     #[arg(long, env = "REDIS_URL")]
-    redis_url: Option<String>,
+    pub redis_url: Option<String>,
     /// The atmost binary (default: next to this one).
     #[arg(long)]
-    atmost_bin: Option<PathBuf>,
+    pub atmost_bin: Option<PathBuf>,
 }
 
 const CHARGE: &str = "wallet.charge";
@@ -118,7 +115,7 @@ struct Counters {
 }
 
 struct Ctx {
-    channels: Vec<Channel>,
+    clients: Vec<Client>,
     permits: Vec<String>,
     lease: Duration,
     drop_rate: f64,
@@ -141,8 +138,8 @@ impl Ctx {
 async fn call<T>(
     ctx: &Ctx,
     rng: &mut fastrand::Rng,
-    rpc: impl Future<Output = Result<tonic::Response<T>, Status>>,
-) -> Option<Result<T, Status>> {
+    rpc: impl Future<Output = Result<T, Error>>,
+) -> Option<Result<T, Error>> {
     ctx.counters.ops.fetch_add(1, Ordering::Relaxed);
     let limit = if rng.f64() < ctx.drop_rate {
         Duration::from_micros(rng.u64(0..3_000))
@@ -157,22 +154,20 @@ async fn call<T>(
         // No answer from atmost itself (a transport failure, such as a
         // killed replica or an HTTP/2 GOAWAY, carries no ErrorInfo), or the
         // store could not answer: the outcome is unknown too.
-        Ok(Err(s)) if s.get_details_error_info().is_none() => {
+        Ok(Err(e)) if e.reason().is_none() => {
             ctx.counters.transport.fetch_add(1, Ordering::Relaxed);
             None
         }
         // The store could not answer (unknown), or the request was shed
         // before it reached the store (nothing happened): retry either way.
-        Ok(Err(s)) if matches!(reason(&s).as_str(), "STORE_UNAVAILABLE" | "OVERLOADED") => None,
-        Ok(r) => Some(r.map(tonic::Response::into_inner)),
+        Ok(Err(e)) if e.is_retryable() => None,
+        Ok(r) => Some(r),
     }
 }
 
-fn reason(status: &Status) -> String {
-    status
-        .get_details_error_info()
-        .map(|i| i.reason)
-        .unwrap_or_else(|| format!("{:?}", status.code()))
+fn reason(e: &Error) -> String {
+    e.reason_name()
+        .map_or_else(|| format!("{:?}", e.code()), str::to_owned)
 }
 
 // === the agent loop ===
@@ -196,7 +191,7 @@ async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<Str
             let key = format!("a{id}-{key_index}");
             let _ = n;
             n += 1;
-            let mut gate = GateClient::new(ctx.channels[rng.usize(..ctx.channels.len())].clone());
+            let client = &ctx.clients[rng.usize(..ctx.clients.len())];
             let request = pb::AuthorizeRequest {
                 permit_id: ctx.permits[permit].clone(),
                 tool: tool.into(),
@@ -205,7 +200,7 @@ async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<Str
                 cost,
             };
             let h = &mut keys[key_index];
-            match call(&ctx, &mut rng, gate.authorize(request)).await {
+            match call(&ctx, &mut rng, client.authorize(request)).await {
                 None => {
                     h.unknown_authorizes += 1;
                     if rng.bool() {
@@ -318,12 +313,12 @@ async fn act(
     // have been applied).
     let mut unanswered = false;
     for _ in 0..6 {
-        let mut gate = GateClient::new(ctx.channels[rng.usize(..ctx.channels.len())].clone());
+        let client = ctx.clients[rng.usize(..ctx.clients.len())].clone();
         let answer = match &action {
             Action::Mark => call(
                 ctx,
                 rng,
-                gate.mark_uncertain(pb::MarkUncertainRequest {
+                client.mark_uncertain(pb::MarkUncertainRequest {
                     permit_id: attempt.permit_id.clone(),
                     idempotency_key: key.into(),
                     attempt_id: attempt.attempt_id.clone(),
@@ -346,7 +341,7 @@ async fn act(
                 call(
                     ctx,
                     rng,
-                    gate.commit(pb::CommitRequest {
+                    client.commit(pb::CommitRequest {
                         permit_id: attempt.permit_id.clone(),
                         idempotency_key: key.into(),
                         attempt_id: attempt.attempt_id.clone(),
@@ -409,19 +404,15 @@ async fn act(
 
 /// 10 parallel identical calls on one key: exactly one DISPATCH. 10 distinct
 /// keys racing a budget of 7 at cost 2: exactly 3 DISPATCH.
-async fn fixed_races(
-    channels: &[Channel],
-    expires_at: prost_types::Timestamp,
-    rounds: usize,
-) -> Vec<String> {
+async fn fixed_races(clients: &[Client], expires_at_ms: i64, rounds: usize) -> Vec<String> {
     let mut violations = Vec::new();
     for round in 0..rounds {
         for (name, budget, same_key, want) in
             [("same-key", None, true, 1), ("budget", Some(7), false, 3)]
         {
             let permit = create_permit(
-                &channels[0],
-                expires_at,
+                &clients[0],
+                expires_at_ms,
                 budget,
                 None,
                 Duration::from_secs(30),
@@ -429,7 +420,7 @@ async fn fixed_races(
             .await;
             let mut tasks = Vec::new();
             for i in 0..10 {
-                let mut gate = GateClient::new(channels[i % channels.len()].clone());
+                let client = clients[i % clients.len()].clone();
                 let permit = permit.clone();
                 tasks.push(tokio::spawn(async move {
                     let key = if same_key {
@@ -437,27 +428,26 @@ async fn fixed_races(
                     } else {
                         format!("k{i}")
                     };
-                    gate.authorize(pb::AuthorizeRequest {
-                        permit_id: permit,
-                        tool: CHARGE.into(),
-                        idempotency_key: key.clone(),
-                        request_fingerprint: if same_key {
-                            b"same".to_vec()
-                        } else {
-                            key.into_bytes()
-                        },
-                        cost: 2,
-                    })
-                    .await
+                    client
+                        .authorize(pb::AuthorizeRequest {
+                            permit_id: permit,
+                            tool: CHARGE.into(),
+                            idempotency_key: key.clone(),
+                            request_fingerprint: if same_key {
+                                b"same".to_vec()
+                            } else {
+                                key.into_bytes()
+                            },
+                            cost: 2,
+                        })
+                        .await
                 }));
             }
             let mut dispatched = 0;
             for t in tasks {
                 match t.await {
-                    Ok(Ok(r)) if r.get_ref().decision() == Decision::Dispatch => dispatched += 1,
-                    Ok(Ok(r)) => {
-                        violations.push(format!("{name} race: unexpected {:?}", r.get_ref()))
-                    }
+                    Ok(Ok(r)) if r.decision() == Decision::Dispatch => dispatched += 1,
+                    Ok(Ok(r)) => violations.push(format!("{name} race: unexpected {r:?}")),
                     Ok(Err(s)) => {
                         let expected = if same_key {
                             "IDEMPOTENCY_IN_PROGRESS"
@@ -482,89 +472,58 @@ async fn fixed_races(
 }
 
 async fn create_permit(
-    channel: &Channel,
-    expires_at: prost_types::Timestamp,
+    client: &Client,
+    expires_at_ms: i64,
     budget: Option<i64>,
     cap: Option<u64>,
     lease: Duration,
 ) -> String {
-    let mut caps = HashMap::new();
+    let mut permit = NewPermit::new([CHARGE, SEARCH])
+        .subject("atmost-stress")
+        .currency("EUR")
+        .expires_at_ms(expires_at_ms)
+        .lease(lease)
+        .duplicate_guard(pb::DuplicateGuardMode::Log, None);
     if let Some(cap) = cap {
-        caps.insert(CHARGE.to_string(), cap);
+        permit = permit.cap(CHARGE, cap);
     }
-    PermitsClient::new(channel.clone())
-        .create_permit(pb::CreatePermitRequest {
-            permit: Some(pb::Permit {
-                subject: "atmost-stress".into(),
-                tools: vec![CHARGE.into(), SEARCH.into()],
-                max_calls_per_tool: caps,
-                budget,
-                currency: "EUR".into(),
-                expires_at: Some(expires_at),
-                lease: Some(prost_types::Duration {
-                    seconds: lease.as_secs() as i64,
-                    nanos: lease.subsec_nanos() as i32,
-                }),
-                duplicate_guard: Some(pb::DuplicateGuard {
-                    mode: pb::DuplicateGuardMode::Log as i32,
-                    window: None,
-                }),
-                ..Default::default()
-            }),
-        })
+    if let Some(budget) = budget {
+        permit = permit.budget(budget);
+    }
+    client
+        .create_permit(permit)
         .await
         .expect("create permit")
-        .into_inner()
         .permit_id
 }
 
 // === the check ===
 
-async fn list_all(channel: &Channel, permit_id: &str) -> Vec<pb::Attempt> {
-    let mut out = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = PermitsClient::new(channel.clone())
-            .list_uncertain(pb::ListUncertainRequest {
-                permit_id: permit_id.into(),
-                page_size: 1000,
-                page_token: token,
-            })
-            .await
-            .expect("list uncertain")
-            .into_inner();
-        out.extend(page.attempts);
-        if page.next_page_token.is_empty() {
-            return out;
-        }
-        token = page.next_page_token;
-    }
+async fn list_all(client: &Client, permit_id: &str) -> Vec<pb::Attempt> {
+    client
+        .list_all_uncertain(permit_id, 1000)
+        .await
+        .expect("list uncertain")
 }
 
 /// Checks the merged history against what the store reads back, once every
 /// lease has passed (so every open attempt is UNCERTAIN and listed).
 async fn check(
-    channel: &Channel,
+    client: &Client,
     permits: &[String],
     caps: &[Option<u64>],
     budgets: &[Option<i64>],
     keys: &[(String, KeyHistory)],
 ) -> Vec<String> {
     let mut v = Vec::new();
-    let everywhere: HashSet<String> = list_all(channel, "")
+    let everywhere: HashSet<String> = list_all(client, "")
         .await
         .into_iter()
         .map(|a| a.attempt_id)
         .collect();
     for (p, permit_id) in permits.iter().enumerate() {
-        let view = PermitsClient::new(channel.clone())
-            .get_permit(pb::GetPermitRequest {
-                permit_id: permit_id.clone(),
-            })
-            .await
-            .expect("get permit")
-            .into_inner();
-        let listed: HashMap<String, pb::Attempt> = list_all(channel, permit_id)
+        let view = client.get_permit(permit_id).await.expect("get permit");
+        let listed: HashMap<String, pb::Attempt> = list_all(client, permit_id)
             .await
             .into_iter()
             .map(|a| (a.attempt_id.clone(), a))
@@ -720,22 +679,46 @@ async fn check(
     v
 }
 
-// === main ===
+// === the run ===
 
-#[tokio::main]
-async fn main() {
-    let args = Args::parse();
-    match run(args).await {
-        Ok(0) => {}
-        Ok(_) => std::process::exit(1),
-        Err(e) => {
-            eprintln!("stress: {e}");
-            std::process::exit(2);
-        }
+/// What one run did and found.
+#[derive(Debug)]
+pub struct Summary {
+    pub replicas: usize,
+    pub clients: usize,
+    pub seed: u64,
+    pub ops: u64,
+    pub dispatches: u64,
+    pub dropped_responses: u64,
+    pub replica_kills: u64,
+    /// RPCs that failed in transport (killed replicas, HTTP/2 GOAWAY),
+    /// counted as lost answers.
+    pub transport_failures: u64,
+    pub violations: Vec<String>,
+}
+
+impl std::fmt::Display for Summary {
+    /// One line; `, 0 violations` is what a clean run says.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stress: {} replicas, {} clients, {} ops, {} dispatches, {} faults injected ({} dropped responses, {} replica kills), {} violations (seed {})",
+            self.replicas,
+            self.clients,
+            self.ops,
+            self.dispatches,
+            self.dropped_responses + self.replica_kills,
+            self.dropped_responses,
+            self.replica_kills,
+            self.violations.len(),
+            self.seed,
+        )
     }
 }
 
-async fn run(args: Args) -> Result<usize, Box<dyn std::error::Error>> {
+/// Runs the checker as `args` say: starts its replicas (and a Redis, unless
+/// given one), drives the agents, checks the history, stops everything.
+pub async fn run(args: Args) -> Result<Summary, Box<dyn std::error::Error>> {
     let seed = args.seed.unwrap_or_else(|| {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -768,18 +751,13 @@ async fn run(args: Args) -> Result<usize, Box<dyn std::error::Error>> {
     for _ in 0..args.replicas.max(1) {
         replicas.push(AtmostProcess::spawn(&bin, &replica_args)?);
     }
-    let mut channels = Vec::new();
+    let mut clients = Vec::new();
     for r in &replicas {
-        channels.push(
-            Channel::from_shared(format!("http://{}", r.addr()))?
-                .connect()
-                .await?,
-        );
+        clients.push(r.client().await);
     }
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
-    let expires_at = atmost::api::convert::timestamp(now_ms + 3_600_000);
+    let expires_at_ms = atmost_client::now_ms() + 3_600_000;
 
-    let mut violations = fixed_races(&channels, expires_at, 20).await;
+    let mut violations = fixed_races(&clients, expires_at_ms, 20).await;
 
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut permits = Vec::new();
@@ -788,13 +766,13 @@ async fn run(args: Args) -> Result<usize, Box<dyn std::error::Error>> {
     for _ in 0..args.permits.max(1) {
         let cap = rng.bool().then(|| rng.u64(1..40));
         let budget = rng.bool().then(|| rng.i64(20..400));
-        permits.push(create_permit(&channels[0], expires_at, budget, cap, args.lease).await);
+        permits.push(create_permit(&clients[0], expires_at_ms, budget, cap, args.lease).await);
         caps.push(cap);
         budgets.push(budget);
     }
 
     let ctx = Arc::new(Ctx {
-        channels: channels.clone(),
+        clients: clients.clone(),
         permits: permits.clone(),
         lease: args.lease,
         drop_rate: args.drop_rate,
@@ -830,7 +808,7 @@ async fn run(args: Args) -> Result<usize, Box<dyn std::error::Error>> {
                     return;
                 }
                 let replicas = replicas.clone();
-                let i = rng.usize(..ctx.channels.len());
+                let i = rng.usize(..ctx.clients.len());
                 let restarted = tokio::task::spawn_blocking(move || {
                     let mut all = replicas.lock().unwrap_or_else(|e| e.into_inner());
                     let _ = all[i].kill();
@@ -865,26 +843,18 @@ async fn run(args: Args) -> Result<usize, Box<dyn std::error::Error>> {
     // Let every lease pass: each open attempt is then UNCERTAIN, and listed.
     // (plus the replicas' store deadline, so a late script run has landed).
     tokio::time::sleep(args.lease + Duration::from_millis(2_500)).await;
-    violations.extend(check(&channels[0], &permits, &caps, &budgets, &keys).await);
+    violations.extend(check(&clients[0], &permits, &caps, &budgets, &keys).await);
 
     let c = &ctx.counters;
-    for v in violations.iter().take(30) {
-        eprintln!("violation: {v}");
-    }
-    eprintln!(
-        "stress: {} RPCs failed in transport (killed replicas, HTTP/2 GOAWAY): counted as lost answers",
-        c.transport.load(Ordering::Relaxed)
-    );
-    println!(
-        "stress: {} replicas, {} clients, {} ops, {} dispatches, {} faults injected ({} dropped responses, {} replica kills), {} violations (seed {seed})",
-        args.replicas.max(1),
-        args.clients,
-        c.ops.load(Ordering::Relaxed),
-        c.dispatches.load(Ordering::Relaxed),
-        c.dropped.load(Ordering::Relaxed) + c.kills.load(Ordering::Relaxed),
-        c.dropped.load(Ordering::Relaxed),
-        c.kills.load(Ordering::Relaxed),
-        violations.len(),
-    );
-    Ok(violations.len())
+    Ok(Summary {
+        replicas: args.replicas.max(1),
+        clients: args.clients,
+        seed,
+        ops: c.ops.load(Ordering::Relaxed),
+        dispatches: c.dispatches.load(Ordering::Relaxed),
+        dropped_responses: c.dropped.load(Ordering::Relaxed),
+        replica_kills: c.kills.load(Ordering::Relaxed),
+        transport_failures: c.transport.load(Ordering::Relaxed),
+        violations,
+    })
 }

@@ -7,32 +7,26 @@
 //! hide behind fewer requests; requests the generator itself could not
 //! start, past its own in-flight limit, are counted as
 //! CLIENT_IN_FLIGHT_LIMIT errors, not as latencies). Prints one line, and
-//! with `--json FILE` appends the result as one JSON object.
+//! with `--json FILE` appends the result as one JSON object. The binary
+//! parses [`Args`] and calls [`generate`]; the test suite calls it directly.
 //!
 //! ```text
 //! atmost-bench --scenario authorize --concurrency 64 --duration 10s
 //! atmost-bench --scenario cycle --rate 20000 --duration 10s --json results.jsonl
 //! ```
 
-use atmost::pb::{self, gate_client::GateClient, permits_client::PermitsClient};
+use atmost_client::{Client, NewPermit, pb};
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tonic::transport::Channel;
+use std::time::{Duration, Instant};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-use tonic_types::StatusExt;
-
-// The same allocator as the server: the generator shares the server's cores,
-// so its own malloc time would be taken from the server.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-enum Scenario {
+pub enum Scenario {
     /// Authorize with fresh keys on permits without caps.
     Authorize,
     /// Authorize a fresh key, then Commit Succeeded (two RPCs).
@@ -47,57 +41,57 @@ enum Scenario {
 
 #[derive(Parser, Debug)]
 #[command(about = "Load generator for atmost: throughput and latency of one scenario.")]
-struct Args {
+pub struct Args {
     /// The atmost to load.
     #[arg(long, default_value = "http://127.0.0.1:50051")]
-    target: String,
+    pub target: String,
     #[arg(long, value_enum, required_unless_present = "print_script")]
-    scenario: Option<Scenario>,
+    pub scenario: Option<Scenario>,
     /// Print one of atmost's Redis scripts exactly as the Redis store sends
     /// it (e.g. `authorize`, for the benchmark's Redis ceiling) and exit.
     #[arg(long, value_name = "NAME")]
-    print_script: Option<String>,
+    pub print_script: Option<String>,
     /// Requests in flight (closed loop), or the most in flight (open loop).
     #[arg(long, default_value_t = 64)]
-    concurrency: usize,
+    pub concurrency: usize,
     /// Open loop: start this many requests per second on a fixed schedule.
     #[arg(long)]
-    rate: Option<u64>,
+    pub rate: Option<u64>,
     /// How long to measure.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    duration: Duration,
+    pub duration: Duration,
     /// Closed loop: stop after this many requests (all measured, no warmup).
     #[arg(long)]
-    requests: Option<u64>,
+    pub requests: Option<u64>,
     /// Load before measuring starts.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    warmup: Duration,
+    pub warmup: Duration,
     /// HTTP/2 connections to spread the requests over.
     #[arg(long, default_value_t = 4)]
-    connections: usize,
+    pub connections: usize,
     /// Permits to spread fresh keys over (authorize, cycle, replay).
     #[arg(long, default_value_t = 16)]
-    permits: usize,
+    pub permits: usize,
     /// A label for this run in the output (e.g. the store).
     #[arg(long, default_value = "")]
-    label: String,
+    pub label: String,
     /// Append the result as one JSON line to this file.
     #[arg(long)]
-    json: Option<PathBuf>,
+    pub json: Option<PathBuf>,
     /// Open loop: the pacer's shortest sleep. Requests due within one tick
     /// start together; a shorter tick starts them closer to their schedule
     /// and costs the generator (and the server) more wake-ups.
     #[arg(long, default_value = "250us", value_parser = humantime::parse_duration)]
-    tick: Duration,
+    pub tick: Duration,
     /// Tokio worker threads of the generator (default: one per CPU).
     #[arg(long)]
-    threads: Option<usize>,
+    pub threads: Option<usize>,
 }
 
 /// What every request task needs.
 struct Plan {
     scenario: Scenario,
-    channels: Vec<Channel>,
+    clients: Vec<Client>,
     permits: Vec<String>,
     /// Keys that already succeeded, for the replay scenario.
     replay_keys: Vec<(usize, String)>,
@@ -106,20 +100,19 @@ struct Plan {
 
 /// One request of the scenario; `n` numbers requests across the run.
 async fn one(plan: &Plan, n: u64) -> Result<(), String> {
-    let channel = plan.channels[n as usize % plan.channels.len()].clone();
-    let rpc = |e: tonic::Status| {
-        e.get_details_error_info()
-            .map(|i| i.reason)
-            .unwrap_or_else(|| format!("{:?}", e.code()))
+    let client = &plan.clients[n as usize % plan.clients.len()];
+    let rpc = |e: atmost_client::Error| {
+        e.reason_name()
+            .map_or_else(|| format!("{:?}", e.code()), str::to_owned)
     };
     match plan.scenario {
         Scenario::Health => {
-            HealthClient::new(channel)
+            HealthClient::new(client.channel())
                 .check(HealthCheckRequest {
                     service: String::new(),
                 })
                 .await
-                .map_err(rpc)?;
+                .map_err(|e| rpc(e.into()))?;
         }
         Scenario::Authorize | Scenario::Contended | Scenario::Cycle => {
             let permit = match plan.scenario {
@@ -127,28 +120,27 @@ async fn one(plan: &Plan, n: u64) -> Result<(), String> {
                 _ => &plan.permits[n as usize % plan.permits.len()],
             };
             let key = format!("{}-{n}", plan.run);
-            let mut gate = GateClient::new(channel);
-            let r = gate
+            let r = client
                 .authorize(authorize_request(permit, &key, n))
                 .await
-                .map_err(rpc)?
-                .into_inner();
+                .map_err(rpc)?;
             if r.decision() != pb::Decision::Dispatch {
                 return Err("NOT_DISPATCH".into());
             }
             if let Scenario::Cycle = plan.scenario {
                 let attempt = r.attempt.unwrap_or_default();
-                gate.commit(pb::CommitRequest {
-                    permit_id: permit.clone(),
-                    idempotency_key: key,
-                    attempt_id: attempt.attempt_id,
-                    outcome: Some(pb::commit_request::Outcome::Succeeded(pb::Succeeded {
-                        result: b"bench result 16b".to_vec(),
-                        actual_cost: None,
-                    })),
-                })
-                .await
-                .map_err(rpc)?;
+                client
+                    .commit(pb::CommitRequest {
+                        permit_id: permit.clone(),
+                        idempotency_key: key,
+                        attempt_id: attempt.attempt_id,
+                        outcome: Some(pb::commit_request::Outcome::Succeeded(pb::Succeeded {
+                            result: b"bench result 16b".to_vec(),
+                            actual_cost: None,
+                        })),
+                    })
+                    .await
+                    .map_err(rpc)?;
             }
         }
         Scenario::Replay => {
@@ -158,11 +150,10 @@ async fn one(plan: &Plan, n: u64) -> Result<(), String> {
                 .next()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
-            let r = GateClient::new(channel)
+            let r = client
                 .authorize(authorize_request(&plan.permits[*permit], key, seq))
                 .await
-                .map_err(rpc)?
-                .into_inner();
+                .map_err(rpc)?;
             if r.decision() != pb::Decision::Replay {
                 return Err("NOT_REPLAY".into());
             }
@@ -186,32 +177,17 @@ fn authorize_request(permit: &str, key: &str, n: u64) -> pb::AuthorizeRequest {
     }
 }
 
-async fn create_permits(channel: &Channel, count: usize, cap: Option<u64>) -> Vec<String> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs() as i64;
+async fn create_permits(client: &Client, count: usize, cap: Option<u64>) -> Vec<String> {
+    let expires_at_ms = atmost_client::now_ms() + 86_400_000;
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
-        let permit = PermitsClient::new(channel.clone())
-            .create_permit(pb::CreatePermitRequest {
-                permit: Some(pb::Permit {
-                    subject: "atmost-bench".into(),
-                    tools: vec!["search".into()],
-                    max_calls_per_tool: cap
-                        .map(|c| ("search".to_string(), c))
-                        .into_iter()
-                        .collect(),
-                    expires_at: Some(prost_types::Timestamp {
-                        seconds: now + 86_400,
-                        nanos: 0,
-                    }),
-                    ..Default::default()
-                }),
-            })
-            .await
-            .expect("create a permit")
-            .into_inner();
+        let mut permit = NewPermit::new(["search"])
+            .subject("atmost-bench")
+            .expires_at_ms(expires_at_ms);
+        if let Some(cap) = cap {
+            permit = permit.cap("search", cap);
+        }
+        let permit = client.create_permit(permit).await.expect("create a permit");
         out.push(permit.permit_id);
     }
     out
@@ -352,36 +328,34 @@ async fn open_loop(
     tally
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = args.threads {
-        runtime.worker_threads(n.max(1));
-    }
-    runtime.enable_all().build()?.block_on(generate(args))
+/// One of the Redis store's scripts exactly as it sends it (`lib.lua`, the
+/// script, the packing), by name; `None` for a name that is not a script.
+pub fn script(name: &str) -> Option<String> {
+    atmost::store::redis::script_body(name).map(atmost::store::redis::script_text)
 }
 
-async fn generate(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+/// Runs what `args` ask for: prints a script, or drives one scenario and
+/// reports it.
+pub async fn generate(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(name) = &args.print_script {
-        let body = atmost::store::redis::script_body(name)
-            .ok_or_else(|| format!("no script named {name:?}"))?;
-        print!("{}", atmost::store::redis::script_text(body));
+        let text = script(name).ok_or_else(|| format!("no script named {name:?}"))?;
+        print!("{text}");
         return Ok(());
     }
     let scenario = args.scenario.expect("clap requires a scenario");
-    let mut channels = Vec::new();
+    let mut clients = Vec::new();
     for _ in 0..args.connections.max(1) {
-        channels.push(Channel::from_shared(args.target.clone())?.connect().await?);
+        clients.push(Client::connect(args.target.clone()).await?);
     }
     let run = format!("r{}", uuid::Uuid::now_v7().simple());
     let permits = match scenario {
         Scenario::Health => Vec::new(),
-        Scenario::Contended => create_permits(&channels[0], 1, Some(1_000_000_000)).await,
-        _ => create_permits(&channels[0], args.permits.max(1), None).await,
+        Scenario::Contended => create_permits(&clients[0], 1, Some(1_000_000_000)).await,
+        _ => create_permits(&clients[0], args.permits.max(1), None).await,
     };
     let mut plan = Plan {
         scenario,
-        channels: channels.clone(),
+        clients: clients.clone(),
         permits,
         replay_keys: Vec::new(),
         run: run.clone(),

@@ -1,0 +1,418 @@
+#![forbid(unsafe_code)]
+//! # atmost-client
+//!
+//! A typed Rust client of atmost's `atmost.v1` gRPC services: one method per
+//! RPC, and every failure as an [`Error`] whose [`Reason`] is read from the
+//! `google.rpc.ErrorInfo` atmost attaches (domain `atmost`). The service's
+//! own tools and tests use it, so the helpers every caller needs (connect,
+//! create a permit, read a reason, list every page) exist once.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use atmost_client::{Client, NewPermit, Reason, pb};
+//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! let permit = client
+//!     .create_permit(NewPermit::new(["wallet.charge"]).cap("wallet.charge", 1).budget(500))
+//!     .await?;
+//! let answer = client
+//!     .authorize(pb::AuthorizeRequest {
+//!         permit_id: permit.permit_id,
+//!         tool: "wallet.charge".into(),
+//!         idempotency_key: "charge-1".into(),
+//!         request_fingerprint: b"sha256 of the request".to_vec(),
+//!         cost: 500,
+//!     })
+//!     .await;
+//! match answer {
+//!     Ok(r) if r.decision() == pb::Decision::Dispatch => { /* send the call */ }
+//!     Ok(_replay) => { /* the key's earlier outcome: send nothing */ }
+//!     Err(e) if e.reason() == Some(Reason::PermitMaxCallsExceeded) => { /* stop */ }
+//!     Err(e) => return Err(e.into()),
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+use tonic_types::{ErrorInfo, StatusExt};
+
+/// The generated messages and client stubs of `atmost.v1`.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("atmost.v1");
+}
+
+/// Why atmost refused a request: `ErrorInfo.reason`, by name
+/// (`pb::ErrorReason` of the wire contract). A name this client does not
+/// know (a newer server) reads as [`Reason::Unspecified`].
+pub use pb::ErrorReason as Reason;
+
+use pb::{gate_client::GateClient, permits_client::PermitsClient};
+
+/// The `ErrorInfo.domain` of every atmost error.
+pub const DOMAIN: &str = "atmost";
+
+// === Client ===
+
+/// A connection to one atmost (or a load balancer in front of several).
+/// Cheap to clone: clones share the HTTP/2 channel.
+#[derive(Clone, Debug)]
+pub struct Client {
+    channel: Channel,
+    gate: GateClient<Channel>,
+    permits: PermitsClient<Channel>,
+    timeout: Option<Duration>,
+}
+
+impl Client {
+    /// Connects to `target`, e.g. `http://127.0.0.1:50051`.
+    pub async fn connect(target: impl Into<String>) -> Result<Self, tonic::transport::Error> {
+        let channel = tonic::transport::Endpoint::from_shared(target.into())?
+            .connect()
+            .await?;
+        Ok(Self::new(channel))
+    }
+
+    /// A client on an existing channel.
+    pub fn new(channel: Channel) -> Self {
+        Self {
+            gate: GateClient::new(channel.clone()),
+            permits: PermitsClient::new(channel.clone()),
+            channel,
+            timeout: None,
+        }
+    }
+
+    /// The channel, for the other services atmost serves on it
+    /// (`grpc.health.v1.Health`, server reflection).
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// Sends every RPC with this deadline (`grpc-timeout`): past it the
+    /// server gives up and the call fails with DEADLINE_EXCEEDED, which
+    /// says nothing about whether the request was applied.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(timeout) = self.timeout {
+            request.set_timeout(timeout);
+        }
+        request
+    }
+
+    // --- atmost.v1.Gate ---
+
+    /// Asks for a DISPATCH before a side-effecting call.
+    pub async fn authorize(
+        &self,
+        request: pb::AuthorizeRequest,
+    ) -> Result<pb::AuthorizeResponse, Error> {
+        let request = self.request(request);
+        answer(self.gate.clone().authorize(request).await)
+    }
+
+    /// Reports the outcome of a dispatched (or never sent) call.
+    pub async fn commit(&self, request: pb::CommitRequest) -> Result<pb::CommitResponse, Error> {
+        let request = self.request(request);
+        answer(self.gate.clone().commit(request).await)
+    }
+
+    /// The call was sent and its response lost: slot and money stay held.
+    pub async fn mark_uncertain(
+        &self,
+        request: pb::MarkUncertainRequest,
+    ) -> Result<pb::MarkUncertainResponse, Error> {
+        let request = self.request(request);
+        answer(self.gate.clone().mark_uncertain(request).await)
+    }
+
+    // --- atmost.v1.Permits ---
+
+    pub async fn create_permit(&self, permit: impl Into<pb::Permit>) -> Result<pb::Permit, Error> {
+        let request = self.request(pb::CreatePermitRequest {
+            permit: Some(permit.into()),
+        });
+        answer(self.permits.clone().create_permit(request).await)
+    }
+
+    pub async fn get_permit(&self, permit_id: &str) -> Result<pb::GetPermitResponse, Error> {
+        let request = self.request(pb::GetPermitRequest {
+            permit_id: permit_id.into(),
+        });
+        answer(self.permits.clone().get_permit(request).await)
+    }
+
+    pub async fn revoke_permit(&self, permit_id: &str) -> Result<pb::Permit, Error> {
+        let request = self.request(pb::RevokePermitRequest {
+            permit_id: permit_id.into(),
+        });
+        answer(self.permits.clone().revoke_permit(request).await)
+    }
+
+    /// One page of UNCERTAIN attempts (`permit_id` empty: across permits).
+    pub async fn list_uncertain(
+        &self,
+        request: pb::ListUncertainRequest,
+    ) -> Result<pb::ListUncertainResponse, Error> {
+        let request = self.request(request);
+        answer(self.permits.clone().list_uncertain(request).await)
+    }
+
+    /// Every UNCERTAIN attempt under `permit_id` (empty: across permits),
+    /// following page tokens to the end. A page larger than `page_size`, or
+    /// a token that does not move on, is a broken server: INTERNAL.
+    pub async fn list_all_uncertain(
+        &self,
+        permit_id: &str,
+        page_size: u32,
+    ) -> Result<Vec<pb::Attempt>, Error> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self
+                .list_uncertain(pb::ListUncertainRequest {
+                    permit_id: permit_id.into(),
+                    page_size,
+                    page_token: token.clone(),
+                })
+                .await?;
+            let limit = if page_size == 0 { 100 } else { page_size };
+            if page.attempts.len() > limit as usize {
+                return Err(Error::from(Status::internal(format!(
+                    "ListUncertain answered {} attempts for a page of {limit}",
+                    page.attempts.len()
+                ))));
+            }
+            out.extend(page.attempts);
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            if page.next_page_token == token {
+                return Err(Error::from(Status::internal(
+                    "ListUncertain answered the page token it was given",
+                )));
+            }
+            token = page.next_page_token;
+        }
+    }
+
+    /// Settles an UNCERTAIN attempt after asking the tool what happened.
+    pub async fn resolve(&self, request: pb::ResolveRequest) -> Result<pb::ResolveResponse, Error> {
+        let request = self.request(request);
+        answer(self.permits.clone().resolve(request).await)
+    }
+}
+
+fn answer<T>(result: Result<tonic::Response<T>, Status>) -> Result<T, Error> {
+    result.map(tonic::Response::into_inner).map_err(Error::from)
+}
+
+// === Error ===
+
+/// A failed RPC: the gRPC status, and the `ErrorInfo` atmost attached to it
+/// (absent when the failure did not come from atmost: a broken connection,
+/// a proxy, a deadline passed on the client).
+#[derive(Debug, Clone)]
+pub struct Error {
+    status: Status,
+    info: Option<ErrorInfo>,
+}
+
+impl From<Status> for Error {
+    fn from(status: Status) -> Self {
+        let info = status
+            .get_details_error_info()
+            .filter(|info| info.domain == DOMAIN);
+        Self { status, info }
+    }
+}
+
+impl Error {
+    pub fn code(&self) -> Code {
+        self.status.code()
+    }
+
+    /// atmost's reason, or `None` when atmost did not answer this failure.
+    pub fn reason(&self) -> Option<Reason> {
+        self.info
+            .as_ref()
+            .map(|i| Reason::from_str_name(&i.reason).unwrap_or(Reason::Unspecified))
+    }
+
+    /// The reason's name as sent (kept even when this client does not know it).
+    pub fn reason_name(&self) -> Option<&str> {
+        self.info.as_ref().map(|i| i.reason.as_str())
+    }
+
+    /// The ErrorInfo metadata (docs/api.md, "Errors", lists it per reason).
+    pub fn metadata(&self) -> HashMap<String, String> {
+        self.info
+            .as_ref()
+            .map(|i| i.metadata.clone())
+            .unwrap_or_default()
+    }
+
+    /// The `google.rpc.RetryInfo` delay (IDEMPOTENCY_IN_PROGRESS, OVERLOADED).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.status
+            .get_details_retry_info()
+            .and_then(|r| r.retry_delay)
+    }
+
+    /// The fields an INVALID_REQUEST names, in order.
+    pub fn violated_fields(&self) -> Vec<String> {
+        self.status
+            .get_details_bad_request()
+            .map(|b| b.field_violations.into_iter().map(|v| v.field).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether the same request may be sent again as it is: atmost could not
+    /// reach its store (nothing was decided; the same idempotency key gets
+    /// the original reservation back if it was made) or shed the request
+    /// before the store (nothing changed).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.reason(),
+            Some(Reason::StoreUnavailable | Reason::Overloaded)
+        )
+    }
+
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    pub fn into_status(self) -> Status {
+        self.status
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.reason_name() {
+            Some(reason) => write!(f, "{reason}: {}", self.status.message()),
+            None => write!(f, "{:?}: {}", self.code(), self.status.message()),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+// === permits ===
+
+/// A permit to create: the tools in scope, and what limits them. Expires in
+/// an hour of system time unless told otherwise.
+///
+/// ```
+/// use atmost_client::NewPermit;
+/// let permit = NewPermit::new(["search", "wallet.charge"])
+///     .subject("agent-7")
+///     .cap("wallet.charge", 1)
+///     .budget(500)
+///     .build();
+/// assert_eq!(permit.max_calls_per_tool["wallet.charge"], 1);
+/// ```
+#[derive(Debug, Clone)]
+pub struct NewPermit(pb::Permit);
+
+impl NewPermit {
+    pub fn new<T: Into<String>>(tools: impl IntoIterator<Item = T>) -> Self {
+        Self(pb::Permit {
+            tools: tools.into_iter().map(Into::into).collect(),
+            expires_at: Some(timestamp(now_ms() + 3_600_000)),
+            ..Default::default()
+        })
+    }
+
+    pub fn subject(mut self, subject: impl Into<String>) -> Self {
+        self.0.subject = subject.into();
+        self
+    }
+
+    /// At most `calls` slots for `tool` (0 disables it).
+    pub fn cap(mut self, tool: impl Into<String>, calls: u64) -> Self {
+        self.0.max_calls_per_tool.insert(tool.into(), calls);
+        self
+    }
+
+    pub fn budget(mut self, budget: i64) -> Self {
+        self.0.budget = Some(budget);
+        self
+    }
+
+    pub fn currency(mut self, currency: impl Into<String>) -> Self {
+        self.0.currency = currency.into();
+        self
+    }
+
+    /// Expiry, in milliseconds since the Unix epoch.
+    pub fn expires_at_ms(mut self, ms: i64) -> Self {
+        self.0.expires_at = Some(timestamp(ms));
+        self
+    }
+
+    /// How long a dispatch may stay open before it is presumed uncertain.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.0.lease = Some(duration(lease));
+        self
+    }
+
+    pub fn duplicate_guard(
+        mut self,
+        mode: pb::DuplicateGuardMode,
+        window: Option<Duration>,
+    ) -> Self {
+        self.0.duplicate_guard = Some(pb::DuplicateGuard {
+            mode: mode as i32,
+            window: window.map(duration),
+        });
+        self
+    }
+
+    pub fn build(self) -> pb::Permit {
+        self.0
+    }
+}
+
+impl From<NewPermit> for pb::Permit {
+    fn from(p: NewPermit) -> Self {
+        p.0
+    }
+}
+
+// === time ===
+
+/// Milliseconds since the Unix epoch, by the system clock.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A protobuf timestamp of `ms` milliseconds since the Unix epoch.
+pub fn timestamp(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+    }
+}
+
+/// Milliseconds since the Unix epoch of a protobuf timestamp.
+pub fn millis(t: &prost_types::Timestamp) -> i64 {
+    t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
+}
+
+/// A protobuf duration.
+pub fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}

@@ -1,0 +1,26 @@
+//! atmost's integration suite: one test binary, one module per topic.
+//! Every test talks to the real server over gRPC on a loopback port and to
+//! real `redis-server` processes (its own, on free loopback ports, or
+//! `REDIS_URL` with a key prefix of its own).
+//!
+//! - `behaviour`: every behaviour case, once on each store.
+//! - `model`: the Redis scripts against the reference state machine,
+//!   random sequences (proptest).
+//! - `replicas`: several processes on one Redis.
+//! - `faults`: Redis killed, a replica killed, replies slow or lost,
+//!   SIGTERM mid-flight, load shedding.
+//! - `operations`: health, reflection, failing closed, script reloads,
+//!   SIGTERM, huge pages.
+//! - `redis_keys`: the Redis key layout and retention, read from Redis.
+//! - `tools`: the stress checker and the load generator, in process.
+//! - `readme`: the README's commands, as a newcomer types them.
+
+mod support;
+
+mod behaviour;
+mod faults;
+mod model;
+mod operations;
+mod redis_keys;
+mod replicas;
+mod tools;

@@ -1,0 +1,325 @@
+//! What the suite's topics share: the real server in process on a loopback
+//! port ([`Harness`]), the real binary ([`spawn_atmost`]), and the assertions on
+//! errors. Processes, per-test Redis and the fault proxy come from
+//! `atmost-testkit`; every RPC goes through `atmost-client`. Nothing here
+//! stands in for Redis or for the server.
+
+pub use atmost_client::{Client, Error, NewPermit, pb};
+pub use atmost_testkit::{AtmostProcess, Redis, flush_scripts, proxy};
+
+use atmost::domain::ManualClock;
+use atmost::store::{
+    Backend,
+    memory::MemoryStore,
+    redis::{RedisConfig, RedisStore},
+};
+use atmost::{App, run};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tonic::Code;
+use tonic::transport::Channel;
+
+pub const DAY_MS: i64 = 24 * 3_600_000;
+
+// === the machine ===
+
+/// One test binary runs every topic, two tests at a time on this 2-core
+/// machine. Tests that load the machine (the stress checker, the load
+/// generator) hold this exclusively; tests whose assertions include a
+/// wall-clock bound (faults, operations) hold it shared, so they never run
+/// beside those.
+static MACHINE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Runs alone: no timing-sensitive test runs until the guard drops.
+pub async fn exclusive() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    MACHINE.write().await
+}
+
+/// Never beside a test that loads the machine.
+pub async fn timing_sensitive() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    MACHINE.read().await
+}
+
+// === stores and processes ===
+
+/// A Redis store on `url` under `prefix`, keeping finished attempts a day.
+pub fn redis_store(url: &str, prefix: &str, timeout: Duration) -> RedisStore {
+    RedisStore::connect(&RedisConfig {
+        url: url.to_owned(),
+        prefix: prefix.to_owned(),
+        retention_ms: DAY_MS,
+        timeout,
+    })
+    .expect("redis store")
+}
+
+/// The real `atmost` binary of this build (`atmost serve --listen
+/// 127.0.0.1:0 <args>`), killed on drop.
+pub fn spawn_atmost<S: AsRef<str>>(args: &[S]) -> AtmostProcess {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_atmost"));
+    AtmostProcess::spawn(bin, args).expect("start atmost")
+}
+
+// === the server ===
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Memory,
+    Redis,
+}
+
+/// The real server, in process on a loopback port, with a manual clock.
+pub struct Harness {
+    pub client: Client,
+    pub channel: Channel,
+    pub clock: ManualClock,
+    pub redis: Option<Redis>,
+    /// Stops the server when the harness is dropped.
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Harness {
+    pub async fn start(kind: Kind) -> Self {
+        let redis = (kind == Kind::Redis).then(Redis::start);
+        let backend = match &redis {
+            Some(r) => Backend::Redis(redis_store(&r.url, &r.prefix, Duration::from_secs(2))),
+            None => Backend::Memory(MemoryStore::new(DAY_MS)),
+        };
+        Self::serve(backend, redis, |app| app).await
+    }
+
+    /// The server on `backend`, configured by `configure`.
+    pub async fn serve(
+        backend: Backend,
+        redis: Option<Redis>,
+        configure: impl FnOnce(App) -> App,
+    ) -> Self {
+        let clock = ManualClock::starting_now();
+        let app = configure(App::new(backend).with_clock(clock.clone()));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            run(listener, app, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("server ran");
+        });
+        let client = Client::connect(format!("http://{addr}"))
+            .await
+            .expect("connect");
+        Self {
+            channel: client.channel(),
+            client,
+            clock,
+            redis,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        use atmost::domain::Clock;
+        self.clock.now()
+    }
+
+    /// A permit template: the given tools, expiring in an hour of the
+    /// server's clock, no caps.
+    pub fn permit(&self, tools: &[&str]) -> pb::Permit {
+        NewPermit::new(tools.iter().copied())
+            .subject("agent-test")
+            .currency("EUR")
+            .expires_at_ms(self.now_ms() + 3_600_000)
+            .build()
+    }
+
+    pub async fn create(&self, permit: pb::Permit) -> pb::Permit {
+        self.client
+            .create_permit(permit)
+            .await
+            .expect("create permit")
+    }
+
+    /// Creates a permit over `tools` with per-tool caps and a budget.
+    pub async fn create_with(
+        &self,
+        tools: &[&str],
+        caps: &[(&str, u64)],
+        budget: Option<i64>,
+    ) -> String {
+        let mut p = self.permit(tools);
+        p.max_calls_per_tool = caps.iter().map(|(t, n)| (t.to_string(), *n)).collect();
+        p.budget = budget;
+        self.create(p).await.permit_id
+    }
+
+    pub async fn authorize(
+        &self,
+        permit_id: &str,
+        tool: &str,
+        key: &str,
+        fingerprint: &[u8],
+        cost: i64,
+    ) -> Result<pb::AuthorizeResponse, Error> {
+        self.client
+            .authorize(pb::AuthorizeRequest {
+                permit_id: permit_id.into(),
+                tool: tool.into(),
+                idempotency_key: key.into(),
+                request_fingerprint: fingerprint.to_vec(),
+                cost,
+            })
+            .await
+    }
+
+    /// Authorizes and asserts a DISPATCH; returns the attempt.
+    pub async fn dispatch(
+        &self,
+        permit_id: &str,
+        tool: &str,
+        key: &str,
+        fingerprint: &[u8],
+        cost: i64,
+    ) -> pb::Attempt {
+        let r = self
+            .authorize(permit_id, tool, key, fingerprint, cost)
+            .await
+            .unwrap_or_else(|s| panic!("authorize {key}: {s:?}"));
+        assert_eq!(r.decision(), pb::Decision::Dispatch, "{key}: {r:?}");
+        r.attempt.expect("attempt")
+    }
+
+    pub async fn commit(
+        &self,
+        attempt: &pb::Attempt,
+        outcome: pb::commit_request::Outcome,
+    ) -> Result<pb::CommitResponse, Error> {
+        self.client
+            .commit(pb::CommitRequest {
+                permit_id: attempt.permit_id.clone(),
+                idempotency_key: attempt.idempotency_key.clone(),
+                attempt_id: attempt.attempt_id.clone(),
+                outcome: Some(outcome),
+            })
+            .await
+    }
+
+    pub async fn mark_uncertain(
+        &self,
+        attempt: &pb::Attempt,
+        reason: &str,
+    ) -> Result<pb::MarkUncertainResponse, Error> {
+        self.client
+            .mark_uncertain(pb::MarkUncertainRequest {
+                permit_id: attempt.permit_id.clone(),
+                idempotency_key: attempt.idempotency_key.clone(),
+                attempt_id: attempt.attempt_id.clone(),
+                reason: reason.into(),
+            })
+            .await
+    }
+
+    pub async fn resolve(
+        &self,
+        permit_id: &str,
+        key: &str,
+        outcome: pb::resolve_request::Outcome,
+    ) -> Result<pb::ResolveResponse, Error> {
+        self.client
+            .resolve(pb::ResolveRequest {
+                permit_id: permit_id.into(),
+                idempotency_key: key.into(),
+                outcome: Some(outcome),
+            })
+            .await
+    }
+
+    pub async fn get(&self, permit_id: &str) -> Result<pb::GetPermitResponse, Error> {
+        self.client.get_permit(permit_id).await
+    }
+
+    pub async fn list(
+        &self,
+        permit_id: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<pb::ListUncertainResponse, Error> {
+        self.client
+            .list_uncertain(pb::ListUncertainRequest {
+                permit_id: permit_id.into(),
+                page_size,
+                page_token: page_token.into(),
+            })
+            .await
+    }
+
+    /// Every uncertain attempt, following page tokens.
+    pub async fn list_all(&self, permit_id: &str, page_size: u32) -> Vec<pb::Attempt> {
+        self.client
+            .list_all_uncertain(permit_id, page_size)
+            .await
+            .expect("list")
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+// === outcomes ===
+
+pub fn succeeded(result: &[u8], actual_cost: Option<i64>) -> pb::commit_request::Outcome {
+    pb::commit_request::Outcome::Succeeded(pb::Succeeded {
+        result: result.to_vec(),
+        actual_cost,
+    })
+}
+
+pub fn failed(reason: &str) -> pb::commit_request::Outcome {
+    pb::commit_request::Outcome::Failed(pb::Failed {
+        reason: reason.into(),
+    })
+}
+
+pub fn not_sent() -> pb::commit_request::Outcome {
+    pb::commit_request::Outcome::NotSent(pb::NotSent {})
+}
+
+pub fn resolved_succeeded(result: &[u8], actual_cost: Option<i64>) -> pb::resolve_request::Outcome {
+    pb::resolve_request::Outcome::Succeeded(pb::Succeeded {
+        result: result.to_vec(),
+        actual_cost,
+    })
+}
+
+pub fn resolved_failed(reason: &str) -> pb::resolve_request::Outcome {
+    pb::resolve_request::Outcome::Failed(pb::Failed {
+        reason: reason.into(),
+    })
+}
+
+// === errors ===
+
+/// Asserts that `result` failed with `code` and ErrorInfo `reason` in the
+/// `atmost` domain; returns the ErrorInfo metadata and the error.
+#[track_caller]
+pub fn expect_error<T: std::fmt::Debug>(
+    result: Result<T, Error>,
+    code: Code,
+    reason: &str,
+) -> (HashMap<String, String>, Error) {
+    let error = match result {
+        Ok(v) => panic!("expected {code:?}/{reason}, got {v:?}"),
+        Err(e) => e,
+    };
+    assert_eq!(error.code(), code, "{error:?}");
+    // Only an ErrorInfo of the `atmost` domain gives a reason name.
+    assert_eq!(error.reason_name(), Some(reason), "{error:?}");
+    (error.metadata(), error)
+}

@@ -1,0 +1,136 @@
+//! The project's tools, run in process against real servers: the
+//! multi-replica stress checker in its short CI configuration, and a smoke
+//! run of every scenario of the load generator. Neither asserts a speed:
+//! benchmarks are not tests (scripts/bench.sh measures; docs/performance.md
+//! reports). Both load the machine, so each runs alone
+//! ([`support::exclusive`](crate::support::exclusive)).
+
+use crate::support::*;
+use clap::Parser;
+
+/// Three real replicas on one real Redis, 64 faulty agent loops for 20 s
+/// with a replica SIGKILLed every 5 s, then the history check. Run it longer
+/// by hand: `cargo run --release -p atmost-stress -- --duration 10m`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stress_three_replicas_sixty_four_agents_no_violations() {
+    let _alone = exclusive().await;
+    let args = atmost_stress::Args::parse_from([
+        "atmost-stress",
+        "--atmost-bin",
+        env!("CARGO_BIN_EXE_atmost"),
+        "--replicas",
+        "3",
+        "--clients",
+        "64",
+        "--duration",
+        "20s",
+        "--kill-every",
+        "5s",
+    ]);
+    let summary = atmost_stress::run(args).await.expect("the stress run");
+    println!("{summary}");
+    assert!(
+        summary.violations.is_empty(),
+        "{summary}\n{:#?}",
+        summary.violations
+    );
+    // It must have done real work, faults included.
+    assert!(summary.dispatches > 500, "{summary}");
+    assert!(summary.dropped_responses > 50, "{summary}");
+    assert!(summary.replica_kills >= 2, "{summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_every_scenario_against_the_real_server() {
+    let _alone = exclusive().await;
+    let server = spawn_atmost::<&str>(&[]);
+    let json = std::env::temp_dir().join(format!("atmost-bench-{}.jsonl", uuid::Uuid::now_v7()));
+    let target = format!("http://{}", server.addr());
+    // Every scenario closed-loop, then authorize open-loop (the pacer).
+    let runs = ["health", "authorize", "cycle", "replay", "contended"]
+        .map(|s| (s, None))
+        .into_iter()
+        .chain([("authorize", Some("500"))]);
+    for (scenario, rate) in runs {
+        let mut argv = vec![
+            "atmost-bench",
+            "--target",
+            &target,
+            "--scenario",
+            scenario,
+            "--duration",
+            "300ms",
+            "--warmup",
+            "0s",
+            "--concurrency",
+            "8",
+            "--permits",
+            "2",
+            "--json",
+            json.to_str().expect("a UTF-8 temp path"),
+        ];
+        argv.extend(rate.map(|r| ["--rate", r]).into_iter().flatten());
+        atmost_bench::generate(atmost_bench::Args::parse_from(argv))
+            .await
+            .unwrap_or_else(|e| panic!("{scenario}: {e}"));
+    }
+    let lines = std::fs::read_to_string(&json).expect("results");
+    let _ = std::fs::remove_file(&json);
+    let rows: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(rows.len(), 6);
+    for row in rows {
+        assert!(row["requests"].as_u64().unwrap_or(0) > 0, "{row}");
+        assert_eq!(row["errors"].as_u64(), Some(0), "{row}");
+    }
+}
+
+/// `--print-script` prints what the Redis store sends (bench.sh's Redis
+/// ceiling runs it with redis-benchmark): a script a real Redis loads and
+/// runs, answering as the store's own run would. An unknown name fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_prints_the_scripts_the_redis_store_sends() {
+    let body = atmost::store::redis::script_body("authorize").expect("authorize");
+    let text = atmost_bench::script("authorize").expect("a script named authorize");
+    assert_eq!(text, atmost::store::redis::script_text(body));
+    let redis = Redis::start();
+    let mut conn = redis.connect().await;
+    let permit = format!("{}:{{{}}}", redis.prefix, uuid::Uuid::now_v7());
+    let keys = ["permit", "attempts", "open", "dup"].map(|k| format!("{permit}:{k}"));
+    let id = atmost::domain::new_id(1_767_225_600_000);
+    let packed: Vec<u8> = redis::Script::new(&text)
+        .key(&keys[..])
+        .arg("1767225600000")
+        .arg("t")
+        .arg("k")
+        .arg("fp")
+        .arg("1")
+        .arg(
+            uuid::Uuid::parse_str(&id)
+                .expect("uuid")
+                .as_bytes()
+                .as_slice(),
+        )
+        .invoke_async(&mut conn)
+        .await
+        .expect("the printed script runs");
+    let reply = atmost::store::redis::unpack_reply(&packed).expect("a reply the store reads");
+    assert_eq!(
+        reply[..2],
+        [
+            redis::Value::BulkString(b"ERR".to_vec()),
+            redis::Value::BulkString(b"PERMIT_NOT_FOUND".to_vec())
+        ]
+    );
+
+    assert_eq!(atmost_bench::script("no_such_script"), None);
+    let refused = atmost_bench::generate(atmost_bench::Args::parse_from([
+        "atmost-bench",
+        "--print-script",
+        "no_such_script",
+    ]))
+    .await;
+    assert!(refused.is_err(), "an unknown name must fail");
+}
