@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs redis-server when it is
-# missing (tests start their own on free loopback ports, or use REDIS_URL),
-# then runs every test. Usage: scripts/test.sh [extra cargo test args]
+# The whole test suite, on a fresh machine. Installs what it needs when it is
+# missing (redis-server and jq from the system packages; grpcio for the
+# README check, in a virtualenv under target/), then runs every test of the
+# workspace (tests start their own redis-server on free loopback ports, or
+# use REDIS_URL), then the README's commands as written (scripts/readme.sh).
+# Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+missing=()
 if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_URL:-}" ]; then
-  echo "test.sh: redis-server not found; installing it from the system packages" >&2
+  missing+=(redis-server)
+fi
+command -v jq >/dev/null 2>&1 || missing+=(jq)
+python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "test.sh: installing ${missing[*]} from the system packages" >&2
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "test.sh: no apt-get here: install redis-server yourself, or set REDIS_URL" >&2
+    echo "test.sh: no apt-get here: install ${missing[*]} yourself (or set REDIS_URL)" >&2
     exit 1
   fi
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-cargo test --locked --workspace --all-targets "$@"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --locked --workspace --all-targets "$@" 2>&1 | tee "$log"
+scripts/readme.sh
+
+# One closing line for the whole run: every cargo test binary, plus the
+# README check.
+read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 1, f }' "$log")
+echo "test.sh: ${passed} passed, ${failed} failed"

@@ -96,10 +96,16 @@ pub async fn run(
         max_in_flight: app.max_in_flight,
     };
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // Reflection in both versions: grpc.reflection.v1, and v1alpha for the
+    // clients that still speak only it (grpcurl before 1.8.8, grpcio's
+    // reflection client, grpcui).
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let (reflection_v1, reflection_v1alpha) =
+        (reflection().build_v1()?, reflection().build_v1alpha()?);
 
     let stop = CancellationToken::new();
     let watch_stop = CancellationToken::new();
@@ -112,7 +118,8 @@ pub async fn run(
 
     let serve = Server::builder()
         .add_service(health_service)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(GateServer::new(GateService::new(ctx.clone())))
         .add_service(PermitsServer::new(PermitsService::new(ctx)))
         .serve_with_incoming_shutdown(

@@ -57,38 +57,53 @@ async fn health_reports_serving_for_every_service() {
     }
 }
 
+/// The service names a reflection client of version `$v` (`v1`, `v1alpha`)
+/// lists on `$channel`.
+macro_rules! reflected_services {
+    ($v:ident, $channel:expr) => {{
+        use tonic_reflection::pb::$v::{
+            ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        };
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut responses = ServerReflectionClient::new($channel)
+            .server_reflection_info(tokio_stream::once(request))
+            .await
+            .expect("reflection")
+            .into_inner();
+        let response = responses
+            .message()
+            .await
+            .expect("message")
+            .expect("one response");
+        let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+            panic!("unexpected {response:?}");
+        };
+        list.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
+    }};
+}
+
+/// Reflection answers in both versions: v1, and v1alpha for the clients
+/// that speak only it (grpcurl before 1.8.8, grpcio's reflection client).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_lists_the_services() {
     let _machine = timing_sensitive().await;
-    use tonic_reflection::pb::v1::{
-        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
-        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-    };
     let h = Harness::start(Kind::Memory).await;
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut responses = ServerReflectionClient::new(h.channel.clone())
-        .server_reflection_info(tokio_stream::once(request))
-        .await
-        .expect("reflection")
-        .into_inner();
-    let response = responses
-        .message()
-        .await
-        .expect("message")
-        .expect("one response");
-    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
-        panic!("unexpected {response:?}");
-    };
-    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
-    for want in [
-        "atmost.v1.Gate",
-        "atmost.v1.Permits",
-        "grpc.health.v1.Health",
-    ] {
-        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    let listed = [
+        reflected_services!(v1, h.channel.clone()),
+        reflected_services!(v1alpha, h.channel.clone()),
+    ];
+    for names in listed {
+        for want in [
+            "atmost.v1.Gate",
+            "atmost.v1.Permits",
+            "grpc.health.v1.Health",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+        }
     }
 }
 

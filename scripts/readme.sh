@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The README's commands, run as a newcomer types them. README.md marks the
+# blocks it promises with `<!-- readme-check: NAME -->` on the line before
+# the fence:
+#   quick-start  line 1 must bring up a server that answers gRPC health
+#                SERVING on 127.0.0.1:50051 (it is run as written, in the
+#                background); line 2 must be the test command, scripts/test.sh
+#                (which runs this check, so it is not run again here);
+#   grpcurl      run as written against that server, with bash -euo
+#                pipefail: every command must succeed, the health check must
+#                say SERVING and the Authorize must answer DECISION_DISPATCH.
+# Without a grpcurl on PATH, the grpcurl lines run through scripts/grpcurl.py,
+# which speaks gRPC and reflection as grpcurl does (grpcio in a virtualenv
+# under target/). A README edit that breaks a command fails this check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fail() {
+  echo "readme: FAILED: $*" >&2
+  exit 1
+}
+
+# The lines of the fenced block after the marker of $1.
+block() {
+  awk -v marker="<!-- readme-check: $1 -->" '
+    $0 == marker { found = 1; next }
+    found && /^```/ { if (inside) exit; inside = 1; next }
+    inside { print }
+  ' README.md
+}
+
+quick=$(block quick-start)
+examples=$(block grpcurl)
+[ -n "$quick" ] || fail "README.md has no block marked readme-check: quick-start"
+[ -n "$examples" ] || fail "README.md has no block marked readme-check: grpcurl"
+# A command, without its trailing comment.
+command_of() { sed -n "$1p" <<<"$quick" | sed -e 's/[[:space:]]*#.*$//' -e 's/[[:space:]]*$//'; }
+serve=$(command_of 1)
+test_command=$(command_of 2)
+[ "$test_command" = "scripts/test.sh" ] ||
+  fail "the README's second command is '$test_command', but the test command is scripts/test.sh"
+grep -qx 'scripts/test.sh' .ci/run || fail ".ci/run does not run scripts/test.sh, the README's test command"
+
+if (exec 3<>/dev/tcp/127.0.0.1/50051) 2>/dev/null; then
+  fail "something already listens on 127.0.0.1:50051, where the README's server must listen; stop it first"
+fi
+
+work=$(mktemp -d)
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ]; then
+    kill -TERM -- "-$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if ! command -v grpcurl >/dev/null 2>&1; then
+  venv=target/readme-venv
+  if ! "$venv/bin/python" -c 'import grpc, grpc_reflection, google.protobuf' 2>/dev/null; then
+    echo "readme: no grpcurl here; installing grpcio for scripts/grpcurl.py into $venv" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+      'grpcio>=1.60' 'grpcio-reflection>=1.60' 'protobuf>=4.25'
+  fi
+  mkdir "$work/bin"
+  printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$PWD/$venv/bin/python" "$PWD/scripts/grpcurl.py" >"$work/bin/grpcurl"
+  chmod +x "$work/bin/grpcurl"
+  export PATH="$work/bin:$PATH"
+fi
+command -v jq >/dev/null 2>&1 || fail "jq is not installed (scripts/test.sh installs it)"
+
+echo "readme: running '$serve' (the first run builds the release binary)" >&2
+setsid bash -c "$serve" >"$work/serve.log" 2>&1 &
+server_pid=$!
+deadline=$((SECONDS + 1800))
+until grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
+  kill -0 "$server_pid" 2>/dev/null || fail "'$serve' exited: $(tail -n 20 "$work/serve.log")"
+  [ "$SECONDS" -lt "$deadline" ] || fail "'$serve' did not serve on 127.0.0.1:50051 within 30 minutes"
+  sleep 1
+done
+echo "readme: '$serve' answers health SERVING on 127.0.0.1:50051" >&2
+
+if ! output=$(cd "$work" && bash -euo pipefail -c "$examples" 2>&1); then
+  fail "the README's grpcurl examples failed:"$'\n'"$output"
+fi
+grep -q '"status": "SERVING"' <<<"$output" || fail "no health SERVING in:"$'\n'"$output"
+grep -q '"decision": "DECISION_DISPATCH"' <<<"$output" || fail "no DISPATCH in:"$'\n'"$output"
+echo "readme: the grpcurl examples ran as written: health SERVING, a permit created, DECISION_DISPATCH" >&2
