@@ -1,7 +1,7 @@
 -- lib.lua: helpers prepended to every atmost script. Each script is sent as
 -- lib.lua, then its body as `local function main()`, then
--- `return cmsgpack.pack(main())` (store/redis.rs: script_text): one atomic
--- EVALSHA whose reply is one msgpack string of what the body returns.
+-- `return cmsgpack.pack(main())` (store/redis/scripts.rs: script_text): one
+-- atomic EVALSHA whose reply is one msgpack string of what the body returns.
 --
 -- Keys of one permit P (all share the hash tag, so one Cluster slot):
 --   <prefix>:{P}:permit    HASH  the permit and its usage counters:
@@ -80,7 +80,8 @@ local function observed_state(a, now)
   return a.state, a.ureason
 end
 
--- The attempt as the service decodes it (store/redis.rs: decode_attempt).
+-- The attempt as the service decodes it (store/redis/reply.rs:
+-- decode_attempt).
 local function attempt_reply(a, key, now)
   local state, reason = observed_state(a, now)
   return {
