@@ -38,7 +38,7 @@ use codec::{decode_permit, encode_permit, id_bytes, id_ms};
 use conn::unavailable;
 use redis::Value;
 use redis::aio::ConnectionManager;
-use reply::{Fields, as_array, attempt_error, decode_attempt, decode_usage, malformed};
+use reply::{About, decode_attempt, decode_usage, malformed, open, open_ok};
 use scripts::Lua;
 use std::time::Duration;
 
@@ -106,7 +106,8 @@ impl RedisStore {
         format!("{}:permits", self.prefix)
     }
 
-    /// Runs a script and unpacks its msgpack reply (see [`script_text`]).
+    /// Runs a script and unpacks its msgpack reply (see [`script_text`]),
+    /// for [`open`] to read.
     async fn run(&self, inv: &redis::ScriptInvocation<'_>) -> Result<Vec<Value>, Error> {
         let mut conn = self.conn.clone();
         let packed: Vec<u8> = inv.invoke_async(&mut conn).await.map_err(unavailable)?;
@@ -125,13 +126,7 @@ impl Store for RedisStore {
         for (field, value) in encode_permit(&permit) {
             inv.arg(field).arg(value);
         }
-        let mut f = Fields::new(self.run(&inv).await?);
-        if f.string()? != "OK" {
-            return Err(Error::StoreUnavailable(format!(
-                "permit id {} already taken",
-                permit.permit_id
-            )));
-        }
+        open_ok(self.run(&inv).await?, &About::permit(&permit.permit_id))?;
         // Then the cross-permit index, before CreatePermit answers: nobody
         // knows the id until then, so no attempt can exist under a permit
         // the index does not know. (Indexing first would let a concurrent
@@ -162,8 +157,8 @@ impl Store for RedisStore {
     async fn revoke_permit(&self, permit_id: &str) -> Result<Permit, Error> {
         let mut inv = Lua::RevokePermit.prepare_invoke();
         inv.key(self.keys(permit_id).permit);
-        let reply = self.run(&inv).await?;
-        decode_permit(permit_id, reply).map(|view| view.permit)
+        let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
+        decode_permit(permit_id, f.array()?).map(|view| view.permit)
     }
 
     async fn authorize(
@@ -185,55 +180,16 @@ impl Store for RedisStore {
             .arg(&cmd.request_fingerprint)
             .arg(cmd.cost)
             .arg(id_bytes(&attempt_id));
-        let mut f = Fields::new(self.run(&inv).await?);
-        let decision = match f.string()?.as_str() {
+        let about = About {
+            tool: Some(&cmd.tool),
+            cost: Some(cmd.cost),
+            ..About::key(&cmd.permit_id, &cmd.idempotency_key, now)
+        };
+        let (verdict, mut f) = open(self.run(&inv).await?, &about)?;
+        let decision = match verdict.as_str() {
             "DISPATCH" => Decision::Dispatch,
             "REPLAY" => Decision::Replay,
-            "ERR" => {
-                return Err(match f.string()?.as_str() {
-                    "KEY_REUSED" => Error::KeyReused {
-                        idempotency_key: cmd.idempotency_key.clone(),
-                    },
-                    "IN_PROGRESS" => {
-                        let lease_expires_at = f.int()?;
-                        Error::InProgress {
-                            idempotency_key: cmd.idempotency_key.clone(),
-                            lease_expires_at,
-                            retry_after_ms: lease_expires_at - now,
-                        }
-                    }
-                    "PERMIT_NOT_FOUND" => Error::PermitNotFound {
-                        permit_id: cmd.permit_id.clone(),
-                    },
-                    "PERMIT_REVOKED" => Error::PermitRevoked {
-                        permit_id: cmd.permit_id.clone(),
-                    },
-                    "PERMIT_EXPIRED" => Error::PermitExpired {
-                        permit_id: cmd.permit_id.clone(),
-                        expired_at: f.int()?,
-                    },
-                    "TOOL_NOT_IN_SCOPE" => Error::ToolNotInScope {
-                        tool: cmd.tool.clone(),
-                    },
-                    "DUPLICATE_REQUEST_SUSPECTED" => Error::DuplicateSuspected {
-                        tool: cmd.tool.clone(),
-                        earlier_key: f.string()?,
-                    },
-                    "PERMIT_MAX_CALLS_EXCEEDED" => Error::MaxCallsExceeded {
-                        tool: cmd.tool.clone(),
-                        limit: f.int()? as u64,
-                        calls_made: f.int()? as u64,
-                    },
-                    "PERMIT_BUDGET_EXCEEDED" => Error::BudgetExceeded {
-                        budget: f.int()?,
-                        committed: f.int()?,
-                        reserved: f.int()?,
-                        requested: cmd.cost,
-                    },
-                    other => return Err(malformed(other)),
-                });
-            }
-            other => return Err(malformed(other)),
+            other => return Err(malformed(format!("verdict {other:?}"))),
         };
         let attempt = decode_attempt(&cmd.permit_id, f.array()?)?;
         let usage = decode_usage(f.array()?)?;
@@ -272,12 +228,9 @@ impl Store for RedisStore {
             .arg(&cmd.idempotency_key)
             .arg(id_bytes(&cmd.attempt_id))
             .arg(&cmd.reason);
-        let mut f = Fields::new(self.run(&inv).await?);
-        match f.string()?.as_str() {
-            "OK" => decode_attempt(&cmd.permit_id, f.array()?),
-            "ERR" => Err(attempt_error(&mut f, &cmd.permit_id, &cmd.idempotency_key)?),
-            other => Err(malformed(other)),
-        }
+        let about = About::key(&cmd.permit_id, &cmd.idempotency_key, now);
+        let mut f = open_ok(self.run(&inv).await?, &about)?;
+        decode_attempt(&cmd.permit_id, f.array()?)
     }
 
     async fn resolve(
@@ -307,12 +260,7 @@ impl Store for RedisStore {
         let mut page = Page::default();
         if let Some(id) = permit_id {
             let after_key = after.map_or("", |c| c.idempotency_key.as_str());
-            let (found, _, attempts) = self.list_one(id, after_key, limit, now).await?;
-            if !found {
-                return Err(Error::PermitNotFound {
-                    permit_id: id.to_owned(),
-                });
-            }
+            let (_, attempts) = self.list_one(id, after_key, limit, now).await?;
             page.attempts = attempts;
             page.next = full_page_cursor(&page.attempts, limit);
             return Ok(page);
@@ -356,9 +304,14 @@ impl Store for RedisStore {
                     Some(c) if c.permit_id == id => c.idempotency_key.as_str(),
                     _ => "",
                 };
-                let (_, removable, attempts) = self
+                let (removable, attempts) = match self
                     .list_one(&id, after_key, limit - page.attempts.len(), now)
-                    .await?;
+                    .await
+                {
+                    // Gone with its retention: it leaves the index.
+                    Err(Error::PermitNotFound { .. }) => (true, Vec::new()),
+                    other => other?,
+                };
                 if removable {
                     redis::cmd("ZREM")
                         .arg(self.index_key())
@@ -434,26 +387,21 @@ impl RedisStore {
                 "holder"
             })
             .arg(self.retention_ms);
-        let mut f = Fields::new(self.run(&inv).await?);
-        match f.string()?.as_str() {
-            "OK" => Ok(Settled {
-                attempt: decode_attempt(permit_id, f.array()?)?,
-                usage: decode_usage(f.array()?)?,
-            }),
-            "ERR" => Err(attempt_error(&mut f, permit_id, key)?),
-            other => Err(malformed(other)),
-        }
+        let mut f = open_ok(self.run(&inv).await?, &About::key(permit_id, key, now))?;
+        Ok(Settled {
+            attempt: decode_attempt(permit_id, f.array()?)?,
+            usage: decode_usage(f.array()?)?,
+        })
     }
 
-    /// One permit's uncertain attempts: (permit found, may leave the index,
-    /// attempts).
+    /// One permit's uncertain attempts: (may leave the index, attempts).
     async fn list_one(
         &self,
         permit_id: &str,
         after_key: &str,
         limit: usize,
         now: Millis,
-    ) -> Result<(bool, bool, Vec<Attempt>), Error> {
+    ) -> Result<(bool, Vec<Attempt>), Error> {
         let k = self.keys(permit_id);
         let mut inv = Lua::ListUncertain.prepare_invoke();
         inv.key(&k.permit)
@@ -463,14 +411,13 @@ impl RedisStore {
             .arg(after_key)
             .arg(limit)
             .arg(INDEX_SKEW_MARGIN_MS);
-        let mut f = Fields::new(self.run(&inv).await?);
-        let found = f.int()? == 1;
-        let removable = f.int()? == 1;
+        let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
+        let removable = f.flag()?;
         let mut attempts = Vec::new();
-        while let Some(value) = f.next() {
-            attempts.push(decode_attempt(permit_id, as_array(value)?)?);
+        while !f.done() {
+            attempts.push(decode_attempt(permit_id, f.array()?)?);
         }
-        Ok((found, removable, attempts))
+        Ok((removable, attempts))
     }
 }
 

@@ -71,18 +71,11 @@ pub(super) fn encode_permit(p: &Permit) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Decodes a permit hash (HGETALL's flat field/value list).
-pub(super) fn decode_permit(permit_id: &str, reply: Vec<Value>) -> Result<PermitView, Error> {
-    let mut f = Fields::new(reply);
+pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitView, Error> {
+    let mut f = Fields::new(hash);
     let mut map: HashMap<String, Vec<u8>> = HashMap::new();
-    while let Some(field) = f.next() {
-        let Value::BulkString(field) = field else {
-            // {"ERR", "PERMIT_NOT_FOUND"} from revoke_permit.lua.
-            break;
-        };
-        let field = String::from_utf8(field).map_err(|_| malformed("field name"))?;
-        if field == "ERR" {
-            break;
-        }
+    while !f.done() {
+        let field = f.string()?;
         map.insert(field, f.bytes()?);
     }
     if !map.contains_key("exp") {
@@ -95,16 +88,17 @@ pub(super) fn decode_permit(permit_id: &str, reply: Vec<Value>) -> Result<Permit
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .unwrap_or_default()
     };
-    let int = |name: &str| -> Result<i64, Error> { map.get(name).map_or(Ok(0), |b| parse_int(b)) };
+    let number = |b: &[u8]| parse_int(b).ok_or_else(|| malformed("not an integer"));
+    let int = |name: &str| -> Result<i64, Error> { map.get(name).map_or(Ok(0), |b| number(b)) };
     let tools: Vec<String> = text("tools").split('\n').map(str::to_owned).collect();
     let mut max_calls_per_tool = std::collections::BTreeMap::new();
     let mut usage = Vec::with_capacity(tools.len());
-    let budget = map.get("budget").map(|b| parse_int(b)).transpose()?;
+    let budget = map.get("budget").map(|b| number(b)).transpose()?;
     let committed = int("committed")?;
     let reserved = int("reserved")?;
     for tool in &tools {
         let cap = match map.get(&format!("t:{tool}")) {
-            Some(b) if !b.is_empty() => Some(parse_int(b)? as u64),
+            Some(b) if !b.is_empty() => Some(number(b)? as u64),
             _ => None,
         };
         if let Some(cap) = cap {

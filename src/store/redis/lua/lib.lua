@@ -17,7 +17,10 @@
 --       fingerprint on every read, so a collision only loses a pointer)
 --
 -- Every script validates everything before its first write (Lua has no
--- rollback) and returns business outcomes as values: {"ERR", REASON, ...}.
+-- rollback) and returns business outcomes as values: {"OK", ...} (or
+-- Authorize's "DISPATCH"/"REPLAY"), or {"ERR", REASON, ...} where REASON is
+-- the domain's name for it, the one clients see (domain/error.rs: Reason;
+-- store/redis/reply.rs: open decodes the fields after it).
 -- Amounts are passed to Redis as strings formatted with %d, never as Lua
 -- numbers (which Redis would print as 1e+15).
 
