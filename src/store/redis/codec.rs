@@ -7,7 +7,7 @@ use crate::domain::{
     AttemptState, DuplicateGuard, Error, GuardMode, Millis, Permit, PermitStatus, PermitView, Usage,
 };
 use redis::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 // === codes ===
 
@@ -18,6 +18,31 @@ pub(super) fn guard_code(mode: GuardMode) -> i64 {
         GuardMode::Log => 1,
         GuardMode::Enforce => 2,
     }
+}
+
+fn decode_guard(code: i64) -> Result<GuardMode, Error> {
+    Ok(match code {
+        0 => GuardMode::Off,
+        1 => GuardMode::Log,
+        2 => GuardMode::Enforce,
+        other => return Err(malformed(format!("guard mode {other}"))),
+    })
+}
+
+/// A permit status as stored in `status` (lib.lua: STATUS_REVOKED).
+pub(super) fn status_code(status: PermitStatus) -> i64 {
+    match status {
+        PermitStatus::Active => 1,
+        PermitStatus::Revoked => 2,
+    }
+}
+
+fn decode_status(code: i64) -> Result<PermitStatus, Error> {
+    Ok(match code {
+        1 => PermitStatus::Active,
+        2 => PermitStatus::Revoked,
+        other => return Err(malformed(format!("permit status {other}"))),
+    })
 }
 
 /// An attempt state as stored and replied (lib.lua: RESERVED ... RELEASED).
@@ -50,7 +75,10 @@ pub(super) fn encode_permit(p: &Permit) -> Vec<(String, Vec<u8>)> {
             "gwin".into(),
             p.duplicate_guard.window_ms.to_string().into_bytes(),
         ),
-        ("status".into(), b"1".to_vec()),
+        (
+            "status".into(),
+            status_code(p.status).to_string().into_bytes(),
+        ),
         ("created".into(), p.created_at.to_string().into_bytes()),
         ("committed".into(), b"0".to_vec()),
         ("reserved".into(), b"0".to_vec()),
@@ -70,7 +98,10 @@ pub(super) fn encode_permit(p: &Permit) -> Vec<(String, Vec<u8>)> {
     fields
 }
 
-/// Decodes a permit hash (HGETALL's flat field/value list).
+/// Decodes a permit hash (HGETALL's flat field/value list; empty when
+/// there is no such permit). Every field [`encode_permit`] writes must be
+/// there; only `budget` (unlimited) and `n:<tool>` (no call yet) may be
+/// absent.
 pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitView, Error> {
     let mut f = Fields::new(hash);
     let mut map: HashMap<String, Vec<u8>> = HashMap::new();
@@ -78,61 +109,72 @@ pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitV
         let field = f.string()?;
         map.insert(field, f.bytes()?);
     }
-    if !map.contains_key("exp") {
+    if map.is_empty() {
         return Err(Error::PermitNotFound {
             permit_id: permit_id.to_owned(),
         });
     }
-    let text = |name: &str| -> String {
+    let bytes = |name: &str| {
         map.get(name)
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .unwrap_or_default()
+            .ok_or_else(|| malformed(format!("permit field {name} missing")))
     };
-    let number = |b: &[u8]| parse_int(b).ok_or_else(|| malformed("not an integer"));
-    let int = |name: &str| -> Result<i64, Error> { map.get(name).map_or(Ok(0), |b| number(b)) };
-    let tools: Vec<String> = text("tools").split('\n').map(str::to_owned).collect();
-    let mut max_calls_per_tool = std::collections::BTreeMap::new();
+    let text = |name: &str| {
+        String::from_utf8(bytes(name)?.clone())
+            .map_err(|_| malformed(format!("permit field {name} not UTF-8")))
+    };
+    let number = |name: &str, b: &[u8]| {
+        parse_int(b).ok_or_else(|| malformed(format!("permit field {name} not an integer")))
+    };
+    let int = |name: &str| number(name, bytes(name)?);
+    let count = |name: &str| {
+        let n = int(name)?;
+        u64::try_from(n).map_err(|_| malformed(format!("permit field {name} is {n}")))
+    };
+    let tools: Vec<String> = text("tools")?.split('\n').map(str::to_owned).collect();
+    let mut max_calls_per_tool = BTreeMap::new();
     let mut usage = Vec::with_capacity(tools.len());
-    let budget = map.get("budget").map(|b| number(b)).transpose()?;
+    let budget = map.get("budget").map(|b| number("budget", b)).transpose()?;
     let committed = int("committed")?;
     let reserved = int("reserved")?;
     for tool in &tools {
-        let cap = match map.get(&format!("t:{tool}")) {
-            Some(b) if !b.is_empty() => Some(number(b)? as u64),
-            _ => None,
+        // "" is no cap; every tool in scope has the field.
+        let cap_field = format!("t:{tool}");
+        let cap = if bytes(&cap_field)?.is_empty() {
+            None
+        } else {
+            Some(count(&cap_field)?)
         };
         if let Some(cap) = cap {
             max_calls_per_tool.insert(tool.clone(), cap);
         }
+        // Written by the tool's first Authorize.
+        let calls_field = format!("n:{tool}");
+        let calls_made = if map.contains_key(&calls_field) {
+            count(&calls_field)?
+        } else {
+            0
+        };
         usage.push(Usage {
             tool: tool.clone(),
-            calls_made: int(&format!("n:{tool}"))? as u64,
+            calls_made,
             calls_limit: cap,
             budget_remaining: budget.map(|b| b - committed - reserved),
         });
     }
     let permit = Permit {
         permit_id: permit_id.to_owned(),
-        subject: text("subject"),
+        subject: text("subject")?,
         tools,
         max_calls_per_tool,
         budget,
-        currency: text("currency"),
+        currency: text("currency")?,
         expires_at: int("exp")?,
         lease_ms: int("lease")?,
         duplicate_guard: DuplicateGuard {
-            mode: match int("gmode")? {
-                0 => GuardMode::Off,
-                2 => GuardMode::Enforce,
-                _ => GuardMode::Log,
-            },
+            mode: decode_guard(int("gmode")?)?,
             window_ms: int("gwin")?,
         },
-        status: if int("status")? == 2 {
-            PermitStatus::Revoked
-        } else {
-            PermitStatus::Active
-        },
+        status: decode_status(int("status")?)?,
         created_at: int("created")?,
     };
     Ok(PermitView {
@@ -168,4 +210,121 @@ pub(super) fn id_text(bytes: &[u8]) -> Result<String, Error> {
     uuid::Uuid::from_slice(bytes)
         .map(|u| u.hyphenated().to_string())
         .map_err(|_| malformed("an id that is not 16 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode_permit, encode_permit};
+    use crate::domain::{DuplicateGuard, Error, GuardMode, Permit, PermitStatus};
+    use redis::Value;
+
+    fn permit() -> Permit {
+        Permit {
+            permit_id: "0190a6e0-0000-7000-8000-000000000001".into(),
+            subject: "agent-7".into(),
+            tools: vec!["search".into(), "payments.charge".into()],
+            max_calls_per_tool: [("payments.charge".to_owned(), 3)].into(),
+            budget: Some(1000),
+            currency: "EUR".into(),
+            expires_at: 1_767_225_600_000,
+            lease_ms: 30_000,
+            duplicate_guard: DuplicateGuard {
+                mode: GuardMode::Enforce,
+                window_ms: 600_000,
+            },
+            status: PermitStatus::Active,
+            created_at: 1_767_222_000_000,
+        }
+    }
+
+    /// The permit's hash as HGETALL answers it, with `change` applied to
+    /// its fields first.
+    fn stored(change: impl FnOnce(&mut Vec<(String, Vec<u8>)>)) -> Result<Permit, Error> {
+        let p = permit();
+        let mut fields = encode_permit(&p);
+        change(&mut fields);
+        let hash = fields
+            .into_iter()
+            .flat_map(|(k, v)| [Value::BulkString(k.into_bytes()), Value::BulkString(v)])
+            .collect();
+        decode_permit(&p.permit_id, hash).map(|view| view.permit)
+    }
+
+    fn set(fields: &mut [(String, Vec<u8>)], name: &str, value: &str) {
+        let field = fields.iter_mut().find(|(k, _)| k == name).expect(name);
+        field.1 = value.as_bytes().to_vec();
+    }
+
+    fn unavailable(result: Result<Permit, Error>) -> bool {
+        matches!(result, Err(Error::StoreUnavailable(_)))
+    }
+
+    #[test]
+    fn a_permit_reads_back_as_written() {
+        assert_eq!(stored(|_| {}), Ok(permit()));
+        // Absent budget: unlimited. n:<tool> appears with the first call.
+        let unlimited = stored(|f| f.retain(|(k, _)| k != "budget"));
+        assert_eq!(unlimited.unwrap().budget, None);
+        let revoked = stored(|f| set(f, "status", "2"));
+        assert_eq!(revoked.unwrap().status, PermitStatus::Revoked);
+        let off = stored(|f| set(f, "gmode", "0"));
+        assert_eq!(off.unwrap().duplicate_guard.mode, GuardMode::Off);
+    }
+
+    #[test]
+    fn no_hash_is_no_permit() {
+        assert_eq!(
+            decode_permit("p", Vec::new()),
+            Err(Error::PermitNotFound {
+                permit_id: "p".into()
+            })
+        );
+    }
+
+    #[test]
+    fn an_unknown_guard_mode_or_status_is_an_error_not_a_default() {
+        for (field, code) in [
+            ("gmode", "3"),
+            ("gmode", "-1"),
+            ("status", "0"),
+            ("status", "3"),
+        ] {
+            assert!(
+                unavailable(stored(|f| set(f, field, code))),
+                "{field}={code}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_or_unreadable_field_is_an_error_not_a_default() {
+        // Every field written at creation but `open`, which no reader needs.
+        let numbers = [
+            "exp",
+            "lease",
+            "gmode",
+            "gwin",
+            "status",
+            "created",
+            "committed",
+            "reserved",
+            "t:search",
+        ];
+        for name in ["subject", "currency", "tools"].iter().chain(&numbers) {
+            assert!(
+                unavailable(stored(|f| f.retain(|(k, _)| k != name))),
+                "{name} missing"
+            );
+        }
+        for name in numbers {
+            assert!(unavailable(stored(|f| set(f, name, "x"))), "{name}=x");
+        }
+        assert!(unavailable(stored(|f| set(f, "budget", "many"))));
+        assert!(unavailable(stored(|f| set(f, "t:payments.charge", "-1"))));
+        let not_utf8 = |f: &mut Vec<(String, Vec<u8>)>| f[0].1 = vec![0xff];
+        assert!(unavailable(stored(not_utf8)), "subject not UTF-8");
+        assert!(unavailable(stored(
+            |f| f.push(("n:search".into(), b"x".to_vec()))
+        )));
+    }
 }
