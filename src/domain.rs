@@ -17,7 +17,7 @@ pub use attempt::{
     Outcome, Receipt, ResolveCmd, Settled, validate_permit_id,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::{Error, Violation};
+pub use error::{Error, Reason, Violation};
 pub use ledger::Ledger;
 pub use permit::{DuplicateGuard, GuardMode, Permit, PermitSpec, PermitStatus, PermitView, Usage};
 

@@ -22,15 +22,12 @@ pub fn rfc3339(ms: Millis) -> String {
 
 pub fn to_status(error: Error) -> Status {
     let message = error.to_string();
-    let (code, reason, metadata): (Code, &str, Vec<(&str, String)>) = match &error {
-        Error::PermitNotFound { permit_id } => (
-            Code::NotFound,
-            "PERMIT_NOT_FOUND",
-            vec![("permit_id", permit_id.clone())],
-        ),
+    let (code, metadata): (Code, Vec<(&str, String)>) = match &error {
+        Error::PermitNotFound { permit_id } => {
+            (Code::NotFound, vec![("permit_id", permit_id.clone())])
+        }
         Error::PermitRevoked { permit_id } => (
             Code::FailedPrecondition,
-            "PERMIT_REVOKED",
             vec![("permit_id", permit_id.clone())],
         ),
         Error::PermitExpired {
@@ -38,24 +35,18 @@ pub fn to_status(error: Error) -> Status {
             expired_at,
         } => (
             Code::FailedPrecondition,
-            "PERMIT_EXPIRED",
             vec![
                 ("permit_id", permit_id.clone()),
                 ("expired_at", rfc3339(*expired_at)),
             ],
         ),
-        Error::ToolNotInScope { tool } => (
-            Code::PermissionDenied,
-            "TOOL_NOT_IN_SCOPE",
-            vec![("tool", tool.clone())],
-        ),
+        Error::ToolNotInScope { tool } => (Code::PermissionDenied, vec![("tool", tool.clone())]),
         Error::MaxCallsExceeded {
             tool,
             limit,
             calls_made,
         } => (
             Code::ResourceExhausted,
-            "PERMIT_MAX_CALLS_EXCEEDED",
             vec![
                 ("tool", tool.clone()),
                 ("limit", limit.to_string()),
@@ -69,7 +60,6 @@ pub fn to_status(error: Error) -> Status {
             requested,
         } => (
             Code::ResourceExhausted,
-            "PERMIT_BUDGET_EXCEEDED",
             vec![
                 ("budget", budget.to_string()),
                 ("committed", committed.to_string()),
@@ -79,7 +69,6 @@ pub fn to_status(error: Error) -> Status {
         ),
         Error::KeyReused { idempotency_key } => (
             Code::FailedPrecondition,
-            "IDEMPOTENCY_KEY_REUSED",
             vec![("idempotency_key", idempotency_key.clone())],
         ),
         Error::InProgress {
@@ -88,7 +77,6 @@ pub fn to_status(error: Error) -> Status {
             ..
         } => (
             Code::Aborted,
-            "IDEMPOTENCY_IN_PROGRESS",
             vec![
                 ("idempotency_key", idempotency_key.clone()),
                 ("lease_expires_at", rfc3339(*lease_expires_at)),
@@ -96,29 +84,24 @@ pub fn to_status(error: Error) -> Status {
         ),
         Error::DuplicateSuspected { tool, earlier_key } => (
             Code::AlreadyExists,
-            "DUPLICATE_REQUEST_SUSPECTED",
             vec![("tool", tool.clone()), ("earlier_key", earlier_key.clone())],
         ),
         Error::AttemptNotFound { idempotency_key } => (
             Code::NotFound,
-            "ATTEMPT_NOT_FOUND",
             vec![("idempotency_key", idempotency_key.clone())],
         ),
         Error::AttemptMismatch { idempotency_key } => (
             Code::FailedPrecondition,
-            "ATTEMPT_MISMATCH",
             vec![("idempotency_key", idempotency_key.clone())],
         ),
         Error::StateConflict { state } => (
             Code::FailedPrecondition,
-            "ATTEMPT_STATE_CONFLICT",
             vec![("state", state.as_str().to_owned())],
         ),
-        Error::InvalidRequest(_) => (Code::InvalidArgument, "INVALID_REQUEST", vec![]),
-        Error::StoreUnavailable(_) => (Code::Unavailable, "STORE_UNAVAILABLE", vec![]),
+        Error::InvalidRequest(_) => (Code::InvalidArgument, vec![]),
+        Error::StoreUnavailable(_) => (Code::Unavailable, vec![]),
         Error::Overloaded { in_flight } => (
             Code::Unavailable,
-            "OVERLOADED",
             vec![("in_flight", in_flight.to_string())],
         ),
     };
@@ -126,7 +109,7 @@ pub fn to_status(error: Error) -> Status {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-    let mut details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
+    let mut details = ErrorDetails::with_error_info(error.reason().as_str(), DOMAIN, metadata);
     match &error {
         Error::InProgress { retry_after_ms, .. } => {
             details.set_retry_info(Some(Duration::from_millis((*retry_after_ms).max(0) as u64)));
@@ -142,4 +125,46 @@ pub fn to_status(error: Error) -> Status {
         _ => {}
     }
     Status::with_error_details(code, message, details)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DOMAIN, to_status};
+    use crate::domain::{Error, Reason};
+    use crate::pb;
+    use std::collections::BTreeSet;
+    use tonic_types::StatusExt;
+
+    /// The contract's ErrorReason values, but ERROR_REASON_UNSPECIFIED.
+    fn proto_reasons() -> BTreeSet<&'static str> {
+        (0..=i32::from(u8::MAX))
+            .filter_map(|v| pb::ErrorReason::try_from(v).ok())
+            .filter(|r| *r != pb::ErrorReason::Unspecified)
+            .map(|r| r.as_str_name())
+            .collect()
+    }
+
+    #[test]
+    fn the_domain_reasons_are_the_contracts() {
+        let domain: BTreeSet<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(domain.len(), Reason::ALL.len(), "a name given twice");
+        assert_eq!(domain, proto_reasons());
+        for &reason in Reason::ALL {
+            assert!(pb::ErrorReason::from_str_name(reason.as_str()).is_some());
+            assert_eq!(Reason::from_name(reason.as_str()), Some(reason));
+        }
+        assert_eq!(Reason::KeyReused.as_str(), "IDEMPOTENCY_KEY_REUSED");
+        assert_eq!(Reason::from_name("KEY_REUSED"), None);
+        assert_eq!(Reason::from_name("ERROR_REASON_UNSPECIFIED"), None);
+    }
+
+    #[test]
+    fn the_status_carries_the_errors_reason() {
+        let error = Error::KeyReused {
+            idempotency_key: "k".into(),
+        };
+        let info = to_status(error.clone()).get_details_error_info().unwrap();
+        assert_eq!(info.reason, error.reason().as_str());
+        assert_eq!(info.domain, DOMAIN);
+    }
 }

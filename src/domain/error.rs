@@ -1,6 +1,10 @@
 //! The one error type of atmost. Every failure a caller can see is a variant
 //! here; `api::status` maps each to a gRPC status and `google.rpc.ErrorInfo`
 //! in a single exhaustive match.
+//!
+//! Each variant has one [`Reason`], whose name is the ErrorInfo reason on
+//! the wire (the contract's `ErrorReason` values) and the name the Redis
+//! scripts return: one vocabulary from Lua to the client.
 
 use super::{AttemptState, Millis};
 
@@ -72,4 +76,79 @@ fn describe(violations: &[Violation]) -> String {
         .map(|v| format!("{}: {}", v.field, v.description))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// Declares [`Reason`] from one table, so each name is written once.
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)*) => {
+        /// Why a request failed, by the name clients see as the ErrorInfo
+        /// reason (proto: `atmost.v1.ErrorReason`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Reason {
+            /// Every reason, in the contract's order.
+            pub const ALL: &[Reason] = &[$(Reason::$variant,)*];
+
+            /// The wire name, e.g. `IDEMPOTENCY_KEY_REUSED`.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => $name,)*
+                }
+            }
+
+            /// The reason of a wire name; `None` for a name atmost does not
+            /// define.
+            pub fn from_name(name: &str) -> Option<Reason> {
+                match name {
+                    $($name => Some(Reason::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    PermitNotFound = "PERMIT_NOT_FOUND",
+    PermitRevoked = "PERMIT_REVOKED",
+    PermitExpired = "PERMIT_EXPIRED",
+    ToolNotInScope = "TOOL_NOT_IN_SCOPE",
+    MaxCallsExceeded = "PERMIT_MAX_CALLS_EXCEEDED",
+    BudgetExceeded = "PERMIT_BUDGET_EXCEEDED",
+    KeyReused = "IDEMPOTENCY_KEY_REUSED",
+    InProgress = "IDEMPOTENCY_IN_PROGRESS",
+    DuplicateSuspected = "DUPLICATE_REQUEST_SUSPECTED",
+    AttemptNotFound = "ATTEMPT_NOT_FOUND",
+    AttemptMismatch = "ATTEMPT_MISMATCH",
+    StateConflict = "ATTEMPT_STATE_CONFLICT",
+    InvalidRequest = "INVALID_REQUEST",
+    StoreUnavailable = "STORE_UNAVAILABLE",
+    /// Shed before the store: no store returns it.
+    Overloaded = "OVERLOADED",
+}
+
+impl Error {
+    /// The reason of this error, as clients see it.
+    pub fn reason(&self) -> Reason {
+        match self {
+            Error::PermitNotFound { .. } => Reason::PermitNotFound,
+            Error::PermitRevoked { .. } => Reason::PermitRevoked,
+            Error::PermitExpired { .. } => Reason::PermitExpired,
+            Error::ToolNotInScope { .. } => Reason::ToolNotInScope,
+            Error::MaxCallsExceeded { .. } => Reason::MaxCallsExceeded,
+            Error::BudgetExceeded { .. } => Reason::BudgetExceeded,
+            Error::KeyReused { .. } => Reason::KeyReused,
+            Error::InProgress { .. } => Reason::InProgress,
+            Error::DuplicateSuspected { .. } => Reason::DuplicateSuspected,
+            Error::AttemptNotFound { .. } => Reason::AttemptNotFound,
+            Error::AttemptMismatch { .. } => Reason::AttemptMismatch,
+            Error::StateConflict { .. } => Reason::StateConflict,
+            Error::InvalidRequest(_) => Reason::InvalidRequest,
+            Error::StoreUnavailable(_) => Reason::StoreUnavailable,
+            Error::Overloaded { .. } => Reason::Overloaded,
+        }
+    }
 }

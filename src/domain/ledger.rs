@@ -2,7 +2,7 @@
 //!
 //! Every transition checks everything before it changes anything, so an
 //! error leaves the ledger exactly as it was. The Redis scripts in
-//! `store/redis/*.lua` implement these same functions step for step.
+//! `store/redis/lua/*.lua` implement these same functions step for step.
 
 use super::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GuardMode,

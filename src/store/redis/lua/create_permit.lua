@@ -4,12 +4,13 @@
 -- ARGV[1]  when the permit's keys may expire (ms since epoch: expiry + retention)
 -- ARGV[2..] field, value, field, value, ... (see lib.lua for the fields)
 --
--- Returns {"OK"}, or {"ERR", "PERMIT_EXISTS"} if the id is taken (ids are
--- fresh UUIDv7s, so only a bug could cause it).
+-- Returns {"OK"}, or {"ERR", "STORE_UNAVAILABLE", message} if the id is
+-- taken (ids are fresh UUIDv7s, so only a bug could cause it).
 -- Example: KEYS={"atmost:{0190..}:permit"} ARGV={"1767225600000","subject","agent-7",...}
 
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {'ERR', 'PERMIT_EXISTS'}
+  return {'ERR', 'STORE_UNAVAILABLE',
+    KEYS[1] .. ' already exists: a permit id given twice'}
 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 redis.call('PEXPIREAT', KEYS[1], ARGV[1])

@@ -17,7 +17,8 @@
 -- Returns {"OK", attempt, usage}, or {"ERR", "PERMIT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
--- {"ERR", "ACTUAL_COST_TOO_HIGH", reserved_cost}.
+-- {"ERR", "INVALID_REQUEST", "succeeded.actual_cost", description} (more
+-- than the reserved cost).
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"succeeded","ok","","<uuid>","holder","86400000"}
 
 local now, key, outcome, payload = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[5]
@@ -67,7 +68,8 @@ end
 
 -- The attempt is open and may be settled; check before writing.
 if outcome == 'succeeded' and actual > a.cost then
-  return {'ERR', 'ACTUAL_COST_TOO_HIGH', int(a.cost)}
+  return {'ERR', 'INVALID_REQUEST', 'succeeded.actual_cost',
+    'may not exceed the reserved cost ' .. int(a.cost)}
 end
 if outcome == 'not_sent' and state ~= RESERVED then
   -- An uncertain call may have left: its slot stays held.

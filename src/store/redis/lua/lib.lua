@@ -1,7 +1,7 @@
 -- lib.lua: helpers prepended to every atmost script. Each script is sent as
 -- lib.lua, then its body as `local function main()`, then
--- `return cmsgpack.pack(main())` (store/redis.rs: script_text): one atomic
--- EVALSHA whose reply is one msgpack string of what the body returns.
+-- `return cmsgpack.pack(main())` (store/redis/scripts.rs: script_text): one
+-- atomic EVALSHA whose reply is one msgpack string of what the body returns.
 --
 -- Keys of one permit P (all share the hash tag, so one Cluster slot):
 --   <prefix>:{P}:permit    HASH  the permit and its usage counters:
@@ -17,7 +17,10 @@
 --       fingerprint on every read, so a collision only loses a pointer)
 --
 -- Every script validates everything before its first write (Lua has no
--- rollback) and returns business outcomes as values: {"ERR", REASON, ...}.
+-- rollback) and returns business outcomes as values: {"OK", ...} (or
+-- Authorize's "DISPATCH"/"REPLAY"), or {"ERR", REASON, ...} where REASON is
+-- the domain's name for it, the one clients see (domain/error.rs: Reason;
+-- store/redis/reply.rs: open decodes the fields after it).
 -- Amounts are passed to Redis as strings formatted with %d, never as Lua
 -- numbers (which Redis would print as 1e+15).
 
@@ -80,7 +83,8 @@ local function observed_state(a, now)
   return a.state, a.ureason
 end
 
--- The attempt as the service decodes it (store/redis.rs: decode_attempt).
+-- The attempt as the service decodes it (store/redis/reply.rs:
+-- decode_attempt).
 local function attempt_reply(a, key, now)
   local state, reason = observed_state(a, now)
   return {

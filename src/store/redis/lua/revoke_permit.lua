@@ -3,11 +3,11 @@
 --
 -- KEYS[1]  <prefix>:{P}:permit
 --
--- Returns the permit hash as HGETALL would (after the change), or
--- {"ERR", "PERMIT_NOT_FOUND"}.
+-- Returns {"OK", hash}, hash the permit as HGETALL gives it (after the
+-- change), or {"ERR", "PERMIT_NOT_FOUND"}.
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'ERR', 'PERMIT_NOT_FOUND'}
 end
 redis.call('HSET', KEYS[1], 'status', STATUS_REVOKED)
-return redis.call('HGETALL', KEYS[1])
+return {'OK', redis.call('HGETALL', KEYS[1])}

@@ -6,22 +6,23 @@
 -- ARGV[1]  now (ms)                ARGV[2]  list keys after this one ("" = from the start)
 -- ARGV[3]  at most this many       ARGV[4]  index margin (ms)
 --
--- Returns {found, removable, attempt, attempt, ...}: found is 0 when the
--- permit does not exist; removable is 1 when the permit may leave the
--- cross-permit index (gone, or expired more than the margin ago with no
--- open attempt: no new key can open one any more).
--- Example: ARGV={"1767225600000","",100,3600000} -> {1, 0, {<attempt>}, ...}
+-- Returns {"OK", removable, attempt, attempt, ...}, or
+-- {"ERR", "PERMIT_NOT_FOUND"} (a permit that is gone may leave the
+-- cross-permit index). removable is 1 when the permit may leave the index:
+-- expired more than the margin ago with no open attempt, so no new key can
+-- open one any more.
+-- Example: ARGV={"1767225600000","",100,3600000} -> {"OK", 0, {<attempt>}, ...}
 
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[3])
 local p = redis.call('HMGET', KEYS[1], 'exp', 'open')
 if not p[1] then
-  return {0, 1}
+  return {'ERR', 'PERMIT_NOT_FOUND'}
 end
 local removable = 0
 if tonumber(p[2] or 0) == 0 and now > tonumber(p[1]) + tonumber(ARGV[4]) then
   removable = 1
 end
-local out = {1, removable}
+local out = {'OK', removable}
 local from = '-'
 if ARGV[2] ~= '' then
   from = '(' .. ARGV[2]

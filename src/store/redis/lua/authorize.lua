@@ -11,7 +11,8 @@
 -- Returns one of
 --   {"DISPATCH", attempt, usage, duplicate_of or ""}  a fresh reservation
 --   {"REPLAY", attempt, usage, ""}                    the key's outcome
---   {"ERR", "KEY_REUSED"} | {"ERR", "IN_PROGRESS", lease_expires_at}
+--   {"ERR", "IDEMPOTENCY_KEY_REUSED"}
+--   {"ERR", "IDEMPOTENCY_IN_PROGRESS", lease_expires_at}
 --   {"ERR", "PERMIT_NOT_FOUND"} | {"ERR", "PERMIT_REVOKED"}
 --   {"ERR", "PERMIT_EXPIRED", expires_at} | {"ERR", "TOOL_NOT_IN_SCOPE"}
 --   {"ERR", "DUPLICATE_REQUEST_SUSPECTED", earlier_key}
@@ -28,10 +29,10 @@ local cost = tonumber(ARGV[5])
 local existing = load_attempt(KEYS[2], key)
 if existing and existing.state ~= RELEASED then
   if existing.tool ~= tool or existing.fp ~= fp or existing.cost ~= cost then
-    return {'ERR', 'KEY_REUSED'}
+    return {'ERR', 'IDEMPOTENCY_KEY_REUSED'}
   end
   if observed_state(existing, now) == RESERVED then
-    return {'ERR', 'IN_PROGRESS', int(existing.lease)}
+    return {'ERR', 'IDEMPOTENCY_IN_PROGRESS', int(existing.lease)}
   end
   return {'REPLAY', attempt_reply(existing, key, now), usage_reply(KEYS[1], tool), ''}
 end

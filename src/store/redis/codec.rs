@@ -1,0 +1,330 @@
+//! Records <-> Redis values: the permit hash, ids as 16 bytes, and the codes
+//! under which guard modes, permit statuses and attempt states are stored
+//! (the same numbers as `lua/lib.lua`'s constants).
+
+use super::reply::{Fields, malformed, parse_int};
+use crate::domain::{
+    AttemptState, DuplicateGuard, Error, GuardMode, Millis, Permit, PermitStatus, PermitView, Usage,
+};
+use redis::Value;
+use std::collections::{BTreeMap, HashMap};
+
+// === codes ===
+
+/// A guard mode as stored in `gmode` (lib.lua: GUARD_OFF, GUARD_ENFORCE).
+pub(super) fn guard_code(mode: GuardMode) -> i64 {
+    match mode {
+        GuardMode::Off => 0,
+        GuardMode::Log => 1,
+        GuardMode::Enforce => 2,
+    }
+}
+
+fn decode_guard(code: i64) -> Result<GuardMode, Error> {
+    Ok(match code {
+        0 => GuardMode::Off,
+        1 => GuardMode::Log,
+        2 => GuardMode::Enforce,
+        other => return Err(malformed(format!("guard mode {other}"))),
+    })
+}
+
+/// A permit status as stored in `status` (lib.lua: STATUS_REVOKED).
+pub(super) fn status_code(status: PermitStatus) -> i64 {
+    match status {
+        PermitStatus::Active => 1,
+        PermitStatus::Revoked => 2,
+    }
+}
+
+fn decode_status(code: i64) -> Result<PermitStatus, Error> {
+    Ok(match code {
+        1 => PermitStatus::Active,
+        2 => PermitStatus::Revoked,
+        other => return Err(malformed(format!("permit status {other}"))),
+    })
+}
+
+/// An attempt state as stored and replied (lib.lua: RESERVED ... RELEASED).
+pub(super) fn decode_state(code: i64) -> Result<AttemptState, Error> {
+    Ok(match code {
+        1 => AttemptState::Reserved,
+        2 => AttemptState::Succeeded,
+        3 => AttemptState::Failed,
+        4 => AttemptState::Uncertain,
+        5 => AttemptState::Released,
+        other => return Err(malformed(format!("attempt state {other}"))),
+    })
+}
+
+// === permits ===
+
+/// The permit hash's fields at creation (lib.lua lists them).
+pub(super) fn encode_permit(p: &Permit) -> Vec<(String, Vec<u8>)> {
+    let mut fields: Vec<(String, Vec<u8>)> = vec![
+        ("subject".into(), p.subject.clone().into_bytes()),
+        ("currency".into(), p.currency.clone().into_bytes()),
+        ("tools".into(), p.tools.join("\n").into_bytes()),
+        ("exp".into(), p.expires_at.to_string().into_bytes()),
+        ("lease".into(), p.lease_ms.to_string().into_bytes()),
+        (
+            "gmode".into(),
+            guard_code(p.duplicate_guard.mode).to_string().into_bytes(),
+        ),
+        (
+            "gwin".into(),
+            p.duplicate_guard.window_ms.to_string().into_bytes(),
+        ),
+        (
+            "status".into(),
+            status_code(p.status).to_string().into_bytes(),
+        ),
+        ("created".into(), p.created_at.to_string().into_bytes()),
+        ("committed".into(), b"0".to_vec()),
+        ("reserved".into(), b"0".to_vec()),
+        ("open".into(), b"0".to_vec()),
+    ];
+    if let Some(budget) = p.budget {
+        fields.push(("budget".into(), budget.to_string().into_bytes()));
+    }
+    for tool in &p.tools {
+        let cap = p
+            .max_calls_per_tool
+            .get(tool)
+            .map(u64::to_string)
+            .unwrap_or_default();
+        fields.push((format!("t:{tool}"), cap.into_bytes()));
+    }
+    fields
+}
+
+/// Decodes a permit hash (HGETALL's flat field/value list; empty when
+/// there is no such permit). Every field [`encode_permit`] writes must be
+/// there; only `budget` (unlimited) and `n:<tool>` (no call yet) may be
+/// absent.
+pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitView, Error> {
+    let mut f = Fields::new(hash);
+    let mut map: HashMap<String, Vec<u8>> = HashMap::new();
+    while !f.done() {
+        let field = f.string()?;
+        map.insert(field, f.bytes()?);
+    }
+    if map.is_empty() {
+        return Err(Error::PermitNotFound {
+            permit_id: permit_id.to_owned(),
+        });
+    }
+    let bytes = |name: &str| {
+        map.get(name)
+            .ok_or_else(|| malformed(format!("permit field {name} missing")))
+    };
+    let text = |name: &str| {
+        String::from_utf8(bytes(name)?.clone())
+            .map_err(|_| malformed(format!("permit field {name} not UTF-8")))
+    };
+    let number = |name: &str, b: &[u8]| {
+        parse_int(b).ok_or_else(|| malformed(format!("permit field {name} not an integer")))
+    };
+    let int = |name: &str| number(name, bytes(name)?);
+    let count = |name: &str| {
+        let n = int(name)?;
+        u64::try_from(n).map_err(|_| malformed(format!("permit field {name} is {n}")))
+    };
+    let tools: Vec<String> = text("tools")?.split('\n').map(str::to_owned).collect();
+    let mut max_calls_per_tool = BTreeMap::new();
+    let mut usage = Vec::with_capacity(tools.len());
+    let budget = map.get("budget").map(|b| number("budget", b)).transpose()?;
+    let committed = int("committed")?;
+    let reserved = int("reserved")?;
+    for tool in &tools {
+        // "" is no cap; every tool in scope has the field.
+        let cap_field = format!("t:{tool}");
+        let cap = if bytes(&cap_field)?.is_empty() {
+            None
+        } else {
+            Some(count(&cap_field)?)
+        };
+        if let Some(cap) = cap {
+            max_calls_per_tool.insert(tool.clone(), cap);
+        }
+        // Written by the tool's first Authorize.
+        let calls_field = format!("n:{tool}");
+        let calls_made = if map.contains_key(&calls_field) {
+            count(&calls_field)?
+        } else {
+            0
+        };
+        usage.push(Usage {
+            tool: tool.clone(),
+            calls_made,
+            calls_limit: cap,
+            budget_remaining: budget.map(|b| b - committed - reserved),
+        });
+    }
+    let permit = Permit {
+        permit_id: permit_id.to_owned(),
+        subject: text("subject")?,
+        tools,
+        max_calls_per_tool,
+        budget,
+        currency: text("currency")?,
+        expires_at: int("exp")?,
+        lease_ms: int("lease")?,
+        duplicate_guard: DuplicateGuard {
+            mode: decode_guard(int("gmode")?)?,
+            window_ms: int("gwin")?,
+        },
+        status: decode_status(int("status")?)?,
+        created_at: int("created")?,
+    };
+    Ok(PermitView {
+        permit,
+        usage,
+        budget_committed: committed,
+        budget_reserved: reserved,
+    })
+}
+
+// === ids ===
+
+/// Ids (attempt, receipt) are stored as their 16 bytes, not 36 characters:
+/// 40 bytes less per finished attempt. Empty stays empty (no id).
+pub(super) fn id_bytes(id: &str) -> Vec<u8> {
+    match uuid::Uuid::try_parse(id) {
+        Ok(u) => u.as_bytes().to_vec(),
+        Err(_) => id.as_bytes().to_vec(),
+    }
+}
+
+/// The millisecond timestamp a UUIDv7 id carries (lib.lua: id_ms).
+pub(super) fn id_ms(id: &str) -> Option<Millis> {
+    let (secs, nanos) = uuid::Uuid::try_parse(id).ok()?.get_timestamp()?.to_unix();
+    Some(secs as Millis * 1000 + Millis::from(nanos / 1_000_000))
+}
+
+/// An id stored as 16 bytes, back in canonical text ("" stays "").
+pub(super) fn id_text(bytes: &[u8]) -> Result<String, Error> {
+    if bytes.is_empty() {
+        return Ok(String::new());
+    }
+    uuid::Uuid::from_slice(bytes)
+        .map(|u| u.hyphenated().to_string())
+        .map_err(|_| malformed("an id that is not 16 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode_permit, encode_permit};
+    use crate::domain::{DuplicateGuard, Error, GuardMode, Permit, PermitStatus};
+    use redis::Value;
+
+    fn permit() -> Permit {
+        Permit {
+            permit_id: "0190a6e0-0000-7000-8000-000000000001".into(),
+            subject: "agent-7".into(),
+            tools: vec!["search".into(), "payments.charge".into()],
+            max_calls_per_tool: [("payments.charge".to_owned(), 3)].into(),
+            budget: Some(1000),
+            currency: "EUR".into(),
+            expires_at: 1_767_225_600_000,
+            lease_ms: 30_000,
+            duplicate_guard: DuplicateGuard {
+                mode: GuardMode::Enforce,
+                window_ms: 600_000,
+            },
+            status: PermitStatus::Active,
+            created_at: 1_767_222_000_000,
+        }
+    }
+
+    /// The permit's hash as HGETALL answers it, with `change` applied to
+    /// its fields first.
+    fn stored(change: impl FnOnce(&mut Vec<(String, Vec<u8>)>)) -> Result<Permit, Error> {
+        let p = permit();
+        let mut fields = encode_permit(&p);
+        change(&mut fields);
+        let hash = fields
+            .into_iter()
+            .flat_map(|(k, v)| [Value::BulkString(k.into_bytes()), Value::BulkString(v)])
+            .collect();
+        decode_permit(&p.permit_id, hash).map(|view| view.permit)
+    }
+
+    fn set(fields: &mut [(String, Vec<u8>)], name: &str, value: &str) {
+        let field = fields.iter_mut().find(|(k, _)| k == name).expect(name);
+        field.1 = value.as_bytes().to_vec();
+    }
+
+    fn unavailable(result: Result<Permit, Error>) -> bool {
+        matches!(result, Err(Error::StoreUnavailable(_)))
+    }
+
+    #[test]
+    fn a_permit_reads_back_as_written() {
+        assert_eq!(stored(|_| {}), Ok(permit()));
+        // Absent budget: unlimited. n:<tool> appears with the first call.
+        let unlimited = stored(|f| f.retain(|(k, _)| k != "budget"));
+        assert_eq!(unlimited.unwrap().budget, None);
+        let revoked = stored(|f| set(f, "status", "2"));
+        assert_eq!(revoked.unwrap().status, PermitStatus::Revoked);
+        let off = stored(|f| set(f, "gmode", "0"));
+        assert_eq!(off.unwrap().duplicate_guard.mode, GuardMode::Off);
+    }
+
+    #[test]
+    fn no_hash_is_no_permit() {
+        assert_eq!(
+            decode_permit("p", Vec::new()),
+            Err(Error::PermitNotFound {
+                permit_id: "p".into()
+            })
+        );
+    }
+
+    #[test]
+    fn an_unknown_guard_mode_or_status_is_an_error_not_a_default() {
+        for (field, code) in [
+            ("gmode", "3"),
+            ("gmode", "-1"),
+            ("status", "0"),
+            ("status", "3"),
+        ] {
+            assert!(
+                unavailable(stored(|f| set(f, field, code))),
+                "{field}={code}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_or_unreadable_field_is_an_error_not_a_default() {
+        // Every field written at creation but `open`, which no reader needs.
+        let numbers = [
+            "exp",
+            "lease",
+            "gmode",
+            "gwin",
+            "status",
+            "created",
+            "committed",
+            "reserved",
+            "t:search",
+        ];
+        for name in ["subject", "currency", "tools"].iter().chain(&numbers) {
+            assert!(
+                unavailable(stored(|f| f.retain(|(k, _)| k != name))),
+                "{name} missing"
+            );
+        }
+        for name in numbers {
+            assert!(unavailable(stored(|f| set(f, name, "x"))), "{name}=x");
+        }
+        assert!(unavailable(stored(|f| set(f, "budget", "many"))));
+        assert!(unavailable(stored(|f| set(f, "t:payments.charge", "-1"))));
+        let not_utf8 = |f: &mut Vec<(String, Vec<u8>)>| f[0].1 = vec![0xff];
+        assert!(unavailable(stored(not_utf8)), "subject not UTF-8");
+        assert!(unavailable(stored(
+            |f| f.push(("n:search".into(), b"x".to_vec()))
+        )));
+    }
+}

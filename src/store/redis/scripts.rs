@@ -1,0 +1,85 @@
+//! atmost's Lua scripts: one table from a name to its `.lua` file (in
+//! `lua/`, each with a KEYS/ARGV/Returns header) to the [`Script`] the store
+//! runs. Adding a script is one line in `scripts!` and its file.
+//!
+//! `lua/lib.lua` is prepended to each, and each answers one msgpack string
+//! ([`script_text`]).
+
+use redis::{Script, ScriptInvocation};
+use std::sync::LazyLock;
+
+const LIB: &str = include_str!("lua/lib.lua");
+
+/// The text of a script as atmost sends it: `lib.lua`, then the script's
+/// body run as a function whose result is packed into one msgpack string.
+/// One bulk reply parses in a fraction of the time of the ~25 RESP values
+/// an Authorize answer has (redis-rs's RESP parser was 7% of the server's
+/// CPU); the store unpacks it with [`unpack_reply`](super::unpack_reply).
+pub fn script_text(body: &str) -> String {
+    format!("{LIB}\nlocal function main()\n{body}\nend\nreturn cmsgpack.pack(main())")
+}
+
+/// The body of one of atmost's scripts by name (`authorize`, `settle`, ...),
+/// for tools that run a script the way atmost does (the benchmark's Redis
+/// ceiling).
+pub fn script_body(name: &str) -> Option<&'static str> {
+    TABLE
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, body)| *body)
+}
+
+/// The one table: `Variant => "name"` reads `lua/name.lua`.
+macro_rules! scripts {
+    ($($variant:ident => $name:literal,)*) => {
+        /// One of atmost's scripts, as the store names it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(super) enum Lua {
+            $($variant,)*
+        }
+
+        /// (name, body), in the order of [`Lua`]'s variants.
+        const TABLE: &[(&str, &str)] = &[
+            $(($name, include_str!(concat!("lua/", $name, ".lua"))),)*
+        ];
+    };
+}
+
+scripts! {
+    CreatePermit => "create_permit",
+    RevokePermit => "revoke_permit",
+    Authorize => "authorize",
+    Settle => "settle",
+    MarkUncertain => "mark_uncertain",
+    ListUncertain => "list_uncertain",
+}
+
+/// Each script of [`TABLE`] with `lib.lua`, its SHA-1 computed once.
+static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
+    TABLE
+        .iter()
+        .map(|(_, body)| Script::new(&script_text(body)))
+        .collect()
+});
+
+impl Lua {
+    /// A fresh invocation of this script (EVALSHA, reloaded on NOSCRIPT).
+    pub(super) fn prepare_invoke(self) -> ScriptInvocation<'static> {
+        SCRIPTS[self as usize].prepare_invoke()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Lua, TABLE, script_body};
+
+    #[test]
+    fn every_script_is_found_by_its_name() {
+        for (name, body) in TABLE {
+            assert_eq!(script_body(name), Some(*body));
+            assert!(body.starts_with(&format!("-- {name}.lua:")), "{name}");
+        }
+        assert_eq!(script_body("lib"), None);
+        assert_eq!(TABLE[Lua::Settle as usize].0, "settle");
+    }
+}
