@@ -1222,7 +1222,8 @@ mod property {
         }
     }
 
-    fn invariants(ledger: &Ledger, before: &Snapshot, seen: &Seen) {
+    /// `before` is the ledger before the step, which ran at `then`.
+    fn invariants(ledger: &Ledger, before: &Snapshot, then: Millis, seen: &Seen) {
         let view = ledger.view();
         for (i, usage) in view.usage.iter().enumerate() {
             if let Some(cap) = usage.calls_limit {
@@ -1265,10 +1266,21 @@ mod property {
                 .iter()
                 .find(|a| a.idempotency_key == was.idempotency_key)
                 .expect("a key never disappears");
-            if was.state.is_open() {
-                assert_eq!(is.attempt_id, was.attempt_id, "an open attempt disappeared");
-            } else if was.state != AttemptState::Released {
-                assert_eq!(is, was, "a settled attempt changed");
+            match was.state {
+                AttemptState::Reserved | AttemptState::Uncertain => {
+                    assert_eq!(is.attempt_id, was.attempt_id, "an open attempt disappeared");
+                }
+                AttemptState::Succeeded | AttemptState::Failed => {
+                    assert_eq!(is, was, "a settled attempt changed");
+                }
+                AttemptState::Released => {}
+            }
+            if was.observed_state(then) == AttemptState::Uncertain {
+                assert_ne!(
+                    is.state,
+                    AttemptState::Released,
+                    "an uncertain slot came back"
+                );
             }
         }
     }
@@ -1277,7 +1289,7 @@ mod property {
         let mut b = Bench::with(|p| *p = permit);
         let mut seen = Seen::default();
         for step in steps {
-            let before = snapshot(&b.ledger);
+            let (before, then) = (snapshot(&b.ledger), b.now);
             match step {
                 &Step::Authorize {
                     tool,
@@ -1317,7 +1329,7 @@ mod property {
                 }
                 &Step::Advance(ms) => b.advance(ms),
             }
-            invariants(&b.ledger, &before, &seen);
+            invariants(&b.ledger, &before, then, &seen);
         }
     }
 
