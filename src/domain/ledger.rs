@@ -519,3 +519,6 @@ impl Ledger {
         live.then(|| key.clone())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1351 @@
+//! Unit tests of the reference state machine, on one [`Ledger`] with time
+//! passed in: no store, no server, no clock. Every command goes through
+//! [`Bench::run`], which checks that a refused command left the ledger
+//! exactly as it was (its view, every attempt as stored, the duplicate
+//! guard's index and the retention mark).
+//!
+//! The same rules are held over gRPC on both stores by `tests/behaviour.rs`
+//! and against the Redis scripts by `tests/model.rs`.
+
+use super::*;
+use crate::domain::{DuplicateGuard, LEASE_EXPIRED};
+
+const T0: Millis = 1_800_000_000_000;
+const LEASE: Millis = 30_000;
+const WINDOW: Millis = 60_000;
+const LIFETIME: Millis = 3_600_000;
+const RETENTION: Millis = 86_400_000;
+
+/// Tools "t" and "u", no caps, no budget, guard LOG (the default).
+fn permit() -> Permit {
+    Permit {
+        permit_id: "0190f3a2-7b1c-7d4e-8f00-0123456789ab".into(),
+        subject: "unit".into(),
+        tools: vec!["t".into(), "u".into()],
+        max_calls_per_tool: BTreeMap::new(),
+        budget: None,
+        currency: "EUR".into(),
+        expires_at: T0 + LIFETIME,
+        lease_ms: LEASE,
+        duplicate_guard: DuplicateGuard {
+            mode: GuardMode::Log,
+            window_ms: WINDOW,
+        },
+        status: PermitStatus::Active,
+        created_at: T0,
+    }
+}
+
+fn cap(p: &mut Permit, tool: &str, n: u64) {
+    p.max_calls_per_tool.insert(tool.into(), n);
+}
+
+fn guard(p: &mut Permit, mode: GuardMode) {
+    p.duplicate_guard.mode = mode;
+}
+
+fn succeeded(result: &str, actual_cost: Option<i64>) -> Outcome {
+    Outcome::Succeeded {
+        result: result.as_bytes().to_vec(),
+        actual_cost,
+    }
+}
+
+fn failed(reason: &str) -> Outcome {
+    Outcome::Failed {
+        reason: reason.into(),
+    }
+}
+
+fn conflict(state: AttemptState) -> Error {
+    Error::StateConflict { state }
+}
+
+/// Everything a command could change: the view (permit, calls, caps,
+/// committed, reserved), every attempt as stored (the lease not applied),
+/// the duplicate guard's index and the retention mark.
+#[derive(Debug, Clone, PartialEq)]
+struct Snapshot {
+    view: PermitView,
+    attempts: Vec<Attempt>,
+    dup_index: BTreeMap<u64, String>,
+    last_settled_at: Millis,
+}
+
+fn snapshot(ledger: &Ledger) -> Snapshot {
+    Snapshot {
+        view: ledger.view(),
+        // Seen at the dawn of time, no lease has passed: the stored state.
+        attempts: ledger
+            .attempts
+            .iter()
+            .map(|(key, record)| ledger.attempt_view(key, record, Millis::MIN))
+            .collect(),
+        dup_index: ledger
+            .dup_index
+            .iter()
+            .map(|(hash, key)| (*hash, key.to_string()))
+            .collect(),
+        last_settled_at: ledger.last_settled_at,
+    }
+}
+
+/// One ledger, the time of the next command, and fresh ids.
+struct Bench {
+    ledger: Ledger,
+    now: Millis,
+    ids: u32,
+}
+
+impl Bench {
+    fn new() -> Self {
+        Self::with(|_| {})
+    }
+
+    fn with(edit: impl FnOnce(&mut Permit)) -> Self {
+        let mut p = permit();
+        edit(&mut p);
+        Self {
+            ledger: Ledger::new(p),
+            now: T0,
+            ids: 0,
+        }
+    }
+
+    /// "t" capped at one call, a budget of 10: where a held slot and held
+    /// money both show.
+    fn one_call_and_ten() -> Self {
+        Self::with(|p| {
+            cap(p, "t", 1);
+            p.budget = Some(10);
+        })
+    }
+
+    fn advance(&mut self, ms: Millis) {
+        self.now += ms;
+    }
+
+    fn at(&mut self, now: Millis) {
+        self.now = now;
+    }
+
+    /// `attempt-1`, `receipt-2`, ...: each command gets the next number.
+    fn fresh(&mut self, kind: &str) -> String {
+        self.ids += 1;
+        format!("{kind}-{}", self.ids)
+    }
+
+    fn permit_id(&self) -> String {
+        self.ledger.permit().permit_id.clone()
+    }
+
+    /// Runs one command at `now`: a refused one must change nothing.
+    fn run<T>(
+        &mut self,
+        command: impl FnOnce(&mut Ledger, Millis) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let before = snapshot(&self.ledger);
+        let result = command(&mut self.ledger, self.now);
+        if let Err(e) = &result {
+            assert_eq!(
+                snapshot(&self.ledger),
+                before,
+                "refused with {e:?}, yet the ledger changed"
+            );
+        }
+        result
+    }
+
+    fn authorize(
+        &mut self,
+        tool: &str,
+        key: &str,
+        fp: &str,
+        cost: i64,
+    ) -> Result<Authorized, Error> {
+        let cmd = AuthorizeCmd {
+            permit_id: self.permit_id(),
+            tool: tool.into(),
+            idempotency_key: key.into(),
+            request_fingerprint: fp.as_bytes().to_vec(),
+            cost,
+        };
+        let id = self.fresh("attempt");
+        self.run(|l, now| l.authorize(&cmd, now, id))
+    }
+
+    /// Authorize, which must answer DISPATCH.
+    fn dispatch(&mut self, tool: &str, key: &str, fp: &str, cost: i64) -> Attempt {
+        let r = self
+            .authorize(tool, key, fp, cost)
+            .unwrap_or_else(|e| panic!("{key}: {e:?}"));
+        assert_eq!(r.decision, Decision::Dispatch, "{key}");
+        r.attempt
+    }
+
+    fn commit(&mut self, a: &Attempt, outcome: Outcome) -> Result<Settled, Error> {
+        self.commit_as(&a.idempotency_key, &a.attempt_id, outcome)
+    }
+
+    fn commit_as(
+        &mut self,
+        key: &str,
+        attempt_id: &str,
+        outcome: Outcome,
+    ) -> Result<Settled, Error> {
+        let cmd = CommitCmd {
+            permit_id: self.permit_id(),
+            idempotency_key: key.into(),
+            attempt_id: attempt_id.into(),
+            outcome,
+        };
+        let id = self.fresh("receipt");
+        self.run(|l, now| l.commit(&cmd, now, id))
+    }
+
+    fn mark(&mut self, a: &Attempt, reason: &str) -> Result<Attempt, Error> {
+        self.mark_as(&a.idempotency_key, &a.attempt_id, reason)
+    }
+
+    fn mark_as(&mut self, key: &str, attempt_id: &str, reason: &str) -> Result<Attempt, Error> {
+        let cmd = MarkUncertainCmd {
+            permit_id: self.permit_id(),
+            idempotency_key: key.into(),
+            attempt_id: attempt_id.into(),
+            reason: reason.into(),
+        };
+        self.run(|l, now| l.mark_uncertain(&cmd, now))
+    }
+
+    fn resolve(&mut self, key: &str, outcome: Outcome) -> Result<Settled, Error> {
+        let cmd = ResolveCmd {
+            permit_id: self.permit_id(),
+            idempotency_key: key.into(),
+            outcome,
+        };
+        let id = self.fresh("receipt");
+        self.run(|l, now| l.resolve(&cmd, now, id))
+    }
+
+    /// (committed, reserved)
+    fn budget(&self) -> (i64, i64) {
+        let v = self.ledger.view();
+        (v.budget_committed, v.budget_reserved)
+    }
+
+    fn usage(&self, tool: &str) -> Usage {
+        let v = self.ledger.view();
+        v.usage
+            .into_iter()
+            .find(|u| u.tool == tool)
+            .expect("a tool in scope")
+    }
+
+    fn calls(&self, tool: &str) -> u64 {
+        self.usage(tool).calls_made
+    }
+
+    fn max_calls(&self, tool: &str) -> Error {
+        let usage = self.usage(tool);
+        Error::MaxCallsExceeded {
+            tool: tool.into(),
+            limit: usage.calls_limit.expect("a capped tool"),
+            calls_made: usage.calls_made,
+        }
+    }
+
+    /// The attempt under `key` as stored (no lease applied).
+    fn stored(&self, key: &str) -> Attempt {
+        self.ledger.attempt_at(key, Millis::MIN)
+    }
+}
+
+// === Authorize: an existing key ===
+
+#[test]
+fn a_fresh_key_dispatches_and_reserves_a_slot_and_its_cost() {
+    let mut b = Bench::with(|p| p.budget = Some(10));
+    b.advance(5);
+    let r = b.authorize("t", "k", "fp", 4).expect("authorize");
+    assert_eq!((r.decision, r.duplicate_of), (Decision::Dispatch, None));
+    let a = r.attempt;
+    assert_eq!(a.attempt_id, "attempt-1", "the id it was given");
+    assert_eq!(
+        (a.tool.as_str(), a.idempotency_key.as_str(), a.cost),
+        ("t", "k", 4)
+    );
+    assert_eq!(a.request_fingerprint, b"fp");
+    assert_eq!(a.state, AttemptState::Reserved);
+    assert_eq!((a.created_at, a.lease_expires_at), (T0 + 5, T0 + 5 + LEASE));
+    assert_eq!(a.receipt, None);
+    assert_eq!(
+        r.usage,
+        Usage {
+            tool: "t".into(),
+            calls_made: 1,
+            calls_limit: None,
+            budget_remaining: Some(6),
+        }
+    );
+    assert_eq!(b.budget(), (0, 4));
+    assert_eq!(b.calls("u"), 0, "the slot is the tool's own");
+    assert_eq!(b.stored("k"), a);
+}
+
+#[test]
+fn the_same_request_replays_a_succeeded_attempt_with_its_receipt() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 5);
+    let done = b.commit(&a, succeeded("ok", Some(3))).expect("commit");
+    b.advance(1_000);
+    let r = b.authorize("t", "k", "fp", 5).expect("replay");
+    assert_eq!(r.decision, Decision::Replay);
+    assert_eq!(r.attempt, done.attempt);
+    assert_eq!(r.attempt.receipt.expect("a receipt").result, b"ok");
+    assert_eq!(r.usage, done.usage, "a replay takes no slot");
+    assert_eq!(b.budget(), (3, 0));
+}
+
+#[test]
+fn the_same_request_replays_failed_and_uncertain_attempts_as_they_stand() {
+    let mut b = Bench::new();
+    let declined = b.dispatch("t", "declined", "1", 1);
+    b.commit(&declined, failed("card declined"))
+        .expect("failed");
+    let lost = b.dispatch("t", "lost", "2", 1);
+    b.mark(&lost, "deadline").expect("mark");
+    b.dispatch("t", "late", "3", 1);
+    b.advance(LEASE);
+    for (key, fp, state, reason) in [
+        ("declined", "1", AttemptState::Failed, ""),
+        ("lost", "2", AttemptState::Uncertain, "deadline"),
+        ("late", "3", AttemptState::Uncertain, LEASE_EXPIRED),
+    ] {
+        let before = snapshot(&b.ledger);
+        let r = b.authorize("t", key, fp, 1).expect("replay");
+        assert_eq!(
+            (r.decision, r.attempt.state),
+            (Decision::Replay, state),
+            "{key}"
+        );
+        assert_eq!(r.attempt.uncertain_reason, reason, "{key}");
+        assert_eq!(snapshot(&b.ledger), before, "a replay changes nothing");
+    }
+    assert_eq!(b.stored("declined").failure_reason, "card declined");
+    assert_eq!(b.calls("t"), 3);
+}
+
+#[test]
+fn the_same_request_is_in_progress_while_reserved_within_its_lease() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 1);
+    let in_progress = |retry_after_ms| Error::InProgress {
+        idempotency_key: "k".into(),
+        lease_expires_at: T0 + LEASE,
+        retry_after_ms,
+    };
+    b.advance(10_000);
+    assert_eq!(b.authorize("t", "k", "fp", 1), Err(in_progress(20_000)));
+    b.at(a.lease_expires_at - 1);
+    assert_eq!(b.authorize("t", "k", "fp", 1), Err(in_progress(1)));
+    // The instant the lease passes it is UNCERTAIN: replayed, not in progress.
+    b.at(a.lease_expires_at);
+    let r = b.authorize("t", "k", "fp", 1).expect("replay");
+    assert_eq!(
+        (r.decision, r.attempt.state),
+        (Decision::Replay, AttemptState::Uncertain)
+    );
+}
+
+#[test]
+fn a_used_key_with_another_tool_fingerprint_or_cost_is_key_reused() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 1);
+    let reused = |b: &mut Bench| {
+        for (tool, fp, cost) in [("u", "fp", 1), ("t", "other", 1), ("t", "fp", 2)] {
+            assert_eq!(
+                b.authorize(tool, "k", fp, cost),
+                Err(Error::KeyReused {
+                    idempotency_key: "k".into()
+                }),
+                "{tool} {fp} {cost}"
+            );
+        }
+    };
+    reused(&mut b);
+    b.commit(&a, succeeded("ok", None)).expect("commit");
+    reused(&mut b);
+}
+
+// === Authorize: the order of checks for a new key ===
+
+#[test]
+fn revoked_is_checked_before_expired() {
+    let mut b = Bench::new();
+    b.ledger.revoke();
+    b.at(T0 + LIFETIME);
+    assert_eq!(
+        b.authorize("nope", "k", "fp", 0),
+        Err(Error::PermitRevoked {
+            permit_id: b.permit_id()
+        })
+    );
+}
+
+#[test]
+fn expired_is_checked_before_scope_from_the_instant_of_expiry() {
+    let mut b = Bench::new();
+    b.at(T0 + LIFETIME - 1);
+    b.dispatch("t", "k1", "fp", 0);
+    b.at(T0 + LIFETIME);
+    assert_eq!(
+        b.authorize("nope", "k2", "fp", 0),
+        Err(Error::PermitExpired {
+            permit_id: b.permit_id(),
+            expired_at: T0 + LIFETIME,
+        })
+    );
+}
+
+/// A guard or a cap can only be hit by a tool in scope, so this is as far
+/// as the pair can be told apart: an out-of-scope tool with the fingerprint
+/// of a live attempt under ENFORCE, the budget spent, is out of scope.
+#[test]
+fn scope_is_checked_before_the_duplicate_guard() {
+    let mut b = Bench::with(|p| {
+        guard(p, GuardMode::Enforce);
+        p.budget = Some(1);
+    });
+    b.dispatch("t", "k1", "fp", 1);
+    assert_eq!(
+        b.authorize("nope", "k2", "fp", 1),
+        Err(Error::ToolNotInScope {
+            tool: "nope".into()
+        })
+    );
+}
+
+#[test]
+fn the_duplicate_guard_is_checked_before_the_cap() {
+    let mut b = Bench::with(|p| {
+        guard(p, GuardMode::Enforce);
+        cap(p, "t", 1);
+    });
+    b.dispatch("t", "k1", "fp", 0);
+    assert_eq!(
+        b.authorize("t", "k2", "fp", 0),
+        Err(Error::DuplicateSuspected {
+            tool: "t".into(),
+            earlier_key: "k1".into(),
+        })
+    );
+}
+
+#[test]
+fn the_cap_is_checked_before_the_budget() {
+    let mut b = Bench::with(|p| {
+        cap(p, "t", 1);
+        p.budget = Some(1);
+    });
+    b.dispatch("t", "k1", "1", 1);
+    assert_eq!(
+        b.authorize("t", "k2", "2", 5),
+        Err(Error::MaxCallsExceeded {
+            tool: "t".into(),
+            limit: 1,
+            calls_made: 1,
+        })
+    );
+}
+
+#[test]
+fn the_budget_is_checked_last_and_may_be_spent_to_the_last_unit() {
+    let mut b = Bench::with(|p| p.budget = Some(10));
+    let a = b.dispatch("t", "k1", "1", 6);
+    assert_eq!(
+        b.authorize("t", "k2", "2", 5),
+        Err(Error::BudgetExceeded {
+            budget: 10,
+            committed: 0,
+            reserved: 6,
+            requested: 5,
+        })
+    );
+    b.commit(&a, succeeded("", Some(2))).expect("commit");
+    b.dispatch("t", "k2", "2", 8);
+    assert_eq!(b.usage("t").budget_remaining, Some(0));
+    assert_eq!(
+        b.authorize("t", "k3", "3", 1),
+        Err(Error::BudgetExceeded {
+            budget: 10,
+            committed: 2,
+            reserved: 8,
+            requested: 1,
+        })
+    );
+    b.dispatch("t", "k3", "3", 0);
+}
+
+#[test]
+fn an_existing_key_is_answered_before_any_permit_check() {
+    // The lease outlives the permit, so an attempt is still in flight when
+    // the permit expires.
+    let mut b = Bench::with(|p| {
+        cap(p, "t", 2);
+        p.lease_ms = 2 * LIFETIME;
+    });
+    let done = b.dispatch("t", "done", "1", 0);
+    let done = b.commit(&done, succeeded("ok", None)).expect("commit");
+    let open = b.dispatch("t", "open", "2", 0);
+    let answered = |b: &mut Bench, new_key: Error| {
+        let r = b.authorize("t", "done", "1", 0).expect("replay");
+        assert_eq!((r.decision, &r.attempt), (Decision::Replay, &done.attempt));
+        assert_eq!(
+            b.authorize("t", "open", "2", 0),
+            Err(Error::InProgress {
+                idempotency_key: "open".into(),
+                lease_expires_at: open.lease_expires_at,
+                retry_after_ms: open.lease_expires_at - b.now,
+            })
+        );
+        assert_eq!(
+            b.authorize("t", "open", "other", 0),
+            Err(Error::KeyReused {
+                idempotency_key: "open".into()
+            })
+        );
+        assert_eq!(b.authorize("t", "new", "3", 0), Err(new_key));
+    };
+    let at_cap = b.max_calls("t");
+    answered(&mut b, at_cap);
+    b.at(T0 + LIFETIME);
+    let expired = Error::PermitExpired {
+        permit_id: b.permit_id(),
+        expired_at: T0 + LIFETIME,
+    };
+    answered(&mut b, expired);
+    b.ledger.revoke();
+    let revoked = b.ledger.revoke();
+    assert_eq!(
+        revoked.status,
+        PermitStatus::Revoked,
+        "revoking twice is fine"
+    );
+    let revoked = Error::PermitRevoked {
+        permit_id: b.permit_id(),
+    };
+    answered(&mut b, revoked);
+}
+
+// === Commit ===
+
+#[test]
+fn succeeded_commits_the_reserved_cost_by_default() {
+    let mut b = Bench::with(|p| p.budget = Some(10));
+    let a = b.dispatch("t", "k", "fp", 7);
+    b.advance(100);
+    let s = b.commit(&a, succeeded("ok", None)).expect("commit");
+    assert_eq!(s.attempt.state, AttemptState::Succeeded);
+    assert_eq!(
+        s.attempt.receipt,
+        Some(Receipt {
+            receipt_id: "receipt-2".into(),
+            result: b"ok".to_vec(),
+            cost: 7,
+            issued_at: T0 + 100,
+        })
+    );
+    assert_eq!((s.usage.calls_made, s.usage.budget_remaining), (1, Some(3)));
+    assert_eq!(b.budget(), (7, 0));
+}
+
+#[test]
+fn succeeded_commits_an_actual_cost_up_to_the_reservation() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k1", "1", 7);
+    let Err(Error::InvalidRequest(violations)) = b.commit(&a, succeeded("ok", Some(8))) else {
+        panic!("an actual cost above the reservation is invalid");
+    };
+    let fields: Vec<_> = violations.iter().map(|v| v.field.as_str()).collect();
+    assert_eq!(fields, ["succeeded.actual_cost"]);
+    let s = b.commit(&a, succeeded("ok", Some(4))).expect("commit");
+    assert_eq!(s.attempt.receipt.expect("receipt").cost, 4);
+    assert_eq!(
+        b.budget(),
+        (4, 0),
+        "the rest of the reservation is returned"
+    );
+    let a = b.dispatch("t", "k2", "2", 5);
+    b.commit(&a, succeeded("ok", Some(5))).expect("commit");
+    assert_eq!(b.budget(), (9, 0));
+}
+
+#[test]
+fn a_repeated_commit_answers_the_same_and_a_contradicting_one_conflicts() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k1", "1", 5);
+    let first = b.commit(&a, succeeded("ok", Some(4))).expect("commit");
+    b.advance(1_000);
+    let again = b.commit(&a, succeeded("ok", Some(4))).expect("repeat");
+    assert_eq!(again, first, "the same receipt, not a new one");
+    for outcome in [
+        succeeded("other", Some(4)),
+        succeeded("ok", None),
+        failed("no"),
+        Outcome::NotSent,
+    ] {
+        assert_eq!(
+            b.commit(&a, outcome.clone()),
+            Err(conflict(AttemptState::Succeeded)),
+            "{outcome:?}"
+        );
+    }
+
+    let a = b.dispatch("t", "k2", "2", 5);
+    let first = b.commit(&a, failed("declined")).expect("commit");
+    assert_eq!(b.commit(&a, failed("declined")), Ok(first));
+    for outcome in [failed("other"), succeeded("ok", None), Outcome::NotSent] {
+        assert_eq!(
+            b.commit(&a, outcome.clone()),
+            Err(conflict(AttemptState::Failed)),
+            "{outcome:?}"
+        );
+    }
+}
+
+#[test]
+fn failed_releases_the_cost_and_keeps_the_slot() {
+    let mut b = Bench::one_call_and_ten();
+    let a = b.dispatch("t", "k", "fp", 7);
+    let s = b.commit(&a, failed("card declined")).expect("commit");
+    assert_eq!(s.attempt.state, AttemptState::Failed);
+    assert_eq!(s.attempt.failure_reason, "card declined");
+    assert_eq!(
+        (s.usage.calls_made, s.usage.budget_remaining),
+        (1, Some(10))
+    );
+    assert_eq!(b.budget(), (0, 0));
+    let at_cap = b.max_calls("t");
+    assert_eq!(
+        b.authorize("t", "k2", "2", 0),
+        Err(at_cap),
+        "a dispatch went out"
+    );
+}
+
+#[test]
+fn not_sent_returns_the_slot_and_the_cost_and_frees_the_key() {
+    let mut b = Bench::one_call_and_ten();
+    let a = b.dispatch("t", "k", "fp", 4);
+    let s = b.commit(&a, Outcome::NotSent).expect("not sent");
+    assert_eq!(s.attempt.state, AttemptState::Released);
+    assert_eq!(
+        (s.usage.calls_made, s.usage.budget_remaining),
+        (0, Some(10))
+    );
+    assert_eq!(b.budget(), (0, 0));
+    // Until the key is used again, NotSent answers RELEASED again and
+    // nothing else may settle it.
+    assert_eq!(b.commit(&a, Outcome::NotSent), Ok(s));
+    let released = conflict(AttemptState::Released);
+    assert_eq!(b.commit(&a, succeeded("ok", None)).unwrap_err(), released);
+    assert_eq!(b.commit(&a, failed("x")).unwrap_err(), released);
+    assert_eq!(b.resolve("k", failed("x")).unwrap_err(), released);
+    assert_eq!(b.mark(&a, "x").unwrap_err(), released);
+    // The key is free: any request under it is a new intent with a new id.
+    let again = b.dispatch("u", "k", "another request", 3);
+    assert_ne!(again.attempt_id, a.attempt_id);
+    assert_eq!(b.budget(), (0, 3));
+    assert_eq!((b.calls("t"), b.calls("u")), (0, 1));
+    // And the old id no longer fences it.
+    assert_eq!(
+        b.commit(&a, Outcome::NotSent),
+        Err(Error::AttemptMismatch {
+            idempotency_key: "k".into()
+        })
+    );
+}
+
+#[test]
+fn not_sent_once_the_lease_has_passed_is_a_state_conflict() {
+    let mut b = Bench::with(|p| p.budget = Some(10));
+    let early = b.dispatch("t", "early", "1", 1);
+    let late = b.dispatch("t", "late", "2", 2);
+    let marked = b.dispatch("t", "marked", "3", 3);
+    b.mark(&marked, "lost").expect("mark");
+    b.at(T0 + LEASE - 1);
+    b.commit(&early, Outcome::NotSent)
+        .expect("within the lease");
+    b.at(T0 + LEASE);
+    for a in [&late, &marked] {
+        assert_eq!(
+            b.commit(a, Outcome::NotSent),
+            Err(conflict(AttemptState::Uncertain)),
+            "{}",
+            a.idempotency_key
+        );
+    }
+    // An uncertain call may have left: both slots and both costs stay held.
+    assert_eq!((b.calls("t"), b.budget()), (2, (0, 5)));
+}
+
+#[test]
+fn the_holder_may_settle_an_uncertain_attempt() {
+    let mut b = Bench::new();
+    let marked = b.dispatch("t", "marked", "1", 3);
+    b.mark(&marked, "lost").expect("mark");
+    let late = b.dispatch("t", "late", "2", 4);
+    b.advance(LEASE);
+    let s = b
+        .commit(&marked, succeeded("late but fine", None))
+        .expect("commit");
+    assert_eq!(s.attempt.state, AttemptState::Succeeded);
+    let s = b.commit(&late, failed("declined")).expect("commit");
+    assert_eq!(s.attempt.state, AttemptState::Failed);
+    assert_eq!((b.calls("t"), b.budget()), (2, (3, 0)));
+}
+
+// === MarkUncertain ===
+
+#[test]
+fn mark_uncertain_holds_the_slot_and_the_money() {
+    let mut b = Bench::one_call_and_ten();
+    let a = b.dispatch("t", "k", "fp", 4);
+    let m = b.mark(&a, "deadline exceeded").expect("mark");
+    assert_eq!(m.state, AttemptState::Uncertain);
+    assert_eq!(m.uncertain_reason, "deadline exceeded");
+    assert_eq!(b.stored("k"), m);
+    assert_eq!((b.calls("t"), b.budget()), (1, (0, 4)));
+    let at_cap = b.max_calls("t");
+    assert_eq!(b.authorize("t", "k2", "2", 0), Err(at_cap));
+}
+
+#[test]
+fn mark_uncertain_is_idempotent() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 4);
+    let first = b.mark(&a, "first").expect("mark");
+    let before = snapshot(&b.ledger);
+    b.advance(LEASE);
+    assert_eq!(b.mark(&a, "second"), Ok(first), "returned unchanged");
+    assert_eq!(snapshot(&b.ledger), before);
+}
+
+#[test]
+fn mark_uncertain_after_the_lease_replaces_lease_expired() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 4);
+    b.advance(LEASE);
+    let r = b.authorize("t", "k", "fp", 4).expect("replay");
+    assert_eq!(r.attempt.uncertain_reason, LEASE_EXPIRED);
+    let m = b.mark(&a, "lost").expect("mark");
+    assert_eq!(
+        (m.state, m.uncertain_reason.as_str()),
+        (AttemptState::Uncertain, "lost")
+    );
+    assert_eq!(b.stored("k").state, AttemptState::Uncertain);
+}
+
+#[test]
+fn mark_uncertain_conflicts_on_a_settled_attempt() {
+    let mut b = Bench::new();
+    for (n, outcome, state) in [
+        (1, succeeded("ok", None), AttemptState::Succeeded),
+        (2, failed("no"), AttemptState::Failed),
+        (3, Outcome::NotSent, AttemptState::Released),
+    ] {
+        let a = b.dispatch("t", &format!("k{n}"), &n.to_string(), 1);
+        b.commit(&a, outcome).expect("commit");
+        assert_eq!(b.mark(&a, "lost"), Err(conflict(state)));
+    }
+}
+
+// === Resolve ===
+
+#[test]
+fn resolve_settles_only_an_uncertain_attempt() {
+    let mut b = Bench::with(|p| p.budget = Some(100));
+    let marked = b.dispatch("t", "marked", "1", 10);
+    let late = b.dispatch("t", "late", "2", 10);
+    let released = b.dispatch("t", "released", "3", 10);
+    b.commit(&released, Outcome::NotSent).expect("not sent");
+    assert_eq!(
+        b.resolve("marked", succeeded("r", None)),
+        Err(conflict(AttemptState::Reserved)),
+        "RESERVED within its lease is the holder's"
+    );
+    b.mark(&marked, "lost").expect("mark");
+    let s = b
+        .resolve("marked", succeeded("found it", Some(8)))
+        .expect("resolve");
+    assert_eq!(s.attempt.state, AttemptState::Succeeded);
+    assert_eq!(s.attempt.receipt.expect("receipt").result, b"found it");
+    assert_eq!(s.usage.budget_remaining, Some(82));
+    assert_eq!(
+        b.resolve("late", failed("never charged")),
+        Err(conflict(AttemptState::Reserved))
+    );
+    b.at(late.lease_expires_at);
+    let s = b.resolve("late", failed("never charged")).expect("resolve");
+    assert_eq!(s.attempt.state, AttemptState::Failed);
+    assert_eq!(
+        b.resolve("released", failed("x")),
+        Err(conflict(AttemptState::Released))
+    );
+    assert_eq!((b.calls("t"), b.budget()), (2, (8, 0)));
+}
+
+#[test]
+fn a_repeated_resolve_answers_the_same_and_a_different_one_conflicts() {
+    let mut b = Bench::new();
+    for (key, outcome, other, state) in [
+        (
+            "s",
+            succeeded("found", None),
+            failed("no"),
+            AttemptState::Succeeded,
+        ),
+        ("f", failed("no"), failed("other"), AttemptState::Failed),
+    ] {
+        let a = b.dispatch("t", key, key, 1);
+        b.mark(&a, "lost").expect("mark");
+        let first = b.resolve(key, outcome.clone()).expect("resolve");
+        b.advance(1_000);
+        assert_eq!(b.resolve(key, outcome), Ok(first), "{key}");
+        assert_eq!(b.resolve(key, other), Err(conflict(state)), "{key}");
+    }
+}
+
+// === Unknown keys and wrong attempt ids ===
+
+#[test]
+fn an_unknown_key_is_attempt_not_found() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 0);
+    let not_found = Error::AttemptNotFound {
+        idempotency_key: "ghost".into(),
+    };
+    let commit = b.commit_as("ghost", &a.attempt_id, Outcome::NotSent);
+    assert_eq!(commit.unwrap_err(), not_found);
+    let mark = b.mark_as("ghost", &a.attempt_id, "x");
+    assert_eq!(mark.unwrap_err(), not_found);
+    assert_eq!(b.resolve("ghost", failed("x")).unwrap_err(), not_found);
+}
+
+#[test]
+fn a_wrong_attempt_id_is_attempt_mismatch_in_any_state() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 0);
+    let mismatch = |b: &mut Bench| {
+        let wrong = Error::AttemptMismatch {
+            idempotency_key: "k".into(),
+        };
+        assert_eq!(
+            b.commit_as("k", "attempt-other", Outcome::NotSent),
+            Err(wrong.clone())
+        );
+        assert_eq!(b.mark_as("k", "attempt-other", "x"), Err(wrong));
+    };
+    mismatch(&mut b);
+    b.commit(&a, succeeded("ok", None)).expect("commit");
+    mismatch(&mut b);
+}
+
+// === Caps and budget ===
+
+#[test]
+fn a_cap_of_zero_disables_the_tool() {
+    let mut b = Bench::with(|p| cap(p, "t", 0));
+    assert_eq!(
+        b.authorize("t", "k", "fp", 0),
+        Err(Error::MaxCallsExceeded {
+            tool: "t".into(),
+            limit: 0,
+            calls_made: 0,
+        })
+    );
+    assert_eq!(b.usage("t").calls_limit, Some(0));
+    b.dispatch("u", "k", "fp", 0);
+}
+
+#[test]
+fn a_tool_without_a_cap_has_no_bound() {
+    let mut b = Bench::with(|p| cap(p, "t", 2));
+    for i in 0..100 {
+        b.dispatch("u", &format!("u{i}"), &i.to_string(), 0);
+    }
+    b.dispatch("t", "t1", "1", 0);
+    b.dispatch("t", "t2", "2", 0);
+    let at_cap = b.max_calls("t");
+    assert_eq!(b.authorize("t", "t3", "3", 0), Err(at_cap));
+    assert_eq!(b.usage("u").calls_limit, None);
+    assert_eq!((b.calls("t"), b.calls("u")), (2, 100));
+}
+
+#[test]
+fn an_unlimited_budget_stops_at_max_amount() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k1", "1", MAX_AMOUNT);
+    assert_eq!(
+        b.authorize("t", "k2", "2", 1),
+        Err(Error::BudgetExceeded {
+            budget: MAX_AMOUNT,
+            committed: 0,
+            reserved: MAX_AMOUNT,
+            requested: 1,
+        })
+    );
+    b.dispatch("t", "free", "0", 0);
+    b.commit(&a, succeeded("", Some(MAX_AMOUNT - 1)))
+        .expect("commit");
+    b.dispatch("t", "k2", "2", 1);
+    assert_eq!(b.budget(), (MAX_AMOUNT - 1, 1));
+    assert_eq!(b.usage("t").budget_remaining, None, "still unlimited");
+    assert!(matches!(
+        b.authorize("t", "k3", "3", 1),
+        Err(Error::BudgetExceeded { .. })
+    ));
+}
+
+// === Duplicate guard ===
+
+#[test]
+fn duplicate_guard_off_never_looks() {
+    let mut b = Bench::with(|p| guard(p, GuardMode::Off));
+    b.dispatch("t", "k1", "same", 1);
+    let r = b.authorize("t", "k2", "same", 1).expect("authorize");
+    assert_eq!((r.decision, r.duplicate_of), (Decision::Dispatch, None));
+    assert!(b.ledger.dup_index.is_empty(), "nothing is indexed");
+}
+
+#[test]
+fn duplicate_guard_log_dispatches_and_names_the_latest_earlier_key() {
+    let mut b = Bench::new();
+    b.dispatch("t", "k1", "same", 1);
+    for (tool, key, fp, duplicate_of) in [
+        ("t", "k2", "same", Some("k1")),
+        ("t", "k3", "different", None),
+        ("u", "k4", "same", None),
+        ("t", "k5", "same", Some("k2")),
+    ] {
+        let r = b.authorize(tool, key, fp, 1).expect("authorize");
+        assert_eq!(r.decision, Decision::Dispatch, "{key}");
+        assert_eq!(r.duplicate_of.as_deref(), duplicate_of, "{key}");
+        assert_eq!(r.attempt.duplicate_of.as_deref(), duplicate_of, "{key}");
+    }
+}
+
+#[test]
+fn duplicate_guard_enforce_refuses_while_the_earlier_attempt_stands() {
+    let mut b = Bench::with(|p| guard(p, GuardMode::Enforce));
+    b.dispatch("t", "open", "1", 1);
+    let done = b.dispatch("t", "done", "2", 1);
+    b.commit(&done, succeeded("ok", None)).expect("commit");
+    let declined = b.dispatch("t", "declined", "3", 1);
+    b.commit(&declined, failed("no")).expect("commit");
+    let refused = |b: &mut Bench| {
+        for (fp, earlier_key) in [("1", "open"), ("2", "done"), ("3", "declined")] {
+            assert_eq!(
+                b.authorize("t", "retry", fp, 1).unwrap_err(),
+                Error::DuplicateSuspected {
+                    tool: "t".into(),
+                    earlier_key: earlier_key.into(),
+                }
+            );
+        }
+    };
+    refused(&mut b);
+    b.advance(LEASE);
+    assert_eq!(
+        b.stored("open").observed_state(b.now),
+        AttemptState::Uncertain
+    );
+    refused(&mut b);
+}
+
+#[test]
+fn the_duplicate_window_ends_window_ms_after_the_earlier_attempt_was_created() {
+    for mode in [GuardMode::Log, GuardMode::Enforce] {
+        for (at, within) in [(T0 + WINDOW - 1, true), (T0 + WINDOW, false)] {
+            let mut b = Bench::with(|p| guard(p, mode));
+            b.dispatch("t", "k1", "same", 1);
+            b.at(at);
+            let r = b.authorize("t", "k2", "same", 1);
+            match (mode, within) {
+                (GuardMode::Enforce, true) => {
+                    assert!(matches!(r, Err(Error::DuplicateSuspected { .. })))
+                }
+                _ => {
+                    let r = r.expect("dispatch");
+                    let duplicate_of = within.then_some("k1");
+                    assert_eq!(r.duplicate_of.as_deref(), duplicate_of, "{mode:?} {at}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_released_attempt_is_no_duplicate() {
+    let mut b = Bench::with(|p| guard(p, GuardMode::Enforce));
+    let a = b.dispatch("t", "k1", "same", 1);
+    b.commit(&a, Outcome::NotSent).expect("not sent");
+    let r = b.authorize("t", "k2", "same", 1).expect("authorize");
+    assert_eq!((r.decision, r.duplicate_of), (Decision::Dispatch, None));
+}
+
+#[test]
+fn the_guard_falls_back_to_duplicate_of_when_the_latest_attempt_is_released() {
+    let mut b = Bench::new();
+    b.dispatch("t", "k1", "same", 1);
+    let k2 = b.dispatch("t", "k2", "same", 1);
+    b.commit(&k2, Outcome::NotSent).expect("not sent");
+    let k3 = b.authorize("t", "k3", "same", 1).expect("authorize");
+    assert_eq!(
+        k3.duplicate_of.as_deref(),
+        Some("k1"),
+        "k2 released: back to k1"
+    );
+    // Releasing an earlier attempt leaves the latest one indexed.
+    let k4 = b.authorize("t", "k4", "same", 1).expect("authorize");
+    assert_eq!(k4.duplicate_of.as_deref(), Some("k3"));
+    b.commit(&k3.attempt, Outcome::NotSent).expect("not sent");
+    let k5 = b.authorize("t", "k5", "same", 1).expect("authorize");
+    assert_eq!(k5.duplicate_of.as_deref(), Some("k4"));
+    // The last one standing released without an earlier one: unindexed.
+    let mut b = Bench::new();
+    let only = b.dispatch("t", "k1", "same", 1);
+    b.commit(&only, Outcome::NotSent).expect("not sent");
+    assert!(b.ledger.dup_index.is_empty());
+}
+
+// === Listing and retirement ===
+
+#[test]
+fn uncertain_after_pages_through_uncertain_attempts_in_key_order() {
+    let mut b = Bench::new();
+    b.dispatch("t", "d", "d", 0); // its lease passes
+    b.advance(LEASE);
+    for (key, outcome) in [
+        ("a", None),
+        ("b", Some(succeeded("ok", None))),
+        ("c", Some(Outcome::NotSent)),
+        ("e", Some(failed("no"))),
+        ("f", None),
+    ] {
+        let a = b.dispatch("t", key, key, 0);
+        match outcome {
+            Some(outcome) => assert!(b.commit(&a, outcome).is_ok()),
+            None => assert!(b.mark(&a, "lost").is_ok()),
+        }
+    }
+    b.dispatch("t", "g", "g", 0); // RESERVED within its lease
+    let keys = |after: &str, limit| -> Vec<String> {
+        b.ledger
+            .uncertain_after(after, limit, b.now)
+            .into_iter()
+            .map(|a| a.idempotency_key)
+            .collect()
+    };
+    assert_eq!(keys("", 10), ["a", "d", "f"]);
+    assert_eq!(keys("", 2), ["a", "d"]);
+    assert_eq!(keys("d", 2), ["f"]);
+    assert_eq!(keys("b", 10), ["d", "f"]);
+    assert_eq!(keys("f", 10), Vec::<String>::new());
+    assert_eq!(keys("", 0), Vec::<String>::new());
+    let listed = b.ledger.uncertain_after("c", 1, b.now);
+    assert_eq!(
+        (listed[0].state, listed[0].uncertain_reason.as_str()),
+        (AttemptState::Uncertain, LEASE_EXPIRED)
+    );
+}
+
+#[test]
+fn a_ledger_retires_a_retention_after_its_expiry() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 0);
+    b.commit(&a, succeeded("ok", None)).expect("commit");
+    let end = T0 + LIFETIME + RETENTION;
+    assert!(!b.ledger.retired(end - 1, RETENTION));
+    assert!(b.ledger.retired(end, RETENTION));
+}
+
+#[test]
+fn a_ledger_with_an_open_attempt_never_retires() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 0);
+    assert!(!b.ledger.retired(Millis::MAX, RETENTION), "RESERVED");
+    b.mark(&a, "lost").expect("mark");
+    assert!(!b.ledger.retired(Millis::MAX, RETENTION), "UNCERTAIN");
+    b.commit(&a, failed("no")).expect("commit");
+    assert!(b.ledger.retired(Millis::MAX, RETENTION));
+}
+
+#[test]
+fn retention_runs_from_a_settle_after_expiry() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 0);
+    b.at(T0 + LIFETIME + 5);
+    b.commit(&a, succeeded("late", None)).expect("commit");
+    let end = T0 + LIFETIME + 5 + RETENTION;
+    assert!(!b.ledger.retired(T0 + LIFETIME + RETENTION, RETENTION));
+    assert!(!b.ledger.retired(end - 1, RETENTION));
+    assert!(b.ledger.retired(end, RETENTION));
+}
+
+// === The property ===
+
+mod property {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashSet;
+
+    /// "nope" is out of scope.
+    const TOOLS: [&str; 3] = ["t", "u", "nope"];
+    const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Authorize {
+            tool: usize,
+            key: usize,
+            fp: u8,
+            cost: i64,
+        },
+        /// With the attempt id the key was last dispatched with, or a stale
+        /// one.
+        Commit {
+            key: usize,
+            outcome: Outcome,
+            stale: bool,
+        },
+        MarkUncertain {
+            key: usize,
+        },
+        Resolve {
+            key: usize,
+            outcome: Outcome,
+        },
+        Revoke,
+        Advance(Millis),
+    }
+
+    fn a_permit() -> impl Strategy<Value = Permit> {
+        let mode = prop_oneof![
+            Just(GuardMode::Off),
+            Just(GuardMode::Log),
+            Just(GuardMode::Enforce)
+        ];
+        let caps = proptest::collection::vec(proptest::option::of(0u64..4), 2);
+        let budget = proptest::option::of(0i64..12);
+        let durations = (1i64..6_000, 1i64..6_000, 1i64..40_000);
+        (caps, budget, mode, durations).prop_map(|(caps, budget, mode, (lease, window, life))| {
+            let mut p = permit();
+            for (tool, n) in TOOLS.iter().zip(caps) {
+                if let Some(n) = n {
+                    cap(&mut p, tool, n);
+                }
+            }
+            p.budget = budget;
+            p.duplicate_guard = DuplicateGuard {
+                mode,
+                window_ms: window,
+            };
+            p.lease_ms = lease;
+            p.expires_at = T0 + life;
+            p
+        })
+    }
+
+    /// Succeeded or Failed: what Resolve accepts.
+    fn a_settlement() -> impl Strategy<Value = Outcome> {
+        prop_oneof![
+            (0u8..2, proptest::option::of(0i64..5)).prop_map(|(r, actual_cost)| {
+                Outcome::Succeeded {
+                    result: vec![r],
+                    actual_cost,
+                }
+            }),
+            (0u8..2).prop_map(|r| failed(&r.to_string())),
+        ]
+    }
+
+    fn a_step() -> impl Strategy<Value = Step> {
+        let cost = prop_oneof![8 => 0i64..5, 1 => Just(MAX_AMOUNT / 2 + 1), 1 => Just(MAX_AMOUNT)];
+        let outcome = prop_oneof![2 => a_settlement(), 1 => Just(Outcome::NotSent)];
+        prop_oneof![
+            5 => (0..TOOLS.len(), 0..KEYS.len(), 0u8..3, cost)
+                .prop_map(|(tool, key, fp, cost)| Step::Authorize { tool, key, fp, cost }),
+            4 => (0..KEYS.len(), outcome, proptest::bool::weighted(0.1))
+                .prop_map(|(key, outcome, stale)| Step::Commit { key, outcome, stale }),
+            2 => (0..KEYS.len()).prop_map(|key| Step::MarkUncertain { key }),
+            2 => (0..KEYS.len(), a_settlement()).prop_map(|(key, outcome)| Step::Resolve { key, outcome }),
+            1 => Just(Step::Revoke),
+            3 => (0i64..4_000).prop_map(Step::Advance),
+        ]
+    }
+
+    /// What the test itself saw answered, independently of the ledger.
+    #[derive(Default)]
+    struct Seen {
+        /// key -> (tool, attempt id) of the key's latest DISPATCH.
+        dispatched: HashMap<usize, (usize, String)>,
+        /// Keys whose latest dispatched attempt was since released by NotSent.
+        released: HashSet<usize>,
+        /// DISPATCH answers less releases, by tool.
+        slots: [u64; 2],
+    }
+
+    impl Seen {
+        fn dispatch(&mut self, key: usize, tool: usize, attempt_id: String) {
+            assert!(
+                !self.dispatched.contains_key(&key) || self.released.contains(&key),
+                "{} dispatched again without NotSent in between",
+                KEYS[key]
+            );
+            self.dispatched.insert(key, (tool, attempt_id));
+            self.released.remove(&key);
+            self.slots[tool] += 1;
+        }
+
+        fn not_sent(&mut self, key: usize) {
+            if self.released.insert(key) {
+                self.slots[self.dispatched[&key].0] -= 1;
+            }
+        }
+
+        fn attempt_id(&self, key: usize, stale: bool) -> String {
+            match self.dispatched.get(&key) {
+                Some((_, id)) if !stale => id.clone(),
+                _ => "attempt-stale".into(),
+            }
+        }
+    }
+
+    /// `before` is the ledger before the step, which ran at `then`.
+    fn invariants(ledger: &Ledger, before: &Snapshot, then: Millis, seen: &Seen) {
+        let view = ledger.view();
+        for (i, usage) in view.usage.iter().enumerate() {
+            if let Some(cap) = usage.calls_limit {
+                assert!(usage.calls_made <= cap, "{usage:?} over its cap");
+            }
+            let held = ledger
+                .attempts
+                .values()
+                .filter(|r| usize::from(r.tool) == i && r.state != AttemptState::Released)
+                .count();
+            assert_eq!(usage.calls_made, held as u64, "calls of {}", usage.tool);
+            assert_eq!(
+                usage.calls_made, seen.slots[i],
+                "dispatches of {}",
+                usage.tool
+            );
+        }
+        let (committed, reserved) = (view.budget_committed, view.budget_reserved);
+        assert!(committed >= 0 && reserved >= 0);
+        assert!(committed + reserved <= view.permit.budget.unwrap_or(MAX_AMOUNT));
+        let open: i64 = ledger
+            .attempts
+            .values()
+            .filter(|r| r.state.is_open())
+            .map(|r| r.cost)
+            .sum();
+        assert_eq!(reserved, open, "reserved is the cost of the open attempts");
+        let receipts: i64 = ledger
+            .attempts
+            .values()
+            .filter_map(|r| r.receipt())
+            .map(|r| r.cost)
+            .sum();
+        assert_eq!(committed, receipts, "committed is the sum of the receipts");
+
+        let after = snapshot(ledger);
+        for was in &before.attempts {
+            let is = after
+                .attempts
+                .iter()
+                .find(|a| a.idempotency_key == was.idempotency_key)
+                .expect("a key never disappears");
+            match was.state {
+                AttemptState::Reserved | AttemptState::Uncertain => {
+                    assert_eq!(is.attempt_id, was.attempt_id, "an open attempt disappeared");
+                }
+                AttemptState::Succeeded | AttemptState::Failed => {
+                    assert_eq!(is, was, "a settled attempt changed");
+                }
+                AttemptState::Released => {}
+            }
+            if was.observed_state(then) == AttemptState::Uncertain {
+                assert_ne!(
+                    is.state,
+                    AttemptState::Released,
+                    "an uncertain slot came back"
+                );
+            }
+        }
+    }
+
+    fn run(permit: Permit, steps: &[Step]) {
+        let mut b = Bench::with(|p| *p = permit);
+        let mut seen = Seen::default();
+        for step in steps {
+            let (before, then) = (snapshot(&b.ledger), b.now);
+            match step {
+                &Step::Authorize {
+                    tool,
+                    key,
+                    fp,
+                    cost,
+                } => {
+                    let r = b.authorize(TOOLS[tool], KEYS[key], &fp.to_string(), cost);
+                    match r {
+                        Ok(r) if r.decision == Decision::Dispatch => {
+                            seen.dispatch(key, tool, r.attempt.attempt_id)
+                        }
+                        Ok(_) => assert_eq!(snapshot(&b.ledger), before, "a replay changed"),
+                        Err(_) => {}
+                    }
+                }
+                Step::Commit {
+                    key,
+                    outcome,
+                    stale,
+                } => {
+                    let id = seen.attempt_id(*key, *stale);
+                    let r = b.commit_as(KEYS[*key], &id, outcome.clone());
+                    if r.is_ok() && *outcome == Outcome::NotSent {
+                        seen.not_sent(*key);
+                    }
+                }
+                &Step::MarkUncertain { key } => {
+                    let id = seen.attempt_id(key, false);
+                    let _ = b.mark_as(KEYS[key], &id, "lost");
+                }
+                Step::Resolve { key, outcome } => {
+                    let _ = b.resolve(KEYS[*key], outcome.clone());
+                }
+                Step::Revoke => {
+                    b.ledger.revoke();
+                }
+                &Step::Advance(ms) => b.advance(ms),
+            }
+            invariants(&b.ledger, &before, then, &seen);
+        }
+    }
+
+    proptest! {
+        // 256 cases unless PROPTEST_CASES says otherwise.
+        #![proptest_config(ProptestConfig {
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn invariants_hold_after_every_step(
+            permit in a_permit(),
+            steps in proptest::collection::vec(a_step(), 1..60),
+        ) {
+            run(permit, &steps);
+        }
+    }
+}
