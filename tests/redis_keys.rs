@@ -77,3 +77,37 @@ async fn open_attempts_pin_keys_and_finished_ones_expire_after_retention() {
         .expect("replay");
     assert_eq!(replay.attempt.expect("a").receipt.expect("r").result, b"ok");
 }
+
+/// A permit record this version cannot read (a status or guard mode it does
+/// not know, a counter missing: another version's or a hand-edited record)
+/// answers UNAVAILABLE, through the scripts and through GetPermit alike:
+/// never a default, never a decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_permit_record_is_unavailable_never_a_guess() {
+    let h = Harness::start(Kind::Redis).await;
+    let redis = h.redis.as_ref().expect("redis");
+    let mut conn = redis.connect().await;
+    for (field, value) in [
+        ("gmode", Some("7")),
+        ("status", Some("3")),
+        ("reserved", None),
+    ] {
+        let permit = h.create_with(&["t"], &[], None).await;
+        let key = format!("{}:{{{permit}}}:permit", redis.prefix);
+        let edit = match value {
+            Some(v) => redis::cmd("HSET").arg(&key).arg(field).arg(v).clone(),
+            None => redis::cmd("HDEL").arg(&key).arg(field).clone(),
+        };
+        let _: i64 = edit.query_async(&mut conn).await.expect("edit the record");
+        expect_error(
+            h.authorize(&permit, "t", "k", b"fp", 1).await,
+            tonic::Code::Unavailable,
+            "STORE_UNAVAILABLE",
+        );
+        expect_error(
+            h.get(&permit).await,
+            tonic::Code::Unavailable,
+            "STORE_UNAVAILABLE",
+        );
+    }
+}

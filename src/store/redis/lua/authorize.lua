@@ -18,6 +18,8 @@
 --   {"ERR", "DUPLICATE_REQUEST_SUSPECTED", earlier_key}
 --   {"ERR", "PERMIT_MAX_CALLS_EXCEEDED", limit, calls_made}
 --   {"ERR", "PERMIT_BUDGET_EXCEEDED", budget, committed, reserved}
+--   {"ERR", "STORE_UNAVAILABLE", why}  the permit record holds a status or
+--     guard mode this version does not know, or lacks a counter
 -- Example: ARGV={"1767225600000","payments.charge","order-42",<32 bytes>,"250",<uuid>}
 --   -> {"DISPATCH", {<uuid>,"payments.charge",...}, {"payments.charge","1",1,"3",1,"750"}, ""}
 
@@ -44,8 +46,15 @@ local p = redis.call('HMGET', KEYS[1], 'exp', 'status', 'lease', 'gmode',
 if not p[1] then
   return {'ERR', 'PERMIT_NOT_FOUND'}
 end
-local exp = tonumber(p[1])
-if tonumber(p[2]) == STATUS_REVOKED then
+local exp, status, gmode = tonumber(p[1]), tonumber(p[2]), tonumber(p[4])
+-- A code this version does not know, or a counter that is missing, is never
+-- read as a default: the store answers UNAVAILABLE rather than guess.
+if (status ~= STATUS_ACTIVE and status ~= STATUS_REVOKED)
+    or (gmode ~= GUARD_OFF and gmode ~= GUARD_LOG and gmode ~= GUARD_ENFORCE)
+    or not (exp and p[3] and p[5] and p[7] and p[8] and p[11]) then
+  return {'ERR', 'STORE_UNAVAILABLE', 'unreadable permit record'}
+end
+if status == STATUS_REVOKED then
   return {'ERR', 'PERMIT_REVOKED'}
 end
 if now >= exp then
@@ -55,7 +64,6 @@ local cap = p[9]
 if not cap then
   return {'ERR', 'TOOL_NOT_IN_SCOPE'}
 end
-local gmode = tonumber(p[4])
 local dup_key
 local duplicate_of = ''
 if gmode ~= GUARD_OFF then
@@ -78,7 +86,7 @@ if cap ~= '' and calls >= tonumber(cap) then
   return {'ERR', 'PERMIT_MAX_CALLS_EXCEEDED', cap, int(calls)}
 end
 -- Without a budget, totals still stop at the accounting ceiling 2^53-1.
-local committed, reserved = tonumber(p[7] or 0), tonumber(p[8] or 0)
+local committed, reserved = tonumber(p[7]), tonumber(p[8])
 if committed + reserved + cost > tonumber(p[6] or MAX_AMOUNT) then
   return {'ERR', 'PERMIT_BUDGET_EXCEEDED', p[6] or MAX_AMOUNT, int(committed),
     int(reserved)}
@@ -98,7 +106,7 @@ if dup_key then
   redis.call('HSET', KEYS[4], dup_key, key)
 end
 calls, reserved = calls + 1, reserved + cost
-local open = tonumber(p[11] or 0) + 1
+local open = tonumber(p[11]) + 1
 redis.call('HSET', KEYS[1], 'n:' .. tool, int(calls), 'reserved', int(reserved),
   'open', int(open))
 if open == 1 then

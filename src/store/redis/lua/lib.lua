@@ -25,8 +25,8 @@
 -- numbers (which Redis would print as 1e+15).
 
 local RESERVED, SUCCEEDED, FAILED, UNCERTAIN, RELEASED = 1, 2, 3, 4, 5
-local GUARD_OFF, GUARD_ENFORCE = 0, 2
-local STATUS_REVOKED = 2
+local GUARD_OFF, GUARD_LOG, GUARD_ENFORCE = 0, 1, 2
+local STATUS_ACTIVE, STATUS_REVOKED = 1, 2
 -- The accounting ceiling (domain::MAX_AMOUNT): every amount, total and cap
 -- stays below 2^53, where Lua numbers (doubles) are exact.
 local MAX_AMOUNT = '9007199254740991'
