@@ -7,7 +7,7 @@
 #   (b) the gRPC ceiling: grpc.health.v1 Check against atmost (no store);
 #   the Redis connection strategy: the authorize script through one
 #       multiplexed connection and through deadpool pools (the example
-#       examples/redis_connections.rs);
+#       tools/bench/examples/redis_connections.rs);
 #   (c) authorize, cycle, replay and contended on the memory store and on
 #       the Redis store; server CPU per Authorize and peak RSS (from /proc);
 #       Redis memory per finished attempt; a latency-vs-throughput sweep,

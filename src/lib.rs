@@ -8,6 +8,9 @@
 //! **at most N dispatches per tool per permit**, never "exactly once".
 //!
 //! ## Layout
+//! The modules below; docs/architecture.md maps the whole workspace, follows
+//! one Authorize through them, and lists what adding an RPC or a store
+//! touches.
 //! - `proto/atmost/v1/`: the wire contract, compiled into [`pb`].
 //! - [`api`]: the tonic services. Decode, call the store, encode, and map
 //!   errors to gRPC status in one place ([`api::status`]).

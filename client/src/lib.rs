@@ -251,6 +251,14 @@ impl Error {
         self.info.as_ref().map(|i| i.reason.as_str())
     }
 
+    /// The reason's name, or the gRPC code's name when atmost did not
+    /// answer (`Unavailable` from a broken connection): a label for counts
+    /// and logs.
+    pub fn reason_or_code(&self) -> String {
+        self.reason_name()
+            .map_or_else(|| format!("{:?}", self.code()), str::to_owned)
+    }
+
     /// The ErrorInfo metadata (docs/api.md, "Errors", lists it per reason).
     pub fn metadata(&self) -> HashMap<String, String> {
         self.info

@@ -346,7 +346,13 @@ fn script_error(reason: Reason, f: &mut Fields, about: &About) -> Result<Error, 
             let field = f.string()?;
             invalid(&field, f.string()?)
         }
-        Reason::StoreUnavailable => Error::StoreUnavailable(f.string()?),
+        Reason::StoreUnavailable => {
+            // A script that would not decide (an unreadable record): the
+            // operator must hear of it, as of any reply not understood.
+            let why = f.string()?;
+            tracing::error!(%why, "a store script refused to decide");
+            Error::StoreUnavailable(why)
+        }
         // Shedding happens before the store; no script sheds.
         Reason::Overloaded => return Err(malformed("OVERLOADED from a script")),
     })

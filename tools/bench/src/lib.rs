@@ -101,10 +101,7 @@ struct Plan {
 /// One request of the scenario; `n` numbers requests across the run.
 async fn one(plan: &Plan, n: u64) -> Result<(), String> {
     let client = &plan.clients[n as usize % plan.clients.len()];
-    let rpc = |e: atmost_client::Error| {
-        e.reason_name()
-            .map_or_else(|| format!("{:?}", e.code()), str::to_owned)
-    };
+    let rpc = |e: atmost_client::Error| e.reason_or_code();
     match plan.scenario {
         Scenario::Health => {
             HealthClient::new(client.channel())

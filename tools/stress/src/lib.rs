@@ -165,11 +165,6 @@ async fn call<T>(
     }
 }
 
-fn reason(e: &Error) -> String {
-    e.reason_name()
-        .map_or_else(|| format!("{:?}", e.code()), str::to_owned)
-}
-
 // === the agent loop ===
 
 async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<String>) {
@@ -242,7 +237,7 @@ async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<Str
                     }
                     break;
                 }
-                Some(Err(status)) => match reason(&status).as_str() {
+                Some(Err(status)) => match status.reason_or_code().as_str() {
                     "IDEMPOTENCY_IN_PROGRESS" => {
                         if rng.bool() {
                             tokio::time::sleep(ctx.lease / 2).await;
@@ -368,7 +363,7 @@ async fn act(
                 return;
             }
             Some(Err(status)) => {
-                let why = reason(&status);
+                let why = status.reason_or_code();
                 if action == Action::NotSent && why == "ATTEMPT_STATE_CONFLICT" {
                     // The lease passed first: it is UNCERTAIN now, held, and
                     // the NotSent released nothing: it no longer excuses a
@@ -454,7 +449,7 @@ async fn fixed_races(clients: &[Client], expires_at_ms: i64, rounds: usize) -> V
                         } else {
                             "PERMIT_BUDGET_EXCEEDED"
                         };
-                        if reason(&s) != expected {
+                        if s.reason_or_code() != expected {
                             violations.push(format!("{name} race: unexpected {s:?}"));
                         }
                     }
