@@ -110,4 +110,34 @@ async fn an_unreadable_permit_record_is_unavailable_never_a_guess() {
             "STORE_UNAVAILABLE",
         );
     }
+
+    // An open attempt whose state this version does not know: its replay
+    // and every listing that meets it answer UNAVAILABLE; it is neither
+    // replayed as something else nor skipped.
+    let permit = h.create_with(&["t"], &[], None).await;
+    h.dispatch(&permit, "t", "k", b"fp", 1).await;
+    let attempts = format!("{}:{{{permit}}}:attempts", redis.prefix);
+    let _: () = redis::cmd("EVAL")
+        .arg(
+            "local t = cmsgpack.unpack(redis.call('HGET', KEYS[1], ARGV[1])) \
+             t[5] = 9 redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(t))",
+        )
+        .arg(1)
+        .arg(&attempts)
+        .arg("k")
+        .query_async(&mut conn)
+        .await
+        .expect("set an unknown state");
+    expect_error(
+        h.authorize(&permit, "t", "k", b"fp", 1).await,
+        tonic::Code::Unavailable,
+        "STORE_UNAVAILABLE",
+    );
+    for listed in [&permit[..], ""] {
+        expect_error(
+            h.list(listed, 10, "").await,
+            tonic::Code::Unavailable,
+            "STORE_UNAVAILABLE",
+        );
+    }
 }

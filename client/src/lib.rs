@@ -424,3 +424,6 @@ pub fn duration(d: Duration) -> prost_types::Duration {
         nanos: d.subsec_nanos() as i32,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -75,6 +75,12 @@ local function save_attempt(attempts_key, key, a)
   redis.call('HSET', attempts_key, key, cmsgpack.pack(t))
 end
 
+-- Whether an attempt's state is one this version knows.
+local function known_state(state)
+  return state == RESERVED or state == SUCCEEDED or state == FAILED
+    or state == UNCERTAIN or state == RELEASED
+end
+
 -- A RESERVED attempt whose lease has passed IS uncertain, for every reader.
 local function observed_state(a, now)
   if a.state == RESERVED and now >= a.lease then
