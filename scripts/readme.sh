@@ -75,7 +75,9 @@ echo "readme: running '$serve' (the first run builds the release binary)" >&2
 setsid bash -c "$serve" >"$work/serve.log" 2>&1 &
 server_pid=$!
 deadline=$((SECONDS + 1800))
-until grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
+# The port first (cheap, while the release build runs), then health.
+until (exec 3<>/dev/tcp/127.0.0.1/50051) 2>/dev/null &&
+  grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
   kill -0 "$server_pid" 2>/dev/null || fail "'$serve' exited: $(tail -n 20 "$work/serve.log")"
   [ "$SECONDS" -lt "$deadline" ] || fail "'$serve' did not serve on 127.0.0.1:50051 within 30 minutes"
   sleep 1

@@ -11,6 +11,7 @@ macro_rules! on_both_stores {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    let _machine = super::shared().await;
                     super::$name(super::Harness::start(super::Kind::Memory).await).await;
                 }
             )*
@@ -19,6 +20,7 @@ macro_rules! on_both_stores {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    let _machine = super::shared().await;
                     super::$name(super::Harness::start(super::Kind::Redis).await).await;
                 }
             )*

@@ -14,9 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::Code;
-use tonic_health::pb::{
-    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
-};
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 /// The store deadline of the in-process servers here: small, so a dead or
 /// slow Redis is noticed quickly.
@@ -142,29 +140,6 @@ async fn fresh_dispatch(
         }
     }
     panic!("no DISPATCH for {stem} in 20 tries");
-}
-
-async fn health(client: &Client) -> Result<ServingStatus, Error> {
-    let mut request = tonic::Request::new(HealthCheckRequest {
-        service: String::new(),
-    });
-    request.set_timeout(RPC_DEADLINE);
-    HealthClient::new(client.channel())
-        .check(request)
-        .await
-        .map(|r| r.into_inner().status())
-        .map_err(Error::from)
-}
-
-async fn wait_health(client: &Client, want: ServingStatus) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if health(client).await.ok() == Some(want) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "health never became {want:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The real server in process, on a RedisStore that reaches its own Redis

@@ -13,7 +13,9 @@
 //!   SIGTERM, huge pages.
 //! - `redis_keys`: the Redis key layout and retention, read from Redis.
 //! - `tools`: the stress checker and the load generator, in process.
-//! - `readme`: the README's commands, as a newcomer types them.
+//!
+//! The README's commands are checked by `scripts/readme.sh`, which
+//! `scripts/test.sh` runs after this suite.
 
 mod support;
 

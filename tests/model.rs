@@ -4,7 +4,7 @@
 //! observable result must be identical after every step, so the Lua scripts
 //! are held to the reference semantics, including lease and permit expiry.
 
-use crate::support::{DAY_MS, Redis, redis_store};
+use crate::support::{DAY_MS, Redis, redis_store, shared_blocking};
 use atmost::domain::{
     Attempt, AuthorizeCmd, CommitCmd, DuplicateGuard, GuardMode, MAX_AMOUNT, MarkUncertainCmd,
     Millis, Outcome, Permit, PermitStatus, ResolveCmd,
@@ -361,6 +361,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
 
 #[test]
 fn redis_store_matches_the_model() {
+    let _machine = shared_blocking();
     // One redis-server for the whole property, stopped when this test ends
     // (pass or fail); each case uses its own key prefix.
     let redis = Redis::start();

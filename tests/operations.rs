@@ -6,29 +6,6 @@ use crate::support::*;
 use pb::Decision;
 use std::time::{Duration, Instant};
 use tonic::Code;
-use tonic_health::pb::{
-    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
-};
-
-async fn health(channel: &tonic::transport::Channel, service: &str) -> ServingStatus {
-    HealthClient::new(channel.clone())
-        .check(HealthCheckRequest {
-            service: service.into(),
-        })
-        .await
-        .expect("health check")
-        .into_inner()
-        .status()
-}
-
-/// Polls health until it reports `want` (the store is pinged every 50 ms).
-async fn wait_health(channel: &tonic::transport::Channel, want: ServingStatus) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while health(channel, "").await != want {
-        assert!(Instant::now() < deadline, "health never became {want:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn redis_harness() -> Harness {
     let redis = Redis::start_owned();
@@ -46,11 +23,11 @@ async fn redis_harness() -> Harness {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_reports_serving_for_every_service() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     let h = Harness::start(Kind::Memory).await;
     for service in ["", "atmost.v1.Gate", "atmost.v1.Permits"] {
         assert_eq!(
-            health(&h.channel, service).await,
+            health(&h.client, service).await.expect("health check"),
             ServingStatus::Serving,
             "{service:?}"
         );
@@ -90,11 +67,11 @@ macro_rules! reflected_services {
 /// that speak only it (grpcurl before 1.8.8, grpcio's reflection client).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_lists_the_services() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     let h = Harness::start(Kind::Memory).await;
     let listed = [
-        reflected_services!(v1, h.channel.clone()),
-        reflected_services!(v1alpha, h.channel.clone()),
+        reflected_services!(v1, h.client.channel()),
+        reflected_services!(v1alpha, h.client.channel()),
     ];
     for names in listed {
         for want in [
@@ -109,11 +86,11 @@ async fn reflection_lists_the_services() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_fails_closed_and_recovers() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     let mut h = redis_harness().await;
     let permit = h.create_with(&["t"], &[("t", 3)], None).await;
     h.dispatch(&permit, "t", "before", b"fp", 0).await;
-    wait_health(&h.channel, ServingStatus::Serving).await;
+    wait_health(&h.client, ServingStatus::Serving).await;
 
     h.redis.as_mut().expect("redis").kill();
     // Every RPC answers UNAVAILABLE / STORE_UNAVAILABLE, never a decision.
@@ -136,11 +113,11 @@ async fn redis_down_fails_closed_and_recovers() {
         Code::Unavailable,
         "STORE_UNAVAILABLE",
     );
-    wait_health(&h.channel, ServingStatus::NotServing).await;
+    wait_health(&h.client, ServingStatus::NotServing).await;
 
     // A fresh Redis (empty: no permit, no scripts) on the same port.
     h.redis.as_mut().expect("redis").restart();
-    wait_health(&h.channel, ServingStatus::Serving).await;
+    wait_health(&h.client, ServingStatus::Serving).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match h.authorize(&permit, "t", "k1", b"fp", 0).await {
@@ -157,7 +134,7 @@ async fn redis_down_fails_closed_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushed_script_cache_never_reaches_a_client() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     let h = redis_harness().await;
     let permit = h.create_with(&["t"], &[], None).await;
     h.dispatch(&permit, "t", "k1", b"1", 0).await;
@@ -176,10 +153,13 @@ async fn flushed_script_cache_never_reaches_a_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_zero() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     let mut process = spawn_atmost::<&str>(&[]);
     let client = process.client().await;
-    assert_eq!(health(&client.channel(), "").await, ServingStatus::Serving);
+    assert_eq!(
+        health(&client, "").await.expect("health"),
+        ServingStatus::Serving
+    );
     let r = client
         .authorize(pb::AuthorizeRequest {
             permit_id: uuid::Uuid::now_v7().to_string(),
@@ -202,10 +182,13 @@ async fn sigterm_exits_zero() {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_runs_without_transparent_huge_pages() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     let process = spawn_atmost::<&str>(&[]);
-    let channel = process.client().await.channel();
-    assert_eq!(health(&channel, "").await, ServingStatus::Serving);
+    let client = process.client().await;
+    assert_eq!(
+        health(&client, "").await.expect("health"),
+        ServingStatus::Serving
+    );
     let status = std::fs::read_to_string(format!("/proc/{}/status", process.pid()))
         .expect("the server's /proc status");
     let thp = status

@@ -14,6 +14,7 @@ async fn pexpiretime(conn: &mut redis::aio::MultiplexedConnection, key: &str) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_attempts_pin_keys_and_finished_ones_expire_after_retention() {
+    let _machine = shared().await;
     let h = Harness::start(Kind::Redis).await;
     let redis = h.redis.as_ref().expect("redis");
     let mut conn = redis.connect().await;
@@ -79,36 +80,74 @@ async fn open_attempts_pin_keys_and_finished_ones_expire_after_retention() {
 }
 
 /// A permit record this version cannot read (a status or guard mode it does
-/// not know, a counter missing: another version's or a hand-edited record)
-/// answers UNAVAILABLE, through the scripts and through GetPermit alike:
-/// never a default, never a decision.
+/// not know, a counter missing or not a number: another version's or a
+/// hand-edited record) answers UNAVAILABLE, through the scripts and through
+/// GetPermit alike, and the refused call writes nothing: never a default,
+/// never a decision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_permit_record_is_unavailable_never_a_guess() {
+    let _machine = shared().await;
     let h = Harness::start(Kind::Redis).await;
     let redis = h.redis.as_ref().expect("redis");
     let mut conn = redis.connect().await;
-    for (field, value) in [
-        ("gmode", Some("7")),
-        ("status", Some("3")),
-        ("reserved", None),
+    // (field, new value or None to delete it, whether Commit reads it,
+    // whether GetPermit does: it shows no `open` count)
+    for (field, value, commit_reads_it, get_reads_it) in [
+        ("gmode", Some("7"), false, true),
+        ("status", Some("3"), false, true),
+        ("reserved", None, true, true),
+        ("open", Some("x"), true, false),
+        ("n:t", Some("x"), true, true),
     ] {
         let permit = h.create_with(&["t"], &[], None).await;
+        let open = h.dispatch(&permit, "t", "open", b"open", 1).await;
         let key = format!("{}:{{{permit}}}:permit", redis.prefix);
         let edit = match value {
             Some(v) => redis::cmd("HSET").arg(&key).arg(field).arg(v).clone(),
             None => redis::cmd("HDEL").arg(&key).arg(field).clone(),
         };
         let _: i64 = edit.query_async(&mut conn).await.expect("edit the record");
+        let before: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("HGETALL");
         expect_error(
             h.authorize(&permit, "t", "k", b"fp", 1).await,
             tonic::Code::Unavailable,
             "STORE_UNAVAILABLE",
         );
-        expect_error(
-            h.get(&permit).await,
-            tonic::Code::Unavailable,
-            "STORE_UNAVAILABLE",
+        let attempts = format!("{}:{{{permit}}}:attempts", redis.prefix);
+        let recorded: bool = redis::cmd("HEXISTS")
+            .arg(&attempts)
+            .arg("k")
+            .query_async(&mut conn)
+            .await
+            .expect("HEXISTS");
+        assert!(
+            !recorded,
+            "{field}: a refused Authorize recorded an attempt"
         );
+        if commit_reads_it {
+            expect_error(
+                h.commit(&open, succeeded(b"ok", None)).await,
+                tonic::Code::Unavailable,
+                "STORE_UNAVAILABLE",
+            );
+        }
+        if get_reads_it {
+            expect_error(
+                h.get(&permit).await,
+                tonic::Code::Unavailable,
+                "STORE_UNAVAILABLE",
+            );
+        }
+        let after: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("HGETALL");
+        assert_eq!(before, after, "{field}: a refused call changed the permit");
     }
 
     // An open attempt whose state this version does not know: its replay

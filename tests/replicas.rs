@@ -7,6 +7,7 @@ use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_keys_through_two_replicas_dispatch_exactly_the_cap() {
+    let _machine = shared().await;
     let redis = Redis::start();
     let args = redis.serve_args();
     let replicas = [spawn_atmost(&args), spawn_atmost(&args)];

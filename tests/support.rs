@@ -19,27 +19,30 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tonic::Code;
-use tonic::transport::Channel;
 
 pub const DAY_MS: i64 = 24 * 3_600_000;
 
 // === the machine ===
 
-/// One test binary runs every topic, two tests at a time on this 2-core
-/// machine. Tests that load the machine (the stress checker, the load
-/// generator) hold this exclusively; tests whose assertions include a
-/// wall-clock bound (faults, operations) hold it shared, so they never run
-/// beside those.
+/// One test binary runs every topic, as many tests at a time as the machine
+/// has cores. The tests that load the machine (the stress checker, the load
+/// generator) hold this exclusively and so run alone, as they did when each
+/// was a binary of its own; every other test holds it shared.
 static MACHINE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-/// Runs alone: no timing-sensitive test runs until the guard drops.
+/// Runs alone: no other test runs until the guard drops.
 pub async fn exclusive() -> tokio::sync::RwLockWriteGuard<'static, ()> {
     MACHINE.write().await
 }
 
-/// Never beside a test that loads the machine.
-pub async fn timing_sensitive() -> tokio::sync::RwLockReadGuard<'static, ()> {
+/// Runs beside other tests, never beside one that runs alone.
+pub async fn shared() -> tokio::sync::RwLockReadGuard<'static, ()> {
     MACHINE.read().await
+}
+
+/// [`shared`], for a test that is not async.
+pub fn shared_blocking() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    MACHINE.blocking_read()
 }
 
 // === stores and processes ===
@@ -73,7 +76,6 @@ pub enum Kind {
 /// The real server, in process on a loopback port, with a manual clock.
 pub struct Harness {
     pub client: Client,
-    pub channel: Channel,
     pub clock: ManualClock,
     pub redis: Option<Redis>,
     /// Stops the server when the harness is dropped.
@@ -83,9 +85,12 @@ pub struct Harness {
 impl Harness {
     pub async fn start(kind: Kind) -> Self {
         let redis = (kind == Kind::Redis).then(Redis::start);
-        let backend = match &redis {
-            Some(r) => Backend::Redis(redis_store(&r.url, &r.prefix, Duration::from_secs(2))),
-            None => Backend::Memory(MemoryStore::new(DAY_MS)),
+        let backend = match (kind, &redis) {
+            (Kind::Memory, _) => Backend::Memory(MemoryStore::new(DAY_MS)),
+            (Kind::Redis, Some(r)) => {
+                Backend::Redis(redis_store(&r.url, &r.prefix, Duration::from_secs(2)))
+            }
+            (Kind::Redis, None) => unreachable!("a Redis was started for Kind::Redis"),
         };
         Self::serve(backend, redis, |app| app).await
     }
@@ -112,7 +117,6 @@ impl Harness {
             .await
             .expect("connect");
         Self {
-            channel: client.channel(),
             client,
             clock,
             redis,
@@ -269,6 +273,37 @@ impl Drop for Harness {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+// === health ===
+
+pub use tonic_health::pb::health_check_response::ServingStatus;
+
+/// `grpc.health.v1.Health/Check` of `service` ("" for the whole server),
+/// with a 10 s deadline.
+pub async fn health(client: &Client, service: &str) -> Result<ServingStatus, Error> {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let mut request = tonic::Request::new(HealthCheckRequest {
+        service: service.into(),
+    });
+    request.set_timeout(Duration::from_secs(10));
+    HealthClient::new(client.channel())
+        .check(request)
+        .await
+        .map(|r| r.into_inner().status())
+        .map_err(Error::from)
+}
+
+/// Polls the server's health until it reports `want`, for at most 15 s.
+pub async fn wait_health(client: &Client, want: ServingStatus) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while health(client, "").await.ok() != Some(want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "health never became {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

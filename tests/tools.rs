@@ -3,7 +3,7 @@
 //! run of every scenario of the load generator. Neither asserts a speed:
 //! benchmarks are not tests (scripts/bench.sh measures; docs/performance.md
 //! reports). Both load the machine, so each runs alone
-//! ([`support::exclusive`](crate::support::exclusive)).
+//! ([`exclusive`](crate::support::exclusive)): every other test waits.
 
 use crate::support::*;
 use clap::Parser;
@@ -27,7 +27,9 @@ async fn stress_three_replicas_sixty_four_agents_no_violations() {
         "--kill-every",
         "5s",
     ]);
-    let summary = atmost_stress::run(args).await.expect("the stress run");
+    let summary = atmost_stress::run(args, std::future::pending())
+        .await
+        .expect("the stress run");
     println!("{summary}");
     assert!(
         summary.violations.is_empty(),
@@ -92,8 +94,11 @@ async fn bench_runs_every_scenario_against_the_real_server() {
 /// runs, answering as the store's own run would. An unknown name fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_prints_the_scripts_the_redis_store_sends() {
+    let _machine = shared().await;
+    let mut printed = Vec::new();
+    atmost_bench::print_script("authorize", &mut printed).expect("a script named authorize");
+    let text = String::from_utf8(printed).expect("UTF-8");
     let body = atmost::store::redis::script_body("authorize").expect("authorize");
-    let text = atmost_bench::script("authorize").expect("a script named authorize");
     assert_eq!(text, atmost::store::redis::script_text(body));
     let redis = Redis::start();
     let mut conn = redis.connect().await;
@@ -125,7 +130,7 @@ async fn bench_prints_the_scripts_the_redis_store_sends() {
         ]
     );
 
-    assert_eq!(atmost_bench::script("no_such_script"), None);
+    assert!(atmost_bench::print_script("no_such_script", &mut Vec::new()).is_err());
     let refused = atmost_bench::generate(atmost_bench::Args::parse_from([
         "atmost-bench",
         "--print-script",

@@ -167,7 +167,7 @@ impl Client {
 
     /// Every UNCERTAIN attempt under `permit_id` (empty: across permits),
     /// following page tokens to the end. A page larger than `page_size`, or
-    /// a token that does not move on, is a broken server: INTERNAL.
+    /// a token that comes round again, is a broken server: INTERNAL.
     pub async fn list_all_uncertain(
         &self,
         permit_id: &str,
@@ -175,6 +175,7 @@ impl Client {
     ) -> Result<Vec<pb::Attempt>, Error> {
         let mut out = Vec::new();
         let mut token = String::new();
+        let mut seen = std::collections::HashSet::new();
         loop {
             let page = self
                 .list_uncertain(pb::ListUncertainRequest {
@@ -194,9 +195,9 @@ impl Client {
             if page.next_page_token.is_empty() {
                 return Ok(out);
             }
-            if page.next_page_token == token {
+            if !seen.insert(page.next_page_token.clone()) {
                 return Err(Error::from(Status::internal(
-                    "ListUncertain answered the page token it was given",
+                    "ListUncertain answered a page token it had answered before",
                 )));
             }
             token = page.next_page_token;

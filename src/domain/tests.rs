@@ -1,6 +1,6 @@
-//! Unit tests of the pure pieces: input limits and the lease rule. The
-//! state machine itself is exercised over gRPC on both stores by
-//! `tests/behaviour.rs`.
+//! Unit tests of the pure pieces: ids, input limits and the lease rule. The
+//! state machine has its own in `ledger/tests.rs`, and runs over gRPC on
+//! both stores in `tests/behaviour/`.
 
 use super::*;
 

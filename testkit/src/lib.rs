@@ -17,5 +17,5 @@ mod process;
 pub mod proxy;
 mod redis;
 
-pub use process::{AtmostProcess, RedisServer, free_port};
+pub use process::{AtmostProcess, RedisServer};
 pub use redis::{Redis, flush_scripts};

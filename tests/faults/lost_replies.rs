@@ -4,7 +4,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_or_lost_replies_answer_unavailable_and_the_retry_sees_the_reservation() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     let (proxy, h) = proxied_harness().await;
     let client = with_deadline(&h.client);
     // Load the script, so the runs below are the first and only try.

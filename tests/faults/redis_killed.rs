@@ -12,7 +12,7 @@ struct Sample {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_load_fails_closed_and_resumes_with_its_data() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     let redis = Redis::start_persistent();
     let store = redis_store(&redis.url, &redis.prefix, STORE_TIMEOUT);
     let mut h = Harness::serve(Backend::Redis(store), Some(redis), |app| {

@@ -4,7 +4,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_killed_between_authorize_and_commit_leaves_the_attempt_uncertain() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     use std::os::unix::process::ExitStatusExt;
     let redis = Redis::start();
     let args = redis.serve_args();

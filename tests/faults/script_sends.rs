@@ -4,7 +4,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_authorize_sends_its_script_once() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     let (proxy, h) = proxied_harness().await;
     let client = with_deadline(&h.client);
     let permit = harness_permit(&h, Some(5)).await;

@@ -4,7 +4,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_an_in_flight_authorize_and_exits_zero() {
-    let _machine = timing_sensitive().await;
+    let _machine = shared().await;
     let redis = Redis::start_owned();
     let proxy = Proxy::for_redis(&redis.url).await;
     let url = proxy.url();

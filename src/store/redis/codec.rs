@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 
 // === codes ===
 
-/// A guard mode as stored in `gmode` (lib.lua: GUARD_OFF, GUARD_ENFORCE).
+/// A guard mode as stored in `gmode` (lib.lua: GUARD_OFF, GUARD_LOG, GUARD_ENFORCE).
 pub(super) fn guard_code(mode: GuardMode) -> i64 {
     match mode {
         GuardMode::Off => 0,
@@ -29,7 +29,7 @@ fn decode_guard(code: i64) -> Result<GuardMode, Error> {
     })
 }
 
-/// A permit status as stored in `status` (lib.lua: STATUS_REVOKED).
+/// A permit status as stored in `status` (lib.lua: STATUS_ACTIVE, STATUS_REVOKED).
 pub(super) fn status_code(status: PermitStatus) -> i64 {
     match status {
         PermitStatus::Active => 1,
@@ -298,7 +298,8 @@ mod tests {
 
     #[test]
     fn a_missing_or_unreadable_field_is_an_error_not_a_default() {
-        // Every field written at creation but `open`, which no reader needs.
+        // Every field written at creation but `open`, which GetPermit does
+        // not show (the scripts that need it refuse a record without it).
         let numbers = [
             "exp",
             "lease",

@@ -99,7 +99,7 @@ fn from_msgpack(rd: &mut &[u8]) -> Result<Value, Error> {
     fn bad(e: impl std::fmt::Debug) -> Error {
         malformed(format!("a reply that is not msgpack: {e:?}"))
     }
-    pub(super) fn bytes(rd: &mut &[u8], len: usize) -> Result<Value, Error> {
+    fn bytes(rd: &mut &[u8], len: usize) -> Result<Value, Error> {
         if rd.len() < len {
             return Err(malformed("a truncated reply"));
         }
@@ -107,7 +107,7 @@ fn from_msgpack(rd: &mut &[u8]) -> Result<Value, Error> {
         *rd = rest;
         Ok(Value::BulkString(head.to_vec()))
     }
-    pub(super) fn array(rd: &mut &[u8], len: usize) -> Result<Value, Error> {
+    fn array(rd: &mut &[u8], len: usize) -> Result<Value, Error> {
         // Every element takes at least a byte: a corrupt length cannot
         // make this allocate more than the reply's size.
         let mut values = Vec::with_capacity(len.min(rd.len()));

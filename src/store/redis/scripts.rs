@@ -82,4 +82,29 @@ mod tests {
         assert_eq!(script_body("lib"), None);
         assert_eq!(TABLE[Lua::Settle as usize].0, "settle");
     }
+
+    /// Every `{'ERR', 'NAME', ...}` a script can return names a domain
+    /// [`Reason`](crate::domain::Reason): the store decodes no other.
+    #[test]
+    fn every_error_a_script_returns_is_a_domain_reason() {
+        let lib = ("lib", super::LIB);
+        let mut found = 0;
+        for (name, body) in TABLE.iter().copied().chain([lib]) {
+            for (_, rest) in body
+                .match_indices("'ERR', '")
+                .map(|(i, _)| body.split_at(i + 8))
+            {
+                let reason = rest.split('\'').next().expect("a quoted name");
+                assert!(
+                    crate::domain::Reason::from_name(reason).is_some(),
+                    "{name}.lua returns {reason:?}, which is not a domain reason"
+                );
+                found += 1;
+            }
+        }
+        assert!(
+            found >= 15,
+            "only {found} error returns found: is the scan broken?"
+        );
+    }
 }

@@ -325,19 +325,20 @@ async fn open_loop(
     tally
 }
 
-/// One of the Redis store's scripts exactly as it sends it (`lib.lua`, the
-/// script, the packing), by name; `None` for a name that is not a script.
-pub fn script(name: &str) -> Option<String> {
-    atmost::store::redis::script_body(name).map(atmost::store::redis::script_text)
+/// Writes one of the Redis store's scripts to `out` exactly as the store
+/// sends it (`lib.lua`, the script, the packing), by name (`--print-script`).
+pub fn print_script(name: &str, out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
+    let body = atmost::store::redis::script_body(name)
+        .ok_or_else(|| format!("no script named {name:?}"))?;
+    out.write_all(atmost::store::redis::script_text(body).as_bytes())?;
+    Ok(())
 }
 
 /// Runs what `args` ask for: prints a script, or drives one scenario and
 /// reports it.
 pub async fn generate(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(name) = &args.print_script {
-        let text = script(name).ok_or_else(|| format!("no script named {name:?}"))?;
-        print!("{text}");
-        return Ok(());
+        return print_script(name, &mut std::io::stdout().lock());
     }
     let scenario = args.scenario.expect("clap requires a scenario");
     let mut clients = Vec::new();

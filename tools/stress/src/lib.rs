@@ -713,7 +713,12 @@ impl std::fmt::Display for Summary {
 
 /// Runs the checker as `args` say: starts its replicas (and a Redis, unless
 /// given one), drives the agents, checks the history, stops everything.
-pub async fn run(args: Args) -> Result<Summary, Box<dyn std::error::Error>> {
+/// When `interrupt` completes the load ends early; the check still runs and
+/// the processes the run started are still stopped.
+pub async fn run(
+    args: Args,
+    interrupt: impl Future<Output = ()> + Send + 'static,
+) -> Result<Summary, Box<dyn std::error::Error>> {
     let seed = args.seed.unwrap_or_else(|| {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -776,14 +781,11 @@ pub async fn run(args: Args) -> Result<Summary, Box<dyn std::error::Error>> {
         counters: Counters::default(),
         stop: AtomicBool::new(false),
     });
-    // Ctrl-C ends the load early; the check still runs and the processes
-    // this run started are still stopped.
     {
         let ctx = ctx.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                ctx.stop.store(true, Ordering::Relaxed);
-            }
+            interrupt.await;
+            ctx.stop.store(true, Ordering::Relaxed);
         });
     }
     let agents: Vec<_> = (0..args.clients)

@@ -7,7 +7,13 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() {
-    match atmost_stress::run(atmost_stress::Args::parse()).await {
+    // Ctrl-C ends the load early; the check still runs.
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    match atmost_stress::run(atmost_stress::Args::parse(), interrupt).await {
         Ok(summary) => {
             for v in summary.violations.iter().take(30) {
                 eprintln!("violation: {v}");

@@ -19,7 +19,8 @@
 --   {"ERR", "PERMIT_MAX_CALLS_EXCEEDED", limit, calls_made}
 --   {"ERR", "PERMIT_BUDGET_EXCEEDED", budget, committed, reserved}
 --   {"ERR", "STORE_UNAVAILABLE", why}  the permit record holds a status or
---     guard mode this version does not know, or lacks a counter
+--     guard mode this version does not know, or a field is missing or not
+--     a number
 -- Example: ARGV={"1767225600000","payments.charge","order-42",<32 bytes>,"250",<uuid>}
 --   -> {"DISPATCH", {<uuid>,"payments.charge",...}, {"payments.charge","1",1,"3",1,"750"}, ""}
 
@@ -36,7 +37,11 @@ if existing and existing.state ~= RELEASED then
   if observed_state(existing, now) == RESERVED then
     return {'ERR', 'IDEMPOTENCY_IN_PROGRESS', int(existing.lease)}
   end
-  return {'REPLAY', attempt_reply(existing, key, now), usage_reply(KEYS[1], tool), ''}
+  local usage = usage_reply(KEYS[1], tool)
+  if not usage then
+    return UNREADABLE_PERMIT
+  end
+  return {'REPLAY', attempt_reply(existing, key, now), usage, ''}
 end
 
 -- 2. A new key: found -> not revoked -> not expired -> in scope ->
@@ -46,13 +51,20 @@ local p = redis.call('HMGET', KEYS[1], 'exp', 'status', 'lease', 'gmode',
 if not p[1] then
   return {'ERR', 'PERMIT_NOT_FOUND'}
 end
-local exp, status, gmode = tonumber(p[1]), tonumber(p[2]), tonumber(p[4])
--- A code this version does not know, or a counter that is missing, is never
--- read as a default: the store answers UNAVAILABLE rather than guess.
+local exp, status, lease, gmode, window = tonumber(p[1]), tonumber(p[2]),
+  tonumber(p[3]), tonumber(p[4]), tonumber(p[5])
+local committed, reserved, open = tonumber(p[7]), tonumber(p[8]), tonumber(p[11])
+-- n:<tool> is absent until the tool's first Authorize.
+local calls = tonumber(p[10] or 0)
+-- A code this version does not know, or a field that is missing or not a
+-- number, is never read as a default: the store answers UNAVAILABLE rather
+-- than guess, before anything is written.
 if (status ~= STATUS_ACTIVE and status ~= STATUS_REVOKED)
     or (gmode ~= GUARD_OFF and gmode ~= GUARD_LOG and gmode ~= GUARD_ENFORCE)
-    or not (exp and p[3] and p[5] and p[7] and p[8] and p[11]) then
-  return {'ERR', 'STORE_UNAVAILABLE', 'unreadable permit record'}
+    or not (exp and lease and window and committed and reserved and open and calls)
+    or (p[6] and not tonumber(p[6]))
+    or (p[9] and p[9] ~= '' and not tonumber(p[9])) then
+  return UNREADABLE_PERMIT
 end
 if status == STATUS_REVOKED then
   return {'ERR', 'PERMIT_REVOKED'}
@@ -73,7 +85,7 @@ if gmode ~= GUARD_OFF then
     local earlier = load_attempt(KEYS[2], earlier_key)
     if earlier and earlier.tool == tool and earlier.fp == fp
         and earlier.state ~= RELEASED
-        and now - earlier.created < tonumber(p[5]) then
+        and now - earlier.created < window then
       if gmode == GUARD_ENFORCE then
         return {'ERR', 'DUPLICATE_REQUEST_SUSPECTED', earlier_key}
       end
@@ -81,12 +93,10 @@ if gmode ~= GUARD_OFF then
     end
   end
 end
-local calls = tonumber(p[10] or 0)
 if cap ~= '' and calls >= tonumber(cap) then
   return {'ERR', 'PERMIT_MAX_CALLS_EXCEEDED', cap, int(calls)}
 end
 -- Without a budget, totals still stop at the accounting ceiling 2^53-1.
-local committed, reserved = tonumber(p[7]), tonumber(p[8])
 if committed + reserved + cost > tonumber(p[6] or MAX_AMOUNT) then
   return {'ERR', 'PERMIT_BUDGET_EXCEEDED', p[6] or MAX_AMOUNT, int(committed),
     int(reserved)}
@@ -96,7 +106,7 @@ end
 local created = id_ms(ARGV[6])
 local a = {
   id = ARGV[6], tool = tool, fp = fp, cost = cost, state = RESERVED,
-  created = created, lease = now + tonumber(p[3]), receipt_id = '',
+  created = created, lease = now + lease, receipt_id = '',
   result = '', actual = 0, issued = 0, failure = '', ureason = '',
   dup_of = duplicate_of,
 }
@@ -105,8 +115,7 @@ redis.call('ZADD', KEYS[3], 0, key)
 if dup_key then
   redis.call('HSET', KEYS[4], dup_key, key)
 end
-calls, reserved = calls + 1, reserved + cost
-local open = tonumber(p[11]) + 1
+calls, reserved, open = calls + 1, reserved + cost, open + 1
 redis.call('HSET', KEYS[1], 'n:' .. tool, int(calls), 'reserved', int(reserved),
   'open', int(open))
 if open == 1 then

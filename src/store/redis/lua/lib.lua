@@ -121,12 +121,20 @@ local function usage(tool, calls, cap, budget, committed, reserved)
   }
 end
 
--- The usage of one tool read from the permit hash.
+-- What a script answers when the permit hash holds a code this version does
+-- not know, or lacks a field it must have: never a default.
+local UNREADABLE_PERMIT = {'ERR', 'STORE_UNAVAILABLE', 'unreadable permit record'}
+
+-- The usage of one tool read from the permit hash, or nil when the hash
+-- cannot be read (n:<tool> is absent until the tool's first Authorize).
 local function usage_reply(permit_key, tool)
   local u = redis.call('HMGET', permit_key, 'n:' .. tool, 't:' .. tool,
     'budget', 'committed', 'reserved')
-  return usage(tool, tonumber(u[1] or 0), u[2] or '', u[3],
-    tonumber(u[4] or 0), tonumber(u[5] or 0))
+  local calls, committed, reserved = tonumber(u[1] or 0), tonumber(u[4]), tonumber(u[5])
+  if not (calls and u[2] and committed and reserved) or (u[3] and not tonumber(u[3])) then
+    return nil
+  end
+  return usage(tool, calls, u[2], u[3], committed, reserved)
 end
 
 -- Open attempts pin the permit's keys; once none is open they expire

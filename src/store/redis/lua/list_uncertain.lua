@@ -10,9 +10,9 @@
 -- {"ERR", "PERMIT_NOT_FOUND"} (a permit that is gone may leave the
 -- cross-permit index), or {"ERR", "STORE_UNAVAILABLE", why} when a record
 -- cannot be read (no open counter; an open key without an attempt, or with
--- a state this version does not know): an open attempt is never skipped. removable is 1 when the permit may leave the index:
--- expired more than the margin ago with no open attempt, so no new key can
--- open one any more.
+-- a state this version does not know): an open attempt is never skipped.
+-- removable is 1 when the permit may leave the index: expired more than the
+-- margin ago with no open attempt, so no new key can open one any more.
 -- Example: ARGV={"1767225600000","",100,3600000} -> {"OK", 0, {<attempt>}, ...}
 
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[3])

@@ -18,7 +18,8 @@
 -- {"ERR", "ATTEMPT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
 -- {"ERR", "INVALID_REQUEST", "succeeded.actual_cost", description} (more
--- than the reserved cost).
+-- than the reserved cost) | {"ERR", "STORE_UNAVAILABLE", why} (the permit
+-- hash lacks a counter, or holds one that is not a number).
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"succeeded","ok","","<uuid>","holder","86400000"}
 
 local now, key, outcome, payload = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[5]
@@ -46,8 +47,15 @@ local actual = a.cost
 if ARGV[6] ~= '' then
   actual = tonumber(ARGV[6])
 end
-local calls, cap = tonumber(p[6] or 0), p[7] or ''
-local committed, reserved = tonumber(p[3] or 0), tonumber(p[4] or 0)
+-- The attempt exists, so its tool is in scope (t:<tool>) and was
+-- authorized (n:<tool>). A field missing or not a number is never read as a
+-- default: written back, it would move a cap, a budget or a pin.
+local calls, cap = tonumber(p[6]), p[7]
+local committed, reserved, open = tonumber(p[3]), tonumber(p[4]), tonumber(p[5])
+if not (calls and cap and committed and reserved and open)
+    or (cap ~= '' and not tonumber(cap)) or (p[2] and not tonumber(p[2])) then
+  return UNREADABLE_PERMIT
+end
 
 local function answer()
   return {'OK', attempt_reply(a, key, now),
@@ -97,7 +105,7 @@ else
 end
 save_attempt(KEYS[2], key, a)
 redis.call('ZREM', KEYS[3], key)
-local open = tonumber(p[5] or 0) - 1
+open = open - 1
 redis.call('HSET', KEYS[1], 'reserved', int(reserved), 'committed',
   int(committed), 'n:' .. tool, int(calls), 'open', int(open))
 if open == 0 then
