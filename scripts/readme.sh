@@ -4,7 +4,8 @@
 # the fence:
 #   quick-start  line 1 must bring up a server that answers gRPC health
 #                SERVING on 127.0.0.1:50051 (it is run as written, in the
-#                background); line 2 must be the test command, scripts/test.sh
+#                background; on a free port if 50051 is taken, for instance
+#                by line 1 run by hand); line 2 must be the test command, scripts/test.sh
 #                (which runs this check, so it is not run again here);
 #   grpcurl      run as written against that server, with bash -euo
 #                pipefail: every command must succeed, the health check must
@@ -14,6 +15,8 @@
 # under target/). A README edit that breaks a command fails this check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# As a newcomer's shell would have it: no atmost settings in the environment.
+while read -r name; do unset "$name"; done < <(compgen -e | grep '^ATMOST_' || true)
 
 fail() {
   echo "readme: FAILED: $*" >&2
@@ -41,8 +44,16 @@ test_command=$(command_of 2)
   fail "the README's second command is '$test_command', but the test command is scripts/test.sh"
 grep -qx 'scripts/test.sh' .ci/run || fail ".ci/run does not run scripts/test.sh, the README's test command"
 
+# The README's address. A newcomer may still have the first command's
+# server running there: then the same commands are checked on a free port
+# (ATMOST_LISTEN, which `atmost serve` reads when --listen is not given, and
+# the examples' address rewritten to it).
+addr=127.0.0.1:50051
 if (exec 3<>/dev/tcp/127.0.0.1/50051) 2>/dev/null; then
-  fail "something already listens on 127.0.0.1:50051, where the README's server must listen; stop it first"
+  addr=127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  echo "readme: 127.0.0.1:50051 is taken (by the first command's server?); checking on $addr" >&2
+  export ATMOST_LISTEN=$addr
+  examples=${examples//127.0.0.1:50051/$addr}
 fi
 
 work=$(mktemp -d)
@@ -76,13 +87,13 @@ setsid bash -c "$serve" >"$work/serve.log" 2>&1 &
 server_pid=$!
 deadline=$((SECONDS + 1800))
 # The port first (cheap, while the release build runs), then health.
-until (exec 3<>/dev/tcp/127.0.0.1/50051) 2>/dev/null &&
-  grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
+until (exec 3<>"/dev/tcp/${addr%:*}/${addr##*:}") 2>/dev/null &&
+  grpcurl -plaintext "$addr" grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
   kill -0 "$server_pid" 2>/dev/null || fail "'$serve' exited: $(tail -n 20 "$work/serve.log")"
-  [ "$SECONDS" -lt "$deadline" ] || fail "'$serve' did not serve on 127.0.0.1:50051 within 30 minutes"
+  [ "$SECONDS" -lt "$deadline" ] || fail "'$serve' did not serve on $addr within 30 minutes"
   sleep 1
 done
-echo "readme: '$serve' answers health SERVING on 127.0.0.1:50051" >&2
+echo "readme: '$serve' answers health SERVING on $addr" >&2
 
 if ! output=$(cd "$work" && bash -euo pipefail -c "$examples" 2>&1); then
   fail "the README's grpcurl examples failed:"$'\n'"$output"
