@@ -18,9 +18,11 @@ import sys
 
 import grpc
 from google.protobuf import descriptor_pool, json_format, message_factory
+from google.rpc import error_details_pb2  # noqa: F401 (registers ErrorInfo & co. for the details)
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
+from grpc_status import rpc_status
 
 
 def usage(why):
@@ -50,6 +52,19 @@ def parse(argv):
     return data, positional[0], positional[1]
 
 
+def print_error(e):
+    """As grpcurl prints a failed call: the code, the message, and the
+    status details (google.rpc.ErrorInfo and the like) as JSON."""
+    code = "".join(w.capitalize() for w in e.code().name.split("_"))
+    print(f"ERROR:\n  Code: {code}\n  Message: {e.details()}", file=sys.stderr)
+    status = rpc_status.from_call(e)
+    if status is not None and status.details:
+        print("  Details:", file=sys.stderr)
+        for i, detail in enumerate(status.details, 1):
+            text = json_format.MessageToJson(detail, indent=2).replace("\n", "\n    \t")
+            print(f"  {i})\t{text}", file=sys.stderr)
+
+
 def main():
     data, address, target = parse(sys.argv[1:])
     service_name, method_name = target.rsplit("/", 1)
@@ -76,7 +91,7 @@ def main():
         try:
             response = call(request, timeout=30)
         except grpc.RpcError as e:
-            print(f"ERROR:\n  Code: {e.code().name}\n  Message: {e.details()}", file=sys.stderr)
+            print_error(e)
             sys.exit(1)
         print(json_format.MessageToJson(response, indent=2))
 

@@ -69,11 +69,11 @@ trap cleanup EXIT
 
 if ! command -v grpcurl >/dev/null 2>&1; then
   venv=target/readme-venv
-  if ! "$venv/bin/python" -c 'import grpc, grpc_reflection, google.protobuf' 2>/dev/null; then
+  if ! "$venv/bin/python" -c 'import grpc, grpc_reflection, grpc_status, google.protobuf' 2>/dev/null; then
     echo "readme: no grpcurl here; installing grpcio for scripts/grpcurl.py into $venv" >&2
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check \
-      'grpcio>=1.60' 'grpcio-reflection>=1.60' 'protobuf>=4.25'
+      'grpcio>=1.60' 'grpcio-reflection>=1.60' 'grpcio-status>=1.60' 'protobuf>=4.25'
   fi
   mkdir "$work/bin"
   printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$PWD/$venv/bin/python" "$PWD/scripts/grpcurl.py" >"$work/bin/grpcurl"
@@ -101,3 +101,20 @@ fi
 grep -q '"status": "SERVING"' <<<"$output" || fail "no health SERVING in:"$'\n'"$output"
 grep -q '"decision": "DECISION_DISPATCH"' <<<"$output" || fail "no DISPATCH in:"$'\n'"$output"
 echo "readme: the grpcurl examples ran as written: health SERVING, a permit created, DECISION_DISPATCH" >&2
+
+# What the README says follows: the same Authorize again is
+# IDEMPOTENCY_IN_PROGRESS, and with "charge-2" PERMIT_MAX_CALLS_EXCEEDED.
+authorize=$(awk '/^grpcurl .*Gate\/Authorize/ { on = 1 } on { print } on && /^EOF$/ { exit }' <<<"$examples")
+[ -n "$authorize" ] || fail "no Authorize command in the README's grpcurl block"
+# (Without -e: these two are meant to fail.)
+again="$examples
+echo '--- again'
+$authorize
+echo '--- charge-2'
+${authorize//charge-1/charge-2}"
+output=$(cd "$work" && bash -u -c "$again" 2>&1) || true
+sed -n '/^--- again$/,/^--- charge-2$/p' <<<"$output" | grep -q 'IDEMPOTENCY_IN_PROGRESS' ||
+  fail "the same Authorize again did not answer IDEMPOTENCY_IN_PROGRESS:"$'\n'"$output"
+sed -n '/^--- charge-2$/,$p' <<<"$output" | grep -q 'PERMIT_MAX_CALLS_EXCEEDED' ||
+  fail "Authorize with charge-2 did not answer PERMIT_MAX_CALLS_EXCEEDED:"$'\n'"$output"
+echo "readme: and as it says, the same key again is IDEMPOTENCY_IN_PROGRESS, charge-2 PERMIT_MAX_CALLS_EXCEEDED" >&2
