@@ -10,7 +10,7 @@ use clap::Parser;
 
 /// Three real replicas on one real Redis, 64 faulty agent loops for 20 s
 /// with a replica SIGKILLed every 5 s, then the history check. Run it longer
-/// by hand: `cargo run --release -p atmost-stress -- --duration 10m`.
+/// by hand as the README's "Tests" says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stress_three_replicas_sixty_four_agents_no_violations() {
     let _alone = exclusive().await;

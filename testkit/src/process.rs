@@ -9,7 +9,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// A free TCP port on 127.0.0.1 (free when asked; callers retry on a clash).
-pub fn free_port() -> u16 {
+fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind a loopback port")

@@ -11,7 +11,8 @@
 //! non-zero on any violation. The test suite calls [`run`] directly.
 //!
 //! ```text
-//! cargo run --release -p atmost-stress -- --replicas 3 --clients 64 --duration 60s
+//! cargo build --release --workspace    # atmost-stress, and the atmost it starts
+//! target/release/atmost-stress --replicas 3 --clients 64 --duration 60s
 //! ```
 
 use atmost_client::{Client, Error, NewPermit, pb};
