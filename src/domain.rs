@@ -45,6 +45,13 @@ pub const DEFAULT_LEASE_MS: Millis = 30_000;
 pub const DEFAULT_GUARD_WINDOW_MS: Millis = 10 * 60_000;
 /// Longest lease or guard window accepted: 7 days.
 pub const MAX_DURATION_MS: Millis = 7 * 24 * 3_600_000;
+/// The latest instant a timestamp may name: 9999-12-31T23:59:59.999Z.
+pub const MAX_TIMESTAMP_MS: Millis = 253_402_300_799_999;
+/// Longest `--retention`: 10 years of 365.25 days (humantime's `10y`).
+pub const MAX_RETENTION_MS: Millis = 10 * 31_557_600_000;
+// Every expiry plus retention (the Redis store's PEXPIREAT, in Lua numbers)
+// stays exact and far from overflow: below 2^53.
+const _: () = assert!(MAX_TIMESTAMP_MS + MAX_RETENTION_MS < MAX_AMOUNT);
 
 /// The uncertain reason of a RESERVED attempt whose lease has passed.
 pub const LEASE_EXPIRED: &str = "lease_expired";

@@ -68,14 +68,17 @@ struct ServeArgs {
     /// Prefix of every Redis key.
     #[arg(long, env = "ATMOST_REDIS_PREFIX", default_value = "atmost")]
     redis_prefix: String,
-    /// How long finished attempts and permits are kept past the permit's expiry.
-    #[arg(long, env = "ATMOST_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    /// How long finished attempts and permits are kept past the permit's
+    /// expiry (at most 10y).
+    #[arg(long, env = "ATMOST_RETENTION", default_value = "24h", value_parser = retention)]
     retention: Duration,
-    /// How long a store call may take before the RPC answers UNAVAILABLE.
-    #[arg(long, env = "ATMOST_STORE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    /// How long a store call may take before the RPC answers UNAVAILABLE
+    /// (1ms to 60s).
+    #[arg(long, env = "ATMOST_STORE_TIMEOUT", default_value = "2s", value_parser = store_timeout)]
     store_timeout: Duration,
-    /// How long in-flight RPCs may take to finish on SIGTERM or Ctrl-C.
-    #[arg(long, env = "ATMOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    /// How long in-flight RPCs may take to finish on SIGTERM or Ctrl-C (at
+    /// most 1h).
+    #[arg(long, env = "ATMOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = shutdown_grace)]
     shutdown_grace: Duration,
     /// Requests waiting on the store at once; more are refused at once with
     /// UNAVAILABLE / OVERLOADED instead of queueing behind the store.
@@ -102,7 +105,7 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let retention_ms = Millis::try_from(args.retention.as_millis()).unwrap_or(Millis::MAX);
+    let retention_ms = Millis::try_from(args.retention.as_millis())?;
     let store = match args.store {
         StoreKind::Memory => Backend::Memory(MemoryStore::new(retention_ms)),
         StoreKind::Redis => Backend::Redis(RedisStore::connect(&RedisConfig {
@@ -132,6 +135,40 @@ impl ServeArgs {
             StoreKind::Redis => "redis",
         }
     }
+}
+
+// === durations ===
+//
+// Every duration flag is bounded where it is parsed, so a typo fails at
+// start-up with a clear error instead of saturating somewhere later (a
+// retention of centuries once overflowed the Redis store's expiry
+// arithmetic and deleted a permit at its first settle).
+
+/// A duration within `min..=max`, as humantime reads it.
+fn bounded(text: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d < min || d > max {
+        return Err(format!(
+            "{} is out of range: from {} to {}",
+            humantime::format_duration(d),
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
+fn retention(text: &str) -> Result<Duration, String> {
+    let max = Duration::from_millis(atmost::domain::MAX_RETENTION_MS as u64);
+    bounded(text, Duration::ZERO, max)
+}
+
+fn store_timeout(text: &str) -> Result<Duration, String> {
+    bounded(text, Duration::from_millis(1), Duration::from_secs(60))
+}
+
+fn shutdown_grace(text: &str) -> Result<Duration, String> {
+    bounded(text, Duration::ZERO, Duration::from_secs(3600))
 }
 
 fn init_logging(format: LogFormat) {

@@ -197,3 +197,34 @@ async fn the_server_runs_without_transparent_huge_pages() {
         .expect("a kernel that reports THP_enabled (Linux 5.0 or later)");
     assert_eq!(thp.trim(), "0", "THP_enabled in /proc/<pid>/status");
 }
+
+/// Every duration flag is bounded where it is parsed: out of range, atmost
+/// refuses to start and says what the range is (a retention of centuries
+/// once overflowed the Redis store's expiry arithmetic). At the bound, it
+/// serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_out_of_range_refuse_to_start() {
+    let _machine = shared().await;
+    for (flag, value) in [
+        ("--retention", "11y"),
+        ("--retention", "300000000y"),
+        ("--store-timeout", "0s"),
+        ("--store-timeout", "2m"),
+        ("--shutdown-grace", "2h"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+            .args(["serve", "--listen", "127.0.0.1:0", flag, value])
+            .output()
+            .expect("run atmost");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value} started");
+        assert!(out.stdout.is_empty(), "{flag} {value} listened");
+        assert!(stderr.contains("out of range"), "{flag} {value}: {stderr}");
+    }
+    let process = spawn_atmost(&["--retention", "10y", "--shutdown-grace", "1h"]);
+    let client = process.client().await;
+    assert_eq!(
+        health(&client, "").await.expect("health"),
+        ServingStatus::Serving
+    );
+}

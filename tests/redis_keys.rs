@@ -180,3 +180,51 @@ async fn an_unreadable_permit_record_is_unavailable_never_a_guess() {
         );
     }
 }
+
+/// The longest retention on a permit that expires at the latest instant a
+/// timestamp may name: when its last open attempt settles, its keys are
+/// given that far-off expiry, not deleted (expiry plus retention once
+/// overflowed in Lua and PEXPIREAT deleted them at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
+    use atmost::domain::{MAX_RETENTION_MS, MAX_TIMESTAMP_MS};
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let store = atmost::store::redis::RedisStore::connect(&atmost::store::redis::RedisConfig {
+        url: redis.url.clone(),
+        prefix: redis.prefix.clone(),
+        retention_ms: MAX_RETENTION_MS,
+        timeout: std::time::Duration::from_secs(2),
+    })
+    .expect("the longest retention is accepted");
+    let h = Harness::serve(atmost::store::Backend::Redis(store), Some(redis), |app| app).await;
+    let redis = h.redis.as_ref().expect("redis");
+    let mut conn = redis.connect().await;
+    let latest = MAX_TIMESTAMP_MS - 999; // whole seconds on the wire
+    let mut spec = h.permit(&["t"]);
+    spec.expires_at = Some(atmost_client::timestamp(latest));
+    let permit = h.create(spec).await.permit_id;
+    let a = h.dispatch(&permit, "t", "k", b"fp", 1).await;
+    h.commit(&a, succeeded(b"ok", None)).await.expect("commit");
+    for k in ["permit", "attempts", "dup"] {
+        let key = format!("{}:{{{permit}}}:{k}", redis.prefix);
+        assert_eq!(
+            pexpiretime(&mut conn, &key).await,
+            latest + MAX_RETENTION_MS,
+            "{key}"
+        );
+    }
+    let replay = h
+        .authorize(&permit, "t", "k", b"fp", 1)
+        .await
+        .expect("replay");
+    assert_eq!(replay.attempt.expect("a").receipt.expect("r").result, b"ok");
+
+    let too_long = atmost::store::redis::RedisStore::connect(&atmost::store::redis::RedisConfig {
+        url: redis.url.clone(),
+        prefix: redis.prefix.clone(),
+        retention_ms: MAX_RETENTION_MS + 1,
+        timeout: std::time::Duration::from_secs(2),
+    });
+    assert!(too_long.is_err(), "a retention past the bound is refused");
+}

@@ -13,8 +13,8 @@ use prost_types::{Duration, Timestamp};
 
 // === time ===
 
-/// The latest instant accepted: 9999-12-31T23:59:59Z.
-const MAX_SECONDS: i64 = 253_402_300_799;
+/// The latest whole second accepted: 9999-12-31T23:59:59Z.
+const MAX_SECONDS: i64 = domain::MAX_TIMESTAMP_MS / 1000;
 
 pub fn timestamp(ms: Millis) -> Timestamp {
     Timestamp {

@@ -31,8 +31,8 @@ pub use scripts::{script_body, script_text};
 
 use super::{AFTER_ALL_KEYS, Cursor, INDEX_SKEW_MARGIN_MS, MAX_PERMITS_PER_PAGE, Page, Store};
 use crate::domain::{
-    Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, MarkUncertainCmd, Millis,
-    Outcome, Permit, PermitView, ResolveCmd, Settled, invalid,
+    Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, MAX_RETENTION_MS,
+    MarkUncertainCmd, Millis, Outcome, Permit, PermitView, ResolveCmd, Settled, invalid,
 };
 use codec::{decode_permit, encode_permit, id_bytes, id_ms};
 use conn::unavailable;
@@ -80,6 +80,9 @@ impl RedisStore {
     pub fn connect(config: &RedisConfig) -> Result<Self, Error> {
         if config.prefix.contains(['{', '}']) {
             return Err(invalid("redis_prefix", "may not contain '{' or '}'"));
+        }
+        if !(0..=MAX_RETENTION_MS).contains(&config.retention_ms) {
+            return Err(invalid("retention", "must be within 0 and 10 years"));
         }
         Ok(Self {
             conn: conn::manager(config)?,
