@@ -5,7 +5,7 @@ use atmost::domain::Millis;
 use atmost::store::{
     Backend,
     memory::MemoryStore,
-    redis::{RedisConfig, RedisStore},
+    redis::{self, EvictionPolicy, RedisConfig, RedisStore},
 };
 use atmost::{App, run};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -68,6 +68,11 @@ struct ServeArgs {
     /// Prefix of every Redis key.
     #[arg(long, env = "ATMOST_REDIS_PREFIX", default_value = "atmost")]
     redis_prefix: String,
+    /// Serve on a Redis whose maxmemory-policy may evict keys. It weakens the
+    /// guarantee: an evicted finished attempt lets its key be dispatched
+    /// again. Without it, atmost refuses such a Redis.
+    #[arg(long, env = "ATMOST_ALLOW_EVICTION")]
+    allow_eviction: bool,
     /// How long finished attempts and permits are kept past the permit's
     /// expiry (at most 10y).
     #[arg(long, env = "ATMOST_RETENTION", default_value = "24h", value_parser = retention)]
@@ -108,12 +113,17 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
     let retention_ms = Millis::try_from(args.retention.as_millis())?;
     let store = match args.store {
         StoreKind::Memory => Backend::Memory(MemoryStore::new(retention_ms)),
-        StoreKind::Redis => Backend::Redis(RedisStore::connect(&RedisConfig {
-            url: args.redis_url.clone(),
-            prefix: args.redis_prefix.clone(),
-            retention_ms,
-            timeout: args.store_timeout,
-        })?),
+        StoreKind::Redis => {
+            let store = RedisStore::connect(&RedisConfig {
+                url: args.redis_url.clone(),
+                prefix: args.redis_prefix.clone(),
+                retention_ms,
+                timeout: args.store_timeout,
+                allow_eviction: args.allow_eviction,
+            })?;
+            check_eviction(&store, args.allow_eviction, args.store_timeout).await?;
+            Backend::Redis(store)
+        }
     };
     let app = App::new(store)
         .with_store_timeout(args.store_timeout)
@@ -126,6 +136,31 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
     println!("atmost listening on {addr}");
     tracing::info!(%addr, store = ?args.store_name(), "serving");
     run(listener, app, shutdown_signal()).await
+}
+
+/// Refuses to start on a Redis that may evict keys (unless allowed). A Redis
+/// that does not answer yet is checked before the store serves anything.
+async fn check_eviction(
+    store: &RedisStore,
+    allow: bool,
+    timeout: Duration,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    match tokio::time::timeout(timeout, store.eviction_policy()).await {
+        Ok(Ok(EvictionPolicy::Evicts(policy))) if !allow => {
+            Err(redis::eviction_refusal(&policy).into())
+        }
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "Redis unreachable at start-up: its maxmemory-policy is read before anything is served");
+            Ok(())
+        }
+        Err(_) => {
+            tracing::warn!(
+                "Redis did not answer at start-up: its maxmemory-policy is read before anything is served"
+            );
+            Ok(())
+        }
+    }
 }
 
 impl ServeArgs {

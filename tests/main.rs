@@ -12,6 +12,8 @@
 //! - `operations`: health, reflection, failing closed, script reloads,
 //!   SIGTERM, huge pages.
 //! - `redis_keys`: the Redis key layout and retention, read from Redis.
+//! - `redis_settings`: eviction policies refused or accepted, CONFIG
+//!   disabled, `maxmemory` reached.
 //! - `tools`: the stress checker and the load generator, in process.
 //!
 //! The README's commands are checked by `scripts/readme.sh`, which
@@ -24,5 +26,6 @@ mod faults;
 mod model;
 mod operations;
 mod redis_keys;
+mod redis_settings;
 mod replicas;
 mod tools;

@@ -195,6 +195,7 @@ async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
         prefix: redis.prefix.clone(),
         retention_ms: MAX_RETENTION_MS,
         timeout: std::time::Duration::from_secs(2),
+        allow_eviction: false,
     })
     .expect("the longest retention is accepted");
     let h = Harness::serve(atmost::store::Backend::Redis(store), Some(redis), |app| app).await;
@@ -225,6 +226,7 @@ async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
         prefix: redis.prefix.clone(),
         retention_ms: MAX_RETENTION_MS + 1,
         timeout: std::time::Duration::from_secs(2),
+        allow_eviction: false,
     });
     assert!(too_long.is_err(), "a retention past the bound is refused");
 }

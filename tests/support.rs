@@ -54,6 +54,7 @@ pub fn redis_store(url: &str, prefix: &str, timeout: Duration) -> RedisStore {
         prefix: prefix.to_owned(),
         retention_ms: DAY_MS,
         timeout,
+        allow_eviction: false,
     })
     .expect("redis store")
 }
@@ -144,6 +145,11 @@ impl Harness {
             .create_permit(permit)
             .await
             .expect("create permit")
+    }
+
+    /// Tries to create a permit over `tools`.
+    pub async fn create_with_result(&self, tools: &[&str]) -> Result<pb::Permit, Error> {
+        self.client.create_permit(self.permit(tools)).await
     }
 
     /// Creates a permit over `tools` with per-tool caps and a budget.

@@ -22,10 +22,12 @@
 
 mod codec;
 mod conn;
+mod eviction;
 mod reply;
 mod scripts;
 
 pub use conn::{RedisConfig, connection_info};
+pub use eviction::{Policy as EvictionPolicy, refusal as eviction_refusal};
 pub use reply::unpack_reply;
 pub use scripts::{script_body, script_text};
 
@@ -54,6 +56,9 @@ pub struct RedisStore {
     /// How long one cross-permit ListUncertain page may scan: half the
     /// store deadline.
     scan_budget: Duration,
+    /// Whether Redis may evict keys, as last read: nothing is served on a
+    /// Redis that does, unless the operator accepted it.
+    eviction: eviction::Guard,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -89,7 +94,23 @@ impl RedisStore {
             prefix: config.prefix.clone(),
             retention_ms: config.retention_ms,
             scan_budget: config.timeout / 2,
+            eviction: eviction::Guard::new(config.allow_eviction),
         })
+    }
+
+    /// Reads Redis's `maxmemory-policy` now (at start-up, to refuse an
+    /// evicting Redis before serving; the store also reads it before its
+    /// first operation and with every health check).
+    pub async fn eviction_policy(&self) -> Result<EvictionPolicy, Error> {
+        let mut conn = self.conn.clone();
+        self.eviction.check(&mut conn).await
+    }
+
+    /// The connection, once Redis is known not to evict (see [`eviction`]).
+    async fn conn(&self) -> Result<ConnectionManager, Error> {
+        let mut conn = self.conn.clone();
+        self.eviction.admit(&mut conn).await?;
+        Ok(conn)
     }
 
     fn keys(&self, permit_id: &str) -> PermitKeys {
@@ -112,7 +133,7 @@ impl RedisStore {
     /// Runs a script and unpacks its msgpack reply (see [`script_text`]),
     /// for [`open`] to read.
     async fn run(&self, inv: &redis::ScriptInvocation<'_>) -> Result<Vec<Value>, Error> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn().await?;
         let packed: Vec<u8> = inv.invoke_async(&mut conn).await.map_err(unavailable)?;
         unpack_reply(&packed)
     }
@@ -136,7 +157,7 @@ impl Store for RedisStore {
         // ListUncertain see an indexed permit with no hash yet and tidy it
         // away for good.) If this fails the caller gets UNAVAILABLE and an
         // unknown, unused permit expires with its retention.
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn().await?;
         redis::cmd("ZADD")
             .arg(self.index_key())
             .arg(0)
@@ -148,7 +169,7 @@ impl Store for RedisStore {
     }
 
     async fn get_permit(&self, permit_id: &str) -> Result<PermitView, Error> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn().await?;
         let reply: Vec<Value> = redis::cmd("HGETALL")
             .arg(self.keys(permit_id).permit)
             .query_async(&mut conn)
@@ -273,7 +294,7 @@ impl Store for RedisStore {
         // permit, bounded in permits and in time so the page fits well
         // inside the store deadline; a short page carries a cursor on.
         let started = std::time::Instant::now();
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn().await?;
         let mut from = match after {
             Some(c) => format!("[{}", c.permit_id),
             None => "-".to_owned(),
@@ -340,12 +361,16 @@ impl Store for RedisStore {
         Ok(page)
     }
 
+    /// Redis answers, and (read afresh: CONFIG SET or a failover can change
+    /// it) does not evict.
     async fn ping(&self) -> Result<(), Error> {
         let mut conn = self.conn.clone();
         redis::cmd("PING")
             .exec_async(&mut conn)
             .await
-            .map_err(unavailable)
+            .map_err(unavailable)?;
+        self.eviction.check(&mut conn).await?;
+        self.eviction.admit(&mut conn).await
     }
 }
 

@@ -49,6 +49,12 @@ impl Redis {
         Self::owned(&[], None)
     }
 
+    /// A `redis-server` of this test's own with extra settings (e.g.
+    /// `--maxmemory-policy allkeys-lru`).
+    pub fn start_owned_with(args: &[&str]) -> Self {
+        Self::owned(args, None)
+    }
+
     /// An owned `redis-server` that persists every write to an append-only
     /// file (fsynced before it answers) in a directory of its own, so a
     /// [`Redis::restart`] after a kill keeps the data (but not the script

@@ -17,6 +17,10 @@ pub struct RedisConfig {
     pub retention_ms: Millis,
     /// How long to wait for a connection or a reply before failing.
     pub timeout: Duration,
+    /// Serve even when Redis's `maxmemory-policy` may evict keys (see
+    /// `eviction`): the operator accepts that an evicted finished attempt
+    /// lets its key be dispatched again.
+    pub allow_eviction: bool,
 }
 
 /// How atmost connects to the Redis at `url`: with `TCP_NODELAY`, which

@@ -1,0 +1,141 @@
+//! Whether Redis may evict atmost's keys. Under memory pressure any
+//! `maxmemory-policy` but `noeviction` deletes keys: `volatile-*` those with
+//! a TTL, which includes a permit's finished attempts, so a retry of a
+//! SUCCEEDED key would find no record and be dispatched again (a double
+//! charge); `allkeys-*` even RESERVED and UNCERTAIN attempts. With
+//! `noeviction`, a write past `maxmemory` fails whole (a script that may
+//! write is refused before it runs) and atmost answers UNAVAILABLE.
+//!
+//! The store reads the policy before it serves anything, and again with
+//! every health check (every second), since `CONFIG SET` or a failover can
+//! change it: on an evicting Redis it answers UNAVAILABLE and health turns
+//! NOT_SERVING, unless the operator accepted the risk (`--allow-eviction`).
+//! Where `CONFIG` is disabled (managed services), the policy cannot be read:
+//! it serves and says so loudly.
+
+use super::conn::unavailable;
+use crate::domain::Error;
+use redis::aio::ConnectionManager;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What Redis says of its eviction policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Policy {
+    /// `noeviction`: nothing is ever evicted.
+    NoEviction,
+    /// Any other policy, by name: Redis deletes keys under memory pressure.
+    Evicts(String),
+    /// Redis would not say (CONFIG disabled, renamed or not permitted), and why.
+    Unknown(String),
+}
+
+/// The store has not read the policy yet.
+const UNCHECKED: u8 = 0;
+/// It may serve: `noeviction`, eviction accepted, or a policy it cannot read.
+const SERVE: u8 = 1;
+/// Redis evicts, and the operator did not accept it.
+const REFUSE: u8 = 2;
+
+/// The last reading of the policy, shared by the store's clones.
+#[derive(Debug, Clone)]
+pub(super) struct Guard {
+    state: Arc<AtomicU8>,
+    /// The policy last read, for logs and for the refusal's message.
+    last: Arc<Mutex<Option<Policy>>>,
+    allow_eviction: bool,
+}
+
+impl Guard {
+    pub(super) fn new(allow_eviction: bool) -> Self {
+        Self {
+            state: Arc::new(AtomicU8::new(UNCHECKED)),
+            last: Arc::new(Mutex::new(None)),
+            allow_eviction,
+        }
+    }
+
+    /// Reads the policy and records whether the store may serve on it,
+    /// logging each change. Redis unreachable: UNAVAILABLE, nothing recorded.
+    pub(super) async fn check(&self, conn: &mut ConnectionManager) -> Result<Policy, Error> {
+        let policy = read(conn).await?;
+        let serve = match &policy {
+            Policy::NoEviction | Policy::Unknown(_) => true,
+            Policy::Evicts(_) => self.allow_eviction,
+        };
+        self.state
+            .store(if serve { SERVE } else { REFUSE }, Ordering::SeqCst);
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.as_ref() != Some(&policy) {
+            match &policy {
+                Policy::NoEviction => tracing::info!("Redis maxmemory-policy is noeviction"),
+                Policy::Evicts(name) if serve => tracing::warn!(
+                    policy = %name,
+                    "Redis may evict keys and --allow-eviction accepts it: a finished \
+                     attempt evicted under memory pressure lets its key be dispatched again"
+                ),
+                Policy::Evicts(name) => tracing::error!(
+                    policy = %name,
+                    "{}", refusal(name)
+                ),
+                Policy::Unknown(why) => tracing::warn!(
+                    %why,
+                    "could not read Redis's maxmemory-policy; serving anyway: make sure it is \
+                     noeviction, or a finished attempt evicted under memory pressure lets its \
+                     key be dispatched again"
+                ),
+            }
+            *last = Some(policy.clone());
+        }
+        Ok(policy)
+    }
+
+    /// Ok when the store may serve. Until the policy has been read once,
+    /// reads it first: nothing runs on a Redis not yet known to keep keys.
+    pub(super) async fn admit(&self, conn: &mut ConnectionManager) -> Result<(), Error> {
+        if self.state.load(Ordering::Relaxed) == UNCHECKED {
+            self.check(conn).await?;
+        }
+        match self.state.load(Ordering::Relaxed) {
+            SERVE => Ok(()),
+            _ => {
+                let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+                let name = match last.as_ref() {
+                    Some(Policy::Evicts(name)) => name.as_str(),
+                    _ => "not noeviction",
+                };
+                Err(Error::StoreUnavailable(refusal(name)))
+            }
+        }
+    }
+}
+
+/// Why atmost will not serve on an evicting Redis, and what to do about it.
+pub fn refusal(policy: &str) -> String {
+    format!(
+        "Redis's maxmemory-policy is {policy}: under memory pressure it may evict a \
+         finished attempt, and a retry of its key would then be dispatched again (a double \
+         charge). Set maxmemory-policy noeviction (redis.conf, or CONFIG SET \
+         maxmemory-policy noeviction), or start atmost with --allow-eviction to accept the risk"
+    )
+}
+
+/// `CONFIG GET maxmemory-policy`. A server that answers with an error (no
+/// CONFIG, no permission) gives [`Policy::Unknown`]; one that does not
+/// answer, UNAVAILABLE.
+async fn read(conn: &mut ConnectionManager) -> Result<Policy, Error> {
+    let reply: Result<Vec<String>, redis::RedisError> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(conn)
+        .await;
+    match reply {
+        Ok(pair) => Ok(match pair.get(1).map(String::as_str) {
+            Some("noeviction") => Policy::NoEviction,
+            Some(name) => Policy::Evicts(name.to_owned()),
+            None => Policy::Unknown("CONFIG GET maxmemory-policy answered nothing".into()),
+        }),
+        Err(e) if matches!(e.code(), Some("ERR" | "NOPERM")) => Ok(Policy::Unknown(e.to_string())),
+        Err(e) => Err(unavailable(e)),
+    }
+}

@@ -1,0 +1,265 @@
+//! The Redis settings atmost relies on, on real redis-server processes:
+//! an evicting `maxmemory-policy` is refused (at start-up, when Redis
+//! comes up later, and when it is changed at run time) unless the operator
+//! accepts it; a Redis whose CONFIG is disabled is served with a warning;
+//! with `noeviction` and `maxmemory` reached, writes fail whole and service
+//! resumes once memory is freed.
+
+use crate::support::*;
+use atmost::store::Backend;
+use pb::Decision;
+use std::time::{Duration, Instant};
+use tonic::Code;
+
+/// Runs `atmost serve` with `args` and returns its exit status and stderr,
+/// failing if it is still running after 15 s (it was expected to refuse).
+fn refused_start(args: &[String]) -> (std::process::ExitStatus, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run atmost");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("atmost served on an evicting Redis: {args:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    (status, stderr)
+}
+
+async fn dispatches(client: &Client) {
+    let permit = client
+        .create_permit(NewPermit::new(["t"]))
+        .await
+        .expect("create permit")
+        .permit_id;
+    let r = client
+        .authorize(pb::AuthorizeRequest {
+            permit_id: permit,
+            tool: "t".into(),
+            idempotency_key: "k".into(),
+            request_fingerprint: b"fp".to_vec(),
+            cost: 0,
+        })
+        .await
+        .expect("authorize");
+    assert_eq!(r.decision(), Decision::Dispatch);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_redis_is_refused_at_start_up_unless_allowed() {
+    let _machine = shared().await;
+    for policy in ["volatile-lru", "allkeys-lru", "volatile-ttl"] {
+        let redis = Redis::start_owned_with(&["--maxmemory-policy", policy]);
+        let (status, stderr) = refused_start(&redis.serve_args());
+        assert!(!status.success(), "{policy}: {status:?}");
+        assert!(
+            stderr.contains(&format!("maxmemory-policy is {policy}"))
+                && stderr.contains("--allow-eviction"),
+            "{policy}: the refusal says why and how to fix it: {stderr}"
+        );
+    }
+    // Accepted by the operator: it serves.
+    let redis = Redis::start_owned_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let mut args = redis.serve_args();
+    args.push("--allow-eviction".into());
+    let process = spawn_atmost(&args);
+    dispatches(&process.client().await).await;
+}
+
+/// A Redis that is down when atmost starts is checked before anything is
+/// served on it: if it comes up evicting, every request is UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_comes_up_evicting_is_never_served() {
+    let _machine = shared().await;
+    let mut redis = Redis::start_owned_with(&["--maxmemory-policy", "allkeys-lru"]);
+    redis.kill();
+    let process = spawn_atmost(&redis.serve_args());
+    let client = process.client().await.with_timeout(Duration::from_secs(10));
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, error) = expect_error(
+            client.create_permit(NewPermit::new(["t"])).await,
+            Code::Unavailable,
+            "STORE_UNAVAILABLE",
+        );
+        if error
+            .status()
+            .message()
+            .contains("maxmemory-policy is allkeys-lru")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never refused: {error:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_health(&client, ServingStatus::NotServing).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_changed_at_run_time_stops_service_until_restored() {
+    let _machine = shared().await;
+    let redis = Redis::start_owned();
+    let store = redis_store(&redis.url, &redis.prefix, Duration::from_secs(2));
+    let h = Harness::serve(Backend::Redis(store), Some(redis), |app| {
+        app.with_health_interval(Duration::from_millis(50))
+    })
+    .await;
+    let mut conn = h.redis.as_ref().expect("redis").connect().await;
+    let permit = h.create_with(&["t"], &[], None).await;
+    h.dispatch(&permit, "t", "before", b"1", 0).await;
+    let config_set = |policy: &'static str| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .clone()
+    };
+    let _: () = config_set("volatile-lru")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET");
+    wait_health(&h.client, ServingStatus::NotServing).await;
+    let (_, error) = expect_error(
+        h.authorize(&permit, "t", "during", b"2", 0).await,
+        Code::Unavailable,
+        "STORE_UNAVAILABLE",
+    );
+    assert!(
+        error
+            .status()
+            .message()
+            .contains("maxmemory-policy is volatile-lru")
+    );
+    let _: () = config_set("noeviction")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET");
+    wait_health(&h.client, ServingStatus::Serving).await;
+    h.dispatch(&permit, "t", "after", b"3", 0).await;
+    assert_eq!(h.get(&permit).await.expect("get").usage[0].calls_made, 2);
+}
+
+/// Managed services disable CONFIG: the policy cannot be read, and atmost
+/// serves (with a loud warning in its log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_config_it_serves_with_a_warning() {
+    let _machine = shared().await;
+    let redis = Redis::start_owned_with(&["--rename-command", "CONFIG", ""]);
+    let process = spawn_atmost(&redis.serve_args());
+    let client = process.client().await;
+    wait_health(&client, ServingStatus::Serving).await;
+    dispatches(&client).await;
+}
+
+/// With `noeviction` and `maxmemory` reached, every write answers
+/// UNAVAILABLE and changes nothing (a script is refused at its first write,
+/// and atmost's scripts check everything before it); reads go on; once
+/// memory is freed, service resumes where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maxmemory_reached_refuses_writes_whole_and_resumes() {
+    let _machine = shared().await;
+    let redis = Redis::start_owned_with(&["--maxmemory-policy", "noeviction"]);
+    let store = redis_store(&redis.url, &redis.prefix, Duration::from_secs(2));
+    let h = Harness::serve(Backend::Redis(store), Some(redis), |app| app).await;
+    let redis = h.redis.as_ref().expect("redis");
+    let mut conn = redis.connect().await;
+    let permit = h.create_with(&["t"], &[("t", 5)], Some(100)).await;
+    let before = h.dispatch(&permit, "t", "before", b"1", 10).await;
+
+    // 2 MiB of keys of the test's own, then a maxmemory 1 MiB below what
+    // Redis uses: over the limit by far more than a client buffer moves
+    // (filling up to the limit alone leaves Redis a few bytes under it once
+    // the refused command's buffer is freed).
+    let filler = vec![b'x'; 64 * 1024];
+    for i in 0..32 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("{}:filler:{i}", redis.prefix))
+            .arg(&filler)
+            .query_async(&mut conn)
+            .await
+            .expect("SET filler");
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let used: i64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(used - 1024 * 1024)
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET maxmemory");
+
+    for (what, refused) in [
+        (
+            "Authorize",
+            h.authorize(&permit, "t", "during", b"2", 10)
+                .await
+                .map(drop),
+        ),
+        (
+            "Commit",
+            h.commit(&before, succeeded(b"ok", None)).await.map(drop),
+        ),
+        ("CreatePermit", h.create_with_result(&["t"]).await.map(drop)),
+    ] {
+        let (_, error) = expect_error(refused, Code::Unavailable, "STORE_UNAVAILABLE");
+        assert!(
+            error.status().message().contains("OOM"),
+            "{what}: {error:?}"
+        );
+    }
+    // Nothing was half-applied, and reads still answer.
+    let view = h.get(&permit).await.expect("reads go on");
+    assert_eq!(view.usage[0].calls_made, 1);
+    assert_eq!((view.budget_committed, view.budget_reserved), (0, 10));
+    let attempts = format!("{}:{{{permit}}}:attempts", redis.prefix);
+    let during: bool = redis::cmd("HEXISTS")
+        .arg(&attempts)
+        .arg("during")
+        .query_async(&mut conn)
+        .await
+        .expect("HEXISTS");
+    assert!(!during, "a refused Authorize left an attempt");
+
+    // Memory freed: service resumes where it was.
+    for i in 0..32 {
+        let _: i64 = redis::cmd("DEL")
+            .arg(format!("{}:filler:{i}", redis.prefix))
+            .query_async(&mut conn)
+            .await
+            .expect("DEL");
+    }
+    h.commit(&before, succeeded(b"ok", None))
+        .await
+        .expect("commit after memory was freed");
+    h.dispatch(&permit, "t", "during", b"2", 10).await;
+    let view = h.get(&permit).await.expect("get");
+    assert_eq!(view.usage[0].calls_made, 2);
+    assert_eq!((view.budget_committed, view.budget_reserved), (10, 10));
+}
