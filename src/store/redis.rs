@@ -17,8 +17,9 @@
 //!
 //! This file holds the operations: each builds its script invocation, runs
 //! it and decodes the reply. Beside it, in `redis/`: `conn` (configuration
-//! and the connection), `scripts` (the script table), `codec` (records <->
-//! Redis values) and `reply` (reading script replies).
+//! and the connection), `eviction` (no service on a Redis that may evict
+//! keys), `scripts` (the script table), `codec` (records <-> Redis values)
+//! and `reply` (reading script replies).
 
 mod codec;
 mod conn;
