@@ -12,8 +12,9 @@ use crate::domain::{Clock, Error};
 use crate::store::Backend;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
+use tonic::metadata::MetadataMap;
 
 /// What every handler shares: the store, the clock and the store deadline.
 #[derive(Clone)]
@@ -32,9 +33,18 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// Runs one store call under the store deadline, if there is room for
-    /// it; sheds it (changing nothing) if there is not.
-    pub async fn call<T>(&self, fut: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    /// Runs one store call under the store deadline, if the caller still
+    /// waits for it and there is room for it; refuses it (changing nothing)
+    /// if not. `fut` is not polled when refused, so no store transition
+    /// starts.
+    pub async fn call<T>(
+        &self,
+        deadline: Deadline,
+        fut: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        if deadline.passed() {
+            return Err(Error::DeadlineExceeded);
+        }
         let Ok(_slot) = self.in_flight.try_acquire() else {
             return Err(Error::Overloaded {
                 in_flight: self.max_in_flight,
@@ -56,5 +66,89 @@ impl Ctx {
                 self.store_timeout
             ))),
         }
+    }
+}
+
+// === the caller's deadline ===
+
+/// When the caller stops waiting: the moment its request reached the
+/// service plus its `grpc-timeout`, if it sent one. A request whose deadline
+/// has passed when its turn comes never starts a store transition: the
+/// caller has gone, and a late transition (an Authorize after the key's
+/// holder released it) would change state nobody asked to change any more.
+/// (tonic also cancels a handler at the deadline, but only at its first
+/// wait, which for the Redis store is after the script was sent.)
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// The deadline [`stamp`] recorded on `request` (none without it).
+    pub fn of<T>(request: &tonic::Request<T>) -> Self {
+        request
+            .extensions()
+            .get::<Deadline>()
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn passed(self) -> bool {
+        self.0.is_some_and(|at| Instant::now() >= at)
+    }
+}
+
+/// An interceptor for every atmost service: records the request's
+/// [`Deadline`] as it arrives, before its body is decoded.
+pub fn stamp(mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    let deadline = grpc_timeout(request.metadata()).and_then(|t| Instant::now().checked_add(t));
+    request.extensions_mut().insert(Deadline(deadline));
+    Ok(request)
+}
+
+/// The `grpc-timeout` header: up to 8 digits and a unit (H, M, S, m, u, n),
+/// per the gRPC over HTTP/2 spec. A malformed one is ignored, as tonic
+/// ignores it.
+fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
+    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grpc_timeout;
+    use std::time::Duration;
+    use tonic::metadata::MetadataMap;
+
+    fn parse(value: &str) -> Option<Duration> {
+        let mut m = MetadataMap::new();
+        m.insert("grpc-timeout", value.parse().expect("ascii"));
+        grpc_timeout(&m)
+    }
+
+    #[test]
+    fn grpc_timeout_reads_every_unit_and_ignores_what_is_malformed() {
+        assert_eq!(parse("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(parse("10S"), Some(Duration::from_secs(10)));
+        assert_eq!(parse("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(parse("1n"), Some(Duration::from_nanos(1)));
+        assert_eq!(parse("99999999S"), Some(Duration::from_secs(99_999_999)));
+        for bad in ["", "S", "123456789S", "10", "10s", "-1S", "1.5S", "10X"] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&MetadataMap::new()), None);
     }
 }

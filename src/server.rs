@@ -2,7 +2,7 @@
 //! limits) and a shutdown future, so `main` and every test start the server
 //! the same way.
 
-use crate::api::{Ctx, gate::GateService, permits::PermitsService};
+use crate::api::{self, Ctx, gate::GateService, permits::PermitsService};
 use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
@@ -120,8 +120,14 @@ pub async fn run(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(GateServer::new(GateService::new(ctx.clone())))
-        .add_service(PermitsServer::new(PermitsService::new(ctx)))
+        .add_service(GateServer::with_interceptor(
+            GateService::new(ctx.clone()),
+            api::stamp,
+        ))
+        .add_service(PermitsServer::with_interceptor(
+            PermitsService::new(ctx),
+            api::stamp,
+        ))
         .serve_with_incoming_shutdown(
             // Small unary replies must not wait for Nagle's algorithm.
             TcpIncoming::from(listener).with_nodelay(Some(true)),

@@ -77,6 +77,7 @@ pub enum Kind {
 /// The real server, in process on a loopback port, with a manual clock.
 pub struct Harness {
     pub client: Client,
+    pub addr: std::net::SocketAddr,
     pub clock: ManualClock,
     pub redis: Option<Redis>,
     /// Stops the server when the harness is dropped.
@@ -119,6 +120,7 @@ impl Harness {
             .expect("connect");
         Self {
             client,
+            addr,
             clock,
             redis,
             stop: Some(stop),
@@ -279,6 +281,55 @@ impl Drop for Harness {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+// === a raw call ===
+
+/// One unary gRPC call to `path` (e.g. `/atmost.v1.Gate/Authorize`) over a
+/// raw HTTP/2 stream, with the `grpc-timeout` header set to `grpc_timeout`
+/// and not enforced on this side: what the server answers a request whose
+/// deadline has passed when its turn comes (a tonic client would have given
+/// up first). Returns the response message's bytes, or the error.
+pub async fn raw_unary(
+    addr: std::net::SocketAddr,
+    path: &str,
+    message: &impl prost::Message,
+    grpc_timeout: &str,
+) -> Result<Vec<u8>, Error> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut h2, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", grpc_timeout)
+        .body(())
+        .expect("request");
+    let (response, mut send) = h2.send_request(request, false).expect("send");
+    let body = message.encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend((body.len() as u32).to_be_bytes());
+    frame.extend(body);
+    send.send_data(bytes::Bytes::from(frame), true)
+        .expect("send the message");
+    let (head, mut body) = response.await.expect("response").into_parts();
+    let mut received = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("body");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        received.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
+    // A trailers-only answer carries its status in the headers.
+    let status = tonic::Status::from_header_map(&trailers)
+        .or_else(|| tonic::Status::from_header_map(&head.headers))
+        .expect("a grpc-status");
+    match status.code() {
+        Code::Ok => Ok(received.get(5..).unwrap_or_default().to_vec()),
+        _ => Err(Error::from(status)),
     }
 }
 

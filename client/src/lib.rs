@@ -285,12 +285,12 @@ impl Error {
 
     /// Whether the same request may be sent again as it is: atmost could not
     /// reach its store (nothing was decided; the same idempotency key gets
-    /// the original reservation back if it was made) or shed the request
-    /// before the store (nothing changed).
+    /// the original reservation back if it was made), or refused the request
+    /// before the store (shed, or past its deadline: nothing changed).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self.reason(),
-            Some(Reason::StoreUnavailable | Reason::Overloaded)
+            Some(Reason::StoreUnavailable | Reason::Overloaded | Reason::DeadlineExceeded)
         )
     }
 

@@ -1,6 +1,6 @@
 //! `atmost.v1.Gate`: Authorize, Commit, MarkUncertain.
 
-use super::{Ctx, convert, status::to_status};
+use super::{Ctx, Deadline, convert, status::to_status};
 use crate::domain::Decision;
 use crate::domain::new_id;
 use crate::pb::{self, gate_server::Gate};
@@ -23,12 +23,13 @@ impl Gate for GateService {
         &self,
         request: Request<pb::AuthorizeRequest>,
     ) -> Result<Response<pb::AuthorizeResponse>, Status> {
+        let deadline = Deadline::of(&request);
         let mut cmd = convert::authorize_cmd(request.into_inner());
         cmd.validate().map_err(to_status)?;
         let now = self.ctx.clock.now();
         let authorized = self
             .ctx
-            .call(self.ctx.store.authorize(&cmd, now, new_id(now)))
+            .call(deadline, self.ctx.store.authorize(&cmd, now, new_id(now)))
             .await
             .map_err(to_status)?;
         if let (Decision::Dispatch, Some(earlier_key)) =
@@ -57,12 +58,13 @@ impl Gate for GateService {
         &self,
         request: Request<pb::CommitRequest>,
     ) -> Result<Response<pb::CommitResponse>, Status> {
+        let deadline = Deadline::of(&request);
         let mut cmd = convert::commit_cmd(request.into_inner()).map_err(to_status)?;
         cmd.validate().map_err(to_status)?;
         let now = self.ctx.clock.now();
         let settled = self
             .ctx
-            .call(self.ctx.store.commit(&cmd, now, new_id(now)))
+            .call(deadline, self.ctx.store.commit(&cmd, now, new_id(now)))
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::CommitResponse {
@@ -75,12 +77,13 @@ impl Gate for GateService {
         &self,
         request: Request<pb::MarkUncertainRequest>,
     ) -> Result<Response<pb::MarkUncertainResponse>, Status> {
+        let deadline = Deadline::of(&request);
         let mut cmd = convert::mark_uncertain_cmd(request.into_inner());
         cmd.validate().map_err(to_status)?;
         let now = self.ctx.clock.now();
         let attempt = self
             .ctx
-            .call(self.ctx.store.mark_uncertain(&cmd, now))
+            .call(deadline, self.ctx.store.mark_uncertain(&cmd, now))
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::MarkUncertainResponse {

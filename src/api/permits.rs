@@ -1,7 +1,7 @@
 //! `atmost.v1.Permits`: CreatePermit, GetPermit, RevokePermit,
 //! ListUncertain, Resolve.
 
-use super::{Ctx, convert, status::to_status};
+use super::{Ctx, Deadline, convert, status::to_status};
 use crate::domain::new_id;
 use crate::domain::{Error, invalid, validate_permit_id};
 use crate::pb::{self, permits_server::Permits};
@@ -29,13 +29,14 @@ impl Permits for PermitsService {
         &self,
         request: Request<pb::CreatePermitRequest>,
     ) -> Result<Response<pb::Permit>, Status> {
+        let deadline = Deadline::of(&request);
         let now = self.ctx.clock.now();
         let permit = convert::permit_spec(request.into_inner().permit)
             .and_then(|spec| spec.into_permit(new_id(now), now))
             .map_err(to_status)?;
         let permit = self
             .ctx
-            .call(self.ctx.store.create_permit(permit))
+            .call(deadline, self.ctx.store.create_permit(permit))
             .await
             .map_err(to_status)?;
         tracing::info!(permit_id = %permit.permit_id, subject = %permit.subject, "permit created");
@@ -46,10 +47,11 @@ impl Permits for PermitsService {
         &self,
         request: Request<pb::GetPermitRequest>,
     ) -> Result<Response<pb::GetPermitResponse>, Status> {
+        let deadline = Deadline::of(&request);
         let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
         let view = self
             .ctx
-            .call(self.ctx.store.get_permit(&id))
+            .call(deadline, self.ctx.store.get_permit(&id))
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::GetPermitResponse {
@@ -65,10 +67,11 @@ impl Permits for PermitsService {
         &self,
         request: Request<pb::RevokePermitRequest>,
     ) -> Result<Response<pb::Permit>, Status> {
+        let deadline = Deadline::of(&request);
         let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
         let permit = self
             .ctx
-            .call(self.ctx.store.revoke_permit(&id))
+            .call(deadline, self.ctx.store.revoke_permit(&id))
             .await
             .map_err(to_status)?;
         tracing::info!(permit_id = %id, "permit revoked");
@@ -79,12 +82,14 @@ impl Permits for PermitsService {
         &self,
         request: Request<pb::ListUncertainRequest>,
     ) -> Result<Response<pb::ListUncertainResponse>, Status> {
+        let deadline = Deadline::of(&request);
         let r = request.into_inner();
         let (permit_id, after, limit) = list_args(&r).map_err(to_status)?;
         let now = self.ctx.clock.now();
         let page = self
             .ctx
             .call(
+                deadline,
                 self.ctx
                     .store
                     .list_uncertain(permit_id.as_deref(), after.as_ref(), limit, now),
@@ -105,12 +110,13 @@ impl Permits for PermitsService {
         &self,
         request: Request<pb::ResolveRequest>,
     ) -> Result<Response<pb::ResolveResponse>, Status> {
+        let deadline = Deadline::of(&request);
         let mut cmd = convert::resolve_cmd(request.into_inner()).map_err(to_status)?;
         cmd.validate().map_err(to_status)?;
         let now = self.ctx.clock.now();
         let settled = self
             .ctx
-            .call(self.ctx.store.resolve(&cmd, now, new_id(now)))
+            .call(deadline, self.ctx.store.resolve(&cmd, now, new_id(now)))
             .await
             .map_err(to_status)?;
         tracing::info!(

@@ -104,6 +104,7 @@ pub fn to_status(error: Error) -> Status {
             Code::Unavailable,
             vec![("in_flight", in_flight.to_string())],
         ),
+        Error::DeadlineExceeded => (Code::DeadlineExceeded, vec![]),
     };
     let metadata: HashMap<String, String> = metadata
         .into_iter()

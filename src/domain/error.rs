@@ -68,6 +68,10 @@ pub enum Error {
     /// so it changed nothing and may be retried as it is.
     #[error("overloaded: {in_flight} requests in flight")]
     Overloaded { in_flight: usize },
+    /// The caller's deadline had passed before the store was asked: nothing
+    /// changed.
+    #[error("the caller's deadline passed before the store was asked; nothing changed")]
+    DeadlineExceeded,
 }
 
 fn describe(violations: &[Violation]) -> String {
@@ -128,6 +132,8 @@ reasons! {
     StoreUnavailable = "STORE_UNAVAILABLE",
     /// Shed before the store: no store returns it.
     Overloaded = "OVERLOADED",
+    /// Refused before the store: no store returns it.
+    DeadlineExceeded = "DEADLINE_EXCEEDED",
 }
 
 impl Error {
@@ -149,6 +155,7 @@ impl Error {
             Error::InvalidRequest(_) => Reason::InvalidRequest,
             Error::StoreUnavailable(_) => Reason::StoreUnavailable,
             Error::Overloaded { .. } => Reason::Overloaded,
+            Error::DeadlineExceeded => Reason::DeadlineExceeded,
         }
     }
 }

@@ -13,6 +13,7 @@ on_both_stores!(
     order_of_checks,
     unlimited_budget_stops_at_the_accounting_ceiling,
     malformed_requests_change_nothing,
+    a_request_past_its_deadline_changes_nothing,
 );
 
 async fn same_key_in_flight_is_in_progress(h: Harness) {
@@ -350,4 +351,61 @@ async fn malformed_requests_change_nothing(h: Harness) {
         64 * 1024
     );
     assert_eq!(usage_of(&h, &permit, "t").await.calls_made, 1);
+}
+
+/// A request whose caller's deadline (grpc-timeout) has passed when its turn
+/// comes never starts a store transition: DEADLINE_EXCEEDED, retryable as it
+/// is, nothing changed. (Without the check, the memory store answered it
+/// and the Redis store sent its script before tonic's own timeout fired.)
+/// A tonic client gives up at its own deadline before any answer, so the
+/// calls go over a raw HTTP/2 stream that sends the header and waits.
+async fn a_request_past_its_deadline_changes_nothing(h: Harness) {
+    // atmost's own refusal, or tonic's server timeout when it fires before
+    // the body has even been read (then the handler never ran at all).
+    let refused_late = |what: &str, result: Result<Vec<u8>, Error>| match result {
+        Err(e) if e.code() == Code::DeadlineExceeded => {
+            assert_eq!(e.reason_name(), Some("DEADLINE_EXCEEDED"), "{what}: {e:?}");
+            assert!(e.is_retryable());
+        }
+        Err(e) if e.code() == Code::Cancelled && e.reason().is_none() => {}
+        other => panic!("{what} past its deadline: {other:?}"),
+    };
+    let permit = h.create_with(&["t"], &[("t", 1)], Some(10)).await;
+    let authorize = pb::AuthorizeRequest {
+        permit_id: permit.clone(),
+        tool: "t".into(),
+        idempotency_key: "k".into(),
+        request_fingerprint: b"fp".to_vec(),
+        cost: 1,
+    };
+    const AUTHORIZE: &str = "/atmost.v1.Gate/Authorize";
+    refused_late(
+        "Authorize",
+        raw_unary(h.addr, AUTHORIZE, &authorize, "1n").await,
+    );
+    assert_eq!(usage_of(&h, &permit, "t").await.calls_made, 0);
+    assert_eq!(budget(&h, &permit).await, (0, 0, Some(10)));
+
+    // The key and the cap are untouched: the same request, on time, gets
+    // its DISPATCH (through the same raw call, so the call itself works).
+    let answer = raw_unary(h.addr, AUTHORIZE, &authorize, "10S")
+        .await
+        .expect("on time");
+    let answer = <pb::AuthorizeResponse as prost::Message>::decode(&answer[..]).expect("decode");
+    assert_eq!(answer.decision(), Decision::Dispatch);
+    let a = answer.attempt.expect("attempt");
+
+    // A late NotSent returns nothing either.
+    let not_sent_late = pb::CommitRequest {
+        permit_id: permit.clone(),
+        idempotency_key: "k".into(),
+        attempt_id: a.attempt_id.clone(),
+        outcome: Some(not_sent()),
+    };
+    refused_late(
+        "Commit",
+        raw_unary(h.addr, "/atmost.v1.Gate/Commit", &not_sent_late, "1n").await,
+    );
+    assert_eq!(usage_of(&h, &permit, "t").await.calls_made, 1);
+    h.commit(&a, succeeded(b"ok", None)).await.expect("on time");
 }

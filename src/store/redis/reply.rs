@@ -354,7 +354,9 @@ fn script_error(reason: Reason, f: &mut Fields, about: &About) -> Result<Error, 
             Error::StoreUnavailable(why)
         }
         // Shedding happens before the store; no script sheds.
-        Reason::Overloaded => return Err(malformed("OVERLOADED from a script")),
+        Reason::Overloaded | Reason::DeadlineExceeded => {
+            return Err(malformed(format!("{} from a script", reason.as_str())));
+        }
     })
 }
 
@@ -429,7 +431,7 @@ mod tests {
                 Reason::StateConflict => &["2"],
                 Reason::InvalidRequest => &["succeeded.actual_cost", "too high"],
                 Reason::StoreUnavailable => &["a permit id given twice"],
-                Reason::Overloaded => continue,
+                Reason::Overloaded | Reason::DeadlineExceeded => continue,
                 _ => &[],
             };
             let mut values = vec!["ERR", reason.as_str()];
@@ -475,6 +477,7 @@ mod tests {
             "PERMIT_EXISTS",
             "NOPE",
             "OVERLOADED",
+            "DEADLINE_EXCEEDED",
         ] {
             assert!(unavailable(error_of(&["ERR", name], &about())), "{name}");
         }
