@@ -95,7 +95,8 @@ fn permit_config() -> impl Strategy<Value = PermitConfig> {
         )
 }
 
-fn outcome(with_not_sent: bool) -> BoxedStrategy<Outcome> {
+/// What Commit and Resolve accept: Succeeded, Failed or NotSent.
+fn outcome() -> BoxedStrategy<Outcome> {
     let succeeded =
         (0u8..2, proptest::option::of(0i64..4)).prop_map(|(r, actual_cost)| Outcome::Succeeded {
             result: vec![r; r as usize + 1],
@@ -104,11 +105,7 @@ fn outcome(with_not_sent: bool) -> BoxedStrategy<Outcome> {
     let failed = (0u8..2).prop_map(|r| Outcome::Failed {
         reason: format!("reason-{r}"),
     });
-    if with_not_sent {
-        prop_oneof![succeeded, failed, Just(Outcome::NotSent)].boxed()
-    } else {
-        prop_oneof![succeeded, failed].boxed()
-    }
+    prop_oneof![succeeded, failed, Just(Outcome::NotSent)].boxed()
 }
 
 /// Fingerprints 0 and 2 share their first 8 bytes but are different
@@ -133,11 +130,11 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0usize..3, 0usize..3, 0usize..4, 0u8..3, cost())
             .prop_map(|(permit, tool, key, fp, cost)| Op::Authorize { permit, tool, key, fp, cost }),
-        4 => (0usize..3, 0usize..4, outcome(true), proptest::bool::weighted(0.1))
+        4 => (0usize..3, 0usize..4, outcome(), proptest::bool::weighted(0.1))
             .prop_map(|(permit, key, outcome, stale_id)| Op::Commit { permit, key, outcome, stale_id }),
         2 => (0usize..3, 0usize..4, 0u8..2)
             .prop_map(|(permit, key, reason)| Op::MarkUncertain { permit, key, reason }),
-        2 => (0usize..3, 0usize..4, outcome(false))
+        2 => (0usize..3, 0usize..4, outcome())
             .prop_map(|(permit, key, outcome)| Op::Resolve { permit, key, outcome }),
         1 => (0usize..3).prop_map(|permit| Op::Revoke { permit }),
         1 => (0usize..3).prop_map(|permit| Op::Get { permit }),

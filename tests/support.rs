@@ -390,6 +390,12 @@ pub fn resolved_succeeded(result: &[u8], actual_cost: Option<i64>) -> pb::resolv
     })
 }
 
+/// An operator verified with the tool's provider that the call never took
+/// effect.
+pub fn resolved_not_sent() -> pb::resolve_request::Outcome {
+    pb::resolve_request::Outcome::NotSent(pb::NotSent {})
+}
+
 pub fn resolved_failed(reason: &str) -> pb::resolve_request::Outcome {
     pb::resolve_request::Outcome::Failed(pb::Failed {
         reason: reason.into(),

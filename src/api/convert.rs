@@ -104,7 +104,13 @@ pub fn resolve_cmd(r: pb::ResolveRequest) -> Result<ResolveCmd, Error> {
     let outcome = match r.outcome {
         Some(O::Succeeded(s)) => succeeded(s),
         Some(O::Failed(f)) => failed(f),
-        None => return Err(invalid("outcome", "one of succeeded or failed is required")),
+        Some(O::NotSent(_)) => Outcome::NotSent,
+        None => {
+            return Err(invalid(
+                "outcome",
+                "one of succeeded, failed or not_sent is required",
+            ));
+        }
     };
     Ok(ResolveCmd {
         permit_id: r.permit_id,

@@ -139,8 +139,10 @@ pub struct MarkUncertainCmd {
     pub reason: String,
 }
 
-/// An operator settles an UNCERTAIN attempt. `outcome` is never `NotSent`:
-/// an uncertain call may have left, so its slot is never returned.
+/// An operator settles an UNCERTAIN attempt after reconciling with the tool.
+/// `NotSent` means the operator verified that the call never took effect:
+/// the slot and the cost come back, which a holder's NotSent cannot do once
+/// the attempt is UNCERTAIN (its call may have left).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolveCmd {
     pub permit_id: String,
@@ -286,11 +288,6 @@ impl ResolveCmd {
         let mut v = Violations::default();
         check_permit_id(&mut v, &mut self.permit_id);
         check_key(&mut v, &self.idempotency_key);
-        v.check(
-            self.outcome != Outcome::NotSent,
-            "outcome",
-            "must be succeeded or failed",
-        );
         check_outcome(&mut v, &self.outcome);
         v.into_result()
     }

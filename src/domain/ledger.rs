@@ -434,8 +434,9 @@ impl Ledger {
                 record.detail().failure_reason = reason.clone();
             }
             Outcome::NotSent => {
-                if state != AttemptState::Reserved {
-                    // An uncertain call may have left: its slot stays held.
+                if by == Settler::Holder && state != AttemptState::Reserved {
+                    // An uncertain call may have left: its slot stays held,
+                    // until an operator verifies it never took effect.
                     return Err(Error::StateConflict { state });
                 }
                 let dup_hash = self.dup_hash(usize::from(attempt.tool), &attempt.fingerprint);

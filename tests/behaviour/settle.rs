@@ -10,6 +10,7 @@ on_both_stores!(
     actual_cost_defaults_and_may_not_exceed_reservation,
     attempt_not_found_and_mismatch,
     resolve_settles_only_uncertain,
+    resolve_not_sent_returns_a_slot_never_used,
 );
 
 async fn dispatch_commit_succeeded_then_replay_returns_receipt(h: Harness) {
@@ -299,4 +300,45 @@ async fn resolve_settles_only_uncertain(h: Harness) {
     );
     assert_eq!(meta["idempotency_key"], "missing");
     let _ = b;
+}
+
+/// An operator who verified with the tool's provider that an UNCERTAIN call
+/// never took effect resolves it NotSent: RELEASED, the slot and the cost
+/// back, the key free for a new call. The holder cannot, once the attempt
+/// is UNCERTAIN (its call may have left).
+async fn resolve_not_sent_returns_a_slot_never_used(h: Harness) {
+    let permit = h.create_with(&["t"], &[("t", 1)], Some(10)).await;
+    let a = h.dispatch(&permit, "t", "k", b"fp", 10).await;
+    expect_error(
+        h.resolve(&permit, "k", resolved_not_sent()).await,
+        Code::FailedPrecondition,
+        "ATTEMPT_STATE_CONFLICT",
+    );
+    h.mark_uncertain(&a, "lost").await.expect("mark");
+    let (meta, _) = expect_error(
+        h.commit(&a, not_sent()).await,
+        Code::FailedPrecondition,
+        "ATTEMPT_STATE_CONFLICT",
+    );
+    assert_eq!(meta["state"], "UNCERTAIN");
+    expect_error(
+        h.authorize(&permit, "t", "k2", b"fp2", 1).await,
+        Code::ResourceExhausted,
+        "PERMIT_MAX_CALLS_EXCEEDED",
+    );
+    let r = h
+        .resolve(&permit, "k", resolved_not_sent())
+        .await
+        .expect("resolve not sent");
+    assert_eq!(r.attempt.expect("a").state(), AttemptState::Released);
+    let usage = r.usage.expect("usage");
+    assert_eq!((usage.calls_made, usage.budget_remaining), (0, Some(10)));
+    assert!(h.list_all(&permit, 10).await.is_empty());
+    // A repeat answers the same; the key and the slot serve a new call.
+    h.resolve(&permit, "k", resolved_not_sent())
+        .await
+        .expect("the same again");
+    let again = h.dispatch(&permit, "t", "k", b"fp", 10).await;
+    assert_ne!(again.attempt_id, a.attempt_id);
+    assert_eq!(budget(&h, &permit).await, (0, 10, Some(0)));
 }

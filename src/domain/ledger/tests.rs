@@ -795,6 +795,41 @@ fn resolve_settles_only_an_uncertain_attempt() {
     assert_eq!((b.calls("t"), b.budget()), (2, (8, 0)));
 }
 
+/// An operator who verified with the tool's provider that an UNCERTAIN call
+/// never took effect returns its slot and cost: the key is free again. A
+/// holder cannot (its call may have left), nor can an operator while the
+/// attempt is RESERVED within its lease.
+#[test]
+fn resolve_not_sent_returns_a_slot_that_was_never_used() {
+    let mut b = Bench::with(|p| {
+        p.budget = Some(10);
+        p.max_calls_per_tool.insert("t".into(), 1);
+    });
+    let a = b.dispatch("t", "k", "1", 10);
+    assert_eq!(
+        b.resolve("k", Outcome::NotSent),
+        Err(conflict(AttemptState::Reserved)),
+        "RESERVED within its lease is the holder's"
+    );
+    b.mark(&a, "lost").expect("mark");
+    assert_eq!(
+        b.commit(&a, Outcome::NotSent),
+        Err(conflict(AttemptState::Uncertain)),
+        "the holder cannot: its call may have left"
+    );
+    assert_eq!((b.calls("t"), b.budget()), (1, (0, 10)));
+    let s = b
+        .resolve("k", Outcome::NotSent)
+        .expect("verified never sent");
+    assert_eq!(s.attempt.state, AttemptState::Released);
+    assert_eq!((b.calls("t"), b.budget()), (0, (0, 0)));
+    // A repeat answers the same; the key and the slot serve a new call.
+    assert_eq!(b.resolve("k", Outcome::NotSent), Ok(s));
+    let again = b.dispatch("t", "k", "1", 10);
+    assert_ne!(again.attempt_id, a.attempt_id);
+    assert_eq!((b.calls("t"), b.budget()), (1, (0, 10)));
+}
+
 #[test]
 fn a_repeated_resolve_answers_the_same_and_a_different_one_conflicts() {
     let mut b = Bench::new();
@@ -1157,7 +1192,7 @@ mod property {
         })
     }
 
-    /// Succeeded or Failed: what Resolve accepts.
+    /// Succeeded or Failed.
     fn a_settlement() -> impl Strategy<Value = Outcome> {
         prop_oneof![
             (0u8..2, proptest::option::of(0i64..5)).prop_map(|(r, actual_cost)| {
@@ -1172,14 +1207,14 @@ mod property {
 
     fn a_step() -> impl Strategy<Value = Step> {
         let cost = prop_oneof![8 => 0i64..5, 1 => Just(MAX_AMOUNT / 2 + 1), 1 => Just(MAX_AMOUNT)];
-        let outcome = prop_oneof![2 => a_settlement(), 1 => Just(Outcome::NotSent)];
+        let outcome = || prop_oneof![2 => a_settlement(), 1 => Just(Outcome::NotSent)];
         prop_oneof![
             5 => (0..TOOLS.len(), 0..KEYS.len(), 0u8..3, cost)
                 .prop_map(|(tool, key, fp, cost)| Step::Authorize { tool, key, fp, cost }),
-            4 => (0..KEYS.len(), outcome, proptest::bool::weighted(0.1))
+            4 => (0..KEYS.len(), outcome(), proptest::bool::weighted(0.1))
                 .prop_map(|(key, outcome, stale)| Step::Commit { key, outcome, stale }),
             2 => (0..KEYS.len()).prop_map(|key| Step::MarkUncertain { key }),
-            2 => (0..KEYS.len(), a_settlement()).prop_map(|(key, outcome)| Step::Resolve { key, outcome }),
+            2 => (0..KEYS.len(), outcome()).prop_map(|(key, outcome)| Step::Resolve { key, outcome }),
             1 => Just(Step::Revoke),
             3 => (0i64..4_000).prop_map(Step::Advance),
         ]
@@ -1222,8 +1257,16 @@ mod property {
         }
     }
 
-    /// `before` is the ledger before the step, which ran at `then`.
-    fn invariants(ledger: &Ledger, before: &Snapshot, then: Millis, seen: &Seen) {
+    /// `before` is the ledger before the step, which ran at `then`;
+    /// `verified_not_sent` the key an operator's Resolve NotSent released in
+    /// it, if any: the one way an uncertain slot may come back.
+    fn invariants(
+        ledger: &Ledger,
+        before: &Snapshot,
+        then: Millis,
+        seen: &Seen,
+        verified_not_sent: Option<&str>,
+    ) {
         let view = ledger.view();
         for (i, usage) in view.usage.iter().enumerate() {
             if let Some(cap) = usage.calls_limit {
@@ -1275,7 +1318,9 @@ mod property {
                 }
                 AttemptState::Released => {}
             }
-            if was.observed_state(then) == AttemptState::Uncertain {
+            if was.observed_state(then) == AttemptState::Uncertain
+                && verified_not_sent != Some(was.idempotency_key.as_str())
+            {
                 assert_ne!(
                     is.state,
                     AttemptState::Released,
@@ -1290,6 +1335,7 @@ mod property {
         let mut seen = Seen::default();
         for step in steps {
             let (before, then) = (snapshot(&b.ledger), b.now);
+            let mut verified_not_sent = None;
             match step {
                 &Step::Authorize {
                     tool,
@@ -1322,14 +1368,18 @@ mod property {
                     let _ = b.mark_as(KEYS[key], &id, "lost");
                 }
                 Step::Resolve { key, outcome } => {
-                    let _ = b.resolve(KEYS[*key], outcome.clone());
+                    let r = b.resolve(KEYS[*key], outcome.clone());
+                    if r.is_ok() && *outcome == Outcome::NotSent {
+                        seen.not_sent(*key);
+                        verified_not_sent = Some(KEYS[*key]);
+                    }
                 }
                 Step::Revoke => {
                     b.ledger.revoke();
                 }
                 &Step::Advance(ms) => b.advance(ms),
             }
-            invariants(&b.ledger, &before, then, &seen);
+            invariants(&b.ledger, &before, then, &seen, verified_not_sent);
         }
     }
 

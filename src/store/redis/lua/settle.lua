@@ -79,8 +79,9 @@ if outcome == 'succeeded' and actual > a.cost then
   return {'ERR', 'INVALID_REQUEST', 'succeeded.actual_cost',
     'may not exceed the reserved cost ' .. int(a.cost)}
 end
-if outcome == 'not_sent' and state ~= RESERVED then
-  -- An uncertain call may have left: its slot stays held.
+if outcome == 'not_sent' and ARGV[8] == 'holder' and state ~= RESERVED then
+  -- An uncertain call may have left: its slot stays held, until an
+  -- operator verifies it never took effect (Resolve NotSent).
   return {'ERR', 'ATTEMPT_STATE_CONFLICT', state}
 end
 
