@@ -101,7 +101,7 @@ rcli HSET "$P:permit" exp $((NOW_MS + 86400000)) status 1 lease 30000 gmode 1 gw
 REQUESTS=${CEILING_REQUESTS:-400000}
 redis-benchmark -p "$REDIS_PORT" -c "$CONCURRENCY" -n "$REQUESTS" -r 1000000000 --csv \
   EVALSHA "$SHA" 4 "$P:permit" "$P:attempts" "$P:open" "$P:dup" "$NOW_MS" search \
-  "key-__rand_int__" "fp-__rand_int__-0123456789abcdef" 1 "attempt-__rand_int__" \
+  "key-__rand_int__" "fp-__rand_int__-0123456789abcdef" 1 "attempt-__rand_int__" "" \
   | tee "$OUT/redis-benchmark.csv"
 RPS=$(tail -n 1 "$OUT/redis-benchmark.csv" | cut -d, -f2 | tr -d '"')
 record redis_evalsha_rps "$RPS"

@@ -37,6 +37,8 @@ pub const MAX_KEY_LEN: usize = 255;
 pub const MAX_TOOL_LEN: usize = 128;
 /// Longest request fingerprint, in bytes.
 pub const MAX_FINGERPRINT_LEN: usize = 64;
+/// Longest holder token, in bytes.
+pub const MAX_HOLDER_TOKEN_LEN: usize = 64;
 /// Longest free-text field (subject, failure and uncertain reasons), in bytes.
 pub const MAX_TEXT_LEN: usize = 1024;
 /// Default lease of a dispatch before it is presumed uncertain.

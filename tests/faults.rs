@@ -59,6 +59,7 @@ fn authorize_request(permit_id: &str, key: &str, cost: i64) -> pb::AuthorizeRequ
         idempotency_key: key.into(),
         request_fingerprint: key.as_bytes().to_vec(),
         cost,
+        holder_token: Vec::new(),
     }
 }
 

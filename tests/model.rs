@@ -36,6 +36,8 @@ enum Op {
         key: usize,
         fp: u8,
         cost: i64,
+        /// 0: no holder token; 1 and 2: two holders' tokens.
+        token: u8,
     },
     Commit {
         permit: usize,
@@ -128,8 +130,8 @@ fn cost() -> impl Strategy<Value = i64> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0usize..3, 0usize..3, 0usize..4, 0u8..3, cost())
-            .prop_map(|(permit, tool, key, fp, cost)| Op::Authorize { permit, tool, key, fp, cost }),
+        6 => (0usize..3, 0usize..3, 0usize..4, 0u8..3, cost(), 0u8..3)
+            .prop_map(|(permit, tool, key, fp, cost, token)| Op::Authorize { permit, tool, key, fp, cost, token }),
         4 => (0usize..3, 0usize..4, outcome(), proptest::bool::weighted(0.1))
             .prop_map(|(permit, key, outcome, stale_id)| Op::Commit { permit, key, outcome, stale_id }),
         2 => (0usize..3, 0usize..4, 0u8..2)
@@ -222,6 +224,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 key,
                 fp,
                 cost,
+                token,
             } => {
                 let cmd = AuthorizeCmd {
                     permit_id: permits[*permit].permit_id.clone(),
@@ -229,6 +232,10 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     idempotency_key: KEYS[*key].into(),
                     request_fingerprint: fingerprint(*fp),
                     cost: *cost,
+                    holder_token: match token {
+                        0 => Vec::new(),
+                        n => format!("holder-{n}").into_bytes(),
+                    },
                 };
                 let id = fresh(now);
                 let a = model.authorize(&cmd, now, id.clone()).await;

@@ -167,6 +167,7 @@ async fn sigterm_exits_zero() {
             idempotency_key: "k".into(),
             request_fingerprint: b"fp".to_vec(),
             cost: 0,
+            holder_token: Vec::new(),
         })
         .await;
     expect_error(r, Code::NotFound, "PERMIT_NOT_FOUND");

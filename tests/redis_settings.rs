@@ -56,6 +56,7 @@ async fn dispatches(client: &Client) {
             idempotency_key: "k".into(),
             request_fingerprint: b"fp".to_vec(),
             cost: 0,
+            holder_token: Vec::new(),
         })
         .await
         .expect("authorize");

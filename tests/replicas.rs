@@ -36,6 +36,7 @@ async fn sixty_four_keys_through_two_replicas_dispatch_exactly_the_cap() {
                     idempotency_key: format!("charge-{i}"),
                     request_fingerprint: format!("request-{i}").into_bytes(),
                     cost: 10,
+                    holder_token: Vec::new(),
                 })
                 .await
         }));

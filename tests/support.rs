@@ -182,6 +182,7 @@ impl Harness {
                 idempotency_key: key.into(),
                 request_fingerprint: fingerprint.to_vec(),
                 cost,
+                holder_token: Vec::new(),
             })
             .await
     }

@@ -118,6 +118,7 @@ async fn bench_prints_the_scripts_the_redis_store_sends() {
                 .as_bytes()
                 .as_slice(),
         )
+        .arg("")
         .invoke_async(&mut conn)
         .await
         .expect("the printed script runs");

@@ -21,6 +21,7 @@
 //!         idempotency_key: "charge-1".into(),
 //!         request_fingerprint: b"sha256 of the request".to_vec(),
 //!         cost: 500,
+//!         holder_token: Vec::new(),
 //!     })
 //!     .await;
 //! match answer {

@@ -55,6 +55,7 @@ pub fn authorize_cmd(r: pb::AuthorizeRequest) -> AuthorizeCmd {
         idempotency_key: r.idempotency_key,
         request_fingerprint: r.request_fingerprint,
         cost: r.cost,
+        holder_token: r.holder_token,
     }
 }
 

@@ -51,6 +51,7 @@ impl Gate for GateService {
             attempt: Some(convert::attempt(authorized.attempt)),
             usage: Some(convert::usage(authorized.usage)),
             duplicate_of: authorized.duplicate_of.unwrap_or_default(),
+            redelivered: authorized.redelivered,
         }))
     }
 

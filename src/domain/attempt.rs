@@ -2,8 +2,8 @@
 //! them, and what those commands answer.
 
 use super::{
-    Error, LEASE_EXPIRED, MARKED_UNCERTAIN, MAX_AMOUNT, MAX_FINGERPRINT_LEN, MAX_RESULT_BYTES,
-    MAX_TEXT_LEN, Millis, Usage, Violations, canonical_id, valid_key, valid_tool,
+    Error, LEASE_EXPIRED, MARKED_UNCERTAIN, MAX_AMOUNT, MAX_FINGERPRINT_LEN, MAX_HOLDER_TOKEN_LEN,
+    MAX_RESULT_BYTES, MAX_TEXT_LEN, Millis, Usage, Violations, canonical_id, valid_key, valid_tool,
 };
 
 /// The states of the attempt state machine.
@@ -108,6 +108,11 @@ pub struct AuthorizeCmd {
     pub idempotency_key: String,
     pub request_fingerprint: Vec<u8>,
     pub cost: i64,
+    /// The caller's proof that it is the same holder across retries of one
+    /// logical call (empty: none). A same-key retry with the same request
+    /// and token while the attempt is RESERVED within its lease is answered
+    /// DISPATCH again ([`Authorized::redelivered`]), reserving nothing more.
+    pub holder_token: Vec<u8>,
 }
 
 /// What a caller reports after dispatching (or not).
@@ -164,6 +169,9 @@ pub struct Authorized {
     pub attempt: Attempt,
     pub usage: Usage,
     pub duplicate_of: Option<String>,
+    /// This DISPATCH repeats one already given to the same holder token for
+    /// the same attempt: nothing more was reserved.
+    pub redelivered: bool,
 }
 
 /// The answer of Commit and Resolve.
@@ -248,6 +256,11 @@ impl AuthorizeCmd {
             (0..=MAX_AMOUNT).contains(&self.cost),
             "cost",
             format!("must be within 0..={MAX_AMOUNT}"),
+        );
+        v.check(
+            self.holder_token.len() <= MAX_HOLDER_TOKEN_LEN,
+            "holder_token",
+            format!("at most {MAX_HOLDER_TOKEN_LEN} bytes"),
         );
         v.into_result()
     }

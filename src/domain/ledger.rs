@@ -64,6 +64,9 @@ struct Detail {
     receipt: Option<Receipt>,
     failure_reason: String,
     uncertain_reason: String,
+    /// The holder token of a RESERVED attempt (empty: none); dropped when
+    /// it stops being RESERVED, since only then does it redeliver.
+    holder_token: Box<[u8]>,
 }
 
 impl Record {
@@ -81,6 +84,10 @@ impl Record {
 
     fn receipt(&self) -> Option<&Receipt> {
         self.detail.as_ref().and_then(|d| d.receipt.as_ref())
+    }
+
+    fn holder_token(&self) -> &[u8] {
+        self.detail.as_ref().map_or(&[], |d| &d.holder_token)
     }
 }
 
@@ -191,6 +198,19 @@ impl Ledger {
                 });
             }
             if existing.observed_state(now) == AttemptState::Reserved {
+                // The same holder, whose DISPATCH answer was lost, gets it
+                // again: the same attempt, nothing more reserved.
+                if !cmd.holder_token.is_empty()
+                    && existing.holder_token() == cmd.holder_token.as_slice()
+                {
+                    return Ok(Authorized {
+                        decision: Decision::Dispatch,
+                        usage: self.usage(usize::from(existing.tool)),
+                        attempt: self.attempt_view(key, existing, now),
+                        duplicate_of: None,
+                        redelivered: true,
+                    });
+                }
                 return Err(Error::InProgress {
                     idempotency_key: cmd.idempotency_key.clone(),
                     lease_expires_at: existing.lease_expires_at,
@@ -202,6 +222,7 @@ impl Ledger {
                 usage: self.usage(usize::from(existing.tool)),
                 attempt: self.attempt_view(key, existing, now),
                 duplicate_of: None,
+                redelivered: false,
             });
         }
 
@@ -267,7 +288,13 @@ impl Ledger {
             lease_expires_at: now + permit.lease_ms,
             tool: u16::try_from(tool).expect("at most MAX_TOOLS tools"),
             state: AttemptState::Reserved,
-            detail: None,
+            // Only an attempt with a holder token pays for a Detail now.
+            detail: (!cmd.holder_token.is_empty()).then(|| {
+                Box::new(Detail {
+                    holder_token: cmd.holder_token.as_slice().into(),
+                    ..Detail::default()
+                })
+            }),
             duplicate_of: duplicate_of.clone(),
         };
         if let Some(hash) = dup_hash {
@@ -282,6 +309,7 @@ impl Ledger {
             usage: self.usage(tool),
             attempt,
             duplicate_of: duplicate_of.map(|k| k.to_string()),
+            redelivered: false,
         })
     }
 
@@ -333,7 +361,9 @@ impl Ledger {
                     .get_mut(cmd.idempotency_key.as_str())
                     .expect("checked");
                 record.state = AttemptState::Uncertain;
-                record.detail().uncertain_reason = cmd.reason.clone();
+                let detail = record.detail();
+                detail.uncertain_reason = cmd.reason.clone();
+                detail.holder_token = Box::default();
                 Ok(self.attempt_at(&cmd.idempotency_key, now))
             }
             AttemptState::Uncertain => Ok(self.attempt_at(&cmd.idempotency_key, now)),
@@ -452,6 +482,10 @@ impl Ledger {
                     };
                 }
             }
+        }
+        // Settled: no longer RESERVED, so its token redelivers nothing.
+        if let Some(detail) = self.attempts.get_mut(key).and_then(|r| r.detail.as_mut()) {
+            detail.holder_token = Box::default();
         }
         self.last_settled_at = now;
         Ok(self.settled(key, now))

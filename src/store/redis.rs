@@ -204,16 +204,18 @@ impl Store for RedisStore {
             .arg(&cmd.idempotency_key)
             .arg(&cmd.request_fingerprint)
             .arg(cmd.cost)
-            .arg(id_bytes(&attempt_id));
+            .arg(id_bytes(&attempt_id))
+            .arg(&cmd.holder_token);
         let about = About {
             tool: Some(&cmd.tool),
             cost: Some(cmd.cost),
             ..About::key(&cmd.permit_id, &cmd.idempotency_key, now)
         };
         let (verdict, mut f) = open(self.run(&inv).await?, &about)?;
-        let decision = match verdict.as_str() {
-            "DISPATCH" => Decision::Dispatch,
-            "REPLAY" => Decision::Replay,
+        let (decision, redelivered) = match verdict.as_str() {
+            "DISPATCH" => (Decision::Dispatch, false),
+            "REDELIVERED" => (Decision::Dispatch, true),
+            "REPLAY" => (Decision::Replay, false),
             other => return Err(malformed(format!("verdict {other:?}"))),
         };
         let attempt = decode_attempt(&cmd.permit_id, f.array()?)?;
@@ -224,6 +226,7 @@ impl Store for RedisStore {
             attempt,
             usage,
             duplicate_of,
+            redelivered,
         })
     }
 

@@ -14,6 +14,7 @@ on_both_stores!(
     unlimited_budget_stops_at_the_accounting_ceiling,
     malformed_requests_change_nothing,
     a_request_past_its_deadline_changes_nothing,
+    the_same_holder_token_recovers_a_lost_dispatch,
 );
 
 async fn same_key_in_flight_is_in_progress(h: Harness) {
@@ -377,6 +378,7 @@ async fn a_request_past_its_deadline_changes_nothing(h: Harness) {
         idempotency_key: "k".into(),
         request_fingerprint: b"fp".to_vec(),
         cost: 1,
+        holder_token: Vec::new(),
     };
     const AUTHORIZE: &str = "/atmost.v1.Gate/Authorize";
     refused_late(
@@ -408,4 +410,63 @@ async fn a_request_past_its_deadline_changes_nothing(h: Harness) {
     );
     assert_eq!(usage_of(&h, &permit, "t").await.calls_made, 1);
     h.commit(&a, succeeded(b"ok", None)).await.expect("on time");
+}
+
+/// A caller whose DISPATCH answer was lost retries the same key with the
+/// same holder_token and is told DISPATCH again (`redelivered`): the same
+/// attempt, nothing more reserved, so it can send or give the slot back with
+/// NotSent. A second worker with another token, or none, is IN_PROGRESS.
+async fn the_same_holder_token_recovers_a_lost_dispatch(h: Harness) {
+    let permit = h.create_with(&["t"], &[("t", 1)], Some(10)).await;
+    let request = |token: &[u8]| pb::AuthorizeRequest {
+        permit_id: permit.clone(),
+        tool: "t".into(),
+        idempotency_key: "charge-1".into(),
+        request_fingerprint: b"fp".to_vec(),
+        cost: 10,
+        holder_token: token.to_vec(),
+    };
+    let first = h
+        .client
+        .authorize(request(b"worker-a"))
+        .await
+        .expect("first");
+    assert_eq!(first.decision(), Decision::Dispatch);
+    assert!(!first.redelivered);
+    // Its answer was lost; the same holder asks again.
+    let again = h
+        .client
+        .authorize(request(b"worker-a"))
+        .await
+        .expect("again");
+    assert_eq!(again.decision(), Decision::Dispatch);
+    assert!(again.redelivered);
+    assert_eq!(again.attempt, first.attempt);
+    assert_eq!(usage_of(&h, &permit, "t").await.calls_made, 1);
+    assert_eq!(budget(&h, &permit).await, (0, 10, Some(0)));
+    for other in [&b"worker-b"[..], b""] {
+        expect_error(
+            h.client.authorize(request(other)).await,
+            Code::Aborted,
+            "IDEMPOTENCY_IN_PROGRESS",
+        );
+    }
+    let (_, error) = expect_error(
+        h.client.authorize(request(&[7; 65])).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    assert_eq!(error.violated_fields(), ["holder_token"]);
+    // The redelivered holder never sent: the slot comes back.
+    let attempt = again.attempt.expect("attempt");
+    h.commit(&attempt, not_sent()).await.expect("not sent");
+    assert_eq!(usage_of(&h, &permit, "t").await.calls_made, 0);
+    // Settled, the token redelivers nothing: a new call gets a new attempt.
+    let next = h
+        .client
+        .authorize(request(b"worker-a"))
+        .await
+        .expect("next");
+    assert!(!next.redelivered);
+    assert_ne!(next.attempt.expect("a").attempt_id, attempt.attempt_id);
 }

@@ -38,6 +38,7 @@ fn request(permit: &str, key: &str, fingerprint: &[u8]) -> pb::AuthorizeRequest 
         idempotency_key: key.into(),
         request_fingerprint: fingerprint.to_vec(),
         cost: 1,
+        holder_token: Vec::new(),
     }
 }
 

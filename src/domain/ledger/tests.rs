@@ -163,12 +163,25 @@ impl Bench {
         fp: &str,
         cost: i64,
     ) -> Result<Authorized, Error> {
+        self.authorize_as(tool, key, fp, cost, "")
+    }
+
+    /// Authorize with a holder token ("" for none).
+    fn authorize_as(
+        &mut self,
+        tool: &str,
+        key: &str,
+        fp: &str,
+        cost: i64,
+        token: &str,
+    ) -> Result<Authorized, Error> {
         let cmd = AuthorizeCmd {
             permit_id: self.permit_id(),
             tool: tool.into(),
             idempotency_key: key.into(),
             request_fingerprint: fp.as_bytes().to_vec(),
             cost,
+            holder_token: token.as_bytes().to_vec(),
         };
         let id = self.fresh("attempt");
         self.run(|l, now| l.authorize(&cmd, now, id))
@@ -760,6 +773,66 @@ fn mark_uncertain_conflicts_on_a_settled_attempt() {
     }
 }
 
+// === holder tokens ===
+
+/// The holder whose DISPATCH answer was lost retries the same key with its
+/// token and is told DISPATCH again: the same attempt, nothing more
+/// reserved; it can then send, or give the slot back with NotSent. Another
+/// token, or none, is IN_PROGRESS; once the attempt is no longer RESERVED
+/// within its lease, the token redelivers nothing.
+#[test]
+fn the_same_holder_token_is_told_dispatch_again_while_reserved() {
+    let mut b = Bench::with(|p| {
+        p.max_calls_per_tool.insert("t".into(), 1);
+        p.budget = Some(10);
+    });
+    let first = b
+        .authorize_as("t", "k", "fp", 10, "holder-1")
+        .expect("dispatch");
+    assert!(!first.redelivered);
+    let again = b
+        .authorize_as("t", "k", "fp", 10, "holder-1")
+        .expect("again");
+    assert_eq!(again.decision, Decision::Dispatch);
+    assert!(again.redelivered);
+    assert_eq!(again.attempt, first.attempt);
+    assert_eq!(
+        (b.calls("t"), b.budget()),
+        (1, (0, 10)),
+        "nothing more reserved"
+    );
+    for other in ["holder-2", ""] {
+        assert!(
+            matches!(
+                b.authorize_as("t", "k", "fp", 10, other),
+                Err(Error::InProgress { .. })
+            ),
+            "{other:?}"
+        );
+    }
+    // A different request under the key is still KEY_REUSED, token or not.
+    assert!(matches!(
+        b.authorize_as("t", "k", "other", 10, "holder-1"),
+        Err(Error::KeyReused { .. })
+    ));
+    // The redelivered holder gives the slot back.
+    b.commit(&again.attempt, Outcome::NotSent)
+        .expect("not sent");
+    assert_eq!((b.calls("t"), b.budget()), (0, (0, 0)));
+
+    // Past the lease the attempt is UNCERTAIN: the token gets its REPLAY.
+    let held = b
+        .authorize_as("t", "k2", "fp2", 1, "holder-1")
+        .expect("dispatch");
+    b.at(held.attempt.lease_expires_at);
+    let late = b
+        .authorize_as("t", "k2", "fp2", 1, "holder-1")
+        .expect("replay");
+    assert_eq!(late.decision, Decision::Replay);
+    assert!(!late.redelivered);
+    assert_eq!(late.attempt.state, AttemptState::Uncertain);
+}
+
 // === Resolve ===
 
 #[test]
@@ -1146,6 +1219,8 @@ mod property {
             key: usize,
             fp: u8,
             cost: i64,
+            /// 0: none; 1, 2: two holders' tokens.
+            token: u8,
         },
         /// With the attempt id the key was last dispatched with, or a stale
         /// one.
@@ -1209,8 +1284,8 @@ mod property {
         let cost = prop_oneof![8 => 0i64..5, 1 => Just(MAX_AMOUNT / 2 + 1), 1 => Just(MAX_AMOUNT)];
         let outcome = || prop_oneof![2 => a_settlement(), 1 => Just(Outcome::NotSent)];
         prop_oneof![
-            5 => (0..TOOLS.len(), 0..KEYS.len(), 0u8..3, cost)
-                .prop_map(|(tool, key, fp, cost)| Step::Authorize { tool, key, fp, cost }),
+            5 => (0..TOOLS.len(), 0..KEYS.len(), 0u8..3, cost, 0u8..3)
+                .prop_map(|(tool, key, fp, cost, token)| Step::Authorize { tool, key, fp, cost, token }),
             4 => (0..KEYS.len(), outcome(), proptest::bool::weighted(0.1))
                 .prop_map(|(key, outcome, stale)| Step::Commit { key, outcome, stale }),
             2 => (0..KEYS.len()).prop_map(|key| Step::MarkUncertain { key }),
@@ -1232,6 +1307,23 @@ mod property {
     }
 
     impl Seen {
+        /// A redelivered DISPATCH: the same attempt, still held, nothing
+        /// more reserved; it must be the key's latest one, never released.
+        fn redelivered(&mut self, key: usize, attempt_id: &str) {
+            let latest = self.dispatched.get(&key).map(|(_, id)| id.as_str());
+            assert_eq!(
+                latest,
+                Some(attempt_id),
+                "{} redelivered another attempt",
+                KEYS[key]
+            );
+            assert!(
+                !self.released.contains(&key),
+                "{} redelivered after NotSent",
+                KEYS[key]
+            );
+        }
+
         fn dispatch(&mut self, key: usize, tool: usize, attempt_id: String) {
             assert!(
                 !self.dispatched.contains_key(&key) || self.released.contains(&key),
@@ -1342,9 +1434,16 @@ mod property {
                     key,
                     fp,
                     cost,
+                    token,
                 } => {
-                    let r = b.authorize(TOOLS[tool], KEYS[key], &fp.to_string(), cost);
+                    let token = ["", "holder-1", "holder-2"][usize::from(token)];
+                    let r = b.authorize_as(TOOLS[tool], KEYS[key], &fp.to_string(), cost, token);
                     match r {
+                        Ok(r) if r.redelivered => {
+                            assert_eq!(r.decision, Decision::Dispatch);
+                            assert_eq!(snapshot(&b.ledger), before, "a redelivery changed");
+                            seen.redelivered(key, &r.attempt.attempt_id);
+                        }
                         Ok(r) if r.decision == Decision::Dispatch => {
                             seen.dispatch(key, tool, r.attempt.attempt_id)
                         }

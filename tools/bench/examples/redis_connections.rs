@@ -121,7 +121,8 @@ async fn drive(
                     .arg(format!("key-{phase}-{i}"))
                     .arg(format!("fp-{i:032}").as_bytes())
                     .arg(1)
-                    .arg(id.as_bytes().as_slice());
+                    .arg(id.as_bytes().as_slice())
+                    .arg(""); // no holder token
                 let started = Instant::now();
                 let reply = strategy.eval(&inv).await;
                 // Only a fresh reservation counts: anything else took a

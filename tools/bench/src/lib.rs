@@ -171,6 +171,7 @@ fn authorize_request(permit: &str, key: &str, n: u64) -> pb::AuthorizeRequest {
         idempotency_key: key.to_owned(),
         request_fingerprint: fingerprint,
         cost: 1,
+        holder_token: Vec::new(),
     }
 }
 

@@ -194,6 +194,7 @@ async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<Str
                 idempotency_key: key.clone(),
                 request_fingerprint: fingerprint.clone(),
                 cost,
+                holder_token: Vec::new(),
             };
             let h = &mut keys[key_index];
             match call(&ctx, &mut rng, client.authorize(request)).await {
@@ -435,6 +436,7 @@ async fn fixed_races(clients: &[Client], expires_at_ms: i64, rounds: usize) -> V
                                 key.into_bytes()
                             },
                             cost: 2,
+                            holder_token: Vec::new(),
                         })
                         .await
                 }));

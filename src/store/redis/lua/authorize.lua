@@ -7,10 +7,13 @@
 -- ARGV[3]  idempotency key         ARGV[4]  request fingerprint (bytes)
 -- ARGV[5]  cost                    ARGV[6]  fresh attempt id (16 bytes: a
 --          UUIDv7 made at `now`, which is the attempt's creation time)
+-- ARGV[7]  holder token ("" = none)
 --
 -- Returns one of
 --   {"DISPATCH", attempt, usage, duplicate_of or ""}  a fresh reservation
 --   {"REPLAY", attempt, usage, ""}                    the key's outcome
+--   {"REDELIVERED", attempt, usage, ""}  the same holder token's DISPATCH
+--     again: the attempt is RESERVED within its lease, nothing more reserved
 --   {"ERR", "IDEMPOTENCY_KEY_REUSED"}
 --   {"ERR", "IDEMPOTENCY_IN_PROGRESS", lease_expires_at}
 --   {"ERR", "PERMIT_NOT_FOUND"} | {"ERR", "PERMIT_REVOKED"}
@@ -21,7 +24,7 @@
 --   {"ERR", "STORE_UNAVAILABLE", why}  the permit record holds a status or
 --     guard mode this version does not know, or a field is missing or not
 --     a number
--- Example: ARGV={"1767225600000","payments.charge","order-42",<32 bytes>,"250",<uuid>}
+-- Example: ARGV={"1767225600000","payments.charge","order-42",<32 bytes>,"250",<uuid>,""}
 --   -> {"DISPATCH", {<uuid>,"payments.charge",...}, {"payments.charge","1",1,"3",1,"750"}, ""}
 
 local now = tonumber(ARGV[1])
@@ -35,11 +38,17 @@ if existing and existing.state ~= RELEASED then
     return {'ERR', 'IDEMPOTENCY_KEY_REUSED'}
   end
   if observed_state(existing, now) == RESERVED then
-    return {'ERR', 'IDEMPOTENCY_IN_PROGRESS', int(existing.lease)}
+    if ARGV[7] == '' or existing.token ~= ARGV[7] then
+      return {'ERR', 'IDEMPOTENCY_IN_PROGRESS', int(existing.lease)}
+    end
   end
   local usage = usage_reply(KEYS[1], tool)
   if not usage then
     return UNREADABLE_PERMIT
+  end
+  if observed_state(existing, now) == RESERVED then
+    -- The same holder, whose DISPATCH answer was lost: the same attempt.
+    return {'REDELIVERED', attempt_reply(existing, key, now), usage, ''}
   end
   return {'REPLAY', attempt_reply(existing, key, now), usage, ''}
 end
@@ -108,7 +117,7 @@ local a = {
   id = ARGV[6], tool = tool, fp = fp, cost = cost, state = RESERVED,
   created = created, lease = now + lease, receipt_id = '',
   result = '', actual = 0, issued = 0, failure = '', ureason = '',
-  dup_of = duplicate_of,
+  dup_of = duplicate_of, token = ARGV[7],
 }
 save_attempt(KEYS[2], key, a)
 redis.call('ZADD', KEYS[3], 0, key)

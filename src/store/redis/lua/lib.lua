@@ -44,8 +44,9 @@ local function id_ms(id)
 end
 
 -- Attempt record, a cmsgpack array: id, tool, fp, cost, state, lease - created,
--- receipt_id, result, actual, failure, ureason, dup_of, with trailing empty
--- values ('' or 0) left off. created and issued come from the ids.
+-- receipt_id, result, actual, failure, ureason, dup_of, token (the holder
+-- token, kept only while RESERVED), with trailing empty values ('' or 0)
+-- left off. created and issued come from the ids.
 local function load_attempt(attempts_key, key)
   local raw = redis.call('HGET', attempts_key, key)
   if not raw then
@@ -59,13 +60,14 @@ local function load_attempt(attempts_key, key)
     result = t[8] or '', actual = t[9] or 0,
     issued = receipt_id ~= '' and id_ms(receipt_id) or 0,
     failure = t[10] or '', ureason = t[11] or '', dup_of = t[12] or '',
+    token = t[13] or '',
   }
 end
 
 local function save_attempt(attempts_key, key, a)
   local t = {
     a.id, a.tool, a.fp, a.cost, a.state, a.lease - a.created, a.receipt_id,
-    a.result, a.actual, a.failure, a.ureason, a.dup_of,
+    a.result, a.actual, a.failure, a.ureason, a.dup_of, a.token,
   }
   local n = #t
   while n > 6 and (t[n] == '' or t[n] == 0) do

@@ -23,7 +23,7 @@ if a.id ~= ARGV[3] then
   return {'ERR', 'ATTEMPT_MISMATCH'}
 end
 if a.state == RESERVED then
-  a.state, a.ureason = UNCERTAIN, ARGV[4]
+  a.state, a.ureason, a.token = UNCERTAIN, ARGV[4], ''
   save_attempt(KEYS[2], key, a)
 elseif a.state ~= UNCERTAIN then
   return {'ERR', 'ATTEMPT_STATE_CONFLICT', a.state}

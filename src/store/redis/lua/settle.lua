@@ -104,6 +104,8 @@ else
     end
   end
 end
+-- Settled: no longer RESERVED, so its token redelivers nothing.
+a.token = ''
 save_attempt(KEYS[2], key, a)
 redis.call('ZREM', KEYS[3], key)
 open = open - 1
