@@ -6,21 +6,36 @@
 
 use crate::support::{DAY_MS, Redis, redis_store, shared_blocking};
 use atmost::domain::{
-    Attempt, AuthorizeCmd, CommitCmd, DuplicateGuard, GuardMode, MAX_AMOUNT, MarkUncertainCmd,
-    Millis, Outcome, Permit, PermitStatus, ResolveCmd,
+    Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, DuplicateGuard,
+    GuardMode, MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, ResolveCmd,
 };
-use atmost::store::{Cursor, Store, memory::MemoryStore};
+use atmost::store::{Cursor, Store, memory::MemoryStore, redis::RedisStore};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 
 const T0: Millis = 1_800_000_000_000;
-const TOOLS: [&str; 3] = ["alpha", "beta", "out.of.scope"];
-const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];
+/// Three tools in scope, and one out of it.
+const TOOLS: [&str; 4] = ["alpha", "beta", "gamma", "out.of.scope"];
+const IN_SCOPE: usize = 3;
+/// Odd but valid keys too: the characters ZRANGEBYLEX reads as range
+/// markers (`(`, `[`, `-`, `+`), the highest printable one (`~`), and the
+/// longest key allowed.
+const KEYS: [&str; 7] = ["k0", "k1", "(k", "[k", "-", "+", "~"];
+
+fn key_name(key: usize) -> String {
+    match KEYS.get(key) {
+        Some(k) => (*k).to_owned(),
+        None => "k".repeat(atmost::domain::MAX_KEY_LEN),
+    }
+}
+
+const KEY_COUNT: usize = KEYS.len() + 1;
 
 #[derive(Debug, Clone)]
 struct PermitConfig {
     cap_alpha: Option<u64>,
     cap_beta: Option<u64>,
+    cap_gamma: Option<u64>,
     budget: Option<i64>,
     guard: GuardMode,
     window_ms: Millis,
@@ -72,8 +87,11 @@ enum Op {
 
 fn permit_config() -> impl Strategy<Value = PermitConfig> {
     (
-        proptest::option::of(0u64..4),
-        proptest::option::of(0u64..3),
+        (
+            proptest::option::of(0u64..4),
+            proptest::option::of(0u64..3),
+            proptest::option::of(0u64..7),
+        ),
         proptest::option::of(0i64..12),
         prop_oneof![
             Just(GuardMode::Off),
@@ -85,9 +103,17 @@ fn permit_config() -> impl Strategy<Value = PermitConfig> {
         5_000i64..40_000,
     )
         .prop_map(
-            |(cap_alpha, cap_beta, budget, guard, window_ms, lease_ms, lifetime_ms)| PermitConfig {
+            |(
+                (cap_alpha, cap_beta, cap_gamma),
+                budget,
+                guard,
+                window_ms,
+                lease_ms,
+                lifetime_ms,
+            )| PermitConfig {
                 cap_alpha,
                 cap_beta,
+                cap_gamma,
                 budget,
                 guard,
                 window_ms,
@@ -130,13 +156,13 @@ fn cost() -> impl Strategy<Value = i64> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0usize..3, 0usize..3, 0usize..4, 0u8..3, cost(), 0u8..3)
+        6 => (0usize..3, 0..TOOLS.len(), 0..KEY_COUNT, 0u8..3, cost(), 0u8..3)
             .prop_map(|(permit, tool, key, fp, cost, token)| Op::Authorize { permit, tool, key, fp, cost, token }),
-        4 => (0usize..3, 0usize..4, outcome(), proptest::bool::weighted(0.1))
+        4 => (0usize..3, 0..KEY_COUNT, outcome(), proptest::bool::weighted(0.1))
             .prop_map(|(permit, key, outcome, stale_id)| Op::Commit { permit, key, outcome, stale_id }),
-        2 => (0usize..3, 0usize..4, 0u8..2)
+        2 => (0usize..3, 0..KEY_COUNT, 0u8..2)
             .prop_map(|(permit, key, reason)| Op::MarkUncertain { permit, key, reason }),
-        2 => (0usize..3, 0usize..4, outcome())
+        2 => (0usize..3, 0..KEY_COUNT, outcome())
             .prop_map(|(permit, key, outcome)| Op::Resolve { permit, key, outcome }),
         1 => (0usize..3).prop_map(|permit| Op::Revoke { permit }),
         1 => (0usize..3).prop_map(|permit| Op::Get { permit }),
@@ -154,10 +180,13 @@ fn permit_of(index: usize, c: &PermitConfig) -> Permit {
     if let Some(n) = c.cap_beta {
         caps.insert("beta".to_string(), n);
     }
+    if let Some(n) = c.cap_gamma {
+        caps.insert("gamma".to_string(), n);
+    }
     Permit {
         permit_id: uuid::Uuid::from_u128(0xA000 + index as u128).to_string(),
         subject: format!("model-{index}"),
-        tools: vec!["alpha".into(), "beta".into()],
+        tools: TOOLS[..IN_SCOPE].iter().map(|t| t.to_string()).collect(),
         max_calls_per_tool: caps,
         budget: c.budget,
         currency: "EUR".into(),
@@ -169,6 +198,110 @@ fn permit_of(index: usize, c: &PermitConfig) -> Permit {
         },
         status: PermitStatus::Active,
         created_at: T0,
+    }
+}
+
+/// What the test saw answered, held to the promise itself and not only to
+/// agreement between the stores: never two DISPATCHes for one key without a
+/// NotSent between them, at most the cap of slots per tool (DISPATCHes less
+/// releases), never more than the budget.
+#[derive(Default)]
+struct Promise {
+    /// (permit, key) -> its latest DISPATCH's attempt id, and whether that
+    /// attempt was released since.
+    latest: HashMap<(usize, usize), (String, bool)>,
+    /// (permit, tool) -> DISPATCHes less releases.
+    slots: HashMap<(usize, String), u64>,
+}
+
+impl Promise {
+    fn authorized(
+        &mut self,
+        permit: usize,
+        key: usize,
+        r: &Authorized,
+    ) -> Result<(), TestCaseError> {
+        if r.decision != Decision::Dispatch {
+            return Ok(());
+        }
+        let id = &r.attempt.attempt_id;
+        if r.redelivered {
+            prop_assert_eq!(
+                self.latest.get(&(permit, key)),
+                Some(&(id.clone(), false)),
+                "a redelivery must repeat the key's held attempt"
+            );
+            return Ok(());
+        }
+        if let Some((earlier, released)) = self.latest.get(&(permit, key)) {
+            prop_assert!(
+                *released,
+                "{:?} dispatched again ({}) without NotSent after {}",
+                key_name(key),
+                id,
+                earlier
+            );
+        }
+        self.latest.insert((permit, key), (id.clone(), false));
+        *self
+            .slots
+            .entry((permit, r.attempt.tool.clone()))
+            .or_default() += 1;
+        Ok(())
+    }
+
+    fn settled(&mut self, permit: usize, key: usize, attempt: &Attempt) {
+        if attempt.state != AttemptState::Released {
+            return;
+        }
+        if let Some((id, released)) = self.latest.get_mut(&(permit, key))
+            && *id == attempt.attempt_id
+            && !*released
+        {
+            *released = true;
+            *self
+                .slots
+                .get_mut(&(permit, attempt.tool.clone()))
+                .expect("a dispatched tool") -= 1;
+        }
+    }
+
+    /// The store's own counts agree with what was given, and stay within
+    /// the caps and the budget.
+    async fn holds(&self, redis: &RedisStore, permits: &[Permit]) -> Result<(), TestCaseError> {
+        for (p, permit) in permits.iter().enumerate() {
+            let view = redis
+                .get_permit(&permit.permit_id)
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for u in &view.usage {
+                let given = self.slots.get(&(p, u.tool.clone())).copied().unwrap_or(0);
+                prop_assert_eq!(
+                    u.calls_made,
+                    given,
+                    "slots of {} under permit {}",
+                    &u.tool,
+                    p
+                );
+                if let Some(cap) = u.calls_limit {
+                    prop_assert!(
+                        given <= cap,
+                        "{} slots of {} past its cap {}",
+                        given,
+                        &u.tool,
+                        cap
+                    );
+                }
+            }
+            let budget = view.permit.budget.unwrap_or(MAX_AMOUNT);
+            prop_assert!(
+                view.budget_committed + view.budget_reserved <= budget,
+                "permit {} over its budget: {:?}",
+                p,
+                view
+            );
+        }
+        Ok(())
     }
 }
 
@@ -208,6 +341,15 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
         let b = redis.create_permit(p.clone()).await;
         check(0, &Op::Get { permit: 0 }, a, b)?;
     }
+    // A permit id given twice (only a bug could): both refuse it alike and
+    // keep the first.
+    let again = permits[0].clone();
+    check(
+        0,
+        &Op::Get { permit: 0 },
+        model.create_permit(again.clone()).await,
+        redis.create_permit(again).await,
+    )?;
     // Permit 2 is never created: every operation on it must fail alike.
     permits.push(permit_of(2, &configs[0]));
     let mut now = T0;
@@ -215,6 +357,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
     let fresh = |now| atmost::domain::new_id(now);
     // The attempt id each key last received, as a holder would keep it.
     let mut held: HashMap<(usize, usize), String> = HashMap::new();
+    let mut promise = Promise::default();
 
     for (step, op) in ops.iter().enumerate() {
         match op {
@@ -229,7 +372,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 let cmd = AuthorizeCmd {
                     permit_id: permits[*permit].permit_id.clone(),
                     tool: TOOLS[*tool].into(),
-                    idempotency_key: KEYS[*key].into(),
+                    idempotency_key: key_name(*key),
                     request_fingerprint: fingerprint(*fp),
                     cost: *cost,
                     holder_token: match token {
@@ -247,6 +390,9 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     r.attempt = visible(r.attempt);
                     r
                 });
+                if let Ok(r) = &a {
+                    promise.authorized(*permit, *key, r)?;
+                }
                 check(step, op, a, b)?;
             }
             Op::Commit {
@@ -261,7 +407,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 };
                 let cmd = CommitCmd {
                     permit_id: permits[*permit].permit_id.clone(),
-                    idempotency_key: KEYS[*key].into(),
+                    idempotency_key: key_name(*key),
                     attempt_id,
                     outcome: outcome.clone(),
                 };
@@ -271,6 +417,9 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     s
                 });
                 let b = redis.commit(&cmd, now, id).await;
+                if let Ok(s) = &a {
+                    promise.settled(*permit, *key, &s.attempt);
+                }
                 check(step, op, a, b)?;
             }
             Op::MarkUncertain {
@@ -280,7 +429,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
             } => {
                 let cmd = MarkUncertainCmd {
                     permit_id: permits[*permit].permit_id.clone(),
-                    idempotency_key: KEYS[*key].into(),
+                    idempotency_key: key_name(*key),
                     attempt_id: held
                         .get(&(*permit, *key))
                         .cloned()
@@ -298,7 +447,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
             } => {
                 let cmd = ResolveCmd {
                     permit_id: permits[*permit].permit_id.clone(),
-                    idempotency_key: KEYS[*key].into(),
+                    idempotency_key: key_name(*key),
                     outcome: outcome.clone(),
                 };
                 let id = fresh(now);
@@ -307,6 +456,9 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     s
                 });
                 let b = redis.resolve(&cmd, now, id).await;
+                if let Ok(s) = &a {
+                    promise.settled(*permit, *key, &s.attempt);
+                }
                 check(step, op, a, b)?;
             }
             Op::Revoke { permit } => {
@@ -350,6 +502,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
             }
             Op::Advance { ms } => now += ms,
         }
+        promise.holds(&redis, &permits[..2]).await?;
     }
     // Finally, the whole state must agree.
     for p in &permits {

@@ -65,6 +65,14 @@ impl Inner {
 impl Store for MemoryStore {
     async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        // Ids are fresh UUIDv7s: only a bug gives one twice, and the first
+        // permit must not be overwritten (as on Redis).
+        if inner.ledgers.contains_key(&permit.permit_id) {
+            return Err(Error::StoreUnavailable(format!(
+                "permit {} already exists: a permit id given twice",
+                permit.permit_id
+            )));
+        }
         inner.created += 1;
         if inner.created.is_multiple_of(PRUNE_EVERY) {
             inner.prune(permit.created_at, self.retention_ms);

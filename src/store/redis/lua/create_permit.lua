@@ -9,8 +9,8 @@
 -- Example: KEYS={"atmost:{0190..}:permit"} ARGV={"1767225600000","subject","agent-7",...}
 
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {'ERR', 'STORE_UNAVAILABLE',
-    KEYS[1] .. ' already exists: a permit id given twice'}
+  return {'ERR', 'STORE_UNAVAILABLE', 'permit ' .. string.match(KEYS[1], '{(.-)}')
+    .. ' already exists: a permit id given twice'}
 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 redis.call('PEXPIREAT', KEYS[1], ARGV[1])
