@@ -108,6 +108,8 @@ struct KeyHistory {
 #[derive(Default)]
 struct Counters {
     ops: AtomicU64,
+    /// DISPATCH answers that repeated a held attempt to its holder token.
+    redelivered: AtomicU64,
     dropped: AtomicU64,
     kills: AtomicU64,
     dispatches: AtomicU64,
@@ -178,6 +180,14 @@ async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<Str
         let tool = if rng.bool() { CHARGE } else { SEARCH };
         let fingerprint: Vec<u8> = (0..16).map(|_| rng.u8(..)).collect();
         let cost = rng.i64(0..=3);
+        // Half the intents carry a holder token, made once for the logical
+        // call and sent with each of its retries: a same-key retry after a
+        // lost DISPATCH answer is then told DISPATCH again (redelivered).
+        let token: Vec<u8> = if rng.bool() {
+            (0..16).map(|_| rng.u8(..)).collect()
+        } else {
+            Vec::new()
+        };
         // One intent; after a lost answer the agent retries with the same
         // key or (as agent frameworks do) with a fresh one.
         let mut key_index = new_key(&mut keys, permit, tool);
@@ -194,7 +204,7 @@ async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<Str
                 idempotency_key: key.clone(),
                 request_fingerprint: fingerprint.clone(),
                 cost,
-                holder_token: Vec::new(),
+                holder_token: token.clone(),
             };
             let h = &mut keys[key_index];
             match call(&ctx, &mut rng, client.authorize(request)).await {
@@ -218,7 +228,15 @@ async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<Str
                     }
                     if r.decision() == Decision::Dispatch {
                         ctx.counters.dispatches.fetch_add(1, Ordering::Relaxed);
-                        h.dispatches.push(attempt.attempt_id.clone());
+                        if r.redelivered {
+                            ctx.counters.redelivered.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // A redelivery repeats the key's held attempt: the
+                        // history counts each attempt's DISPATCH once (the
+                        // check below fails a redelivery of anything else).
+                        if !(r.redelivered && h.dispatches.last() == Some(&attempt.attempt_id)) {
+                            h.dispatches.push(attempt.attempt_id.clone());
+                        }
                         act(
                             &ctx,
                             &mut rng,
@@ -687,6 +705,8 @@ pub struct Summary {
     pub seed: u64,
     pub ops: u64,
     pub dispatches: u64,
+    /// Of the dispatches, those redelivered to the same holder token.
+    pub redelivered: u64,
     pub dropped_responses: u64,
     pub replica_kills: u64,
     /// RPCs that failed in transport (killed replicas, HTTP/2 GOAWAY),
@@ -700,11 +720,12 @@ impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "stress: {} replicas, {} clients, {} ops, {} dispatches, {} faults injected ({} dropped responses, {} replica kills), {} violations (seed {})",
+            "stress: {} replicas, {} clients, {} ops, {} dispatches ({} redelivered), {} faults injected ({} dropped responses, {} replica kills), {} violations (seed {})",
             self.replicas,
             self.clients,
             self.ops,
             self.dispatches,
+            self.redelivered,
             self.dropped_responses + self.replica_kills,
             self.dropped_responses,
             self.replica_kills,
@@ -852,6 +873,7 @@ pub async fn run(
         seed,
         ops: c.ops.load(Ordering::Relaxed),
         dispatches: c.dispatches.load(Ordering::Relaxed),
+        redelivered: c.redelivered.load(Ordering::Relaxed),
         dropped_responses: c.dropped.load(Ordering::Relaxed),
         replica_kills: c.kills.load(Ordering::Relaxed),
         transport_failures: c.transport.load(Ordering::Relaxed),
