@@ -227,6 +227,11 @@ impl Promise {
         let id = &r.attempt.attempt_id;
         if r.redelivered {
             prop_assert_eq!(
+                r.attempt.state,
+                AttemptState::Reserved,
+                "only a RESERVED attempt within its lease redelivers"
+            );
+            prop_assert_eq!(
                 self.latest.get(&(permit, key)),
                 Some(&(id.clone(), false)),
                 "a redelivery must repeat the key's held attempt"
@@ -448,6 +453,9 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 let cmd = ResolveCmd {
                     permit_id: permits[*permit].permit_id.clone(),
                     idempotency_key: key_name(*key),
+                    // The attempt a reconciler would have listed, when the
+                    // test saw one; NotSent without one is the edge's to refuse.
+                    attempt_id: held.get(&(*permit, *key)).cloned().unwrap_or_default(),
                     outcome: outcome.clone(),
                 };
                 let id = fresh(now);

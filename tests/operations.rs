@@ -213,13 +213,8 @@ async fn durations_out_of_range_refuse_to_start() {
         ("--store-timeout", "2m"),
         ("--shutdown-grace", "2h"),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
-            .args(["serve", "--listen", "127.0.0.1:0", flag, value])
-            .output()
-            .expect("run atmost");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{flag} {value} started");
-        assert!(out.stdout.is_empty(), "{flag} {value} listened");
+        let (status, stderr) = run_to_exit(&[flag, value]);
+        assert!(!status.success(), "{flag} {value} started");
         assert!(stderr.contains("out of range"), "{flag} {value}: {stderr}");
     }
     let process = spawn_atmost(&["--retention", "10y", "--shutdown-grace", "1h"]);

@@ -11,38 +11,6 @@ use pb::Decision;
 use std::time::{Duration, Instant};
 use tonic::Code;
 
-/// Runs `atmost serve` with `args` and returns its exit status and stderr,
-/// failing if it is still running after 15 s (it was expected to refuse).
-fn refused_start(args: &[String]) -> (std::process::ExitStatus, String) {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run atmost");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("atmost served on an evicting Redis: {args:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    use std::io::Read;
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .expect("read stderr");
-    (status, stderr)
-}
-
 async fn dispatches(client: &Client) {
     let permit = client
         .create_permit(NewPermit::new(["t"]))
@@ -68,7 +36,7 @@ async fn an_evicting_redis_is_refused_at_start_up_unless_allowed() {
     let _machine = shared().await;
     for policy in ["volatile-lru", "allkeys-lru", "volatile-ttl"] {
         let redis = Redis::start_owned_with(&["--maxmemory-policy", policy]);
-        let (status, stderr) = refused_start(&redis.serve_args());
+        let (status, stderr) = run_to_exit(&redis.serve_args());
         assert!(!status.success(), "{policy}: {status:?}");
         assert!(
             stderr.contains(&format!("maxmemory-policy is {policy}"))
@@ -156,6 +124,45 @@ async fn a_policy_changed_at_run_time_stops_service_until_restored() {
     wait_health(&h.client, ServingStatus::Serving).await;
     h.dispatch(&permit, "t", "after", b"3", 0).await;
     assert_eq!(h.get(&permit).await.expect("get").usage[0].calls_made, 2);
+}
+
+/// A Redis that comes back from a restart (or a failover) evicting is read
+/// again before the first operation runs on it, not only at the next health
+/// check: no request is ever served on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_evicting_is_refused_before_any_operation() {
+    let _machine = shared().await;
+    let redis = Redis::start_owned();
+    let store = redis_store(&redis.url, &redis.prefix, Duration::from_secs(2));
+    // No health check in the way: only the operations can notice.
+    let mut h = Harness::serve(Backend::Redis(store), Some(redis), |app| {
+        app.with_health_interval(Duration::from_secs(3600))
+    })
+    .await;
+    let permit = h.create_with(&["t"], &[], None).await;
+    h.dispatch(&permit, "t", "before", b"1", 0).await;
+    h.redis
+        .as_mut()
+        .expect("redis")
+        .restart_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for i in 0.. {
+        let (_, error) = expect_error(
+            h.authorize(&permit, "t", &format!("after-{i}"), b"2", 0)
+                .await,
+            Code::Unavailable,
+            "STORE_UNAVAILABLE",
+        );
+        if error
+            .status()
+            .message()
+            .contains("maxmemory-policy is allkeys-lru")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never refused: {error:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Managed services disable CONFIG: the policy cannot be read, and atmost

@@ -66,6 +66,40 @@ pub fn spawn_atmost<S: AsRef<str>>(args: &[S]) -> AtmostProcess {
     AtmostProcess::spawn(bin, args).expect("start atmost")
 }
 
+/// Runs `atmost serve --listen 127.0.0.1:0 <args>`, expected to refuse to
+/// start, and returns its exit status and stderr; fails if it is still
+/// running after 15 s.
+pub fn run_to_exit<S: AsRef<str>>(args: &[S]) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run atmost");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("atmost {args:?} started, where it had to refuse");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    (status, stderr)
+}
+
 // === the server ===
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,10 +274,23 @@ impl Harness {
         key: &str,
         outcome: pb::resolve_request::Outcome,
     ) -> Result<pb::ResolveResponse, Error> {
+        self.resolve_attempt(permit_id, key, "", outcome).await
+    }
+
+    /// Resolve naming the reconciled attempt ("" for whichever the key
+    /// holds; required with NotSent).
+    pub async fn resolve_attempt(
+        &self,
+        permit_id: &str,
+        key: &str,
+        attempt_id: &str,
+        outcome: pb::resolve_request::Outcome,
+    ) -> Result<pb::ResolveResponse, Error> {
         self.client
             .resolve(pb::ResolveRequest {
                 permit_id: permit_id.into(),
                 idempotency_key: key.into(),
+                attempt_id: attempt_id.into(),
                 outcome: Some(outcome),
             })
             .await

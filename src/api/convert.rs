@@ -116,6 +116,7 @@ pub fn resolve_cmd(r: pb::ResolveRequest) -> Result<ResolveCmd, Error> {
     Ok(ResolveCmd {
         permit_id: r.permit_id,
         idempotency_key: r.idempotency_key,
+        attempt_id: r.attempt_id,
         outcome,
     })
 }

@@ -152,6 +152,9 @@ pub struct MarkUncertainCmd {
 pub struct ResolveCmd {
     pub permit_id: String,
     pub idempotency_key: String,
+    /// The attempt reconciled (empty: whichever the key holds). Required
+    /// with `NotSent`: a retried release must never hit a newer attempt.
+    pub attempt_id: String,
     pub outcome: Outcome,
 }
 
@@ -301,6 +304,15 @@ impl ResolveCmd {
         let mut v = Violations::default();
         check_permit_id(&mut v, &mut self.permit_id);
         check_key(&mut v, &self.idempotency_key);
+        if self.attempt_id.is_empty() {
+            v.check(
+                self.outcome != Outcome::NotSent,
+                "attempt_id",
+                "is required with not_sent: the attempt whose call was verified never sent",
+            );
+        } else {
+            check_attempt_id(&mut v, &mut self.attempt_id);
+        }
         check_outcome(&mut v, &self.outcome);
         v.into_result()
     }

@@ -207,7 +207,8 @@ impl Ledger {
                         decision: Decision::Dispatch,
                         usage: self.usage(usize::from(existing.tool)),
                         attempt: self.attempt_view(key, existing, now),
-                        duplicate_of: None,
+                        // The first answer's duplicate warning, repeated.
+                        duplicate_of: existing.duplicate_of.as_ref().map(|k| k.to_string()),
                         redelivered: true,
                     });
                 }
@@ -335,7 +336,11 @@ impl Ledger {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.attempt(&cmd.idempotency_key)?;
+        if cmd.attempt_id.is_empty() {
+            self.attempt(&cmd.idempotency_key)?;
+        } else {
+            self.holder_attempt(&cmd.idempotency_key, &cmd.attempt_id)?;
+        }
         self.settle(
             &cmd.idempotency_key,
             &cmd.outcome,

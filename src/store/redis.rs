@@ -107,6 +107,17 @@ impl RedisStore {
         self.eviction.check(&mut conn).await
     }
 
+    /// A Redis error as the caller sees it (UNAVAILABLE). A broken or
+    /// refused connection may come back to a restarted Redis, or to another
+    /// after a failover, whose eviction policy nobody has read: the policy is
+    /// read again before the next operation.
+    fn lost(&self, e: redis::RedisError) -> Error {
+        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            self.eviction.forget();
+        }
+        unavailable(e)
+    }
+
     /// The connection, once Redis is known not to evict (see [`eviction`]).
     async fn conn(&self) -> Result<ConnectionManager, Error> {
         let mut conn = self.conn.clone();
@@ -135,7 +146,10 @@ impl RedisStore {
     /// for [`open`] to read.
     async fn run(&self, inv: &redis::ScriptInvocation<'_>) -> Result<Vec<Value>, Error> {
         let mut conn = self.conn().await?;
-        let packed: Vec<u8> = inv.invoke_async(&mut conn).await.map_err(unavailable)?;
+        let packed: Vec<u8> = inv
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.lost(e))?;
         unpack_reply(&packed)
     }
 }
@@ -165,7 +179,7 @@ impl Store for RedisStore {
             .arg(&permit.permit_id)
             .exec_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.lost(e))?;
         Ok(permit)
     }
 
@@ -175,7 +189,7 @@ impl Store for RedisStore {
             .arg(self.keys(permit_id).permit)
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.lost(e))?;
         decode_permit(permit_id, reply)
     }
 
@@ -240,6 +254,7 @@ impl Store for RedisStore {
             &cmd.permit_id,
             &cmd.idempotency_key,
             &cmd.attempt_id,
+            false,
             &cmd.outcome,
             now,
             receipt_id,
@@ -270,7 +285,8 @@ impl Store for RedisStore {
         self.settle(
             &cmd.permit_id,
             &cmd.idempotency_key,
-            "",
+            &cmd.attempt_id,
+            true,
             &cmd.outcome,
             now,
             receipt_id,
@@ -315,7 +331,7 @@ impl Store for RedisStore {
                 .arg(LIST_BATCH)
                 .query_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(|e| self.lost(e))?;
             let Some(last) = ids.last() else {
                 return Ok(page);
             };
@@ -346,7 +362,7 @@ impl Store for RedisStore {
                         .arg(&id)
                         .exec_async(&mut conn)
                         .await
-                        .map_err(unavailable)?;
+                        .map_err(|e| self.lost(e))?;
                 }
                 page.attempts.extend(attempts);
                 if page.attempts.len() == limit {
@@ -372,21 +388,23 @@ impl Store for RedisStore {
         redis::cmd("PING")
             .exec_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.lost(e))?;
         self.eviction.check(&mut conn).await?;
         self.eviction.admit(&mut conn).await
     }
 }
 
 impl RedisStore {
-    /// Commit (with the holder's `attempt_id`) and Resolve (`attempt_id`
-    /// empty: an operator) run the same script, as they share the domain's
-    /// `Ledger::settle`.
+    /// Commit (the holder, with its `attempt_id`) and Resolve (an operator,
+    /// with the reconciled `attempt_id` or "" for whichever the key holds)
+    /// run the same script, as they share the domain's `Ledger::settle`.
+    #[allow(clippy::too_many_arguments)]
     async fn settle(
         &self,
         permit_id: &str,
         key: &str,
         attempt_id: &str,
+        operator: bool,
         outcome: &Outcome,
         now: Millis,
         receipt_id: String,
@@ -413,11 +431,7 @@ impl RedisStore {
             .arg(payload)
             .arg(actual_cost.map(|c| c.to_string()).unwrap_or_default())
             .arg(id_bytes(&receipt_id))
-            .arg(if attempt_id.is_empty() {
-                "operator"
-            } else {
-                "holder"
-            })
+            .arg(if operator { "operator" } else { "holder" })
             .arg(self.retention_ms);
         let mut f = open_ok(self.run(&inv).await?, &About::key(permit_id, key, now))?;
         Ok(Settled {

@@ -81,6 +81,13 @@ impl RedisServer {
         self.child = Some(spawn_redis(self.port, &self.extra)?);
         Ok(())
     }
+
+    /// Starts it again on the same port with other extra arguments (a
+    /// Redis restarted with another configuration).
+    pub fn restart_with(&mut self, extra: &[&str]) -> std::io::Result<()> {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        self.restart()
+    }
 }
 
 impl Drop for RedisServer {

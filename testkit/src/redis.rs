@@ -111,6 +111,15 @@ impl Redis {
             .expect("restart redis-server");
     }
 
+    /// Starts it again on the same port with other settings (empty).
+    pub fn restart_with(&mut self, args: &[&str]) {
+        self.server
+            .as_mut()
+            .expect("only an owned Redis can be restarted")
+            .restart_with(args)
+            .expect("restart redis-server");
+    }
+
     /// The flags that point an `atmost serve` process at this Redis.
     pub fn serve_args(&self) -> Vec<String> {
         [

@@ -303,14 +303,26 @@ async fn resolve_settles_only_uncertain(h: Harness) {
 }
 
 /// An operator who verified with the tool's provider that an UNCERTAIN call
-/// never took effect resolves it NotSent: RELEASED, the slot and the cost
-/// back, the key free for a new call. The holder cannot, once the attempt
-/// is UNCERTAIN (its call may have left).
+/// never took effect resolves it NotSent, naming the attempt: RELEASED, the
+/// slot and the cost back, the key free for a new call. The holder cannot,
+/// once the attempt is UNCERTAIN (its call may have left); and a retried
+/// NotSent never releases a newer attempt of the key (ATTEMPT_MISMATCH).
 async fn resolve_not_sent_returns_a_slot_never_used(h: Harness) {
     let permit = h.create_with(&["t"], &[("t", 1)], Some(10)).await;
     let a = h.dispatch(&permit, "t", "k", b"fp", 10).await;
-    expect_error(
+    let (_, error) = expect_error(
         h.resolve(&permit, "k", resolved_not_sent()).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    assert_eq!(
+        error.violated_fields(),
+        ["attempt_id"],
+        "NotSent names its attempt"
+    );
+    expect_error(
+        h.resolve_attempt(&permit, "k", &a.attempt_id, resolved_not_sent())
+            .await,
         Code::FailedPrecondition,
         "ATTEMPT_STATE_CONFLICT",
     );
@@ -327,7 +339,7 @@ async fn resolve_not_sent_returns_a_slot_never_used(h: Harness) {
         "PERMIT_MAX_CALLS_EXCEEDED",
     );
     let r = h
-        .resolve(&permit, "k", resolved_not_sent())
+        .resolve_attempt(&permit, "k", &a.attempt_id, resolved_not_sent())
         .await
         .expect("resolve not sent");
     assert_eq!(r.attempt.expect("a").state(), AttemptState::Released);
@@ -335,10 +347,20 @@ async fn resolve_not_sent_returns_a_slot_never_used(h: Harness) {
     assert_eq!((usage.calls_made, usage.budget_remaining), (0, Some(10)));
     assert!(h.list_all(&permit, 10).await.is_empty());
     // A repeat answers the same; the key and the slot serve a new call.
-    h.resolve(&permit, "k", resolved_not_sent())
+    h.resolve_attempt(&permit, "k", &a.attempt_id, resolved_not_sent())
         .await
         .expect("the same again");
     let again = h.dispatch(&permit, "t", "k", b"fp", 10).await;
     assert_ne!(again.attempt_id, a.attempt_id);
     assert_eq!(budget(&h, &permit).await, (0, 10, Some(0)));
+    // The new call goes UNCERTAIN; a late retry of the first NotSent must not
+    // release it: nobody verified that one.
+    h.mark_uncertain(&again, "lost").await.expect("mark");
+    expect_error(
+        h.resolve_attempt(&permit, "k", &a.attempt_id, resolved_not_sent())
+            .await,
+        Code::FailedPrecondition,
+        "ATTEMPT_MISMATCH",
+    );
+    assert_eq!(usage_of(&h, &permit, "t").await.calls_made, 1);
 }

@@ -231,9 +231,20 @@ impl Bench {
     }
 
     fn resolve(&mut self, key: &str, outcome: Outcome) -> Result<Settled, Error> {
+        self.resolve_attempt(key, "", outcome)
+    }
+
+    /// Resolve naming the reconciled attempt ("" for whichever the key holds).
+    fn resolve_attempt(
+        &mut self,
+        key: &str,
+        attempt_id: &str,
+        outcome: Outcome,
+    ) -> Result<Settled, Error> {
         let cmd = ResolveCmd {
             permit_id: self.permit_id(),
             idempotency_key: key.into(),
+            attempt_id: attempt_id.into(),
             outcome,
         };
         let id = self.fresh("receipt");
@@ -880,7 +891,7 @@ fn resolve_not_sent_returns_a_slot_that_was_never_used() {
     });
     let a = b.dispatch("t", "k", "1", 10);
     assert_eq!(
-        b.resolve("k", Outcome::NotSent),
+        b.resolve_attempt("k", &a.attempt_id, Outcome::NotSent),
         Err(conflict(AttemptState::Reserved)),
         "RESERVED within its lease is the holder's"
     );
@@ -892,14 +903,24 @@ fn resolve_not_sent_returns_a_slot_that_was_never_used() {
     );
     assert_eq!((b.calls("t"), b.budget()), (1, (0, 10)));
     let s = b
-        .resolve("k", Outcome::NotSent)
+        .resolve_attempt("k", &a.attempt_id, Outcome::NotSent)
         .expect("verified never sent");
     assert_eq!(s.attempt.state, AttemptState::Released);
     assert_eq!((b.calls("t"), b.budget()), (0, (0, 0)));
     // A repeat answers the same; the key and the slot serve a new call.
-    assert_eq!(b.resolve("k", Outcome::NotSent), Ok(s));
+    assert_eq!(
+        b.resolve_attempt("k", &a.attempt_id, Outcome::NotSent),
+        Ok(s)
+    );
     let again = b.dispatch("t", "k", "1", 10);
     assert_ne!(again.attempt_id, a.attempt_id);
+    assert_eq!((b.calls("t"), b.budget()), (1, (0, 10)));
+    // A late retry of the first NotSent never releases the newer attempt.
+    b.mark(&again, "lost").expect("mark");
+    assert!(matches!(
+        b.resolve_attempt("k", &a.attempt_id, Outcome::NotSent),
+        Err(Error::AttemptMismatch { .. })
+    ));
     assert_eq!((b.calls("t"), b.budget()), (1, (0, 10)));
 }
 
@@ -1441,6 +1462,11 @@ mod property {
                     match r {
                         Ok(r) if r.redelivered => {
                             assert_eq!(r.decision, Decision::Dispatch);
+                            assert_eq!(
+                                r.attempt.state,
+                                AttemptState::Reserved,
+                                "only a RESERVED attempt within its lease redelivers"
+                            );
                             assert_eq!(snapshot(&b.ledger), before, "a redelivery changed");
                             seen.redelivered(key, &r.attempt.attempt_id);
                         }
@@ -1467,7 +1493,9 @@ mod property {
                     let _ = b.mark_as(KEYS[key], &id, "lost");
                 }
                 Step::Resolve { key, outcome } => {
-                    let r = b.resolve(KEYS[*key], outcome.clone());
+                    // As a reconciler would: naming the attempt it listed.
+                    let id = seen.attempt_id(*key, false);
+                    let r = b.resolve_attempt(KEYS[*key], &id, outcome.clone());
                     if r.is_ok() && *outcome == Outcome::NotSent {
                         seen.not_sent(*key);
                         verified_not_sent = Some(KEYS[*key]);

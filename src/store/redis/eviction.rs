@@ -3,12 +3,14 @@
 //! a TTL, which includes a permit's finished attempts, so a retry of a
 //! SUCCEEDED key would find no record and be dispatched again (a double
 //! charge); `allkeys-*` even RESERVED and UNCERTAIN attempts. With
-//! `noeviction`, a write past `maxmemory` fails whole (a script that may
-//! write is refused before it runs) and atmost answers UNAVAILABLE.
+//! `noeviction`, a write past `maxmemory` fails whole (atmost's scripts
+//! declare no flags, so Redis refuses one at its first write, and every
+//! script checks everything before that) and atmost answers UNAVAILABLE.
 //!
-//! The store reads the policy before it serves anything, and again with
-//! every health check (every second), since `CONFIG SET` or a failover can
-//! change it: on an evicting Redis it answers UNAVAILABLE and health turns
+//! The store reads the policy before it serves anything, again with every
+//! health check (every second), since `CONFIG SET` can change it, and again
+//! before the next operation after a broken connection, since a restart or a
+//! failover can: on an evicting Redis it answers UNAVAILABLE and health turns
 //! NOT_SERVING, unless the operator accepted the risk (`--allow-eviction`).
 //! Where `CONFIG` is disabled (managed services), the policy cannot be read:
 //! it serves and says so loudly.
@@ -88,6 +90,12 @@ impl Guard {
             *last = Some(policy.clone());
         }
         Ok(policy)
+    }
+
+    /// The connection broke: whatever answers next (a restarted Redis, a
+    /// promoted replica) is read again before anything runs on it.
+    pub(super) fn forget(&self) {
+        self.state.store(UNCHECKED, Ordering::SeqCst);
     }
 
     /// Ok when the store may serve. Until the policy has been read once,

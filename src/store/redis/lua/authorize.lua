@@ -12,8 +12,9 @@
 -- Returns one of
 --   {"DISPATCH", attempt, usage, duplicate_of or ""}  a fresh reservation
 --   {"REPLAY", attempt, usage, ""}                    the key's outcome
---   {"REDELIVERED", attempt, usage, ""}  the same holder token's DISPATCH
---     again: the attempt is RESERVED within its lease, nothing more reserved
+--   {"REDELIVERED", attempt, usage, duplicate_of or ""}  the same holder
+--     token's DISPATCH again: the attempt is RESERVED within its lease,
+--     nothing more reserved
 --   {"ERR", "IDEMPOTENCY_KEY_REUSED"}
 --   {"ERR", "IDEMPOTENCY_IN_PROGRESS", lease_expires_at}
 --   {"ERR", "PERMIT_NOT_FOUND"} | {"ERR", "PERMIT_REVOKED"}
@@ -48,7 +49,7 @@ if existing and existing.state ~= RELEASED then
   end
   if observed_state(existing, now) == RESERVED then
     -- The same holder, whose DISPATCH answer was lost: the same attempt.
-    return {'REDELIVERED', attempt_reply(existing, key, now), usage, ''}
+    return {'REDELIVERED', attempt_reply(existing, key, now), usage, existing.dup_of}
   end
   return {'REPLAY', attempt_reply(existing, key, now), usage, ''}
 end

@@ -6,7 +6,8 @@
 -- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
 -- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup
 -- ARGV[1]  now (ms)                ARGV[2]  idempotency key
--- ARGV[3]  attempt id, 16 bytes ("" for Resolve: the operator settles whatever attempt the key holds)
+-- ARGV[3]  attempt id, 16 bytes (for Resolve, "" settles whatever attempt
+--          the key holds; required by the service with NotSent)
 -- ARGV[4]  "succeeded" | "failed" | "not_sent"
 -- ARGV[5]  result (succeeded) or reason (failed)
 -- ARGV[6]  actual cost ("" = the reserved cost)
@@ -33,7 +34,7 @@ end
 if not a then
   return {'ERR', 'ATTEMPT_NOT_FOUND'}
 end
-if ARGV[8] == 'holder' and a.id ~= ARGV[3] then
+if (ARGV[8] == 'holder' or ARGV[3] ~= '') and a.id ~= ARGV[3] then
   return {'ERR', 'ATTEMPT_MISMATCH'}
 end
 local state = observed_state(a, now)
