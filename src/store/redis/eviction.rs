@@ -132,18 +132,51 @@ pub fn refusal(policy: &str) -> String {
 /// CONFIG, no permission) gives [`Policy::Unknown`]; one that does not
 /// answer, UNAVAILABLE.
 async fn read(conn: &mut ConnectionManager) -> Result<Policy, Error> {
-    let reply: Result<Vec<String>, redis::RedisError> = redis::cmd("CONFIG")
+    let reply: Result<redis::Value, redis::RedisError> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
         .query_async(conn)
         .await;
     match reply {
-        Ok(pair) => Ok(match pair.get(1).map(String::as_str) {
+        // [name, value] over RESP2, {name: value} over RESP3.
+        Ok(value) => Ok(match policy_name(value).as_deref() {
             Some("noeviction") => Policy::NoEviction,
             Some(name) => Policy::Evicts(name.to_owned()),
             None => Policy::Unknown("CONFIG GET maxmemory-policy answered nothing".into()),
         }),
         Err(e) if matches!(e.code(), Some("ERR" | "NOPERM")) => Ok(Policy::Unknown(e.to_string())),
         Err(e) => Err(unavailable(e)),
+    }
+}
+
+/// The value of `CONFIG GET maxmemory-policy`'s one pair.
+fn policy_name(reply: redis::Value) -> Option<String> {
+    use redis::Value;
+    let value = match reply {
+        Value::Array(mut pair) if pair.len() == 2 => pair.pop()?,
+        Value::Map(mut pairs) if pairs.len() == 1 => pairs.pop()?.1,
+        _ => return None,
+    };
+    match value {
+        Value::BulkString(b) => String::from_utf8(b).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::policy_name;
+    use redis::Value;
+
+    #[test]
+    fn the_policy_is_read_from_resp2_and_resp3_replies() {
+        let name = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let resp2 = Value::Array(vec![name("maxmemory-policy"), name("noeviction")]);
+        let resp3 = Value::Map(vec![(name("maxmemory-policy"), name("allkeys-lru"))]);
+        assert_eq!(policy_name(resp2).as_deref(), Some("noeviction"));
+        assert_eq!(policy_name(resp3).as_deref(), Some("allkeys-lru"));
+        assert_eq!(policy_name(Value::Array(vec![])), None);
+        assert_eq!(policy_name(Value::Nil), None);
     }
 }
