@@ -11,6 +11,27 @@ use pb::Decision;
 use std::time::{Duration, Instant};
 use tonic::Code;
 
+/// Calls `call` until atmost refuses it because Redis's `maxmemory-policy`
+/// is `policy` (within 15 s); every answer until then must be
+/// UNAVAILABLE too (Redis still coming up), never a decision.
+async fn refused_for_eviction<T, F, Fut>(policy: &str, mut call: F)
+where
+    T: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, error) = expect_error(call().await, Code::Unavailable, "STORE_UNAVAILABLE");
+        let why = format!("maxmemory-policy is {policy}");
+        if error.status().message().contains(&why) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never refused: {error:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn dispatches(client: &Client) {
     let permit = client
         .create_permit(NewPermit::new(["t"]))
@@ -62,23 +83,10 @@ async fn a_redis_that_comes_up_evicting_is_never_served() {
     let process = spawn_atmost(&redis.serve_args());
     let client = process.client().await.with_timeout(Duration::from_secs(10));
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (_, error) = expect_error(
-            client.create_permit(NewPermit::new(["t"])).await,
-            Code::Unavailable,
-            "STORE_UNAVAILABLE",
-        );
-        if error
-            .status()
-            .message()
-            .contains("maxmemory-policy is allkeys-lru")
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never refused: {error:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    refused_for_eviction("allkeys-lru", || {
+        client.create_permit(NewPermit::new(["t"]))
+    })
+    .await;
     wait_health(&client, ServingStatus::NotServing).await;
 }
 
@@ -145,24 +153,13 @@ async fn a_redis_restarted_evicting_is_refused_before_any_operation() {
         .as_mut()
         .expect("redis")
         .restart_with(&["--maxmemory-policy", "allkeys-lru"]);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    for i in 0.. {
-        let (_, error) = expect_error(
-            h.authorize(&permit, "t", &format!("after-{i}"), b"2", 0)
-                .await,
-            Code::Unavailable,
-            "STORE_UNAVAILABLE",
-        );
-        if error
-            .status()
-            .message()
-            .contains("maxmemory-policy is allkeys-lru")
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never refused: {error:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (h, mut i) = (&h, 0);
+    refused_for_eviction("allkeys-lru", || {
+        i += 1;
+        let (key, permit) = (format!("after-{i}"), permit.clone());
+        async move { h.authorize(&permit, "t", &key, b"2", 0).await }
+    })
+    .await;
 }
 
 /// Managed services disable CONFIG: the policy cannot be read, and atmost
