@@ -99,8 +99,11 @@ impl Deadline {
 /// An interceptor for every atmost service: records the request's
 /// [`Deadline`] as it arrives, before its body is decoded.
 pub fn stamp(mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-    let deadline = grpc_timeout(request.metadata()).and_then(|t| Instant::now().checked_add(t));
-    request.extensions_mut().insert(Deadline(deadline));
+    // Only a request with a deadline gets an extension (the first one
+    // allocates the request's extension map): none is the default.
+    if let Some(at) = grpc_timeout(request.metadata()).and_then(|t| Instant::now().checked_add(t)) {
+        request.extensions_mut().insert(Deadline(Some(at)));
+    }
     Ok(request)
 }
 
