@@ -19,7 +19,9 @@ pub use attempt::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Reason, Violation};
 pub use ledger::Ledger;
-pub use permit::{DuplicateGuard, GuardMode, Permit, PermitSpec, PermitStatus, PermitView, Usage};
+pub use permit::{
+    DuplicateGuard, GuardMode, Permit, PermitSpec, PermitStatus, PermitView, UncertainPolicy, Usage,
+};
 
 /// Milliseconds since the Unix epoch: the one time unit of the model.
 pub type Millis = i64;

@@ -5,7 +5,7 @@ use atmost::domain::Millis;
 use atmost::store::{
     Backend,
     memory::MemoryStore,
-    redis::{self, EvictionPolicy, RedisConfig, RedisStore},
+    redis::{self, EvictionPolicy, RedisConfig, RedisStore, Time},
 };
 use atmost::{App, run};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -120,6 +120,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
                 retention_ms,
                 timeout: args.store_timeout,
                 allow_eviction: args.allow_eviction,
+                time: Time::Redis,
             })?;
             check_eviction(&store, args.allow_eviction, args.store_timeout).await?;
             Backend::Redis(store)

@@ -31,11 +31,16 @@ pub struct App {
     health_interval: Duration,
     shutdown_grace: Duration,
     max_in_flight: usize,
+    sweep_interval: Duration,
 }
+
+/// Most sweep batches run back to back before the sweeper sleeps again.
+const SWEEP_ROUNDS: usize = 16;
 
 impl App {
     /// The defaults: system clock, 2 s store deadline, store health checked
-    /// every second, 10 s to drain on shutdown, 512 requests in flight.
+    /// every second, 10 s to drain on shutdown, 512 requests in flight, the
+    /// store swept every second.
     pub fn new(store: Backend) -> Self {
         Self {
             store: Arc::new(store),
@@ -44,7 +49,15 @@ impl App {
             health_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            sweep_interval: Duration::from_secs(1),
         }
+    }
+
+    /// How often the store drops what nothing can reach any more
+    /// ([`Store::sweep`]).
+    pub fn with_sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval;
+        self
     }
 
     /// Replaces the clock (tests move time with a [`ManualClock`](crate::domain::ManualClock)).
@@ -116,6 +129,12 @@ pub async fn run(
         watch_stop.clone(),
     ));
 
+    let mut sweep_task = tokio::spawn(sweep_store(
+        ctx.clone(),
+        app.sweep_interval,
+        watch_stop.clone(),
+    ));
+
     let serve = Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -159,7 +178,31 @@ pub async fn run(
     if !health_task.is_finished() {
         let _ = health_task.await;
     }
+    sweep_task.abort();
+    let _ = (&mut sweep_task).await;
     result
+}
+
+/// Sweeps the store every `interval` until `stop`: batches back to back
+/// while they find something to drop (up to [`SWEEP_ROUNDS`]), so the sweep
+/// keeps up with permits expiring faster than one batch an interval.
+async fn sweep_store(ctx: Ctx, interval: Duration, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        for _ in 0..SWEEP_ROUNDS {
+            match ctx.deadline(ctx.store.sweep(ctx.clock.now())).await {
+                Ok(0) => break,
+                Ok(dropped) => tracing::debug!(dropped, "swept"),
+                Err(e) => {
+                    tracing::debug!(error = %e, "sweep failed; retried next interval");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 async fn set_all(reporter: &HealthReporter, status: ServingStatus) {

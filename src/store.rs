@@ -7,8 +7,11 @@
 //!   Each transition is one Lua script run; all keys of a permit share the
 //!   hash tag `{permit_id}`.
 //!
-//! Every method takes `now` from the service's one clock. A store that
-//! cannot answer returns [`Error::StoreUnavailable`]: it never guesses.
+//! Every method takes `now` from the service's clock. The memory store
+//! decides on it; the Redis store decides on Redis's clock, which every
+//! replica shares (unless configured to take the caller's, for tests). A
+//! store that cannot answer returns [`Error::StoreUnavailable`]: it never
+//! guesses.
 
 pub mod memory;
 pub mod redis;
@@ -19,11 +22,35 @@ use crate::domain::{
 };
 use std::future::Future;
 
-/// A position in the (permit_id, idempotency_key) order of ListUncertain.
+/// A position in ListUncertain's order: permits by (expires_at,
+/// permit_id), and under each its uncertain attempts by (uncertain_since,
+/// idempotency_key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
+    pub permit_expires_at: Millis,
     pub permit_id: String,
-    pub idempotency_key: String,
+    /// The last attempt listed under the permit: (uncertain_since, key);
+    /// `None` continues after the whole permit.
+    pub attempt: Option<(Millis, String)>,
+}
+
+impl Cursor {
+    /// After this attempt of that permit.
+    pub fn after_attempt(permit_expires_at: Millis, attempt: &Attempt) -> Self {
+        Self {
+            permit_expires_at,
+            permit_id: attempt.permit_id.clone(),
+            attempt: Some((attempt.uncertain_since, attempt.idempotency_key.clone())),
+        }
+    }
+
+    /// The attempt to continue after, when the cursor is inside `permit_id`.
+    pub fn attempt_in(&self, permit_id: &str) -> Option<(Millis, &str)> {
+        (self.permit_id == permit_id)
+            .then_some(self.attempt.as_ref())
+            .flatten()
+            .map(|(at, key)| (*at, key.as_str()))
+    }
 }
 
 /// One page of uncertain attempts.
@@ -34,21 +61,16 @@ pub struct Page {
     pub next: Option<Cursor>,
 }
 
-/// A key that sorts after every idempotency key (those are printable
-/// ASCII, below 0x7f): a cursor at (permit, AFTER_ALL_KEYS) resumes at the
-/// next permit.
-pub const AFTER_ALL_KEYS: &str = "\u{7f}";
-
 /// Most permits one ListUncertain call looks into across all permits, so a
 /// page over a large, mostly settled index stays bounded (the page may then
 /// come back short, with a cursor to continue from). The Redis store also
 /// stops at half its store deadline.
 pub const MAX_PERMITS_PER_PAGE: usize = 256;
 
-/// How long past its expiry a permit stays in the cross-permit index after
-/// its last open attempt settled. New keys stop at expiry; this margin
-/// covers clock skew between replicas.
-pub const INDEX_SKEW_MARGIN_MS: Millis = 3_600_000;
+/// How long past its expiry a permit stays in the Redis store's
+/// cross-permit index once no attempt is open. New keys stop at expiry on
+/// Redis's one clock; the margin covers that clock stepping back a little.
+pub const INDEX_MARGIN_MS: Millis = 60_000;
 
 /// The stores' shared contract. Every id handed in (`attempt_id`,
 /// `receipt_id`) must be [`crate::domain::new_id`] of the same `now` the call
@@ -57,9 +79,16 @@ pub const INDEX_SKEW_MARGIN_MS: Millis = 3_600_000;
 pub trait Store: Send + Sync + 'static {
     /// Stores a validated permit (its id is fresh).
     fn create_permit(&self, permit: Permit) -> impl Future<Output = Result<Permit, Error>> + Send;
-    fn get_permit(&self, permit_id: &str)
-    -> impl Future<Output = Result<PermitView, Error>> + Send;
-    fn revoke_permit(&self, permit_id: &str) -> impl Future<Output = Result<Permit, Error>> + Send;
+    fn get_permit(
+        &self,
+        permit_id: &str,
+        now: Millis,
+    ) -> impl Future<Output = Result<PermitView, Error>> + Send;
+    fn revoke_permit(
+        &self,
+        permit_id: &str,
+        now: Millis,
+    ) -> impl Future<Output = Result<Permit, Error>> + Send;
     /// Runs the order of checks and, for a new key that passes, reserves the
     /// slot and cost and records the attempt as `attempt_id`, atomically.
     fn authorize(
@@ -94,6 +123,11 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
         now: Millis,
     ) -> impl Future<Output = Result<Page, Error>> + Send;
+    /// Housekeeping, run every few seconds by the server: drops a bounded
+    /// batch of what nothing can reach any more (permits past retention,
+    /// index entries of permits that can never hold an open attempt again).
+    /// Returns how many it dropped.
+    fn sweep(&self, now: Millis) -> impl Future<Output = Result<usize, Error>> + Send;
     /// Succeeds when the store can serve requests (for health checks).
     fn ping(&self) -> impl Future<Output = Result<(), Error>> + Send;
 }
@@ -117,11 +151,11 @@ impl Store for Backend {
     async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
         delegate!(self, s => s.create_permit(permit))
     }
-    async fn get_permit(&self, permit_id: &str) -> Result<PermitView, Error> {
-        delegate!(self, s => s.get_permit(permit_id))
+    async fn get_permit(&self, permit_id: &str, now: Millis) -> Result<PermitView, Error> {
+        delegate!(self, s => s.get_permit(permit_id, now))
     }
-    async fn revoke_permit(&self, permit_id: &str) -> Result<Permit, Error> {
-        delegate!(self, s => s.revoke_permit(permit_id))
+    async fn revoke_permit(&self, permit_id: &str, now: Millis) -> Result<Permit, Error> {
+        delegate!(self, s => s.revoke_permit(permit_id, now))
     }
     async fn authorize(
         &self,
@@ -158,6 +192,9 @@ impl Store for Backend {
         now: Millis,
     ) -> Result<Page, Error> {
         delegate!(self, s => s.list_uncertain(permit_id, after, limit, now))
+    }
+    async fn sweep(&self, now: Millis) -> Result<usize, Error> {
+        delegate!(self, s => s.sweep(now))
     }
     async fn ping(&self) -> Result<(), Error> {
         delegate!(self, s => s.ping())

@@ -4,16 +4,20 @@
 //! observable result must be identical after every step, so the Lua scripts
 //! are held to the reference semantics, including lease and permit expiry.
 
-use crate::support::{DAY_MS, Redis, redis_store, shared_blocking};
+use crate::support::{Redis, redis_store_with, shared_blocking};
 use atmost::domain::{
-    Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, DuplicateGuard,
+    Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, DuplicateGuard, Error,
     GuardMode, MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, ResolveCmd,
+    UncertainPolicy,
 };
 use atmost::store::{Cursor, Store, memory::MemoryStore, redis::RedisStore};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 
 const T0: Millis = 1_800_000_000_000;
+/// Short, so cases run past it: a permit is forgotten this long after its
+/// expiry (or its last settle), on both stores at the same instant.
+const RETENTION_MS: Millis = 8_000;
 /// Three tools in scope, and one out of it.
 const TOOLS: [&str; 4] = ["alpha", "beta", "gamma", "out.of.scope"];
 const IN_SCOPE: usize = 3;
@@ -41,6 +45,7 @@ struct PermitConfig {
     window_ms: Millis,
     lease_ms: Millis,
     lifetime_ms: Millis,
+    policy: UncertainPolicy,
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +88,9 @@ enum Op {
     Advance {
         ms: Millis,
     },
+    /// Both stores' housekeeping ([`Store::sweep`]); what it may drop, no
+    /// later answer may miss.
+    Sweep,
 }
 
 fn permit_config() -> impl Strategy<Value = PermitConfig> {
@@ -101,6 +109,10 @@ fn permit_config() -> impl Strategy<Value = PermitConfig> {
         1_000i64..6_000,
         1_000i64..6_000,
         5_000i64..40_000,
+        prop_oneof![
+            Just(UncertainPolicy::Count),
+            Just(UncertainPolicy::HoldTool)
+        ],
     )
         .prop_map(
             |(
@@ -110,6 +122,7 @@ fn permit_config() -> impl Strategy<Value = PermitConfig> {
                 window_ms,
                 lease_ms,
                 lifetime_ms,
+                policy,
             )| PermitConfig {
                 cap_alpha,
                 cap_beta,
@@ -119,6 +132,7 @@ fn permit_config() -> impl Strategy<Value = PermitConfig> {
                 window_ms,
                 lease_ms,
                 lifetime_ms,
+                policy,
             },
         )
 }
@@ -169,6 +183,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (proptest::option::of(0usize..3), 1usize..4)
             .prop_map(|(permit, limit)| Op::List { permit, limit }),
         3 => (0i64..4_000).prop_map(|ms| Op::Advance { ms }),
+        // Far enough for expiry and retention to pass.
+        1 => (10_000i64..50_000).prop_map(|ms| Op::Advance { ms }),
+        1 => Just(Op::Sweep),
     ]
 }
 
@@ -196,6 +213,7 @@ fn permit_of(index: usize, c: &PermitConfig) -> Permit {
             mode: c.guard,
             window_ms: c.window_ms,
         },
+        uncertain_policy: c.policy,
         status: PermitStatus::Active,
         created_at: T0,
     }
@@ -273,12 +291,19 @@ impl Promise {
 
     /// The store's own counts agree with what was given, and stay within
     /// the caps and the budget.
-    async fn holds(&self, redis: &RedisStore, permits: &[Permit]) -> Result<(), TestCaseError> {
+    async fn holds(
+        &self,
+        redis: &RedisStore,
+        permits: &[Permit],
+        now: Millis,
+    ) -> Result<(), TestCaseError> {
         for (p, permit) in permits.iter().enumerate() {
-            let view = redis
-                .get_permit(&permit.permit_id)
-                .await
-                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let view = match redis.get_permit(&permit.permit_id, now).await {
+                Ok(view) => view,
+                // Forgotten past its retention: nothing left to hold.
+                Err(Error::PermitNotFound { .. }) => continue,
+                Err(e) => return Err(TestCaseError::fail(e.to_string())),
+            };
             for u in &view.usage {
                 let given = self.slots.get(&(p, u.tool.clone())).copied().unwrap_or(0);
                 prop_assert_eq!(
@@ -333,9 +358,14 @@ fn check<T: PartialEq + std::fmt::Debug>(
 }
 
 async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<(), TestCaseError> {
-    let model = MemoryStore::new(DAY_MS);
+    let model = MemoryStore::new(RETENTION_MS);
     let prefix = format!("m{}", uuid::Uuid::now_v7().simple());
-    let redis = redis_store(url, &prefix, std::time::Duration::from_secs(5));
+    let redis = redis_store_with(
+        url,
+        &prefix,
+        std::time::Duration::from_secs(5),
+        RETENTION_MS,
+    );
     let mut permits: Vec<Permit> = configs
         .iter()
         .enumerate()
@@ -474,8 +504,8 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 check(
                     step,
                     op,
-                    model.revoke_permit(id).await,
-                    redis.revoke_permit(id).await,
+                    model.revoke_permit(id, now).await,
+                    redis.revoke_permit(id, now).await,
                 )?;
             }
             Op::Get { permit } => {
@@ -483,8 +513,8 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 check(
                     step,
                     op,
-                    model.get_permit(id).await,
-                    redis.get_permit(id).await,
+                    model.get_permit(id, now).await,
+                    redis.get_permit(id, now).await,
                 )?;
             }
             Op::List { permit, limit } => {
@@ -509,16 +539,21 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 }
             }
             Op::Advance { ms } => now += ms,
+            Op::Sweep => {
+                let a = model.sweep(now).await;
+                let b = redis.sweep(now).await;
+                prop_assert!(a.is_ok() && b.is_ok(), "sweep: {:?} {:?}", a, b);
+            }
         }
-        promise.holds(&redis, &permits[..2]).await?;
+        promise.holds(&redis, &permits[..2], now).await?;
     }
     // Finally, the whole state must agree.
     for p in &permits {
         check(
             ops.len(),
             &Op::Get { permit: 0 },
-            model.get_permit(&p.permit_id).await,
-            redis.get_permit(&p.permit_id).await,
+            model.get_permit(&p.permit_id, now).await,
+            redis.get_permit(&p.permit_id, now).await,
         )?;
     }
     Ok(())

@@ -172,6 +172,9 @@ async fn an_unreadable_permit_record_is_unavailable_never_a_guess() {
         tonic::Code::Unavailable,
         "STORE_UNAVAILABLE",
     );
+    // A listing reads only what is uncertain at its `now`: past the lease,
+    // this attempt is in its range.
+    h.clock.advance(30_000);
     for listed in [&permit[..], ""] {
         expect_error(
             h.list(listed, 10, "").await,
@@ -196,6 +199,7 @@ async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
         retention_ms: MAX_RETENTION_MS,
         timeout: std::time::Duration::from_secs(2),
         allow_eviction: false,
+        time: atmost::store::redis::Time::Caller,
     })
     .expect("the longest retention is accepted");
     let h = Harness::serve(atmost::store::Backend::Redis(store), Some(redis), |app| app).await;
@@ -227,6 +231,7 @@ async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
         retention_ms: MAX_RETENTION_MS + 1,
         timeout: std::time::Duration::from_secs(2),
         allow_eviction: false,
+        time: atmost::store::redis::Time::Caller,
     });
     assert!(too_long.is_err(), "a retention past the bound is refused");
 }

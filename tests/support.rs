@@ -47,14 +47,26 @@ pub fn shared_blocking() -> tokio::sync::RwLockReadGuard<'static, ()> {
 
 // === stores and processes ===
 
-/// A Redis store on `url` under `prefix`, keeping finished attempts a day.
+/// A Redis store on `url` under `prefix`, keeping finished attempts a day,
+/// deciding on the caller's clock (tests move it).
 pub fn redis_store(url: &str, prefix: &str, timeout: Duration) -> RedisStore {
+    redis_store_with(url, prefix, timeout, DAY_MS)
+}
+
+/// [`redis_store`] with another retention.
+pub fn redis_store_with(
+    url: &str,
+    prefix: &str,
+    timeout: Duration,
+    retention_ms: atmost::domain::Millis,
+) -> RedisStore {
     RedisStore::connect(&RedisConfig {
         url: url.to_owned(),
         prefix: prefix.to_owned(),
-        retention_ms: DAY_MS,
+        retention_ms,
         timeout,
         allow_eviction: false,
+        time: atmost::store::redis::Time::Caller,
     })
     .expect("redis store")
 }

@@ -5,10 +5,10 @@
 
 use crate::domain::{
     self, AttemptState, AuthorizeCmd, CommitCmd, Error, GuardMode, MarkUncertainCmd, Millis,
-    Outcome, PermitSpec, PermitStatus, ResolveCmd, invalid,
+    Outcome, PermitSpec, PermitStatus, ResolveCmd, UncertainPolicy, invalid,
 };
 use crate::pb;
-use crate::store::{AFTER_ALL_KEYS, Cursor};
+use crate::store::Cursor;
 use prost_types::{Duration, Timestamp};
 
 // === time ===
@@ -131,6 +131,12 @@ pub fn permit_spec(p: Option<pb::Permit>) -> Result<PermitSpec, Error> {
         Ok(pb::DuplicateGuardMode::Enforce) => Some(GuardMode::Enforce),
         Err(_) => return Err(invalid("permit.duplicate_guard.mode", "unknown mode")),
     };
+    let uncertain_policy = match pb::UncertainPolicy::try_from(p.uncertain_policy) {
+        Ok(pb::UncertainPolicy::Unspecified) => None,
+        Ok(pb::UncertainPolicy::Count) => Some(UncertainPolicy::Count),
+        Ok(pb::UncertainPolicy::HoldTool) => Some(UncertainPolicy::HoldTool),
+        Err(_) => return Err(invalid("permit.uncertain_policy", "unknown policy")),
+    };
     Ok(PermitSpec {
         permit_id: p.permit_id,
         subject: p.subject,
@@ -149,6 +155,7 @@ pub fn permit_spec(p: Option<pb::Permit>) -> Result<PermitSpec, Error> {
             .map(|d| millis_of_duration(d, "permit.lease"))
             .transpose()?,
         guard_mode,
+        uncertain_policy,
         guard_window_ms: guard
             .window
             .as_ref()
@@ -161,13 +168,18 @@ pub fn permit_spec(p: Option<pb::Permit>) -> Result<PermitSpec, Error> {
 
 // === page tokens ===
 //
-// A token is the hex of "<permit_id><idempotency_key>" (the permit id is a
-// 36-character UUID): opaque to clients, trivially checked here.
+// A token is the hex of "<permit expires_at, 15 digits><permit_id>", then,
+// inside a permit, "<uncertain_since, 15 digits><idempotency_key>" (the
+// permit id is a 36-character UUID): opaque to clients, checked here.
 
 pub fn page_token(c: &Cursor) -> String {
     use std::fmt::Write;
-    let mut token = String::with_capacity(2 * (c.permit_id.len() + c.idempotency_key.len()));
-    for b in c.permit_id.bytes().chain(c.idempotency_key.bytes()) {
+    let mut text = format!("{:015}{}", c.permit_expires_at, c.permit_id);
+    if let Some((at, key)) = &c.attempt {
+        let _ = write!(text, "{at:015}{key}");
+    }
+    let mut token = String::with_capacity(2 * text.len());
+    for b in text.bytes() {
         let _ = write!(token, "{b:02x}");
     }
     token
@@ -189,17 +201,34 @@ pub fn cursor(token: &str) -> Result<Cursor, Error> {
         .collect::<Result<Vec<u8>, _>>()
         .map_err(|_| bad())?;
     let text = String::from_utf8(bytes).map_err(|_| bad())?;
-    if text.len() <= 36 || !text.is_char_boundary(36) {
+    let time = |digits: &str| -> Result<Millis, Error> {
+        if digits.len() != 15 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        digits.parse().map_err(|_| bad())
+    };
+    if text.len() < 51 || !text.is_char_boundary(51) {
         return Err(bad());
     }
-    let (permit_id, key) = text.split_at(36);
-    let permit_id = domain::canonical_id(permit_id).ok_or_else(bad)?;
-    if !(domain::valid_key(key) || key == AFTER_ALL_KEYS) {
-        return Err(bad());
-    }
+    let (permit, rest) = text.split_at(51);
+    let permit_expires_at = time(&permit[..15])?;
+    let permit_id = domain::canonical_id(&permit[15..]).ok_or_else(bad)?;
+    let attempt = if rest.is_empty() {
+        None
+    } else {
+        if rest.len() <= 15 || !rest.is_char_boundary(15) {
+            return Err(bad());
+        }
+        let (at, key) = rest.split_at(15);
+        if !domain::valid_key(key) {
+            return Err(bad());
+        }
+        Some((time(at)?, key.to_owned()))
+    };
     Ok(Cursor {
+        permit_expires_at,
         permit_id,
-        idempotency_key: key.to_owned(),
+        attempt,
     })
 }
 
@@ -234,6 +263,7 @@ pub fn attempt(a: domain::Attempt) -> pb::Attempt {
         }),
         failure_reason: a.failure_reason,
         uncertain_reason: a.uncertain_reason,
+        uncertain_since: (a.uncertain_since > 0).then(|| timestamp(a.uncertain_since)),
     }
 }
 
@@ -269,5 +299,9 @@ pub fn permit(p: domain::Permit) -> pb::Permit {
             PermitStatus::Revoked => pb::PermitStatus::Revoked,
         } as i32,
         created_at: Some(timestamp(p.created_at)),
+        uncertain_policy: match p.uncertain_policy {
+            UncertainPolicy::Count => pb::UncertainPolicy::Count,
+            UncertainPolicy::HoldTool => pb::UncertainPolicy::HoldTool,
+        } as i32,
     }
 }

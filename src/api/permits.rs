@@ -51,7 +51,10 @@ impl Permits for PermitsService {
         let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
         let view = self
             .ctx
-            .call(deadline, self.ctx.store.get_permit(&id))
+            .call(
+                deadline,
+                self.ctx.store.get_permit(&id, self.ctx.clock.now()),
+            )
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::GetPermitResponse {
@@ -71,7 +74,10 @@ impl Permits for PermitsService {
         let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
         let permit = self
             .ctx
-            .call(deadline, self.ctx.store.revoke_permit(&id))
+            .call(
+                deadline,
+                self.ctx.store.revoke_permit(&id, self.ctx.clock.now()),
+            )
             .await
             .map_err(to_status)?;
         tracing::info!(permit_id = %id, "permit revoked");

@@ -82,6 +82,16 @@ pub fn to_status(error: Error) -> Status {
                 ("lease_expires_at", rfc3339(*lease_expires_at)),
             ],
         ),
+        Error::ToolHeld {
+            tool,
+            uncertain_key,
+        } => (
+            Code::FailedPrecondition,
+            vec![
+                ("tool", tool.clone()),
+                ("uncertain_key", uncertain_key.clone()),
+            ],
+        ),
         Error::DuplicateSuspected { tool, earlier_key } => (
             Code::AlreadyExists,
             vec![("tool", tool.clone()), ("earlier_key", earlier_key.clone())],

@@ -67,6 +67,10 @@ pub struct Attempt {
     pub receipt: Option<Receipt>,
     pub failure_reason: String,
     pub uncertain_reason: String,
+    /// While UNCERTAIN: when it became so (the lease's end, or when it was
+    /// marked, whichever came first); 0 otherwise. Listings order a
+    /// permit's uncertain attempts by it.
+    pub uncertain_since: Millis,
     /// The earlier live key with the same (tool, fingerprint) when this
     /// attempt was dispatched (duplicate guard LOG); the guard's index falls
     /// back to it if this attempt is released.
@@ -85,6 +89,7 @@ impl Attempt {
         if self.state != self.observed_state(now) {
             self.state = AttemptState::Uncertain;
             self.uncertain_reason = LEASE_EXPIRED.to_owned();
+            self.uncertain_since = self.lease_expires_at;
         }
         self
     }

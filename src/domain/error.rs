@@ -52,6 +52,10 @@ pub enum Error {
         /// How long until the lease passes, from the request's `now`.
         retry_after_ms: Millis,
     },
+    #[error(
+        "tool {tool:?} is held: attempt {uncertain_key:?} is UNCERTAIN; resolve it before a new key"
+    )]
+    ToolHeld { tool: String, uncertain_key: String },
     #[error("same request as {earlier_key:?}, dispatched within the duplicate window")]
     DuplicateSuspected { tool: String, earlier_key: String },
     #[error("no attempt for idempotency key {idempotency_key:?}")]
@@ -134,6 +138,7 @@ reasons! {
     Overloaded = "OVERLOADED",
     /// Refused before the store: no store returns it.
     DeadlineExceeded = "DEADLINE_EXCEEDED",
+    ToolHeld = "TOOL_HELD_UNCERTAIN",
 }
 
 impl Error {
@@ -156,6 +161,7 @@ impl Error {
             Error::StoreUnavailable(_) => Reason::StoreUnavailable,
             Error::Overloaded { .. } => Reason::Overloaded,
             Error::DeadlineExceeded => Reason::DeadlineExceeded,
+            Error::ToolHeld { .. } => Reason::ToolHeld,
         }
     }
 }

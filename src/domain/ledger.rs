@@ -7,10 +7,10 @@
 use super::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GuardMode,
     MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView, Receipt,
-    ResolveCmd, Settled, Usage, attempt::observe, invalid,
+    ResolveCmd, Settled, UncertainPolicy, Usage, attempt::observe, invalid,
 };
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -27,8 +27,17 @@ pub struct Ledger {
     limits: Vec<Option<u64>>,
     committed: i64,
     reserved: i64,
-    /// By idempotency key; ordered so listings page stably.
-    attempts: BTreeMap<Key, Record>,
+    /// By idempotency key.
+    attempts: HashMap<Key, Record>,
+    /// The RESERVED and UNCERTAIN attempts, by (when they are or became
+    /// uncertain, key): the lease's end for a RESERVED one, its
+    /// `uncertain_since` for an UNCERTAIN one. Those uncertain at `now` are
+    /// the range up to `now`, so a listing costs what it returns.
+    open: BTreeSet<(Millis, Key)>,
+    /// With [`UncertainPolicy::HoldTool`], the same per tool (by the tool's
+    /// index), so "is this tool held?" is one look at its first entry.
+    /// Empty with [`UncertainPolicy::Count`].
+    held: Vec<BTreeSet<(Millis, Key)>>,
     /// A keyed hash of (tool, fingerprint) -> the latest key dispatched with
     /// them, for the duplicate guard: a pointer, checked against the
     /// attempt's full request on every read, so a stale entry is harmless.
@@ -67,6 +76,9 @@ struct Detail {
     /// The holder token of a RESERVED attempt (empty: none); dropped when
     /// it stops being RESERVED, since only then does it redeliver.
     holder_token: Box<[u8]>,
+    /// When a marked UNCERTAIN attempt became uncertain: the earlier of its
+    /// lease's end and the MarkUncertain.
+    uncertain_since: Millis,
 }
 
 impl Record {
@@ -89,6 +101,15 @@ impl Record {
     fn holder_token(&self) -> &[u8] {
         self.detail.as_ref().map_or(&[], |d| &d.holder_token)
     }
+
+    /// Its place in the open set while RESERVED or UNCERTAIN: when it is
+    /// (or became) uncertain.
+    fn open_at(&self) -> Millis {
+        match self.state {
+            AttemptState::Uncertain => self.detail.as_ref().map_or(0, |d| d.uncertain_since),
+            _ => self.lease_expires_at,
+        }
+    }
 }
 
 /// Who settles an attempt: the caller holding its attempt_id (Commit) or an
@@ -108,13 +129,19 @@ impl Ledger {
             .iter()
             .map(|t| permit.max_calls_per_tool.get(t).copied())
             .collect();
+        let held = match permit.uncertain_policy {
+            UncertainPolicy::Count => Vec::new(),
+            UncertainPolicy::HoldTool => vec![BTreeSet::new(); permit.tools.len()],
+        };
         Self {
             calls: vec![0; permit.tools.len()],
             limits,
             permit,
             committed: 0,
             reserved: 0,
-            attempts: BTreeMap::new(),
+            attempts: HashMap::new(),
+            open: BTreeSet::new(),
+            held,
             dup_index: HashMap::new(),
             dup_hasher: RandomState::new(),
             last_settled_at: 0,
@@ -154,24 +181,36 @@ impl Ledger {
         }
     }
 
-    /// Whether the ledger may be dropped at `now`: no attempt is RESERVED
-    /// or UNCERTAIN (those are never dropped), and `retention_ms` has passed
-    /// since the permit expired and since its last attempt was settled.
-    pub fn retired(&self, now: Millis, retention_ms: Millis) -> bool {
-        let since = self.permit.expires_at.max(self.last_settled_at);
-        !self.attempts.values().any(|a| a.state.is_open())
-            && now >= since.saturating_add(retention_ms)
+    /// Whether an attempt is RESERVED or UNCERTAIN.
+    pub fn has_open(&self) -> bool {
+        !self.open.is_empty()
+    }
+
+    /// When the permit and its attempts are forgotten (the ledger is gone
+    /// once `now` is past it): `retention_ms` after the later of the
+    /// permit's expiry and the settling of its last open attempt; never
+    /// while an attempt is RESERVED or UNCERTAIN. (Redis expires the
+    /// permit's keys at the same instant: lib.lua, unpin.)
+    pub fn forget_at(&self, retention_ms: Millis) -> Option<Millis> {
+        (!self.has_open()).then(|| self.permit.expires_at.max(self.last_settled_at) + retention_ms)
     }
 
     /// Attempts UNCERTAIN at `now` (including RESERVED ones past their
-    /// lease) whose key sorts after `after`, at most `limit` of them.
-    pub fn uncertain_after(&self, after: &str, limit: usize, now: Millis) -> Vec<Attempt> {
+    /// lease), in (uncertain_since, key) order after `after`, at most
+    /// `limit` of them: one range read of the open set.
+    pub fn uncertain_after(
+        &self,
+        after: Option<(Millis, &str)>,
+        limit: usize,
+        now: Millis,
+    ) -> Vec<Attempt> {
         use std::ops::Bound::{Excluded, Unbounded};
-        self.attempts
-            .range::<str, _>((Excluded(after), Unbounded))
-            .filter(|(_, a)| a.observed_state(now) == AttemptState::Uncertain)
+        let start = after.map_or(Unbounded, |(at, key)| Excluded((at, Key::from(key))));
+        self.open
+            .range((start, Unbounded))
+            .take_while(|(at, _)| *at <= now)
             .take(limit)
-            .map(|(key, a)| self.attempt_view(key, a, now))
+            .map(|(_, key)| self.attempt_at(key, now))
             .collect()
     }
 
@@ -244,6 +283,16 @@ impl Ledger {
                 tool: cmd.tool.clone(),
             });
         };
+        // Held while the tool has an attempt uncertain at `now` (with
+        // UncertainPolicy::HoldTool only: `held` is empty otherwise).
+        if let Some((at, key)) = self.held.get(tool).and_then(|h| h.first())
+            && *at <= now
+        {
+            return Err(Error::ToolHeld {
+                tool: cmd.tool.clone(),
+                uncertain_key: key.to_string(),
+            });
+        }
         // The guard's index key, unless the guard is off.
         let dup_hash = (permit.duplicate_guard.mode != GuardMode::Off)
             .then(|| self.dup_hash(tool, &cmd.request_fingerprint));
@@ -301,6 +350,7 @@ impl Ledger {
         if let Some(hash) = dup_hash {
             self.dup_index.insert(hash, key.clone());
         }
+        self.open_insert(record.lease_expires_at, tool, &key);
         self.calls[tool] += 1;
         self.reserved += cmd.cost;
         let attempt = self.attempt_view(&key, &record, now);
@@ -361,13 +411,25 @@ impl Ledger {
             .state;
         match state {
             AttemptState::Reserved => {
-                let record = self
+                let (key, record) = self
                     .attempts
-                    .get_mut(cmd.idempotency_key.as_str())
+                    .get_key_value(cmd.idempotency_key.as_str())
                     .expect("checked");
+                let (key, tool, lease) = (
+                    key.clone(),
+                    usize::from(record.tool),
+                    record.lease_expires_at,
+                );
+                // Uncertain from now on, or since its lease ended if that
+                // was earlier: it never moves later in the listing order.
+                let since = lease.min(now);
+                self.open_remove(lease, tool, &key);
+                self.open_insert(since, tool, &key);
+                let record = self.attempts.get_mut(&key).expect("checked");
                 record.state = AttemptState::Uncertain;
                 let detail = record.detail();
                 detail.uncertain_reason = cmd.reason.clone();
+                detail.uncertain_since = since;
                 detail.holder_token = Box::default();
                 Ok(self.attempt_at(&cmd.idempotency_key, now))
             }
@@ -439,6 +501,7 @@ impl Ledger {
 
         // The attempt is open (RESERVED or UNCERTAIN) and may be settled.
         let reserved_cost = attempt.cost;
+        let (open_at, tool) = (attempt.open_at(), usize::from(attempt.tool));
         match outcome {
             Outcome::Succeeded {
                 result,
@@ -492,8 +555,25 @@ impl Ledger {
         if let Some(detail) = self.attempts.get_mut(key).and_then(|r| r.detail.as_mut()) {
             detail.holder_token = Box::default();
         }
+        let owned = self.attempts.get_key_value(key).expect("checked").0.clone();
+        self.open_remove(open_at, tool, &owned);
         self.last_settled_at = now;
         Ok(self.settled(key, now))
+    }
+
+    fn open_insert(&mut self, at: Millis, tool: usize, key: &Key) {
+        self.open.insert((at, key.clone()));
+        if let Some(held) = self.held.get_mut(tool) {
+            held.insert((at, key.clone()));
+        }
+    }
+
+    fn open_remove(&mut self, at: Millis, tool: usize, key: &Key) {
+        let entry = (at, key.clone());
+        self.open.remove(&entry);
+        if let Some(held) = self.held.get_mut(tool) {
+            held.remove(&entry);
+        }
     }
 
     fn settled(&self, key: &str, now: Millis) -> Settled {
@@ -528,6 +608,10 @@ impl Ledger {
             uncertain_reason: detail
                 .map(|d| d.uncertain_reason.clone())
                 .unwrap_or_default(),
+            uncertain_since: match record.state {
+                AttemptState::Uncertain => record.open_at(),
+                _ => 0,
+            },
             duplicate_of: record.duplicate_of.as_ref().map(|k| k.to_string()),
         }
         .into_observed(now)

@@ -19,6 +19,16 @@ pub enum GuardMode {
     Enforce,
 }
 
+/// What an UNCERTAIN attempt blocks for new keys of its tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UncertainPolicy {
+    /// It holds a slot like any dispatch: new keys stop at the cap.
+    #[default]
+    Count,
+    /// No new key of the tool dispatches while the tool has one.
+    HoldTool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DuplicateGuard {
     pub mode: GuardMode,
@@ -40,6 +50,7 @@ pub struct Permit {
     pub expires_at: Millis,
     pub lease_ms: Millis,
     pub duplicate_guard: DuplicateGuard,
+    pub uncertain_policy: UncertainPolicy,
     pub status: PermitStatus,
     pub created_at: Millis,
 }
@@ -66,6 +77,7 @@ pub struct PermitSpec {
     pub lease_ms: Option<Millis>,
     pub guard_mode: Option<GuardMode>,
     pub guard_window_ms: Option<Millis>,
+    pub uncertain_policy: Option<UncertainPolicy>,
     /// Set when the client supplied a status or a creation time: both are
     /// the server's to set.
     pub server_fields_set: bool,
@@ -168,6 +180,7 @@ impl PermitSpec {
                 mode: self.guard_mode.unwrap_or(GuardMode::Log),
                 window_ms,
             },
+            uncertain_policy: self.uncertain_policy.unwrap_or_default(),
             status: PermitStatus::Active,
             created_at: now,
         })

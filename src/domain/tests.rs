@@ -68,6 +68,7 @@ fn attempt(state: AttemptState, lease_expires_at: Millis) -> Attempt {
         receipt: None,
         failure_reason: String::new(),
         uncertain_reason: String::new(),
+        uncertain_since: 0,
         duplicate_of: None,
     }
 }

@@ -2,17 +2,18 @@
 //! one lock. It is the reference semantics of atmost and keeps nothing
 //! across restarts.
 
-use super::{AFTER_ALL_KEYS, Cursor, MAX_PERMITS_PER_PAGE, Page, Store};
+use super::{Cursor, MAX_PERMITS_PER_PAGE, Page, Store};
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, Ledger, MarkUncertainCmd, Millis, Permit,
     PermitView, ResolveCmd, Settled,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-/// Every this many new permits, ledgers past retention are dropped.
-const PRUNE_EVERY: u64 = 1024;
+/// Most forgotten permits one [`Store::sweep`] drops (the lock is held
+/// meanwhile).
+const SWEEP_BATCH: usize = 1024;
 
 #[derive(Debug)]
 pub struct MemoryStore {
@@ -23,12 +24,18 @@ pub struct MemoryStore {
     retention_ms: Millis,
 }
 
+/// A permit's place in an ordered set: (a time, its id).
+type Entry = (Millis, Arc<str>);
+
 #[derive(Debug, Default)]
 struct Inner {
-    /// Ordered by permit id so cross-permit listings page stably; boxed, so
-    /// the tree's nodes move pointers, not ledgers.
-    ledgers: BTreeMap<String, Box<Ledger>>,
-    created: u64,
+    /// Boxed, so the map moves pointers, not ledgers.
+    ledgers: HashMap<Arc<str>, Box<Ledger>>,
+    /// Permits with a RESERVED or UNCERTAIN attempt, in ListUncertain's
+    /// order (expires_at, id): the cross-permit listing looks only here.
+    open: BTreeSet<Entry>,
+    /// Every other permit, by when it is forgotten ([`Ledger::forget_at`]).
+    forget: BTreeSet<Entry>,
 }
 
 impl MemoryStore {
@@ -39,57 +46,107 @@ impl MemoryStore {
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the permit's ledger at `now`, keeping the two sets in
+    /// step with it. A permit past its retention is forgotten here, at the
+    /// same instant the Redis store's keys expire.
     fn with_ledger<T>(
         &self,
         permit_id: &str,
+        now: Millis,
         f: impl FnOnce(&mut Ledger) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        match inner.ledgers.get_mut(permit_id) {
-            Some(ledger) => f(ledger),
-            None => Err(Error::PermitNotFound {
-                permit_id: permit_id.to_owned(),
-            }),
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let not_found = || Error::PermitNotFound {
+            permit_id: permit_id.to_owned(),
+        };
+        let id = inner
+            .ledgers
+            .get_key_value(permit_id)
+            .ok_or_else(not_found)?
+            .0
+            .clone();
+        let ledger = inner.ledgers.get_mut(&id).expect("just found");
+        let before = self.place(ledger);
+        if let Place::Forget(at) = before
+            && now > at
+        {
+            inner.forget.remove(&(at, id.clone()));
+            inner.ledgers.remove(&id);
+            return Err(not_found());
+        }
+        let out = f(ledger);
+        let after = self.place(ledger);
+        if after != before {
+            inner.remove(before, &id);
+            inner.insert(after, &id);
+        }
+        out
+    }
+
+    fn place(&self, ledger: &Ledger) -> Place {
+        match ledger.forget_at(self.retention_ms) {
+            Some(at) => Place::Forget(at),
+            None => Place::Open(ledger.permit().expires_at),
         }
     }
 }
 
+/// Which set a permit is in, at which time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Open(Millis),
+    Forget(Millis),
+}
+
 impl Inner {
-    /// Drops retired ledgers (see [`Ledger::retired`]): RESERVED and
-    /// UNCERTAIN attempts never disappear.
-    fn prune(&mut self, now: Millis, retention_ms: Millis) {
-        self.ledgers.retain(|_, l| !l.retired(now, retention_ms));
+    fn set(&mut self, place: Place) -> (&mut BTreeSet<Entry>, Millis) {
+        match place {
+            Place::Open(at) => (&mut self.open, at),
+            Place::Forget(at) => (&mut self.forget, at),
+        }
+    }
+
+    fn insert(&mut self, place: Place, id: &Arc<str>) {
+        let (set, at) = self.set(place);
+        set.insert((at, id.clone()));
+    }
+
+    fn remove(&mut self, place: Place, id: &Arc<str>) {
+        let (set, at) = self.set(place);
+        set.remove(&(at, id.clone()));
     }
 }
 
 impl Store for MemoryStore {
     async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.lock();
         // Ids are fresh UUIDv7s: only a bug gives one twice, and the first
         // permit must not be overwritten (as on Redis).
-        if inner.ledgers.contains_key(&permit.permit_id) {
+        if inner.ledgers.contains_key(permit.permit_id.as_str()) {
             return Err(Error::StoreUnavailable(format!(
                 "permit {} already exists: a permit id given twice",
                 permit.permit_id
             )));
         }
-        inner.created += 1;
-        if inner.created.is_multiple_of(PRUNE_EVERY) {
-            inner.prune(permit.created_at, self.retention_ms);
-        }
-        inner.ledgers.insert(
-            permit.permit_id.clone(),
-            Box::new(Ledger::new(permit.clone())),
-        );
+        let id: Arc<str> = Arc::from(permit.permit_id.as_str());
+        let ledger = Box::new(Ledger::new(permit.clone()));
+        let place = self.place(&ledger);
+        inner.ledgers.insert(id.clone(), ledger);
+        inner.insert(place, &id);
         Ok(permit)
     }
 
-    async fn get_permit(&self, permit_id: &str) -> Result<PermitView, Error> {
-        self.with_ledger(permit_id, |l| Ok(l.view()))
+    async fn get_permit(&self, permit_id: &str, now: Millis) -> Result<PermitView, Error> {
+        self.with_ledger(permit_id, now, |l| Ok(l.view()))
     }
 
-    async fn revoke_permit(&self, permit_id: &str) -> Result<Permit, Error> {
-        self.with_ledger(permit_id, |l| Ok(l.revoke()))
+    async fn revoke_permit(&self, permit_id: &str, now: Millis) -> Result<Permit, Error> {
+        self.with_ledger(permit_id, now, |l| Ok(l.revoke()))
     }
 
     async fn authorize(
@@ -98,7 +155,7 @@ impl Store for MemoryStore {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        self.with_ledger(&cmd.permit_id, |l| l.authorize(cmd, now, attempt_id))
+        self.with_ledger(&cmd.permit_id, now, |l| l.authorize(cmd, now, attempt_id))
     }
 
     async fn commit(
@@ -107,11 +164,11 @@ impl Store for MemoryStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(&cmd.permit_id, |l| l.commit(cmd, now, receipt_id))
+        self.with_ledger(&cmd.permit_id, now, |l| l.commit(cmd, now, receipt_id))
     }
 
     async fn mark_uncertain(&self, cmd: &MarkUncertainCmd, now: Millis) -> Result<Attempt, Error> {
-        self.with_ledger(&cmd.permit_id, |l| l.mark_uncertain(cmd, now))
+        self.with_ledger(&cmd.permit_id, now, |l| l.mark_uncertain(cmd, now))
     }
 
     async fn resolve(
@@ -120,7 +177,7 @@ impl Store for MemoryStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(&cmd.permit_id, |l| l.resolve(cmd, now, receipt_id))
+        self.with_ledger(&cmd.permit_id, now, |l| l.resolve(cmd, now, receipt_id))
     }
 
     async fn list_uncertain(
@@ -130,61 +187,74 @@ impl Store for MemoryStore {
         limit: usize,
         now: Millis,
     ) -> Result<Page, Error> {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(id) = permit_id
-            && !inner.ledgers.contains_key(id)
-        {
-            return Err(Error::PermitNotFound {
-                permit_id: id.to_owned(),
-            });
+        if let Some(id) = permit_id {
+            let after = after.and_then(|c| c.attempt_in(id));
+            let (attempts, expires_at) = self.with_ledger(id, now, |l| {
+                Ok((l.uncertain_after(after, limit, now), l.permit().expires_at))
+            })?;
+            return Ok(full_page(attempts, limit, expires_at));
         }
-        let start = match (permit_id, after) {
-            (_, Some(c)) => Bound::Included(c.permit_id.as_str()),
-            (Some(p), None) => Bound::Included(p),
-            (None, None) => Bound::Unbounded,
+
+        // Across permits: only those with an open attempt, in order.
+        let inner = self.lock();
+        let start = match after {
+            Some(c) => {
+                let entry = (c.permit_expires_at, Arc::from(c.permit_id.as_str()));
+                match c.attempt {
+                    Some(_) => Bound::Included(entry),
+                    None => Bound::Excluded(entry),
+                }
+            }
+            None => Bound::Unbounded,
         };
         let mut page = Page::default();
-        let ledgers = inner
-            .ledgers
-            .range::<str, _>((start, Bound::Unbounded))
-            .take_while(|(id, _)| permit_id.is_none_or(|p| p == id.as_str()))
-            .take(MAX_PERMITS_PER_PAGE);
-        let mut last_permit = None;
-        for (id, ledger) in ledgers {
-            let after_key = match after {
-                Some(c) if c.permit_id == *id => c.idempotency_key.as_str(),
-                _ => "",
-            };
-            let found = ledger.uncertain_after(after_key, limit - page.attempts.len(), now);
+        let mut permits = inner.open.range((start, Bound::Unbounded));
+        for (expires_at, id) in permits.by_ref().take(MAX_PERMITS_PER_PAGE) {
+            let ledger = &inner.ledgers[id];
+            let after = after.and_then(|c| c.attempt_in(id));
+            let found = ledger.uncertain_after(after, limit - page.attempts.len(), now);
             page.attempts.extend(found);
-            last_permit = Some(id);
             if page.attempts.len() == limit {
-                let last = page.attempts.last().expect("limit > 0");
-                page.next = Some(Cursor {
-                    permit_id: last.permit_id.clone(),
-                    idempotency_key: last.idempotency_key.clone(),
-                });
-                return Ok(page);
+                return Ok(full_page(page.attempts, limit, *expires_at));
             }
-        }
-        // The scan stopped short of the end: continue after the last permit.
-        if permit_id.is_none()
-            && let Some(id) = last_permit
-            && inner
-                .ledgers
-                .range::<str, _>((Bound::Excluded(id.as_str()), Bound::Unbounded))
-                .next()
-                .is_some()
-        {
             page.next = Some(Cursor {
-                permit_id: id.clone(),
-                idempotency_key: AFTER_ALL_KEYS.to_owned(),
+                permit_expires_at: *expires_at,
+                permit_id: id.to_string(),
+                attempt: None,
             });
         }
+        // Out of permits for this page: continue after the last one looked
+        // into, unless it was the last of all.
+        if permits.next().is_none() {
+            page.next = None;
+        }
         Ok(page)
+    }
+
+    async fn sweep(&self, now: Millis) -> Result<usize, Error> {
+        let mut inner = self.lock();
+        let mut dropped = 0;
+        while dropped < SWEEP_BATCH
+            && let Some((at, id)) = inner.forget.first().cloned()
+            && now > at
+        {
+            inner.forget.pop_first();
+            inner.ledgers.remove(&id);
+            dropped += 1;
+        }
+        Ok(dropped)
     }
 
     async fn ping(&self) -> Result<(), Error> {
         Ok(())
     }
+}
+
+/// A page of one permit's attempts; a full one continues after its last.
+pub(super) fn full_page(attempts: Vec<Attempt>, limit: usize, expires_at: Millis) -> Page {
+    let next = (attempts.len() == limit)
+        .then(|| attempts.last())
+        .flatten()
+        .map(|last| Cursor::after_attempt(expires_at, last));
+    Page { attempts, next }
 }

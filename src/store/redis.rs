@@ -27,25 +27,28 @@ mod eviction;
 mod reply;
 mod scripts;
 
-pub use conn::{RedisConfig, connection_info};
+pub use conn::{RedisConfig, Time, connection_info};
 pub use eviction::{Policy as EvictionPolicy, refusal as eviction_refusal};
 pub use reply::unpack_reply;
 pub use scripts::{script_body, script_text};
 
-use super::{AFTER_ALL_KEYS, Cursor, INDEX_SKEW_MARGIN_MS, MAX_PERMITS_PER_PAGE, Page, Store};
+use super::memory::full_page;
+use super::{Cursor, INDEX_MARGIN_MS, MAX_PERMITS_PER_PAGE, Page, Store};
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, MAX_RETENTION_MS,
     MarkUncertainCmd, Millis, Outcome, Permit, PermitView, ResolveCmd, Settled, invalid,
 };
-use codec::{decode_permit, encode_permit, id_bytes, id_ms};
+use codec::{decode_permit, encode_permit, id_bytes};
 use conn::unavailable;
 use redis::Value;
 use redis::aio::ConnectionManager;
 use reply::{About, decode_attempt, decode_usage, malformed, open, open_ok};
 use scripts::Lua;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Permits scanned per pipelined batch when listing across all permits.
+/// Index entries read per batch when listing across all permits or
+/// sweeping.
 const LIST_BATCH: usize = 64;
 
 /// The Redis store: one multiplexed connection and the key prefix.
@@ -60,6 +63,10 @@ pub struct RedisStore {
     /// Whether Redis may evict keys, as last read: nothing is served on a
     /// Redis that does, unless the operator accepted it.
     eviction: eviction::Guard,
+    time: Time,
+    /// Where this replica's sweep of the index goes on from (an index
+    /// member; "" from the start).
+    sweep_from: Arc<Mutex<String>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -76,6 +83,37 @@ struct PermitKeys {
     attempts: String,
     open: String,
     dup: String,
+    held: String,
+}
+
+impl PermitKeys {
+    /// The five keys of authorize, settle and mark_uncertain, in order.
+    fn all(&self, inv: &mut redis::ScriptInvocation<'_>) {
+        inv.key(&self.permit)
+            .key(&self.attempts)
+            .key(&self.open)
+            .key(&self.dup)
+            .key(&self.held);
+    }
+}
+
+/// A permit's member in the cross-permit index: "<expires_at, 15
+/// digits>:<permit_id>", so the index sorts (and pages) by expiry, then id.
+fn index_member(expires_at: Millis, permit_id: &str) -> String {
+    format!("{expires_at:015}:{permit_id}")
+}
+
+/// (expires_at, permit_id) of an index member.
+fn parse_index_member(member: &str) -> Result<(Millis, &str), Error> {
+    member
+        .split_once(':')
+        .and_then(|(at, id)| Some((at.parse().ok()?, id)))
+        .ok_or_else(|| malformed(format!("index member {member:?}")))
+}
+
+/// An attempt's member in a permit's open set (lib.lua: open_add).
+fn open_member(at: Millis, key: &str) -> String {
+    format!("{at:015}:{key}")
 }
 
 // === impl RedisStore ===
@@ -96,7 +134,17 @@ impl RedisStore {
             retention_ms: config.retention_ms,
             scan_budget: config.timeout / 2,
             eviction: eviction::Guard::new(config.allow_eviction),
+            time: config.time,
+            sweep_from: Arc::default(),
         })
+    }
+
+    /// The scripts' ARGV[1]: "" (Redis's clock) or the caller's `now`.
+    fn now_arg(&self, now: Millis) -> String {
+        match self.time {
+            Time::Redis => String::new(),
+            Time::Caller => now.to_string(),
+        }
     }
 
     /// Reads Redis's `maxmemory-policy` now (at start-up, to refuse an
@@ -132,12 +180,16 @@ impl RedisStore {
             attempts: format!("{base}:attempts"),
             open: format!("{base}:open"),
             dup: format!("{base}:dup"),
+            held: format!("{base}:held"),
         }
     }
 
-    /// The cross-permit index: permits that may hold open attempts. A permit
-    /// enters it before CreatePermit answers (so before any reservation),
-    /// and leaves only once no new key can open an attempt under it.
+    /// The cross-permit index: permits that may hold open attempts, by
+    /// [`index_member`]. A permit enters it before CreatePermit answers (so
+    /// before any reservation), and leaves once it has no open attempt and
+    /// is expired, so no new key can open one: when a listing or the sweep
+    /// comes by. One key, so it works unchanged when permits live on
+    /// different Cluster shards (each listing call runs on its permit's).
     fn index_key(&self) -> String {
         format!("{}:permits", self.prefix)
     }
@@ -176,26 +228,25 @@ impl Store for RedisStore {
         redis::cmd("ZADD")
             .arg(self.index_key())
             .arg(0)
-            .arg(&permit.permit_id)
+            .arg(index_member(permit.expires_at, &permit.permit_id))
             .exec_async(&mut conn)
             .await
             .map_err(|e| self.lost(e))?;
         Ok(permit)
     }
 
-    async fn get_permit(&self, permit_id: &str) -> Result<PermitView, Error> {
-        let mut conn = self.conn().await?;
-        let reply: Vec<Value> = redis::cmd("HGETALL")
-            .arg(self.keys(permit_id).permit)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.lost(e))?;
-        decode_permit(permit_id, reply)
+    async fn get_permit(&self, permit_id: &str, now: Millis) -> Result<PermitView, Error> {
+        let k = self.keys(permit_id);
+        let mut inv = Lua::GetPermit.prepare_invoke();
+        inv.key(&k.permit).key(&k.attempts).arg(self.now_arg(now));
+        let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
+        decode_permit(permit_id, f.array()?)
     }
 
-    async fn revoke_permit(&self, permit_id: &str) -> Result<Permit, Error> {
+    async fn revoke_permit(&self, permit_id: &str, now: Millis) -> Result<Permit, Error> {
+        let k = self.keys(permit_id);
         let mut inv = Lua::RevokePermit.prepare_invoke();
-        inv.key(self.keys(permit_id).permit);
+        inv.key(&k.permit).key(&k.attempts).arg(self.now_arg(now));
         let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
         decode_permit(permit_id, f.array()?).map(|view| view.permit)
     }
@@ -206,14 +257,9 @@ impl Store for RedisStore {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        debug_assert_eq!(id_ms(&attempt_id), Some(now), "ids are new_id(now)");
-        let k = self.keys(&cmd.permit_id);
         let mut inv = Lua::Authorize.prepare_invoke();
-        inv.key(&k.permit)
-            .key(&k.attempts)
-            .key(&k.open)
-            .key(&k.dup)
-            .arg(now)
+        self.keys(&cmd.permit_id).all(&mut inv);
+        inv.arg(self.now_arg(now))
             .arg(&cmd.tool)
             .arg(&cmd.idempotency_key)
             .arg(&cmd.request_fingerprint)
@@ -223,7 +269,7 @@ impl Store for RedisStore {
         let about = About {
             tool: Some(&cmd.tool),
             cost: Some(cmd.cost),
-            ..About::key(&cmd.permit_id, &cmd.idempotency_key, now)
+            ..About::key(&cmd.permit_id, &cmd.idempotency_key)
         };
         let (verdict, mut f) = open(self.run(&inv).await?, &about)?;
         let (decision, redelivered) = match verdict.as_str() {
@@ -263,15 +309,13 @@ impl Store for RedisStore {
     }
 
     async fn mark_uncertain(&self, cmd: &MarkUncertainCmd, now: Millis) -> Result<Attempt, Error> {
-        let k = self.keys(&cmd.permit_id);
         let mut inv = Lua::MarkUncertain.prepare_invoke();
-        inv.key(&k.permit)
-            .key(&k.attempts)
-            .arg(now)
+        self.keys(&cmd.permit_id).all(&mut inv);
+        inv.arg(self.now_arg(now))
             .arg(&cmd.idempotency_key)
             .arg(id_bytes(&cmd.attempt_id))
             .arg(&cmd.reason);
-        let about = About::key(&cmd.permit_id, &cmd.idempotency_key, now);
+        let about = About::key(&cmd.permit_id, &cmd.idempotency_key);
         let mut f = open_ok(self.run(&inv).await?, &about)?;
         decode_attempt(&cmd.permit_id, f.array()?)
     }
@@ -301,28 +345,31 @@ impl Store for RedisStore {
         limit: usize,
         now: Millis,
     ) -> Result<Page, Error> {
-        let mut page = Page::default();
         if let Some(id) = permit_id {
-            let after_key = after.map_or("", |c| c.idempotency_key.as_str());
-            let (_, attempts) = self.list_one(id, after_key, limit, now).await?;
-            page.attempts = attempts;
-            page.next = full_page_cursor(&page.attempts, limit);
-            return Ok(page);
+            let after = after.and_then(|c| c.attempt_in(id));
+            let listed = self.list_one(id, after, limit, now).await?;
+            return Ok(full_page(listed.attempts, limit, listed.expires_at));
         }
 
-        // Across permits: walk the index in id order, one script run per
+        // Across permits: walk the index in order, one script run per
         // permit, bounded in permits and in time so the page fits well
         // inside the store deadline; a short page carries a cursor on.
         let started = std::time::Instant::now();
         let mut conn = self.conn().await?;
         let mut from = match after {
-            Some(c) => format!("[{}", c.permit_id),
+            Some(c) => {
+                let member = index_member(c.permit_expires_at, &c.permit_id);
+                match c.attempt {
+                    Some(_) => format!("[{member}"),
+                    None => format!("({member}"),
+                }
+            }
             None => "-".to_owned(),
         };
+        let mut page = Page::default();
         let mut scanned = 0;
-        let mut last_scanned = None;
         'scan: loop {
-            let ids: Vec<String> = redis::cmd("ZRANGEBYLEX")
+            let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
                 .arg(self.index_key())
                 .arg(&from)
                 .arg("+")
@@ -332,11 +379,13 @@ impl Store for RedisStore {
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.lost(e))?;
-            let Some(last) = ids.last() else {
+            let Some(last) = members.last() else {
+                // The end of the index: no cursor.
+                page.next = None;
                 return Ok(page);
             };
             from = format!("({last}");
-            for id in ids {
+            for member in &members {
                 // At least one permit per page, so paging always advances.
                 if scanned > 0
                     && (scanned == MAX_PERMITS_PER_PAGE || started.elapsed() >= self.scan_budget)
@@ -344,41 +393,79 @@ impl Store for RedisStore {
                     break 'scan;
                 }
                 scanned += 1;
-                let after_key = match after {
-                    Some(c) if c.permit_id == id => c.idempotency_key.as_str(),
-                    _ => "",
-                };
-                let (removable, attempts) = match self
-                    .list_one(&id, after_key, limit - page.attempts.len(), now)
+                let (expires_at, id) = parse_index_member(member)?;
+                let after = after.and_then(|c| c.attempt_in(id));
+                let listed = match self
+                    .list_one(id, after, limit - page.attempts.len(), now)
                     .await
                 {
                     // Gone with its retention: it leaves the index.
-                    Err(Error::PermitNotFound { .. }) => (true, Vec::new()),
+                    Err(Error::PermitNotFound { .. }) => Listed::gone(expires_at),
                     other => other?,
                 };
-                if removable {
-                    redis::cmd("ZREM")
-                        .arg(self.index_key())
-                        .arg(&id)
-                        .exec_async(&mut conn)
-                        .await
-                        .map_err(|e| self.lost(e))?;
+                if listed.removable {
+                    self.unindex(&mut conn, member).await?;
                 }
-                page.attempts.extend(attempts);
+                page.attempts.extend(listed.attempts);
                 if page.attempts.len() == limit {
-                    page.next = full_page_cursor(&page.attempts, limit);
-                    return Ok(page);
+                    return Ok(full_page(page.attempts, limit, expires_at));
                 }
-                last_scanned = Some(id);
+                page.next = Some(Cursor {
+                    permit_expires_at: expires_at,
+                    permit_id: id.to_owned(),
+                    attempt: None,
+                });
             }
         }
-        // Out of permits or time for this page: continue after the last
-        // permit looked into.
-        page.next = last_scanned.map(|permit_id| Cursor {
-            permit_id,
-            idempotency_key: AFTER_ALL_KEYS.to_owned(),
-        });
+        // Out of permits or time for this page: `next` continues after the
+        // last permit looked into.
         Ok(page)
+    }
+
+    /// Walks this replica's next batch of index entries of permits expired
+    /// more than [`INDEX_MARGIN_MS`] ago, dropping those with no open
+    /// attempt (or gone): the index keeps only permits that may still hold
+    /// one. Wraps around to the start when it reaches the end.
+    async fn sweep(&self, now: Millis) -> Result<usize, Error> {
+        let mut conn = self.conn().await?;
+        let from = {
+            let from = self.sweep_from.lock().unwrap_or_else(|e| e.into_inner());
+            if from.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("({from}")
+            }
+        };
+        // Members of permits expired by the margin sort before this one.
+        let until = format!("({:015}", now.saturating_sub(INDEX_MARGIN_MS));
+        let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
+            .arg(self.index_key())
+            .arg(&from)
+            .arg(&until)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(LIST_BATCH)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.lost(e))?;
+        let mut dropped = 0;
+        for member in &members {
+            let (_, id) = parse_index_member(member)?;
+            let removable = match self.list_one(id, None, 0, now).await {
+                Err(Error::PermitNotFound { .. }) => true,
+                other => other?.removable,
+            };
+            if removable {
+                self.unindex(&mut conn, member).await?;
+                dropped += 1;
+            }
+        }
+        let mut from = self.sweep_from.lock().unwrap_or_else(|e| e.into_inner());
+        *from = match members.last() {
+            Some(last) if members.len() == LIST_BATCH => last.clone(),
+            _ => String::new(),
+        };
+        Ok(dropped)
     }
 
     /// Redis answers, and (read afresh: CONFIG SET or a failover can change
@@ -409,8 +496,6 @@ impl RedisStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        debug_assert_eq!(id_ms(&receipt_id), Some(now), "ids are new_id(now)");
-        let k = self.keys(permit_id);
         let (kind, payload, actual_cost): (&str, &[u8], Option<i64>) = match outcome {
             Outcome::Succeeded {
                 result,
@@ -420,11 +505,8 @@ impl RedisStore {
             Outcome::NotSent => ("not_sent", b"", None),
         };
         let mut inv = Lua::Settle.prepare_invoke();
-        inv.key(&k.permit)
-            .key(&k.attempts)
-            .key(&k.open)
-            .key(&k.dup)
-            .arg(now)
+        self.keys(permit_id).all(&mut inv);
+        inv.arg(self.now_arg(now))
             .arg(key)
             .arg(id_bytes(attempt_id))
             .arg(kind)
@@ -433,47 +515,71 @@ impl RedisStore {
             .arg(id_bytes(&receipt_id))
             .arg(if operator { "operator" } else { "holder" })
             .arg(self.retention_ms);
-        let mut f = open_ok(self.run(&inv).await?, &About::key(permit_id, key, now))?;
+        let mut f = open_ok(self.run(&inv).await?, &About::key(permit_id, key))?;
         Ok(Settled {
             attempt: decode_attempt(permit_id, f.array()?)?,
             usage: decode_usage(f.array()?)?,
         })
     }
 
-    /// One permit's uncertain attempts: (may leave the index, attempts).
+    /// One permit's attempts uncertain at `now` after `after`: a page of
+    /// at most `limit` (0: only whether it may leave the index).
     async fn list_one(
         &self,
         permit_id: &str,
-        after_key: &str,
+        after: Option<(Millis, &str)>,
         limit: usize,
         now: Millis,
-    ) -> Result<(bool, Vec<Attempt>), Error> {
+    ) -> Result<Listed, Error> {
         let k = self.keys(permit_id);
         let mut inv = Lua::ListUncertain.prepare_invoke();
         inv.key(&k.permit)
             .key(&k.attempts)
             .key(&k.open)
-            .arg(now)
-            .arg(after_key)
+            .arg(self.now_arg(now))
+            .arg(after.map_or_else(String::new, |(at, key)| open_member(at, key)))
             .arg(limit)
-            .arg(INDEX_SKEW_MARGIN_MS);
+            .arg(INDEX_MARGIN_MS);
         let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
+        let expires_at = f.int()?;
         let removable = f.flag()?;
         let mut attempts = Vec::new();
         while !f.done() {
             attempts.push(decode_attempt(permit_id, f.array()?)?);
         }
-        Ok((removable, attempts))
+        Ok(Listed {
+            expires_at,
+            removable,
+            attempts,
+        })
+    }
+
+    /// Drops an index member (after its permit proved removable).
+    async fn unindex(&self, conn: &mut ConnectionManager, member: &str) -> Result<(), Error> {
+        redis::cmd("ZREM")
+            .arg(self.index_key())
+            .arg(member)
+            .exec_async(conn)
+            .await
+            .map_err(|e| self.lost(e))
     }
 }
 
-/// A full page continues after its last attempt.
-fn full_page_cursor(attempts: &[Attempt], limit: usize) -> Option<Cursor> {
-    (attempts.len() == limit)
-        .then(|| attempts.last())
-        .flatten()
-        .map(|a| Cursor {
-            permit_id: a.permit_id.clone(),
-            idempotency_key: a.idempotency_key.clone(),
-        })
+/// What list_uncertain.lua answers for one permit.
+struct Listed {
+    expires_at: Millis,
+    /// The permit may leave the cross-permit index.
+    removable: bool,
+    attempts: Vec<Attempt>,
+}
+
+impl Listed {
+    /// A permit that is gone: nothing listed, and it leaves the index.
+    fn gone(expires_at: Millis) -> Self {
+        Self {
+            expires_at,
+            removable: true,
+            attempts: Vec::new(),
+        }
+    }
 }

@@ -113,8 +113,11 @@ async fn list_uncertain_pages_within_and_across_permits(h: Harness) {
     let p1 = h.create_with(&["t"], &[], None).await;
     let p2 = h.create_with(&["t"], &[], None).await;
     let p3 = h.create_with(&["t"], &[], None).await; // never uncertain
+    // In a permit's listing, attempts come by when they became uncertain,
+    // then by key: the marked ones (now), then those whose lease passes.
     let mut expected = Vec::new();
     for (permit, n) in [(&p1, 5), (&p2, 3)] {
+        let (mut marked, mut leased) = (Vec::new(), Vec::new());
         for i in 0..n {
             let a = h
                 .dispatch(
@@ -127,9 +130,13 @@ async fn list_uncertain_pages_within_and_across_permits(h: Harness) {
                 .await;
             if i % 2 == 0 {
                 h.mark_uncertain(&a, "lost").await.expect("mark");
+                marked.push(a.attempt_id);
+            } else {
+                leased.push(a.attempt_id);
             }
-            expected.push(a.attempt_id);
         }
+        expected.extend(marked);
+        expected.extend(leased);
     }
     h.dispatch(&p3, "t", "settled", b"x", 0).await;
     // Before the leases pass only the marked ones are uncertain.

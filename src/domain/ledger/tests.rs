@@ -9,6 +9,7 @@
 
 use super::*;
 use crate::domain::{DuplicateGuard, LEASE_EXPIRED};
+use std::collections::BTreeMap;
 
 const T0: Millis = 1_800_000_000_000;
 const LEASE: Millis = 30_000;
@@ -31,6 +32,7 @@ fn permit() -> Permit {
             mode: GuardMode::Log,
             window_ms: WINDOW,
         },
+        uncertain_policy: UncertainPolicy::Count,
         status: PermitStatus::Active,
         created_at: T0,
     }
@@ -63,13 +65,20 @@ fn conflict(state: AttemptState) -> Error {
 
 /// Everything a command could change: the view (permit, calls, caps,
 /// committed, reserved), every attempt as stored (the lease not applied),
-/// the duplicate guard's index and the retention mark.
+/// the duplicate guard's index, the open and held sets and the retention
+/// mark.
 #[derive(Debug, Clone, PartialEq)]
 struct Snapshot {
     view: PermitView,
-    attempts: Vec<Attempt>,
+    attempts: BTreeMap<String, Attempt>,
     dup_index: BTreeMap<u64, String>,
+    open: Vec<(Millis, String)>,
+    held: Vec<Vec<(Millis, String)>>,
     last_settled_at: Millis,
+}
+
+fn entries(set: &BTreeSet<(Millis, Key)>) -> Vec<(Millis, String)> {
+    set.iter().map(|(at, key)| (*at, key.to_string())).collect()
 }
 
 fn snapshot(ledger: &Ledger) -> Snapshot {
@@ -79,13 +88,20 @@ fn snapshot(ledger: &Ledger) -> Snapshot {
         attempts: ledger
             .attempts
             .iter()
-            .map(|(key, record)| ledger.attempt_view(key, record, Millis::MIN))
+            .map(|(key, record)| {
+                (
+                    key.to_string(),
+                    ledger.attempt_view(key, record, Millis::MIN),
+                )
+            })
             .collect(),
         dup_index: ledger
             .dup_index
             .iter()
             .map(|(hash, key)| (*hash, key.to_string()))
             .collect(),
+        open: entries(&ledger.open),
+        held: ledger.held.iter().map(entries).collect(),
         last_settled_at: ledger.last_settled_at,
     }
 }
@@ -1151,7 +1167,7 @@ fn the_guard_falls_back_to_duplicate_of_when_the_latest_attempt_is_released() {
 // === Listing and retirement ===
 
 #[test]
-fn uncertain_after_pages_through_uncertain_attempts_in_key_order() {
+fn uncertain_after_pages_through_attempts_uncertain_at_the_same_instant_in_key_order() {
     let mut b = Bench::new();
     b.dispatch("t", "d", "d", 0); // its lease passes
     b.advance(LEASE);
@@ -1169,7 +1185,9 @@ fn uncertain_after_pages_through_uncertain_attempts_in_key_order() {
         }
     }
     b.dispatch("t", "g", "g", 0); // RESERVED within its lease
+    // All three became uncertain at T0 + LEASE: key order among them.
     let keys = |after: &str, limit| -> Vec<String> {
+        let after = (!after.is_empty()).then_some((T0 + LEASE, after));
         b.ledger
             .uncertain_after(after, limit, b.now)
             .into_iter()
@@ -1182,7 +1200,7 @@ fn uncertain_after_pages_through_uncertain_attempts_in_key_order() {
     assert_eq!(keys("b", 10), ["d", "f"]);
     assert_eq!(keys("f", 10), Vec::<String>::new());
     assert_eq!(keys("", 0), Vec::<String>::new());
-    let listed = b.ledger.uncertain_after("c", 1, b.now);
+    let listed = b.ledger.uncertain_after(Some((T0 + LEASE, "c")), 1, b.now);
     assert_eq!(
         (listed[0].state, listed[0].uncertain_reason.as_str()),
         (AttemptState::Uncertain, LEASE_EXPIRED)
@@ -1190,24 +1208,128 @@ fn uncertain_after_pages_through_uncertain_attempts_in_key_order() {
 }
 
 #[test]
-fn a_ledger_retires_a_retention_after_its_expiry() {
+fn uncertain_after_lists_by_when_each_became_uncertain() {
+    let mut b = Bench::new();
+    let z = b.dispatch("t", "z", "z", 0); // lease ends at T0 + LEASE
+    b.advance(10);
+    let y = b.dispatch("t", "y", "y", 0); // lease ends 10 ms later
+    b.advance(10);
+    let x = b.dispatch("t", "x", "x", 0);
+    b.mark(&x, "lost").expect("mark"); // uncertain since T0 + 20
+    let keys = |b: &Bench| -> Vec<(Millis, String)> {
+        b.ledger
+            .uncertain_after(None, 10, b.now)
+            .into_iter()
+            .map(|a| (a.uncertain_since, a.idempotency_key))
+            .collect()
+    };
+    assert_eq!(keys(&b), [(T0 + 20, "x".to_owned())]);
+    b.at(T0 + LEASE + 10);
+    assert_eq!(
+        keys(&b),
+        [
+            (T0 + 20, "x".to_owned()),
+            (T0 + LEASE, "z".to_owned()),
+            (T0 + LEASE + 10, "y".to_owned())
+        ]
+    );
+    // Marking one whose lease has passed keeps its place.
+    b.mark(&z, "lost").expect("mark");
+    assert_eq!(keys(&b)[1], (T0 + LEASE, "z".to_owned()));
+    // A cursor continues after (uncertain_since, key), and a settled
+    // attempt leaves the listing.
+    b.commit(&y, failed("no")).expect("commit");
+    let after = b.ledger.uncertain_after(Some((T0 + 20, "x")), 10, b.now);
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].idempotency_key, "z");
+}
+
+#[test]
+fn hold_tool_refuses_new_keys_of_a_tool_while_it_has_an_uncertain_attempt() {
+    let mut b = Bench::with(|p| p.uncertain_policy = UncertainPolicy::HoldTool);
+    let k1 = b.dispatch("t", "k1", "a", 1);
+    // RESERVED within its lease holds nothing.
+    b.dispatch("t", "k2", "b", 1);
+    b.mark(&k1, "lost").expect("mark");
+    let held = Error::ToolHeld {
+        tool: "t".into(),
+        uncertain_key: "k1".into(),
+    };
+    assert_eq!(b.authorize("t", "k3", "c", 1).unwrap_err(), held);
+    // Another tool is not held; the same key still replays.
+    b.dispatch("u", "k4", "d", 1);
+    assert_eq!(
+        b.authorize("t", "k1", "a", 1).expect("replay").decision,
+        Decision::Replay
+    );
+    // Scope is checked first, the cap after the hold.
+    assert_eq!(
+        b.authorize("nope", "k5", "e", 1).unwrap_err(),
+        Error::ToolNotInScope {
+            tool: "nope".into()
+        }
+    );
+    // Resolved: lifted at once.
+    b.resolve("k1", succeeded("ok", None)).expect("resolve");
+    b.dispatch("t", "k3", "c", 1);
+    // A lease that passes holds too, from the instant it ends.
+    let lease_end = b.now + LEASE;
+    b.at(lease_end - 1);
+    b.dispatch("t", "k6", "f", 1);
+    b.at(lease_end);
+    match b.authorize("t", "k7", "g", 1).unwrap_err() {
+        Error::ToolHeld { uncertain_key, .. } => assert_eq!(uncertain_key, "k2"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn hold_tool_comes_before_the_cap() {
+    let mut b = Bench::with(|p| {
+        p.uncertain_policy = UncertainPolicy::HoldTool;
+        cap(p, "t", 1);
+    });
+    let k1 = b.dispatch("t", "k1", "a", 1);
+    b.mark(&k1, "lost").expect("mark");
+    assert!(matches!(
+        b.authorize("t", "k2", "b", 1).unwrap_err(),
+        Error::ToolHeld { .. }
+    ));
+    // With COUNT, the same state answers the cap.
+    let mut c = Bench::with(|p| cap(p, "t", 1));
+    let k1 = c.dispatch("t", "k1", "a", 1);
+    c.mark(&k1, "lost").expect("mark");
+    assert!(matches!(
+        c.authorize("t", "k2", "b", 1).unwrap_err(),
+        Error::MaxCallsExceeded { .. }
+    ));
+}
+
+fn forgotten(ledger: &Ledger, now: Millis) -> bool {
+    ledger.forget_at(RETENTION).is_some_and(|at| now > at)
+}
+
+#[test]
+fn a_ledger_is_forgotten_a_retention_after_its_expiry() {
     let mut b = Bench::new();
     let a = b.dispatch("t", "k", "fp", 0);
     b.commit(&a, succeeded("ok", None)).expect("commit");
     let end = T0 + LIFETIME + RETENTION;
-    assert!(!b.ledger.retired(end - 1, RETENTION));
-    assert!(b.ledger.retired(end, RETENTION));
+    assert_eq!(b.ledger.forget_at(RETENTION), Some(end));
+    // As Redis expires a key: once now is past it.
+    assert!(!forgotten(&b.ledger, end));
+    assert!(forgotten(&b.ledger, end + 1));
 }
 
 #[test]
-fn a_ledger_with_an_open_attempt_never_retires() {
+fn a_ledger_with_an_open_attempt_is_never_forgotten() {
     let mut b = Bench::new();
     let a = b.dispatch("t", "k", "fp", 0);
-    assert!(!b.ledger.retired(Millis::MAX, RETENTION), "RESERVED");
+    assert_eq!(b.ledger.forget_at(RETENTION), None, "RESERVED");
     b.mark(&a, "lost").expect("mark");
-    assert!(!b.ledger.retired(Millis::MAX, RETENTION), "UNCERTAIN");
+    assert_eq!(b.ledger.forget_at(RETENTION), None, "UNCERTAIN");
     b.commit(&a, failed("no")).expect("commit");
-    assert!(b.ledger.retired(Millis::MAX, RETENTION));
+    assert!(forgotten(&b.ledger, Millis::MAX));
 }
 
 #[test]
@@ -1217,9 +1339,9 @@ fn retention_runs_from_a_settle_after_expiry() {
     b.at(T0 + LIFETIME + 5);
     b.commit(&a, succeeded("late", None)).expect("commit");
     let end = T0 + LIFETIME + 5 + RETENTION;
-    assert!(!b.ledger.retired(T0 + LIFETIME + RETENTION, RETENTION));
-    assert!(!b.ledger.retired(end - 1, RETENTION));
-    assert!(b.ledger.retired(end, RETENTION));
+    assert!(!forgotten(&b.ledger, T0 + LIFETIME + RETENTION + 1));
+    assert!(!forgotten(&b.ledger, end));
+    assert!(forgotten(&b.ledger, end + 1));
 }
 
 // === The property ===
@@ -1415,12 +1537,32 @@ mod property {
             .sum();
         assert_eq!(committed, receipts, "committed is the sum of the receipts");
 
-        let after = snapshot(ledger);
-        for was in &before.attempts {
-            let is = after
+        // The open set is exactly the open attempts, each at its place.
+        let open: Vec<(Millis, String)> = {
+            let mut open: Vec<_> = ledger
                 .attempts
                 .iter()
-                .find(|a| a.idempotency_key == was.idempotency_key)
+                .filter(|(_, r)| r.state.is_open())
+                .map(|(key, r)| (r.open_at(), key.to_string()))
+                .collect();
+            open.sort();
+            open
+        };
+        assert_eq!(entries(&ledger.open), open, "the open set");
+        for (tool, held) in ledger.held.iter().enumerate() {
+            let of_tool: Vec<_> = open
+                .iter()
+                .filter(|(_, key)| usize::from(ledger.attempts[key.as_str()].tool) == tool)
+                .cloned()
+                .collect();
+            assert_eq!(entries(held), of_tool, "the held set of tool {tool}");
+        }
+
+        let after = snapshot(ledger);
+        for was in before.attempts.values() {
+            let is = after
+                .attempts
+                .get(&was.idempotency_key)
                 .expect("a key never disappears");
             match was.state {
                 AttemptState::Reserved | AttemptState::Uncertain => {

@@ -4,7 +4,8 @@
 
 use super::reply::{Fields, malformed, parse_int};
 use crate::domain::{
-    AttemptState, DuplicateGuard, Error, GuardMode, Millis, Permit, PermitStatus, PermitView, Usage,
+    AttemptState, DuplicateGuard, Error, GuardMode, Permit, PermitStatus, PermitView,
+    UncertainPolicy, Usage,
 };
 use redis::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -86,6 +87,10 @@ pub(super) fn encode_permit(p: &Permit) -> Vec<(String, Vec<u8>)> {
     ];
     if let Some(budget) = p.budget {
         fields.push(("budget".into(), budget.to_string().into_bytes()));
+    }
+    // Absent: count (lib.lua: holds).
+    if p.uncertain_policy == UncertainPolicy::HoldTool {
+        fields.push(("upol".into(), b"1".to_vec()));
     }
     for tool in &p.tools {
         let cap = p
@@ -174,6 +179,11 @@ pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitV
             mode: decode_guard(int("gmode")?)?,
             window_ms: int("gwin")?,
         },
+        uncertain_policy: match map.get("upol").map(Vec::as_slice) {
+            None => UncertainPolicy::Count,
+            Some(b"1") => UncertainPolicy::HoldTool,
+            Some(_) => return Err(malformed("permit field upol")),
+        },
         status: decode_status(int("status")?)?,
         created_at: int("created")?,
     };
@@ -196,12 +206,6 @@ pub(super) fn id_bytes(id: &str) -> Vec<u8> {
     }
 }
 
-/// The millisecond timestamp a UUIDv7 id carries (lib.lua: id_ms).
-pub(super) fn id_ms(id: &str) -> Option<Millis> {
-    let (secs, nanos) = uuid::Uuid::try_parse(id).ok()?.get_timestamp()?.to_unix();
-    Some(secs as Millis * 1000 + Millis::from(nanos / 1_000_000))
-}
-
 /// An id stored as 16 bytes, back in canonical text ("" stays "").
 pub(super) fn id_text(bytes: &[u8]) -> Result<String, Error> {
     if bytes.is_empty() {
@@ -215,7 +219,7 @@ pub(super) fn id_text(bytes: &[u8]) -> Result<String, Error> {
 #[cfg(test)]
 mod tests {
     use super::{decode_permit, encode_permit};
-    use crate::domain::{DuplicateGuard, Error, GuardMode, Permit, PermitStatus};
+    use crate::domain::{DuplicateGuard, Error, GuardMode, Permit, PermitStatus, UncertainPolicy};
     use redis::Value;
 
     fn permit() -> Permit {
@@ -232,6 +236,7 @@ mod tests {
                 mode: GuardMode::Enforce,
                 window_ms: 600_000,
             },
+            uncertain_policy: UncertainPolicy::HoldTool,
             status: PermitStatus::Active,
             created_at: 1_767_222_000_000,
         }
@@ -269,6 +274,9 @@ mod tests {
         assert_eq!(revoked.unwrap().status, PermitStatus::Revoked);
         let off = stored(|f| set(f, "gmode", "0"));
         assert_eq!(off.unwrap().duplicate_guard.mode, GuardMode::Off);
+        // Absent uncertain policy: count.
+        let count = stored(|f| f.retain(|(k, _)| k != "upol"));
+        assert_eq!(count.unwrap().uncertain_policy, UncertainPolicy::Count);
     }
 
     #[test]
@@ -288,6 +296,8 @@ mod tests {
             ("gmode", "-1"),
             ("status", "0"),
             ("status", "3"),
+            ("upol", "0"),
+            ("upol", "2"),
         ] {
             assert!(
                 unavailable(stored(|f| set(f, field, code))),

@@ -21,6 +21,21 @@ pub struct RedisConfig {
     /// `eviction`): the operator accepts that an evicted finished attempt
     /// lets its key be dispatched again.
     pub allow_eviction: bool,
+    /// Whose clock decides expiry, leases and key lifetimes.
+    pub time: Time,
+}
+
+/// Whose clock the scripts decide on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Time {
+    /// Redis's own (`TIME` in each script): one clock for every replica,
+    /// however far their own clocks drift. What `atmost serve` uses.
+    #[default]
+    Redis,
+    /// The `now` the service passes: for tests that move time with a
+    /// manual clock. Redis still expires keys on its own clock, so a permit
+    /// is forgotten on the caller's (lib.lua: forgotten).
+    Caller,
 }
 
 /// How atmost connects to the Redis at `url`: with `TCP_NODELAY`, which

@@ -5,7 +5,7 @@
 //! (UNAVAILABLE, logged), never a guess.
 
 use super::codec::{decode_state, id_text};
-use crate::domain::{Attempt, AttemptState, Error, Millis, Reason, Receipt, Usage, invalid};
+use crate::domain::{Attempt, AttemptState, Error, Reason, Receipt, Usage, invalid};
 use redis::Value;
 
 // === unreadable replies ===
@@ -191,6 +191,7 @@ pub(super) fn decode_attempt(permit_id: &str, values: Vec<Value>) -> Result<Atte
     let failure_reason = f.string()?;
     let uncertain_reason = f.string()?;
     let idempotency_key = f.string()?;
+    let uncertain_since = f.int()?;
     let receipt = (state == AttemptState::Succeeded).then_some(Receipt {
         receipt_id,
         result,
@@ -210,6 +211,7 @@ pub(super) fn decode_attempt(permit_id: &str, values: Vec<Value>) -> Result<Atte
         receipt,
         failure_reason,
         uncertain_reason,
+        uncertain_since,
         duplicate_of: None,
     })
 }
@@ -243,7 +245,6 @@ pub(super) struct About<'a> {
     pub tool: Option<&'a str>,
     /// The cost the request asked to reserve.
     pub cost: Option<i64>,
-    pub now: Option<Millis>,
 }
 
 impl<'a> About<'a> {
@@ -254,12 +255,11 @@ impl<'a> About<'a> {
         }
     }
 
-    /// A request about one idempotency key, at `now`.
-    pub(super) fn key(permit_id: &'a str, idempotency_key: &'a str, now: Millis) -> Self {
+    /// A request about one idempotency key.
+    pub(super) fn key(permit_id: &'a str, idempotency_key: &'a str) -> Self {
         Self {
             permit_id,
             idempotency_key: Some(idempotency_key),
-            now: Some(now),
             ..Self::default()
         }
     }
@@ -321,14 +321,15 @@ fn script_error(reason: Reason, f: &mut Fields, about: &About) -> Result<Error, 
         Reason::KeyReused => Error::KeyReused {
             idempotency_key: key()?,
         },
-        Reason::InProgress => {
-            let lease_expires_at = f.int()?;
-            Error::InProgress {
-                idempotency_key: key()?,
-                lease_expires_at,
-                retry_after_ms: lease_expires_at - given(about.now, "time")?,
-            }
-        }
+        Reason::InProgress => Error::InProgress {
+            idempotency_key: key()?,
+            lease_expires_at: f.int()?,
+            retry_after_ms: f.int()?,
+        },
+        Reason::ToolHeld => Error::ToolHeld {
+            tool: tool()?,
+            uncertain_key: f.string()?,
+        },
         Reason::DuplicateSuspected => Error::DuplicateSuspected {
             tool: tool()?,
             earlier_key: f.string()?,
@@ -411,7 +412,7 @@ mod tests {
         About {
             tool: Some("search"),
             cost: Some(25),
-            ..About::key("p1", "k1", 1_000)
+            ..About::key("p1", "k1")
         }
     }
 
@@ -426,8 +427,8 @@ mod tests {
                 Reason::PermitExpired => &["900"],
                 Reason::MaxCallsExceeded => &["3", "3"],
                 Reason::BudgetExceeded => &["100", "50", "40"],
-                Reason::InProgress => &["1500"],
-                Reason::DuplicateSuspected => &["k0"],
+                Reason::InProgress => &["1500", "500"],
+                Reason::DuplicateSuspected | Reason::ToolHeld => &["k0"],
                 Reason::StateConflict => &["2"],
                 Reason::InvalidRequest => &["succeeded.actual_cost", "too high"],
                 Reason::StoreUnavailable => &["a permit id given twice"],
@@ -439,11 +440,18 @@ mod tests {
             assert_eq!(error_of(&values, &about()).reason(), reason, "{reason:?}");
         }
         assert_eq!(
-            error_of(&["ERR", "IDEMPOTENCY_IN_PROGRESS", "1500"], &about()),
+            error_of(&["ERR", "IDEMPOTENCY_IN_PROGRESS", "1500", "500"], &about()),
             Error::InProgress {
                 idempotency_key: "k1".into(),
                 lease_expires_at: 1500,
                 retry_after_ms: 500,
+            }
+        );
+        assert_eq!(
+            error_of(&["ERR", "TOOL_HELD_UNCERTAIN", "k0"], &about()),
+            Error::ToolHeld {
+                tool: "search".into(),
+                uncertain_key: "k0".into(),
             }
         );
         assert_eq!(
@@ -488,7 +496,7 @@ mod tests {
             &["ERR", "ATTEMPT_STATE_CONFLICT", "9"],
             &about()
         )));
-        let settle = About::key("p1", "k1", 1_000);
+        let settle = About::key("p1", "k1");
         assert!(unavailable(error_of(
             &["ERR", "TOOL_NOT_IN_SCOPE"],
             &settle

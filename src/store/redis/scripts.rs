@@ -15,8 +15,18 @@ const LIB: &str = include_str!("lua/lib.lua");
 /// One bulk reply parses in a fraction of the time of the ~25 RESP values
 /// an Authorize answer has (redis-rs's RESP parser was 7% of the server's
 /// CPU); the store unpacks it with [`unpack_reply`](super::unpack_reply).
+///
+/// Each script begins with a `#!lua` line, kept first where Redis (7.0 or
+/// later) reads it: a script that may write is then refused whole when
+/// `maxmemory` is reached (without it, Redis refuses only its first
+/// memory-growing write, and lets one that begins by deleting go on), and
+/// the read-only ones say `flags=no-writes`, so reads go on meanwhile.
 pub fn script_text(body: &str) -> String {
-    format!("{LIB}\nlocal function main()\n{body}\nend\nreturn cmsgpack.pack(main())")
+    let (shebang, body) = match body.strip_prefix("#!lua") {
+        Some(_) => body.split_once('\n').unwrap_or((body, "")),
+        None => ("", body),
+    };
+    format!("{shebang}\n{LIB}\nlocal function main()\n{body}\nend\nreturn cmsgpack.pack(main())")
 }
 
 /// The body of one of atmost's scripts by name (`authorize`, `settle`, ...),
@@ -47,6 +57,7 @@ macro_rules! scripts {
 
 scripts! {
     CreatePermit => "create_permit",
+    GetPermit => "get_permit",
     RevokePermit => "revoke_permit",
     Authorize => "authorize",
     Settle => "settle",
@@ -77,7 +88,12 @@ mod tests {
     fn every_script_is_found_by_its_name() {
         for (name, body) in TABLE {
             assert_eq!(script_body(name), Some(*body));
-            assert!(body.starts_with(&format!("-- {name}.lua:")), "{name}");
+            let (shebang, header) = body.split_once('\n').expect("lines");
+            assert!(
+                shebang == "#!lua" || shebang == "#!lua flags=no-writes",
+                "{name}: {shebang}"
+            );
+            assert!(header.starts_with(&format!("-- {name}.lua:")), "{name}");
         }
         assert_eq!(script_body("lib"), None);
         assert_eq!(TABLE[Lua::Settle as usize].0, "settle");

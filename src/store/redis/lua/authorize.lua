@@ -1,12 +1,14 @@
+#!lua
 -- authorize.lua: the order of checks of one Authorize and, for a new key
 -- that passes them, the reservation (domain/ledger.rs: Ledger::authorize).
 --
 -- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
 -- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup
--- ARGV[1]  now (ms)                ARGV[2]  tool
+-- KEYS[5]  <prefix>:{P}:held
+-- ARGV[1]  now (ms; "" = Redis's clock)  ARGV[2]  tool
 -- ARGV[3]  idempotency key         ARGV[4]  request fingerprint (bytes)
--- ARGV[5]  cost                    ARGV[6]  fresh attempt id (16 bytes: a
---          UUIDv7 made at `now`, which is the attempt's creation time)
+-- ARGV[5]  cost                    ARGV[6]  fresh attempt id (16 bytes, a
+--          UUIDv7; stamped with `now`, the attempt's creation time)
 -- ARGV[7]  holder token ("" = none)
 --
 -- Returns one of
@@ -16,21 +18,30 @@
 --     token's DISPATCH again: the attempt is RESERVED within its lease,
 --     nothing more reserved
 --   {"ERR", "IDEMPOTENCY_KEY_REUSED"}
---   {"ERR", "IDEMPOTENCY_IN_PROGRESS", lease_expires_at}
+--   {"ERR", "IDEMPOTENCY_IN_PROGRESS", lease_expires_at, ms until then}
 --   {"ERR", "PERMIT_NOT_FOUND"} | {"ERR", "PERMIT_REVOKED"}
 --   {"ERR", "PERMIT_EXPIRED", expires_at} | {"ERR", "TOOL_NOT_IN_SCOPE"}
+--   {"ERR", "TOOL_HELD_UNCERTAIN", uncertain_key}
 --   {"ERR", "DUPLICATE_REQUEST_SUSPECTED", earlier_key}
 --   {"ERR", "PERMIT_MAX_CALLS_EXCEEDED", limit, calls_made}
 --   {"ERR", "PERMIT_BUDGET_EXCEEDED", budget, committed, reserved}
---   {"ERR", "STORE_UNAVAILABLE", why}  the permit record holds a status or
---     guard mode this version does not know, or a field is missing or not
---     a number
+--   {"ERR", "STORE_UNAVAILABLE", why}  the permit record holds a status,
+--     guard mode or policy this version does not know, or a field is
+--     missing or not a number, or the permit is gone but its attempts are
+--     not
 -- Example: ARGV={"1767225600000","payments.charge","order-42",<32 bytes>,"250",<uuid>,""}
 --   -> {"DISPATCH", {<uuid>,"payments.charge",...}, {"payments.charge","1",1,"3",1,"750"}, ""}
 
-local now = tonumber(ARGV[1])
+local now = clock(ARGV[1])
 local tool, key, fp = ARGV[2], ARGV[3], ARGV[4]
 local cost = tonumber(ARGV[5])
+
+local p = redis.call('HMGET', KEYS[1], 'exp', 'status', 'lease', 'gmode',
+  'gwin', 'budget', 'committed', 'reserved', 't:' .. tool, 'n:' .. tool, 'open',
+  'upol', 'fa')
+if not p[1] or forgotten(p[13], now) then
+  return permit_not_found(p[1], KEYS[2])
+end
 
 -- 1. The key exists (and was not released): replay, in progress or reused.
 local existing = load_attempt(KEYS[2], key)
@@ -40,7 +51,8 @@ if existing and existing.state ~= RELEASED then
   end
   if observed_state(existing, now) == RESERVED then
     if ARGV[7] == '' or existing.token ~= ARGV[7] then
-      return {'ERR', 'IDEMPOTENCY_IN_PROGRESS', int(existing.lease)}
+      return {'ERR', 'IDEMPOTENCY_IN_PROGRESS', int(existing.lease),
+        int(existing.lease - now)}
     end
   end
   local usage = usage_reply(KEYS[1], tool)
@@ -54,23 +66,20 @@ if existing and existing.state ~= RELEASED then
   return {'REPLAY', attempt_reply(existing, key, now), usage, ''}
 end
 
--- 2. A new key: found -> not revoked -> not expired -> in scope ->
---    duplicate guard -> cap -> budget.
-local p = redis.call('HMGET', KEYS[1], 'exp', 'status', 'lease', 'gmode',
-  'gwin', 'budget', 'committed', 'reserved', 't:' .. tool, 'n:' .. tool, 'open')
-if not p[1] then
-  return {'ERR', 'PERMIT_NOT_FOUND'}
-end
+-- 2. A new key: found -> not revoked -> not expired -> in scope -> not
+--    held -> duplicate guard -> cap -> budget.
 local exp, status, lease, gmode, window = tonumber(p[1]), tonumber(p[2]),
   tonumber(p[3]), tonumber(p[4]), tonumber(p[5])
 local committed, reserved, open = tonumber(p[7]), tonumber(p[8]), tonumber(p[11])
 -- n:<tool> is absent until the tool's first Authorize.
 local calls = tonumber(p[10] or 0)
+local hold = holds(p[12])
 -- A code this version does not know, or a field that is missing or not a
 -- number, is never read as a default: the store answers UNAVAILABLE rather
 -- than guess, before anything is written.
 if (status ~= STATUS_ACTIVE and status ~= STATUS_REVOKED)
     or (gmode ~= GUARD_OFF and gmode ~= GUARD_LOG and gmode ~= GUARD_ENFORCE)
+    or hold == nil
     or not (exp and lease and window and committed and reserved and open and calls)
     or (p[6] and not tonumber(p[6]))
     or (p[9] and p[9] ~= '' and not tonumber(p[9])) then
@@ -85,6 +94,14 @@ end
 local cap = p[9]
 if not cap then
   return {'ERR', 'TOOL_NOT_IN_SCOPE'}
+end
+if hold then
+  -- The tool's earliest open attempt, if it is uncertain at `now`.
+  local first = redis.call('ZRANGEBYLEX', KEYS[5], '[' .. tool .. '\n',
+    '(' .. tool .. '\n' .. at15(now + 1), 'LIMIT', 0, 1)[1]
+  if first then
+    return {'ERR', 'TOOL_HELD_UNCERTAIN', string.sub(first, #tool + 18)}
+  end
 end
 local dup_key
 local duplicate_of = ''
@@ -113,15 +130,14 @@ if committed + reserved + cost > tonumber(p[6] or MAX_AMOUNT) then
 end
 
 -- Everything checked: reserve the slot and the cost, record the attempt.
-local created = id_ms(ARGV[6])
 local a = {
-  id = ARGV[6], tool = tool, fp = fp, cost = cost, state = RESERVED,
-  created = created, lease = now + lease, receipt_id = '',
+  id = stamp(ARGV[6], now), tool = tool, fp = fp, cost = cost,
+  state = RESERVED, created = now, lease = now + lease, receipt_id = '',
   result = '', actual = 0, issued = 0, failure = '', ureason = '',
-  dup_of = duplicate_of, token = ARGV[7],
+  dup_of = duplicate_of, token = ARGV[7], usince = 0,
 }
 save_attempt(KEYS[2], key, a)
-redis.call('ZADD', KEYS[3], 0, key)
+open_add(KEYS, hold, a, key, a.lease)
 if dup_key then
   redis.call('HSET', KEYS[4], dup_key, key)
 end

@@ -6,15 +6,26 @@
 -- Keys of one permit P (all share the hash tag, so one Cluster slot):
 --   <prefix>:{P}:permit    HASH  the permit and its usage counters:
 --       subject, currency, tools ("\n"-joined), exp, lease, gmode, gwin,
---       status, created, budget (absent = unlimited),
+--       status, created, budget (absent = unlimited), upol (uncertain
+--       policy: absent = count, 1 = hold the tool),
 --       t:<tool> (in scope; value = cap, "" = no cap), n:<tool> (slots held),
---       committed, reserved, open (number of RESERVED/UNCERTAIN attempts)
+--       committed, reserved, open (number of RESERVED/UNCERTAIN attempts),
+--       fa (when the permit is forgotten: absent while an attempt is open)
 --   <prefix>:{P}:attempts  HASH  idempotency key -> attempt (cmsgpack array;
 --       attempt and receipt ids as their 16 raw bytes; see save_attempt)
---   <prefix>:{P}:open      ZSET  keys of RESERVED/UNCERTAIN attempts (score 0)
+--   <prefix>:{P}:open      ZSET  RESERVED/UNCERTAIN attempts, all score 0,
+--       member "<at>:<key>" with at (15 digits) when the attempt is or
+--       became uncertain: those uncertain at `now` are one ZRANGEBYLEX
+--   <prefix>:{P}:held      ZSET  with upol = 1 only: the same, member
+--       "<tool>\n<at>:<key>", so a tool's earliest is one ZRANGEBYLEX
 --   <prefix>:{P}:dup       HASH  48-bit hash of tool and fingerprint ->
 --       latest key (a pointer, checked against the attempt's tool and full
 --       fingerprint on every read, so a collision only loses a pointer)
+--
+-- Time: ARGV[1] of every script is "" and the script reads Redis's clock
+-- (TIME), the one clock every replica shares; tests with an injected clock
+-- pass their time instead (store/redis/conn.rs: Time). Ids made by the
+-- service are stamped with the script's time (stamp).
 --
 -- Every script validates everything before its first write (Lua has no
 -- rollback) and returns business outcomes as values: {"OK", ...} (or
@@ -35,6 +46,31 @@ local function int(n)
   return string.format('%d', n)
 end
 
+-- The script's `now` in ms: Redis's clock, or the time the caller passed.
+local function clock(arg)
+  if arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A fresh UUIDv7 id (16 bytes) with its timestamp set to `ms`, so an
+-- attempt's creation time and a receipt's issue time are the script's.
+local function stamp(id, ms)
+  local b = {}
+  for i = 6, 1, -1 do
+    b[i] = ms % 256
+    ms = math.floor(ms / 256)
+  end
+  return string.char(unpack(b)) .. string.sub(id, 7)
+end
+
+-- A time as a fixed-width sort key (15 digits reach year 9999).
+local function at15(ms)
+  return string.format('%015d', ms)
+end
+
 -- The millisecond timestamp of a UUIDv7 (its first 48 bits, big-endian).
 -- Attempt and receipt ids are made from the service's clock at creation and
 -- at issue (domain::new_id), so the record need not repeat those times.
@@ -45,8 +81,9 @@ end
 
 -- Attempt record, a cmsgpack array: id, tool, fp, cost, state, lease - created,
 -- receipt_id, result, actual, failure, ureason, dup_of, token (the holder
--- token, kept only while RESERVED), with trailing empty values ('' or 0)
--- left off. created and issued come from the ids.
+-- token, kept only while RESERVED), usince (when a marked UNCERTAIN attempt
+-- became so), with trailing empty values ('' or 0) left off. created and
+-- issued come from the ids.
 local function load_attempt(attempts_key, key)
   local raw = redis.call('HGET', attempts_key, key)
   if not raw then
@@ -60,14 +97,14 @@ local function load_attempt(attempts_key, key)
     result = t[8] or '', actual = t[9] or 0,
     issued = receipt_id ~= '' and id_ms(receipt_id) or 0,
     failure = t[10] or '', ureason = t[11] or '', dup_of = t[12] or '',
-    token = t[13] or '',
+    token = t[13] or '', usince = t[14] or 0,
   }
 end
 
 local function save_attempt(attempts_key, key, a)
   local t = {
     a.id, a.tool, a.fp, a.cost, a.state, a.lease - a.created, a.receipt_id,
-    a.result, a.actual, a.failure, a.ureason, a.dup_of, a.token,
+    a.result, a.actual, a.failure, a.ureason, a.dup_of, a.token, a.usince,
   }
   local n = #t
   while n > 6 and (t[n] == '' or t[n] == 0) do
@@ -75,12 +112,6 @@ local function save_attempt(attempts_key, key, a)
     n = n - 1
   end
   redis.call('HSET', attempts_key, key, cmsgpack.pack(t))
-end
-
--- Whether an attempt's state is one this version knows.
-local function known_state(state)
-  return state == RESERVED or state == SUCCEEDED or state == FAILED
-    or state == UNCERTAIN or state == RELEASED
 end
 
 -- A RESERVED attempt whose lease has passed IS uncertain, for every reader.
@@ -91,15 +122,61 @@ local function observed_state(a, now)
   return a.state, a.ureason
 end
 
+-- When an open attempt is (or became) uncertain: its place in the open set.
+local function open_at(a)
+  if a.state == UNCERTAIN then
+    return a.usince
+  end
+  return a.lease
+end
+
 -- The attempt as the service decodes it (store/redis/reply.rs:
 -- decode_attempt).
 local function attempt_reply(a, key, now)
   local state, reason = observed_state(a, now)
+  local since = 0
+  if state == UNCERTAIN then
+    since = open_at(a)
+  end
   return {
     a.id, a.tool, a.fp, int(a.cost), state, int(a.created), int(a.lease),
     a.receipt_id, a.result, int(a.actual), int(a.issued), a.failure, reason,
-    key,
+    key, int(since),
   }
+end
+
+-- The open set (keys[3]) and, under the hold-tool policy, the held set
+-- (keys[5]): add or remove an open attempt at `at`.
+local function open_add(keys, hold, a, key, at)
+  redis.call('ZADD', keys[3], 0, at15(at) .. ':' .. key)
+  if hold then
+    redis.call('ZADD', keys[5], 0, a.tool .. '\n' .. at15(at) .. ':' .. key)
+  end
+end
+
+local function open_del(keys, hold, a, key, at)
+  redis.call('ZREM', keys[3], at15(at) .. ':' .. key)
+  if hold then
+    redis.call('ZREM', keys[5], a.tool .. '\n' .. at15(at) .. ':' .. key)
+  end
+end
+
+-- Whether the permit's uncertain policy holds tools: upol absent (count) or
+-- "1" (hold); nil for a code this version does not know.
+local function holds(upol)
+  if not upol then
+    return false
+  elseif upol == '1' then
+    return true
+  end
+  return nil
+end
+
+-- Whether a permit hash read at `now` is forgotten: its retention ran out
+-- (fa), though Redis may not have expired its keys yet (with a caller's
+-- clock; on Redis's own clock both happen at the same instant).
+local function forgotten(fa, now)
+  return fa and now > tonumber(fa)
 end
 
 -- The duplicate guard's index field: 48 bits of SHA-1 over the tool and the
@@ -123,6 +200,17 @@ local function usage(tool, calls, cap, budget, committed, reserved)
   }
 end
 
+-- What a script answers for a permit hash that is not there (`exp`, read
+-- from it, nil) or is forgotten: PERMIT_NOT_FOUND. All of a permit's keys
+-- expire together, so a hash gone while its attempts remain is a lost
+-- record (evicted, or deleted by hand): UNAVAILABLE, never a guess.
+local function permit_not_found(exp, attempts_key)
+  if not exp and redis.call('EXISTS', attempts_key) == 1 then
+    return {'ERR', 'STORE_UNAVAILABLE', 'permit record lost while its attempts remain'}
+  end
+  return {'ERR', 'PERMIT_NOT_FOUND'}
+end
+
 -- What a script answers when the permit hash holds a code this version does
 -- not know, or lacks a field it must have: never a default.
 local UNREADABLE_PERMIT = {'ERR', 'STORE_UNAVAILABLE', 'unreadable permit record'}
@@ -142,16 +230,19 @@ end
 -- Open attempts pin the permit's keys; once none is open they expire
 -- `retention` ms after the permit does, or after `now` if that is later (so
 -- an attempt settled long after expiry is still kept for `retention`).
--- Expiry itself runs on Redis's clock.
+-- `fa` records that instant in the permit hash, so every script forgets the
+-- permit then on any clock (memory store: Ledger::forget_at).
 local function pin(keys)
   for i = 1, #keys do
     redis.call('PERSIST', keys[i])
   end
+  redis.call('HDEL', keys[1], 'fa')
 end
 
 local function unpin(keys, exp, retention, now)
-  exp = math.max(exp, now)
+  local at = int(math.max(exp, now) + retention)
+  redis.call('HSET', keys[1], 'fa', at)
   for i = 1, #keys do
-    redis.call('PEXPIREAT', keys[i], int(exp + retention))
+    redis.call('PEXPIREAT', keys[i], at)
   end
 end

@@ -1,54 +1,57 @@
+#!lua flags=no-writes
 -- list_uncertain.lua: one permit's attempts that are UNCERTAIN at `now`
--- (including RESERVED ones past their lease), in key order after a cursor.
+-- (including RESERVED ones past their lease), in (uncertain since, key)
+-- order after a cursor: one range read of the open set, so a page costs
+-- O(log n + page) however many attempts are open.
 --
 -- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
 -- KEYS[3]  <prefix>:{P}:open
--- ARGV[1]  now (ms)                ARGV[2]  list keys after this one ("" = from the start)
--- ARGV[3]  at most this many       ARGV[4]  index margin (ms)
+-- ARGV[1]  now (ms; "" = Redis's clock)
+-- ARGV[2]  list after this open-set member ("<at>:<key>"; "" = from the start)
+-- ARGV[3]  at most this many (0: only the permit's expiry and removable)
+-- ARGV[4]  index margin (ms)
 --
--- Returns {"OK", removable, attempt, attempt, ...}, or
+-- Returns {"OK", expires_at, removable, attempt, attempt, ...}, or
 -- {"ERR", "PERMIT_NOT_FOUND"} (a permit that is gone may leave the
 -- cross-permit index), or {"ERR", "STORE_UNAVAILABLE", why} when a record
--- cannot be read (no open counter; an open key without an attempt, or with
--- a state this version does not know): an open attempt is never skipped.
--- removable is 1 when the permit may leave the index: expired more than the
--- margin ago with no open attempt, so no new key can open one any more.
--- Example: ARGV={"1767225600000","",100,3600000} -> {"OK", 0, {<attempt>}, ...}
+-- cannot be read (no open counter; an open-set member without its attempt,
+-- or whose attempt is not uncertain): an open attempt is never skipped. removable is 1 when the permit may leave the index: expired
+-- more than the margin ago with no open attempt, so no new key can open
+-- one any more.
+-- Example: ARGV={"","",100,60000} -> {"OK", "1767225600000", 0, {<attempt>}, ...}
 
-local now, limit = tonumber(ARGV[1]), tonumber(ARGV[3])
-local p = redis.call('HMGET', KEYS[1], 'exp', 'open')
-if not p[1] then
-  return {'ERR', 'PERMIT_NOT_FOUND'}
+local now, limit = clock(ARGV[1]), tonumber(ARGV[3])
+local p = redis.call('HMGET', KEYS[1], 'exp', 'open', 'fa')
+if not p[1] or forgotten(p[3], now) then
+  return permit_not_found(p[1], KEYS[2])
 end
-if not p[2] then
-  return {'ERR', 'STORE_UNAVAILABLE', 'unreadable permit record'}
+local exp, open = tonumber(p[1]), tonumber(p[2])
+if not (exp and open) then
+  return UNREADABLE_PERMIT
 end
 local removable = 0
-if tonumber(p[2]) == 0 and now > tonumber(p[1]) + tonumber(ARGV[4]) then
+if open == 0 and now > exp + tonumber(ARGV[4]) then
   removable = 1
 end
-local out = {'OK', removable}
+local out = {'OK', p[1], removable}
+if limit == 0 then
+  return out
+end
 local from = '-'
 if ARGV[2] ~= '' then
   from = '(' .. ARGV[2]
 end
-while #out - 2 < limit do
-  local keys = redis.call('ZRANGEBYLEX', KEYS[3], from, '+', 'LIMIT', 0, 128)
-  if #keys == 0 then
-    break
+-- Members up to "<now + 1>" (exclusive) are those uncertain at `now`.
+local members = redis.call('ZRANGEBYLEX', KEYS[3], from, '(' .. at15(now + 1),
+  'LIMIT', 0, limit)
+for _, member in ipairs(members) do
+  local key = string.sub(member, 17)
+  local a = load_attempt(KEYS[2], key)
+  -- A member is an open attempt uncertain at `now`, or the records
+  -- disagree: never skipped, never guessed.
+  if not a or observed_state(a, now) ~= UNCERTAIN then
+    return {'ERR', 'STORE_UNAVAILABLE', 'unreadable attempt record'}
   end
-  for _, key in ipairs(keys) do
-    local a = load_attempt(KEYS[2], key)
-    if not a or not known_state(a.state) then
-      return {'ERR', 'STORE_UNAVAILABLE', 'unreadable attempt record'}
-    end
-    if observed_state(a, now) == UNCERTAIN then
-      out[#out + 1] = attempt_reply(a, key, now)
-      if #out - 2 == limit then
-        break
-      end
-    end
-  end
-  from = '(' .. keys[#keys]
+  out[#out + 1] = attempt_reply(a, key, now)
 end
 return out

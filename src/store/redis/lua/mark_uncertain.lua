@@ -1,19 +1,28 @@
+#!lua
 -- mark_uncertain.lua: the call was sent and its response lost. RESERVED
 -- (lease open or passed) -> UNCERTAIN; UNCERTAIN stays as it is. The slot
 -- and the money stay held (domain/ledger.rs: Ledger::mark_uncertain).
 --
 -- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
--- ARGV[1]  now (ms)                ARGV[2]  idempotency key
+-- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup (unused)
+-- KEYS[5]  <prefix>:{P}:held
+-- ARGV[1]  now (ms; "" = Redis's clock)  ARGV[2]  idempotency key
 -- ARGV[3]  attempt id (16 bytes)   ARGV[4]  reason (non-empty)
 --
 -- Returns {"OK", attempt}, or {"ERR", "PERMIT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_NOT_FOUND"} |
--- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_STATE_CONFLICT", state}.
+-- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
+-- {"ERR", "STORE_UNAVAILABLE", why}.
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"client deadline exceeded"}
 
-local now, key = tonumber(ARGV[1]), ARGV[2]
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {'ERR', 'PERMIT_NOT_FOUND'}
+local now, key = clock(ARGV[1]), ARGV[2]
+local p = redis.call('HMGET', KEYS[1], 'exp', 'upol', 'fa')
+if not p[1] or forgotten(p[3], now) then
+  return permit_not_found(p[1], KEYS[2])
+end
+local hold = holds(p[2])
+if hold == nil then
+  return UNREADABLE_PERMIT
 end
 local a = load_attempt(KEYS[2], key)
 if not a then
@@ -23,7 +32,11 @@ if a.id ~= ARGV[3] then
   return {'ERR', 'ATTEMPT_MISMATCH'}
 end
 if a.state == RESERVED then
-  a.state, a.ureason, a.token = UNCERTAIN, ARGV[4], ''
+  -- Uncertain from now on, or since its lease ended if that was earlier:
+  -- it never moves later in the listing order.
+  open_del(KEYS, hold, a, key, a.lease)
+  a.state, a.ureason, a.token, a.usince = UNCERTAIN, ARGV[4], '', math.min(a.lease, now)
+  open_add(KEYS, hold, a, key, a.usince)
   save_attempt(KEYS[2], key, a)
 elseif a.state ~= UNCERTAIN then
   return {'ERR', 'ATTEMPT_STATE_CONFLICT', a.state}

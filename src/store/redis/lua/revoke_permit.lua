@@ -1,13 +1,16 @@
+#!lua
 -- revoke_permit.lua: mark a permit REVOKED. New keys stop; commits, replays,
 -- MarkUncertain and Resolve of existing attempts go on.
 --
--- KEYS[1]  <prefix>:{P}:permit
+-- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
+-- ARGV[1]  now (ms; "" = Redis's clock)
 --
 -- Returns {"OK", hash}, hash the permit as HGETALL gives it (after the
--- change), or {"ERR", "PERMIT_NOT_FOUND"}.
+-- change), or {"ERR", "PERMIT_NOT_FOUND"} | {"ERR", "STORE_UNAVAILABLE", why}.
 
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {'ERR', 'PERMIT_NOT_FOUND'}
+local exp, fa = unpack(redis.call('HMGET', KEYS[1], 'exp', 'fa'))
+if not exp or forgotten(fa, clock(ARGV[1])) then
+  return permit_not_found(exp, KEYS[2])
 end
 redis.call('HSET', KEYS[1], 'status', STATUS_REVOKED)
 return {'OK', redis.call('HGETALL', KEYS[1])}

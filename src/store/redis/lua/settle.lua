@@ -1,3 +1,4 @@
+#!lua
 -- settle.lua: apply an outcome to an attempt, for Commit (the holder of the
 -- attempt id) and Resolve (an operator, UNCERTAIN only). A repeat of the
 -- outcome already recorded answers the same again (domain/ledger.rs:
@@ -5,14 +6,15 @@
 --
 -- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
 -- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup
--- ARGV[1]  now (ms)                ARGV[2]  idempotency key
+-- KEYS[5]  <prefix>:{P}:held
+-- ARGV[1]  now (ms; "" = Redis's clock)  ARGV[2]  idempotency key
 -- ARGV[3]  attempt id, 16 bytes (for Resolve, "" settles whatever attempt
 --          the key holds; required by the service with NotSent)
 -- ARGV[4]  "succeeded" | "failed" | "not_sent"
 -- ARGV[5]  result (succeeded) or reason (failed)
 -- ARGV[6]  actual cost ("" = the reserved cost)
--- ARGV[7]  fresh receipt id (16 bytes: a UUIDv7 made at `now`, the issue
---          time)                   ARGV[8]  "holder" | "operator"
+-- ARGV[7]  fresh receipt id (16 bytes, a UUIDv7; stamped with `now`, the
+--          issue time)             ARGV[8]  "holder" | "operator"
 -- ARGV[9]  retention (ms)
 --
 -- Returns {"OK", attempt, usage}, or {"ERR", "PERMIT_NOT_FOUND"} |
@@ -20,16 +22,17 @@
 -- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
 -- {"ERR", "INVALID_REQUEST", "succeeded.actual_cost", description} (more
 -- than the reserved cost) | {"ERR", "STORE_UNAVAILABLE", why} (the permit
--- hash lacks a counter, or holds one that is not a number).
+-- hash lacks a counter, or holds one that is not a number, or a policy
+-- this version does not know, or is gone while its attempts remain).
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"succeeded","ok","","<uuid>","holder","86400000"}
 
-local now, key, outcome, payload = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[5]
+local now, key, outcome, payload = clock(ARGV[1]), ARGV[2], ARGV[4], ARGV[5]
 local a = load_attempt(KEYS[2], key)
 local tool = a and a.tool or ''
 local p = redis.call('HMGET', KEYS[1], 'exp', 'budget', 'committed', 'reserved',
-  'open', 'n:' .. tool, 't:' .. tool)
-if not p[1] then
-  return {'ERR', 'PERMIT_NOT_FOUND'}
+  'open', 'n:' .. tool, 't:' .. tool, 'upol', 'fa')
+if not p[1] or forgotten(p[9], now) then
+  return permit_not_found(p[1], KEYS[2])
 end
 if not a then
   return {'ERR', 'ATTEMPT_NOT_FOUND'}
@@ -53,7 +56,8 @@ end
 -- default: written back, it would move a cap, a budget or a pin.
 local calls, cap = tonumber(p[6]), p[7]
 local committed, reserved, open = tonumber(p[3]), tonumber(p[4]), tonumber(p[5])
-if not (calls and cap and committed and reserved and open)
+local hold = holds(p[8])
+if not (calls and cap and committed and reserved and open) or hold == nil
     or (cap ~= '' and not tonumber(cap)) or (p[2] and not tonumber(p[2])) then
   return UNREADABLE_PERMIT
 end
@@ -86,11 +90,12 @@ if outcome == 'not_sent' and ARGV[8] == 'holder' and state ~= RESERVED then
   return {'ERR', 'ATTEMPT_STATE_CONFLICT', state}
 end
 
+open_del(KEYS, hold, a, key, open_at(a))
 reserved = reserved - a.cost
 if outcome == 'succeeded' then
   committed = committed + actual
   a.state, a.receipt_id, a.result, a.actual, a.issued =
-    SUCCEEDED, ARGV[7], payload, actual, id_ms(ARGV[7])
+    SUCCEEDED, stamp(ARGV[7], now), payload, actual, now
 elseif outcome == 'failed' then
   a.state, a.failure = FAILED, payload
 else
@@ -106,9 +111,8 @@ else
   end
 end
 -- Settled: no longer RESERVED, so its token redelivers nothing.
-a.token = ''
+a.token, a.usince = '', 0
 save_attempt(KEYS[2], key, a)
-redis.call('ZREM', KEYS[3], key)
 open = open - 1
 redis.call('HSET', KEYS[1], 'reserved', int(reserved), 'committed',
   int(committed), 'n:' .. tool, int(calls), 'open', int(open))
