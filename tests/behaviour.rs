@@ -31,6 +31,7 @@ macro_rules! on_both_stores {
 mod authorize;
 mod concurrency;
 mod duplicate_guard;
+mod hold_tool;
 mod permits;
 mod settle;
 mod uncertain;

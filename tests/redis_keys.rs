@@ -235,3 +235,101 @@ async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
     });
     assert!(too_long.is_err(), "a retention past the bound is refused");
 }
+
+async fn index_size(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) -> usize {
+    redis::cmd("ZCARD")
+        .arg(format!("{prefix}:permits"))
+        .query_async(conn)
+        .await
+        .expect("ZCARD")
+}
+
+/// Waits for the sweeper to bring the index to `size`; the size it ended at.
+async fn sweep_to(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    size: usize,
+) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = index_size(conn, prefix).await;
+        if now == size || std::time::Instant::now() > deadline {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The cross-permit index shrinks back: the sweeper drops every expired
+/// permit with nothing open, keeps one with an UNCERTAIN attempt (which
+/// the cross-permit listing must still find), and drops it once resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cross_permit_index_shrinks_back_once_permits_expire() {
+    use atmost::store::INDEX_MARGIN_MS;
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(2));
+    let h = Harness::serve(atmost::store::Backend::Redis(store), Some(redis), |app| {
+        app.with_sweep_interval(std::time::Duration::from_millis(20))
+    })
+    .await;
+    let redis = h.redis.as_ref().expect("redis");
+    let mut conn = redis.connect().await;
+    let expires_at = h.now_ms() + 3_600_000;
+    let mut permits = Vec::new();
+    for _ in 0..100 {
+        permits.push(h.create_with(&["t"], &[], None).await);
+    }
+    let done = h.dispatch(&permits[0], "t", "k", b"fp", 0).await;
+    h.commit(&done, succeeded(b"ok", None))
+        .await
+        .expect("commit");
+    let lost = h.dispatch(&permits[1], "t", "k", b"fp", 0).await;
+    h.mark_uncertain(&lost, "lost").await.expect("mark");
+    assert_eq!(index_size(&mut conn, &redis.prefix).await, 100);
+
+    // Live permits stay, however often the sweeper comes by.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(index_size(&mut conn, &redis.prefix).await, 100);
+    // Expired (by the margin that covers a step back of the clock): only
+    // the one with an open attempt is left.
+    h.clock.set(expires_at + INDEX_MARGIN_MS + 1);
+    assert_eq!(sweep_to(&mut conn, &redis.prefix, 1).await, 1);
+    let listed = h.list_all("", 10).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].attempt_id, lost.attempt_id);
+    h.resolve(&permits[1], "k", resolved_failed("declined"))
+        .await
+        .expect("resolve");
+    assert_eq!(sweep_to(&mut conn, &redis.prefix, 0).await, 0);
+    assert!(h.list_all("", 10).await.is_empty());
+}
+
+/// All of a permit's keys expire together, so a permit hash gone while its
+/// attempts remain is a lost record (evicted, or deleted by hand): every
+/// RPC that meets it answers UNAVAILABLE, never PERMIT_NOT_FOUND (the
+/// caller would read that as "nothing was ever reserved").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_hash_lost_with_attempts_left_is_unavailable() {
+    let _machine = shared().await;
+    let h = Harness::start(Kind::Redis).await;
+    let redis = h.redis.as_ref().expect("redis");
+    let mut conn = redis.connect().await;
+    let permit = h.create_with(&["t"], &[], None).await;
+    let a = h.dispatch(&permit, "t", "k", b"fp", 0).await;
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{}:{{{permit}}}:permit", redis.prefix))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    for result in [
+        h.authorize(&permit, "t", "k", b"fp", 0).await.map(drop),
+        h.authorize(&permit, "t", "new", b"fp2", 0).await.map(drop),
+        h.commit(&a, succeeded(b"ok", None)).await.map(drop),
+        h.mark_uncertain(&a, "lost").await.map(drop),
+        h.get(&permit).await.map(drop),
+        h.list(&permit, 10, "").await.map(drop),
+    ] {
+        expect_error(result, tonic::Code::Unavailable, "STORE_UNAVAILABLE");
+    }
+}

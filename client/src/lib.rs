@@ -386,6 +386,14 @@ impl NewPermit {
         self
     }
 
+    /// What an UNCERTAIN attempt blocks: COUNT (the default: it holds a
+    /// slot like any dispatch) or HOLD_TOOL (no new key of its tool
+    /// dispatches until it is resolved).
+    pub fn uncertain_policy(mut self, policy: pb::UncertainPolicy) -> Self {
+        self.0.uncertain_policy = policy as i32;
+        self
+    }
+
     pub fn build(self) -> pb::Permit {
         self.0
     }

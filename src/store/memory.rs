@@ -258,3 +258,72 @@ pub(super) fn full_page(attempts: Vec<Attempt>, limit: usize, expires_at: Millis
         .map(|last| Cursor::after_attempt(expires_at, last));
     Page { attempts, next }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{DuplicateGuard, GuardMode, PermitStatus, UncertainPolicy, new_id};
+
+    const T0: Millis = 1_800_000_000_000;
+    const RETENTION: Millis = 1_000;
+
+    fn permit(n: u128) -> Permit {
+        Permit {
+            permit_id: uuid::Uuid::from_u128(n).to_string(),
+            subject: String::new(),
+            tools: vec!["t".into()],
+            max_calls_per_tool: Default::default(),
+            budget: None,
+            currency: String::new(),
+            expires_at: T0 + 10,
+            lease_ms: 5,
+            duplicate_guard: DuplicateGuard {
+                mode: GuardMode::Off,
+                window_ms: 1,
+            },
+            uncertain_policy: UncertainPolicy::Count,
+            status: PermitStatus::Active,
+            created_at: T0,
+        }
+    }
+
+    fn held(store: &MemoryStore) -> (usize, usize, usize) {
+        let inner = store.lock();
+        (inner.ledgers.len(), inner.open.len(), inner.forget.len())
+    }
+
+    /// The sweep drops forgotten ledgers from memory, never one with an
+    /// open attempt, and keeps the two sets in step with the ledgers.
+    #[tokio::test]
+    async fn the_sweep_drops_forgotten_permits_and_keeps_open_ones() {
+        let store = MemoryStore::new(RETENTION);
+        for n in 0..3 {
+            store.create_permit(permit(n)).await.expect("create");
+        }
+        let cmd = AuthorizeCmd {
+            permit_id: permit(0).permit_id,
+            tool: "t".into(),
+            idempotency_key: "k".into(),
+            request_fingerprint: vec![1],
+            cost: 0,
+            holder_token: Vec::new(),
+        };
+        store
+            .authorize(&cmd, T0, new_id(T0))
+            .await
+            .expect("authorize");
+        assert_eq!(held(&store), (3, 1, 2));
+        let forget_at = T0 + 10 + RETENTION;
+        assert_eq!(store.sweep(forget_at).await, Ok(0));
+        assert_eq!(store.sweep(forget_at + 1).await, Ok(2));
+        assert_eq!(held(&store), (1, 1, 0));
+        // The open one is still there, listed across permits once its lease
+        // has passed.
+        let page = store
+            .list_uncertain(None, None, 10, forget_at + 1)
+            .await
+            .expect("list");
+        assert_eq!(page.attempts.len(), 1);
+        assert_eq!(page.next, None);
+    }
+}

@@ -6,6 +6,7 @@ on_both_stores!(
     create_permit_fills_defaults,
     create_permit_rejects_bad_input,
     unknown_permit_is_not_found,
+    a_permit_is_forgotten_a_retention_after_it_expires_and_not_before,
 );
 
 async fn create_permit_fills_defaults(h: Harness) {
@@ -128,4 +129,53 @@ async fn unknown_permit_is_not_found(h: Harness) {
         Code::NotFound,
         "PERMIT_NOT_FOUND",
     );
+}
+
+/// Both stores forget a permit at the same instant: once the clock is past
+/// its expiry plus the retention (a day here), or past its last open
+/// attempt's settling plus the retention; never while one is open.
+async fn a_permit_is_forgotten_a_retention_after_it_expires_and_not_before(h: Harness) {
+    let expires_at = h.now_ms() + 3_600_000;
+    let done = h.create_with(&["t"], &[], None).await;
+    let a = h.dispatch(&done, "t", "k", b"fp", 0).await;
+    h.commit(&a, succeeded(b"ok", None)).await.expect("commit");
+    let open = h.create_with(&["t"], &[], None).await;
+    let b = h.dispatch(&open, "t", "k", b"fp", 0).await;
+    h.mark_uncertain(&b, "lost").await.expect("mark");
+
+    // At the last instant of the retention, everything still answers.
+    h.clock.set(expires_at + DAY_MS);
+    let replay = h
+        .authorize(&done, "t", "k", b"fp", 0)
+        .await
+        .expect("replay");
+    assert_eq!(replay.decision(), Decision::Replay);
+    h.get(&done).await.expect("still kept");
+
+    // One millisecond later it is gone, for every RPC.
+    h.clock.advance(1);
+    for result in [
+        h.get(&done).await.map(drop),
+        h.authorize(&done, "t", "k", b"fp", 0).await.map(drop),
+        h.commit(&a, succeeded(b"ok", None)).await.map(drop),
+        h.list(&done, 10, "").await.map(drop),
+        h.client.revoke_permit(&done).await.map(drop),
+    ] {
+        expect_error(result, Code::NotFound, "PERMIT_NOT_FOUND");
+    }
+    // The permit with an UNCERTAIN attempt is kept, and listed, until it
+    // is resolved; then it is kept for a retention from then.
+    let listed = h.list_all("", 10).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].permit_id, open);
+    h.resolve(&open, "k", resolved_failed("declined"))
+        .await
+        .expect("resolve");
+    let resolved_at = h.now_ms();
+    h.clock.set(resolved_at + DAY_MS);
+    h.get(&open)
+        .await
+        .expect("kept a retention after the settle");
+    h.clock.advance(1);
+    expect_error(h.get(&open).await, Code::NotFound, "PERMIT_NOT_FOUND");
 }

@@ -141,7 +141,18 @@ async fn list_uncertain_pages_within_and_across_permits(h: Harness) {
     h.dispatch(&p3, "t", "settled", b"x", 0).await;
     // Before the leases pass only the marked ones are uncertain.
     assert_eq!(h.list_all(&p1, 2).await.len(), 3);
+    let marked_at = h.now_ms();
     h.clock.advance(30_000);
+    // Each says since when it is uncertain: when it was marked, or when
+    // its lease ended.
+    for a in h.list_all(&p1, 10).await {
+        let since = atmost_client::millis(a.uncertain_since.as_ref().expect("since"));
+        let lease_end = atmost_client::millis(a.lease_expires_at.as_ref().expect("lease"));
+        match a.uncertain_reason.as_str() {
+            "lost" => assert_eq!(since, marked_at),
+            _ => assert_eq!(since, lease_end),
+        }
+    }
     let p3_attempt = h.list_all(&p3, 10).await;
     assert_eq!(p3_attempt.len(), 1, "lease-expired attempts are listed");
     for page_size in [1, 2, 3, 100] {
