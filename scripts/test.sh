@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine. Installs what it needs when it is
-# missing (redis-server and jq from the system packages; grpcio for the
-# README check, in a virtualenv under target/), then runs every test of the
-# workspace (tests start their own redis-server on free loopback ports, or
-# use REDIS_URL), then the README's commands as written (scripts/readme.sh).
+# missing (redis-server, jq and libfaketime from the system packages; grpcio
+# for the README check, in a virtualenv under target/), then runs every test
+# of the workspace (tests start their own redis-server on free loopback
+# ports, or use REDIS_URL), then the README's commands as written
+# (scripts/readme.sh).
 # Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,11 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v jq >/dev/null 2>&1 || missing+=(jq)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+# The clock-skew test runs replicas under libfaketime (LD_PRELOAD).
+compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null \
+  || compgen -G '/usr/lib/faketime/libfaketime.so.1' >/dev/null \
+  || compgen -G '/usr/local/lib/faketime/libfaketime.so.1' >/dev/null \
+  || missing+=(libfaketime)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]} from the system packages" >&2
   if ! command -v apt-get >/dev/null 2>&1; then

@@ -7,6 +7,8 @@
 //! - `model`: the Redis scripts against the reference state machine,
 //!   random sequences (proptest).
 //! - `replicas`: several processes on one Redis.
+//! - `clock_skew`: two processes on one Redis whose own clocks disagree by
+//!   16 s (libfaketime): leases and expiry follow Redis's clock.
 //! - `faults`: Redis killed, a replica killed, replies slow or lost,
 //!   SIGTERM mid-flight, load shedding.
 //! - `operations`: health, reflection, failing closed, script reloads,
@@ -22,6 +24,7 @@
 mod support;
 
 mod behaviour;
+mod clock_skew;
 mod faults;
 mod model;
 mod operations;

@@ -78,6 +78,12 @@ pub fn spawn_atmost<S: AsRef<str>>(args: &[S]) -> AtmostProcess {
     AtmostProcess::spawn(bin, args).expect("start atmost")
 }
 
+/// [`spawn_atmost`] with extra environment variables.
+pub fn spawn_atmost_with_env<S: AsRef<str>>(args: &[S], env: &[(&str, &str)]) -> AtmostProcess {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_atmost"));
+    AtmostProcess::spawn_with_env(bin, args, env).expect("start atmost")
+}
+
 /// Runs `atmost serve --listen 127.0.0.1:0 <args>`, expected to refuse to
 /// start, and returns its exit status and stderr; fails if it is still
 /// running after 15 s.

@@ -142,19 +142,36 @@ pub struct AtmostProcess {
     addr: SocketAddr,
     bin: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl AtmostProcess {
     /// Starts `<bin> serve --listen 127.0.0.1:0 <args>` and waits for its
     /// "atmost listening on ADDR" line.
     pub fn spawn<S: AsRef<str>>(bin: &Path, args: &[S]) -> std::io::Result<Self> {
+        Self::spawn_with_env::<S, &str>(bin, args, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with extra environment variables (e.g.
+    /// `LD_PRELOAD` and `FAKETIME` for a process whose clock is off), kept
+    /// for [`restart`](Self::restart).
+    pub fn spawn_with_env<S: AsRef<str>, E: AsRef<str>>(
+        bin: &Path,
+        args: &[S],
+        env: &[(E, E)],
+    ) -> std::io::Result<Self> {
         let args: Vec<String> = args.iter().map(|s| s.as_ref().to_owned()).collect();
-        let (child, addr) = spawn_atmost(bin, "127.0.0.1:0", &args)?;
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
+            .collect();
+        let (child, addr) = spawn_atmost(bin, "127.0.0.1:0", &args, &env)?;
         Ok(Self {
             child,
             addr,
             bin: bin.to_owned(),
             args,
+            env,
         })
     }
 
@@ -190,7 +207,7 @@ impl AtmostProcess {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            match spawn_atmost(&self.bin, &self.addr.to_string(), &self.args) {
+            match spawn_atmost(&self.bin, &self.addr.to_string(), &self.args, &self.env) {
                 Ok((child, _)) => {
                     self.child = child;
                     return Ok(());
@@ -223,7 +240,12 @@ impl Drop for AtmostProcess {
     }
 }
 
-fn spawn_atmost(bin: &Path, listen: &str, args: &[String]) -> std::io::Result<(Child, SocketAddr)> {
+fn spawn_atmost(
+    bin: &Path,
+    listen: &str,
+    args: &[String],
+    env: &[(String, String)],
+) -> std::io::Result<(Child, SocketAddr)> {
     let mut child = Command::new(bin)
         .args(["serve", "--listen", listen])
         .args(args)
@@ -231,6 +253,7 @@ fn spawn_atmost(bin: &Path, listen: &str, args: &[String]) -> std::io::Result<(C
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()),
         )
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;
