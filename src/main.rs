@@ -123,6 +123,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
                 time: Time::Redis,
             })?;
             check_eviction(&store, args.allow_eviction, args.store_timeout).await?;
+            check_version(&store, args.store_timeout).await?;
             Backend::Redis(store)
         }
     };
@@ -161,6 +162,24 @@ async fn check_eviction(
             );
             Ok(())
         }
+    }
+}
+
+/// Refuses to start on a Redis older than 7.0, whose Lua cannot run
+/// atmost's scripts (they open with `#!lua` lines): every RPC would answer
+/// UNAVAILABLE. A Redis that does not answer yet is read by the first
+/// request instead (and fails it the same way).
+async fn check_version(
+    store: &RedisStore,
+    timeout: Duration,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    match tokio::time::timeout(timeout, store.server_version()).await {
+        Ok(Ok((major, minor))) if major < 7 => Err(format!(
+            "Redis {major}.{minor} is too old: atmost needs Redis 7.0 or later \
+             (its scripts declare themselves with #!lua lines)"
+        )
+        .into()),
+        _ => Ok(()),
     }
 }
 

@@ -295,12 +295,35 @@ async fn the_cross_permit_index_shrinks_back_once_permits_expire() {
     // the one with an open attempt is left.
     h.clock.set(expires_at + INDEX_MARGIN_MS + 1);
     assert_eq!(sweep_to(&mut conn, &redis.prefix, 1).await, 1);
-    let listed = h.list_all("", 10).await;
-    assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0].attempt_id, lost.attempt_id);
-    h.resolve(&permits[1], "k", resolved_failed("declined"))
+    // A permit that left the index is closed to new keys, even if Redis's
+    // clock steps back before its expiry (NTP, a failover to a node whose
+    // clock is behind): no attempt can open where the index would miss it.
+    h.clock.set(expires_at - 60_000);
+    let (meta, _) = expect_error(
+        h.authorize(&permits[5], "t", "after-close", b"fp", 0).await,
+        tonic::Code::FailedPrecondition,
+        "PERMIT_EXPIRED",
+    );
+    assert_eq!(
+        meta["expired_at"],
+        atmost::api::status::rfc3339(expires_at),
+        "{meta:?}"
+    );
+    // The one with an UNCERTAIN attempt was not closed: it stays indexed.
+    h.dispatch(&permits[1], "t", "still-open", b"fp2", 0).await;
+    h.clock.set(expires_at + INDEX_MARGIN_MS + 1);
+    let listed: Vec<_> = h
+        .list_all("", 10)
         .await
-        .expect("resolve");
+        .into_iter()
+        .map(|a| a.idempotency_key)
+        .collect();
+    assert_eq!(listed, ["k", "still-open"]);
+    for key in ["k", "still-open"] {
+        h.resolve(&permits[1], key, resolved_failed("declined"))
+            .await
+            .expect("resolve");
+    }
     assert_eq!(sweep_to(&mut conn, &redis.prefix, 0).await, 0);
     assert!(h.list_all("", 10).await.is_empty());
 }

@@ -200,14 +200,19 @@ pub fn cursor(token: &str) -> Result<Cursor, Error> {
         .map(|i| u8::from_str_radix(&token[i..i + 2], 16))
         .collect::<Result<Vec<u8>, _>>()
         .map_err(|_| bad())?;
-    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    // A token is all ASCII (digits, a UUID, a printable-ASCII key), so
+    // every slice below falls on a character boundary.
+    let text = String::from_utf8(bytes)
+        .ok()
+        .filter(|t| t.is_ascii())
+        .ok_or_else(bad)?;
     let time = |digits: &str| -> Result<Millis, Error> {
         if digits.len() != 15 || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return Err(bad());
         }
         digits.parse().map_err(|_| bad())
     };
-    if text.len() < 51 || !text.is_char_boundary(51) {
+    if text.len() < 51 {
         return Err(bad());
     }
     let (permit, rest) = text.split_at(51);
@@ -216,7 +221,7 @@ pub fn cursor(token: &str) -> Result<Cursor, Error> {
     let attempt = if rest.is_empty() {
         None
     } else {
-        if rest.len() <= 15 || !rest.is_char_boundary(15) {
+        if rest.len() <= 15 {
             return Err(bad());
         }
         let (at, key) = rest.split_at(15);
@@ -303,5 +308,57 @@ pub fn permit(p: domain::Permit) -> pb::Permit {
             UncertainPolicy::Count => pb::UncertainPolicy::Count,
             UncertainPolicy::HoldTool => pb::UncertainPolicy::HoldTool,
         } as i32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cursor, page_token};
+    use crate::store::Cursor;
+    use proptest::prelude::*;
+
+    fn hex(text: &[u8]) -> String {
+        text.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn a_token_reads_back_as_its_cursor() {
+        let permit_id = "0190a6e0-0000-7000-8000-000000000001".to_owned();
+        for attempt in [
+            None,
+            Some((1_767_225_600_000, "order-42 (retry)".to_owned())),
+        ] {
+            let c = Cursor {
+                permit_expires_at: 253_402_300_799_999,
+                permit_id: permit_id.clone(),
+                attempt,
+            };
+            assert_eq!(cursor(&page_token(&c)), Ok(c));
+        }
+    }
+
+    #[test]
+    fn a_token_that_is_not_one_is_invalid_never_a_panic() {
+        let mut split_char = b"00000000000000".to_vec();
+        split_char.extend("é".as_bytes()); // across bytes 14 and 15
+        split_char.extend(b"a".repeat(35));
+        for token in [
+            String::new(),
+            "zz".into(),
+            "0".into(),
+            hex(&split_char),
+            hex(b"000000000000001not-a-uuid-at-all-but-36-characters-long"),
+            hex(b"00000000000000x0190a6e0-0000-7000-8000-000000000001"),
+            hex(b"0000000000000010190a6e0-0000-7000-8000-000000000001000000000000001"),
+        ] {
+            assert!(cursor(&token).is_err(), "{token}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_token_is_a_cursor_or_invalid(bytes in proptest::collection::vec(any::<u8>(), 0..120)) {
+            let _ = cursor(&hex(&bytes));
+        }
     }
 }

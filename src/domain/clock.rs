@@ -1,6 +1,7 @@
-//! The one source of time. The service reads it once per request and hands
-//! `now` to the store (and so to the Redis scripts), so tests can move time
-//! and replicas' skew can only shift an expiry or a lease by the skew.
+//! The service's source of time. The service reads it once per request and
+//! hands `now` to the store: the memory store decides on it; the Redis store
+//! decides on Redis's clock instead, the one all replicas share (unless
+//! configured with `Time::Caller`, so tests can move time).
 
 use super::Millis;
 use std::sync::{

@@ -217,8 +217,9 @@ impl Ledger {
     /// The order of checks:
     /// 1. the key exists (and was not released): same request -> REPLAY, or
     ///    IN_PROGRESS while RESERVED within its lease; different -> KEY_REUSED;
-    /// 2. a new key: revoked -> expired -> tool in scope -> duplicate guard
-    ///    -> cap -> budget; then reserve slot and cost and record the attempt.
+    /// 2. a new key: revoked -> expired -> tool in scope -> not held
+    ///    (HOLD_TOOL) -> duplicate guard -> cap -> budget; then reserve slot
+    ///    and cost and record the attempt.
     pub fn authorize(
         &mut self,
         cmd: &AuthorizeCmd,

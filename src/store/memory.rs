@@ -59,8 +59,8 @@ impl MemoryStore {
         now: Millis,
         f: impl FnOnce(&mut Ledger) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let mut inner = self.lock();
-        let inner = &mut *inner;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let not_found = || Error::PermitNotFound {
             permit_id: permit_id.to_owned(),
         };
@@ -76,7 +76,9 @@ impl MemoryStore {
             && now > at
         {
             inner.forget.remove(&(at, id.clone()));
-            inner.ledgers.remove(&id);
+            let forgotten = inner.ledgers.remove(&id);
+            drop(guard);
+            drop(forgotten); // freed outside the lock
             return Err(not_found());
         }
         let out = f(ledger);
@@ -210,7 +212,9 @@ impl Store for MemoryStore {
         let mut page = Page::default();
         let mut permits = inner.open.range((start, Bound::Unbounded));
         for (expires_at, id) in permits.by_ref().take(MAX_PERMITS_PER_PAGE) {
-            let ledger = &inner.ledgers[id];
+            let ledger = inner.ledgers.get(id).ok_or_else(|| {
+                Error::StoreUnavailable(format!("permit {id} is listed as open but has no ledger"))
+            })?;
             let after = after.and_then(|c| c.attempt_in(id));
             let found = ledger.uncertain_after(after, limit - page.attempts.len(), now);
             page.attempts.extend(found);
@@ -233,16 +237,17 @@ impl Store for MemoryStore {
 
     async fn sweep(&self, now: Millis) -> Result<usize, Error> {
         let mut inner = self.lock();
-        let mut dropped = 0;
-        while dropped < SWEEP_BATCH
+        let mut dropped = Vec::new();
+        while dropped.len() < SWEEP_BATCH
             && let Some((at, id)) = inner.forget.first().cloned()
             && now > at
         {
             inner.forget.pop_first();
-            inner.ledgers.remove(&id);
-            dropped += 1;
+            dropped.extend(inner.ledgers.remove(&id));
         }
-        Ok(dropped)
+        drop(inner);
+        // Freed outside the lock: a large ledger takes a while.
+        Ok(dropped.len())
     }
 
     async fn ping(&self) -> Result<(), Error> {

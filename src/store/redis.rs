@@ -155,6 +155,18 @@ impl RedisStore {
         self.eviction.check(&mut conn).await
     }
 
+    /// Redis's version (major, minor), from `INFO server`: atmost's scripts
+    /// need 7.0 or later.
+    pub async fn server_version(&self) -> Result<(u32, u32), Error> {
+        let mut conn = self.conn.clone();
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.lost(e))?;
+        parse_version(&info).ok_or_else(|| malformed("INFO server without a redis_version"))
+    }
+
     /// A Redis error as the caller sees it (UNAVAILABLE). A broken or
     /// refused connection may come back to a restarted Redis, or to another
     /// after a failover, whose eviction policy nobody has read: the policy is
@@ -403,7 +415,7 @@ impl Store for RedisStore {
                     Err(Error::PermitNotFound { .. }) => Listed::gone(expires_at),
                     other => other?,
                 };
-                if listed.removable {
+                if listed.removable && self.close(id, now).await? {
                     self.unindex(&mut conn, member).await?;
                 }
                 page.attempts.extend(listed.attempts);
@@ -448,23 +460,24 @@ impl Store for RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.lost(e))?;
+        // The next sweep goes on after this batch, whatever happens to it.
+        *self.sweep_from.lock().unwrap_or_else(|e| e.into_inner()) = match members.last() {
+            Some(last) if members.len() == LIST_BATCH => last.clone(),
+            _ => String::new(),
+        };
         let mut dropped = 0;
         for member in &members {
-            let (_, id) = parse_index_member(member)?;
-            let removable = match self.list_one(id, None, 0, now).await {
-                Err(Error::PermitNotFound { .. }) => true,
-                other => other?.removable,
+            // A member this version cannot read (another version's, under
+            // the same prefix) stays: never dropped on a guess.
+            let Ok((_, id)) = parse_index_member(member) else {
+                tracing::warn!(member, "unreadable index member left in place");
+                continue;
             };
-            if removable {
+            if self.close(id, now).await? {
                 self.unindex(&mut conn, member).await?;
                 dropped += 1;
             }
         }
-        let mut from = self.sweep_from.lock().unwrap_or_else(|e| e.into_inner());
-        *from = match members.last() {
-            Some(last) if members.len() == LIST_BATCH => last.clone(),
-            _ => String::new(),
-        };
         Ok(dropped)
     }
 
@@ -523,7 +536,7 @@ impl RedisStore {
     }
 
     /// One permit's attempts uncertain at `now` after `after`: a page of
-    /// at most `limit` (0: only whether it may leave the index).
+    /// at most `limit` (at least 1), and whether it may leave the index.
     async fn list_one(
         &self,
         permit_id: &str,
@@ -554,7 +567,28 @@ impl RedisStore {
         })
     }
 
-    /// Drops an index member (after its permit proved removable).
+    /// Closes a permit for new keys if it may leave the cross-permit index
+    /// (expired by the margin with nothing open); whether it may (closed,
+    /// or gone).
+    async fn close(&self, permit_id: &str, now: Millis) -> Result<bool, Error> {
+        let k = self.keys(permit_id);
+        let mut inv = Lua::ClosePermit.prepare_invoke();
+        inv.key(&k.permit)
+            .key(&k.attempts)
+            .arg(self.now_arg(now))
+            .arg(INDEX_MARGIN_MS);
+        match self
+            .run(&inv)
+            .await
+            .and_then(|r| open_ok(r, &About::permit(permit_id)))
+        {
+            Ok(mut f) => f.flag(),
+            Err(Error::PermitNotFound { .. }) => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Drops an index member (after its permit was closed, or is gone).
     async fn unindex(&self, conn: &mut ConnectionManager, member: &str) -> Result<(), Error> {
         redis::cmd("ZREM")
             .arg(self.index_key())
@@ -581,5 +615,29 @@ impl Listed {
             removable: true,
             attempts: Vec::new(),
         }
+    }
+}
+
+/// (major, minor) of `redis_version:7.0.15` in an `INFO server` reply.
+fn parse_version(info: &str) -> Option<(u32, u32)> {
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))?
+        .trim();
+    let mut parts = version.split('.').map(str::parse::<u32>);
+    Some((parts.next()?.ok()?, parts.next()?.ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_version;
+
+    #[test]
+    fn reads_the_version_from_info_server() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n";
+        assert_eq!(parse_version(info), Some((7, 0)));
+        assert_eq!(parse_version("redis_version:6.2.14\n"), Some((6, 2)));
+        assert_eq!(parse_version("redis_version:x\n"), None);
+        assert_eq!(parse_version("# Server\n"), None);
     }
 }

@@ -3,9 +3,9 @@
 //! a TTL, which includes a permit's finished attempts, so a retry of a
 //! SUCCEEDED key would find no record and be dispatched again (a double
 //! charge); `allkeys-*` even RESERVED and UNCERTAIN attempts. With
-//! `noeviction`, a write past `maxmemory` fails whole (atmost's scripts
-//! declare no flags, so Redis refuses one at its first write, and every
-//! script checks everything before that) and atmost answers UNAVAILABLE.
+//! `noeviction`, a write past `maxmemory` fails whole (every writing script
+//! opens with a `#!lua` line, so Redis refuses it before it runs) and
+//! atmost answers UNAVAILABLE.
 //!
 //! The store reads the policy before it serves anything, again with every
 //! health check (every second), since `CONFIG SET` can change it, and again

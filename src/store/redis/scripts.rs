@@ -63,6 +63,7 @@ scripts! {
     Settle => "settle",
     MarkUncertain => "mark_uncertain",
     ListUncertain => "list_uncertain",
+    ClosePermit => "close_permit",
 }
 
 /// Each script of [`TABLE`] with `lib.lua`, its SHA-1 computed once.

@@ -38,7 +38,7 @@ local cost = tonumber(ARGV[5])
 
 local p = redis.call('HMGET', KEYS[1], 'exp', 'status', 'lease', 'gmode',
   'gwin', 'budget', 'committed', 'reserved', 't:' .. tool, 'n:' .. tool, 'open',
-  'upol', 'fa')
+  'upol', 'fa', 'closed')
 if not p[1] or forgotten(p[13], now) then
   return permit_not_found(p[1], KEYS[2])
 end
@@ -88,7 +88,9 @@ end
 if status == STATUS_REVOKED then
   return {'ERR', 'PERMIT_REVOKED'}
 end
-if now >= exp then
+-- Closed: expired past the index margin and gone from the cross-permit
+-- index (close_permit.lua); expired on any later reading of the clock.
+if now >= exp or p[14] then
   return {'ERR', 'PERMIT_EXPIRED', p[1]}
 end
 local cap = p[9]

@@ -10,7 +10,8 @@
 --       policy: absent = count, 1 = hold the tool),
 --       t:<tool> (in scope; value = cap, "" = no cap), n:<tool> (slots held),
 --       committed, reserved, open (number of RESERVED/UNCERTAIN attempts),
---       fa (when the permit is forgotten: absent while an attempt is open)
+--       fa (when the permit is forgotten: absent while an attempt is open),
+--       closed (set when it leaves the cross-permit index: close_permit.lua)
 --   <prefix>:{P}:attempts  HASH  idempotency key -> attempt (cmsgpack array;
 --       attempt and receipt ids as their 16 raw bytes; see save_attempt)
 --   <prefix>:{P}:open      ZSET  RESERVED/UNCERTAIN attempts, all score 0,
@@ -72,8 +73,8 @@ local function at15(ms)
 end
 
 -- The millisecond timestamp of a UUIDv7 (its first 48 bits, big-endian).
--- Attempt and receipt ids are made from the service's clock at creation and
--- at issue (domain::new_id), so the record need not repeat those times.
+-- Attempt and receipt ids are stamped with the script's time at creation
+-- and at issue (stamp), so the record need not repeat those times.
 local function id_ms(id)
   local b1, b2, b3, b4, b5, b6 = string.byte(id, 1, 6)
   return ((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6

@@ -8,16 +8,17 @@
 -- KEYS[3]  <prefix>:{P}:open
 -- ARGV[1]  now (ms; "" = Redis's clock)
 -- ARGV[2]  list after this open-set member ("<at>:<key>"; "" = from the start)
--- ARGV[3]  at most this many (0: only the permit's expiry and removable)
+-- ARGV[3]  at most this many (at least 1)
 -- ARGV[4]  index margin (ms)
 --
 -- Returns {"OK", expires_at, removable, attempt, attempt, ...}, or
 -- {"ERR", "PERMIT_NOT_FOUND"} (a permit that is gone may leave the
 -- cross-permit index), or {"ERR", "STORE_UNAVAILABLE", why} when a record
 -- cannot be read (no open counter; an open-set member without its attempt,
--- or whose attempt is not uncertain): an open attempt is never skipped. removable is 1 when the permit may leave the index: expired
--- more than the margin ago with no open attempt, so no new key can open
--- one any more.
+-- or whose attempt is not uncertain): an open attempt is never skipped.
+-- removable is 1 when the permit may leave the index: expired more than
+-- the margin ago with no open attempt (close_permit.lua then closes it, so
+-- no new key can open one any more).
 -- Example: ARGV={"","",100,60000} -> {"OK", "1767225600000", 0, {<attempt>}, ...}
 
 local now, limit = clock(ARGV[1]), tonumber(ARGV[3])
@@ -34,9 +35,6 @@ if open == 0 and now > exp + tonumber(ARGV[4]) then
   removable = 1
 end
 local out = {'OK', p[1], removable}
-if limit == 0 then
-  return out
-end
 local from = '-'
 if ARGV[2] ~= '' then
   from = '(' .. ARGV[2]
