@@ -433,7 +433,13 @@ impl RedisSide {
             };
             let mut command = args.first().cloned().unwrap_or_default().to_uppercase();
             let mut page = None;
-            if command == "EVALSHA"
+            if command != "EVALSHA"
+                && let Some(key) = args.get(1)
+            {
+                // Which of a permit's keys ("...:open"): Redis 7.0 also
+                // logs the commands a script runs.
+                command = format!("{command} :{}", key.rsplit(':').next().unwrap_or(key));
+            } else if command == "EVALSHA"
                 && let Some(name) = args.get(1).and_then(|sha| self.scripts.get(sha))
             {
                 command = format!("EVALSHA {name}.lua");
