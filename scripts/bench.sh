@@ -11,10 +11,13 @@
 #   (c) authorize, cycle, replay and contended on the memory store and on
 #       the Redis store; server CPU per Authorize and peak RSS (from /proc);
 #       Redis memory per finished attempt; a latency-vs-throughput sweep,
-#       and the health check's latency at the same rates beside it.
+#       and the health check's latency at the same rates beside it;
+#   ListUncertain with 1k, 100k and 1M open attempts in one permit, on
+#       both stores, and Redis's SLOWLOG meanwhile (tools/bench list_scale).
 #
 # Usage: scripts/bench.sh            (DURATION=10s CONCURRENCY=64 by default)
 #        DURATION=2s scripts/bench.sh   (a quick smoke run)
+#        LIST_SIZES=1000,100000 scripts/bench.sh   (ListUncertain without 1M)
 # Results: target/bench/<time>/results.jsonl and summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +25,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-2s}
 CONCURRENCY=${CONCURRENCY:-64}
+LIST_SIZES=${LIST_SIZES:-1000,100000,1000000}
 OUT=${OUT:-target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 RESULTS="$OUT/results.jsonl"
@@ -170,6 +174,15 @@ for pct in 25 50 80 100; do
   IN_FLIGHT=4096 bench "health-sweep-$pct" health --rate $((PEAK * pct / 100))
 done
 stop_atmost
+
+echo "== ListUncertain at scale: one permit with $LIST_SIZES open attempts"
+# In process through the store trait (list_scale), on this run's Redis,
+# emptied first; it sets the SLOWLOG threshold to 10 ms around the fill and
+# the listing, and puts it back.
+rcli FLUSHALL >/dev/null
+"$BIN/list_scale" --redis-url "redis://127.0.0.1:$REDIS_PORT" --sizes "$LIST_SIZES" \
+  --json "$RESULTS" | tee "$OUT/list-scale.txt"
+rcli FLUSHALL >/dev/null
 
 read -r CPU_TOTAL1 CPU_STEAL1 < <(cpu_totals)
 record cpu_steal_percent "$(awk -v t=$((CPU_TOTAL1 - CPU_TOTAL0)) -v s=$((CPU_STEAL1 - CPU_STEAL0)) \

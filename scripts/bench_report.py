@@ -4,6 +4,7 @@ peak throughput of one run, or the latency-vs-throughput plot.
 
   bench_report.py peak RESULTS LABEL SCENARIO
   bench_report.py summary RESULTS CLK_TCK
+  bench_report.py list_scale RESULTS   (the ListUncertain-at-scale block alone)
   bench_report.py plot RESULTS OUT.png
   bench_report.py wakeups SECONDS   (how late this machine wakes a sleeping
                                      thread, idle: the floor under any tail)
@@ -11,6 +12,7 @@ peak throughput of one run, or the latency-vs-throughput plot.
                                      a 4 KiB page, and a transparent huge page)
 """
 import json
+import math
 import sys
 
 
@@ -174,6 +176,65 @@ def summary(path, clk_tck):
                   f"p99 {r['p99_us']:>7}us p99.9 {r['p999_us']:>7}us  (service p99 "
                   f"{r.get('service_p99_us', '?')}us)  errors {r['errors']} {r['error_kinds'] or ''}"
                   + (f"  [health p50 {h['p50_us']}us p99 {h['p99_us']}us, service p99 {h['service_p99_us']}us]" if h else ""))
+    list_scale(runs)
+
+def list_scale(runs):
+    """The ListUncertain-at-scale block: per page, listing and scope, the
+    time per page at each number of open attempts, and the SLOWLOG."""
+    rows = [r for r in runs if r.get("scenario") == "list_uncertain"]
+    fills = [r for r in runs if r.get("scenario") == "list_uncertain_fill"]
+    if not rows:
+        return
+    sizes = sorted({r["open"] for r in rows})
+    print()
+    print("ListUncertain at scale (one permit with N open attempts; time per page, one call at a time,")
+    print("p50/p99; [in Redis: list_uncertain.lua's own time per page]):")
+    print(f"  {'store':<7}{'page':>5} {'listing':<8}{'scope':<7}" + "".join(f"{n:>24}" for n in sizes))
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["store"], r["page"], r["listing"], r["scope"]), {})[r["open"]] = r
+    for (store, page, listing, scope), by_size in sorted(groups.items()):
+        cells = []
+        for n in sizes:
+            r = by_size.get(n)
+            if not r:
+                cells.append(f"{'-':>24}")
+                continue
+            cell = f"{r['p50_us']:.0f}/{r['p99_us']:.0f}us"
+            if r.get("redis_script_us") is not None:
+                cell += f" [{r['redis_script_us']:.0f}]"
+            cells.append(f"{cell:>24}")
+        print(f"  {store:<7}{page:>5} {listing:<8}{scope:<7}" + "".join(cells))
+    for store in sorted({r["store"] for r in rows}):
+        for page in sorted({r["page"] for r in rows if r["store"] == store}):
+            # Flat: the largest size's figure against the smallest's, on the
+            # steadiest reading (Redis's own time where there is one).
+            def reading(n):
+                picked = [r for r in rows if r["store"] == store and r["page"] == page and r["open"] == n]
+                return sum(r["redis_script_us"] if r.get("redis_script_us") is not None else r["p50_us"]
+                           for r in picked) / max(len(picked), 1)
+            if len(sizes) > 1:
+                # O(log n + page) at most doubles from 1k to 1M (log2); O(n)
+                # would grow as n does.
+                bound = max(2.0, math.log2(sizes[-1]) / math.log2(max(sizes[0], 2)))
+                ratio = reading(sizes[-1]) / reading(sizes[0])
+                print(f"  {mark(ratio <= bound)} {store}, page {page}: {sizes[-1]} open attempts cost "
+                      f"{ratio:.2f}x what {sizes[0]} do ({sizes[-1] / sizes[0]:.0f}x as many; "
+                      f"flat: <= {bound:.1f}x)")
+    for f in sorted(fills, key=lambda f: (f["store"], f["open"])):
+        line = f"  {f['store']:<7}{f['open']:>9} open: filled at {f['fill_rps']:.0f}/s"
+        if "redis_bytes_per_open_attempt" in f:
+            line += f", {f['redis_bytes_per_open_attempt']:.0f} B of Redis memory per open attempt"
+        if "slowlog_list_entries" in f:
+            by_page = {}
+            for e in f.get("slowlog_list", []):
+                by_page.setdefault(e.get("page"), []).append(e["us"])
+            detail = ", ".join(f"page {p}: {len(us)} (max {max(us) / 1000:.1f} ms)" for p, us in sorted(
+                by_page.items(), key=lambda kv: kv[0] or 0)) or "none"
+            line += (f"; SLOWLOG > {f['slowlog_threshold_us'] / 1000:.0f} ms: fill {f['slowlog_fill_entries']}, "
+                     f"listing {f['slowlog_list_entries']} ({detail})")
+        print(line)
+
 
 def plot(path, out):
     try:
@@ -224,6 +285,8 @@ if __name__ == "__main__":
         wakeups(sys.argv[2])
     elif cmd == "first_touch":
         first_touch()
+    elif cmd == "list_scale":
+        list_scale(load(sys.argv[2])[0])
     elif cmd == "plot":
         plot(sys.argv[2], sys.argv[3])
     else:

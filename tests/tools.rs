@@ -1,8 +1,9 @@
 //! The project's tools, run in process against real servers: the
-//! multi-replica stress checker in its short CI configuration, and a smoke
-//! run of every scenario of the load generator. Neither asserts a speed:
-//! benchmarks are not tests (scripts/bench.sh measures; docs/performance.md
-//! reports). Both load the machine, so each runs alone
+//! multi-replica stress checker in its short CI configuration, a smoke run
+//! of every scenario of the load generator, and a tiny run of the
+//! ListUncertain scale measurement. None asserts a speed: benchmarks are
+//! not tests (scripts/bench.sh measures; docs/performance.md reports). The
+//! first two load the machine, so each runs alone
 //! ([`exclusive`](crate::support::exclusive)): every other test waits.
 
 use crate::support::*;
@@ -141,4 +142,71 @@ async fn bench_prints_the_scripts_the_redis_store_sends() {
     ]))
     .await;
     assert!(refused.is_err(), "an unknown name must fail");
+}
+
+/// The ListUncertain scale measurement (docs/performance.md, "ListUncertain
+/// at scale"), tiny: both stores, 10 and 30 open attempts, pages of 5 and
+/// 10. The tool checks every page it times (its size, every attempt
+/// UNCERTAIN); here, that it reports every measurement, leaves no key
+/// behind and puts the SLOWLOG settings back. No figure is asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_scale_measures_both_stores_and_cleans_up() {
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let mut conn = redis.connect().await;
+    let before = slowlog_settings(&mut conn).await;
+    let json =
+        std::env::temp_dir().join(format!("atmost-list-scale-{}.jsonl", uuid::Uuid::now_v7()));
+    let args = atmost_bench::list_scale::Args::parse_from([
+        "list_scale",
+        "--sizes",
+        "10,30",
+        "--pages",
+        "5,10",
+        "--calls",
+        "10",
+        "--redis-url",
+        &redis.url,
+        "--json",
+        json.to_str().expect("a UTF-8 temp path"),
+    ]);
+    let rows = atmost_bench::list_scale::run(args)
+        .await
+        .expect("the measurement");
+    let lines = std::fs::read_to_string(&json).expect("results");
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(lines.lines().count(), rows.len());
+    // Per store and size: one fill, and 2 pages x 2 listings x 2 scopes.
+    assert_eq!(rows.len(), 2 * 2 * (1 + 8), "{rows:#?}");
+    for row in &rows {
+        let redis_store = row["store"] == "redis";
+        match row["scenario"].as_str() {
+            Some("list_uncertain") => {
+                assert!(row["p50_us"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+                assert_eq!(row["redis_script_us"].is_number(), redis_store, "{row}");
+            }
+            Some("list_uncertain_fill") if redis_store => {
+                assert!(row["redis_bytes_per_open_attempt"].is_number(), "{row}");
+                assert!(row["slowlog_list_entries"].is_number(), "{row}");
+            }
+            Some("list_uncertain_fill") => {}
+            _ => panic!("an unexpected row: {row}"),
+        }
+    }
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("listscale*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(slowlog_settings(&mut conn).await, before);
+}
+
+async fn slowlog_settings(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("slowlog-*")
+        .query_async(conn)
+        .await
+        .expect("CONFIG GET slowlog-*")
 }

@@ -14,6 +14,11 @@
 //! atmost-bench --scenario authorize --concurrency 64 --duration 10s
 //! atmost-bench --scenario cycle --rate 20000 --duration 10s --json results.jsonl
 //! ```
+//!
+//! [`list_scale`] (the `list_scale` binary) measures ListUncertain as a
+//! permit's open attempts grow, driving the stores in process.
+
+pub mod list_scale;
 
 use atmost_client::{Client, NewPermit, pb};
 use clap::{Parser, ValueEnum};
