@@ -188,7 +188,7 @@ def list_scale(runs):
     sizes = sorted({r["open"] for r in rows})
     print()
     print("ListUncertain at scale (one permit with N open attempts; time per page, one call at a time,")
-    print("p50/p99; [in Redis: list_uncertain.lua's own time per page]):")
+    print("p50/p99; [in Redis: list_uncertain.lua's own time per script run, at most 200 attempts each]):")
     print(f"  {'store':<7}{'page':>5} {'listing':<8}{'scope':<7}" + "".join(f"{n:>24}" for n in sizes))
     groups = {}
     for r in rows:

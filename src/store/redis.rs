@@ -51,6 +51,11 @@ use std::time::Duration;
 /// sweeping.
 const LIST_BATCH: usize = 64;
 
+/// Most attempts one list_uncertain.lua run reads: about 1.5 ms of Redis's
+/// time (5 us per attempt), so a page of 1000 never shows in a 10 ms
+/// SLOWLOG (docs/performance.md, "ListUncertain at scale").
+const LIST_CHUNK: usize = 200;
+
 /// The Redis store: one multiplexed connection and the key prefix.
 #[derive(Clone)]
 pub struct RedisStore {
@@ -537,6 +542,9 @@ impl RedisStore {
 
     /// One permit's attempts uncertain at `now` after `after`: a page of
     /// at most `limit` (at least 1), and whether it may leave the index.
+    /// A page is read in script runs of at most [`LIST_CHUNK`] attempts, so
+    /// no one run holds Redis long (a page needs no atomicity: each run goes
+    /// on after the last attempt of the one before, as pages do).
     async fn list_one(
         &self,
         permit_id: &str,
@@ -545,26 +553,40 @@ impl RedisStore {
         now: Millis,
     ) -> Result<Listed, Error> {
         let k = self.keys(permit_id);
-        let mut inv = Lua::ListUncertain.prepare_invoke();
-        inv.key(&k.permit)
-            .key(&k.attempts)
-            .key(&k.open)
-            .arg(self.now_arg(now))
-            .arg(after.map_or_else(String::new, |(at, key)| open_member(at, key)))
-            .arg(limit)
-            .arg(INDEX_MARGIN_MS);
-        let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
-        let expires_at = f.int()?;
-        let removable = f.flag()?;
-        let mut attempts = Vec::new();
-        while !f.done() {
-            attempts.push(decode_attempt(permit_id, f.array()?)?);
+        let mut after = after.map(|(at, key)| open_member(at, key));
+        let mut listed: Option<Listed> = None;
+        loop {
+            let got = listed.as_ref().map_or(0, |l| l.attempts.len());
+            let chunk = (limit - got).min(LIST_CHUNK);
+            let mut inv = Lua::ListUncertain.prepare_invoke();
+            inv.key(&k.permit)
+                .key(&k.attempts)
+                .key(&k.open)
+                .arg(self.now_arg(now))
+                .arg(after.as_deref().unwrap_or_default())
+                .arg(chunk)
+                .arg(INDEX_MARGIN_MS);
+            let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
+            let expires_at = f.int()?;
+            let removable = f.flag()?;
+            let mut attempts = Vec::new();
+            while !f.done() {
+                attempts.push(decode_attempt(permit_id, f.array()?)?);
+            }
+            let full = attempts.len() == chunk;
+            after = attempts
+                .last()
+                .map(|a| open_member(a.uncertain_since, &a.idempotency_key));
+            let l = listed.get_or_insert(Listed {
+                expires_at,
+                removable,
+                attempts: Vec::new(),
+            });
+            l.attempts.extend(attempts);
+            if !full || l.attempts.len() == limit {
+                return Ok(listed.expect("set above"));
+            }
         }
-        Ok(Listed {
-            expires_at,
-            removable,
-            attempts,
-        })
     }
 
     /// Closes a permit for new keys if it may leave the cross-permit index

@@ -7,6 +7,7 @@ on_both_stores!(
     mark_uncertain_holds_slot_and_money,
     list_uncertain_pages_within_and_across_permits,
     permits_created_during_listing_are_never_lost,
+    a_large_page_lists_every_attempt_once_in_order,
     timeout_then_new_key_story,
 );
 
@@ -306,4 +307,38 @@ async fn timeout_then_new_key_story(h: Harness) {
     let receipt = replay.attempt.expect("a").receipt.expect("receipt");
     assert_eq!(receipt.result, b"wallet tx 981");
     assert!(h.list_all("", 100).await.is_empty());
+}
+
+/// A page larger than one store read (the Redis store reads 200 attempts
+/// per script run) still lists each uncertain attempt once, in order.
+async fn a_large_page_lists_every_attempt_once_in_order(h: Harness) {
+    let permit = h.create_with(&["t"], &[], None).await;
+    let mut expected = Vec::new();
+    for i in 0..450 {
+        let key = format!("k{i:04}");
+        let a = h.dispatch(&permit, "t", &key, key.as_bytes(), 0).await;
+        expected.push(key);
+        if i % 3 == 0 {
+            h.mark_uncertain(&a, "lost").await.expect("mark");
+        }
+    }
+    // Marked ones first (uncertain since now), then the leases (all end
+    // at the same instant): each group in key order.
+    h.clock.advance(30_000);
+    let (marked, leased): (Vec<_>, Vec<_>) =
+        expected.iter().enumerate().partition(|(i, _)| i % 3 == 0);
+    let expected: Vec<&String> = marked.into_iter().chain(leased).map(|(_, k)| k).collect();
+    for page_size in [1000, 250, 200, 199] {
+        let listed: Vec<String> = h
+            .list_all(&permit, page_size)
+            .await
+            .into_iter()
+            .map(|a| a.idempotency_key)
+            .collect();
+        assert_eq!(
+            listed.iter().collect::<Vec<_>>(),
+            expected,
+            "page size {page_size}"
+        );
+    }
 }

@@ -21,7 +21,7 @@
 //! marked, the marked ones).
 //!
 //! On Redis it also reports `used_memory` per open attempt, the time Redis
-//! spent in list_uncertain.lua per page (INFO commandstats, EVALSHA, before
+//! spent in list_uncertain.lua per script run (INFO commandstats, EVALSHA, before
 //! and after), and the SLOWLOG at `--slowlog-us` (10 ms): reset before the
 //! fill and read after it, reset before the listing and read after it
 //! (`slowlog-max-len` raised to 10 000 meanwhile, so none is lost). The
@@ -539,7 +539,7 @@ pub async fn run(args: Args) -> Result<Vec<serde_json::Value>, BoxError> {
     };
     println!(
         "ListUncertain: time per page, one call at a time, {} calls; \
-         'in Redis': list_uncertain.lua's own time per page (INFO commandstats)",
+         'in Redis': list_uncertain.lua's own time per script run (INFO commandstats)",
         args.calls
     );
     println!(
@@ -763,7 +763,8 @@ async fn measure<S: Store>(
 }
 
 /// Runs one measurement, and on Redis reads around it the time Redis spent
-/// in list_uncertain.lua per page (every EVALSHA meanwhile is one; a page
+/// in list_uncertain.lua per script run (a page of up to 200 attempts is
+/// one run, a larger one several; a page
 /// across permits also reads the index, one ZRANGEBYLEX, not counted).
 async fn timed(
     redis: &mut Option<&mut RedisSide>,
