@@ -104,7 +104,7 @@ async fn drive(
         let base = format!("{prefix}:{{00000000-0000-7000-8000-000000000000}}");
         tasks.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new(3).expect("histogram");
-            let keys = ["permit", "attempts", "open", "dup"].map(|k| format!("{base}:{k}"));
+            let keys = ["permit", "attempts", "open", "dup", "held"].map(|k| format!("{base}:{k}"));
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= n {
@@ -116,7 +116,8 @@ async fn drive(
                 for k in &keys {
                     inv.key(k);
                 }
-                inv.arg(now)
+                // "": Redis's clock, as `atmost serve` runs the script.
+                inv.arg("")
                     .arg("search")
                     .arg(format!("key-{phase}-{i}"))
                     .arg(format!("fp-{i:032}").as_bytes())

@@ -39,7 +39,7 @@ local cost = tonumber(ARGV[5])
 local p = redis.call('HMGET', KEYS[1], 'exp', 'status', 'lease', 'gmode',
   'gwin', 'budget', 'committed', 'reserved', 't:' .. tool, 'n:' .. tool, 'open',
   'upol', 'fa', 'closed')
-if not p[1] or forgotten(p[13], now) then
+if not p[1] or forgotten(p[13], p[11], now) then
   return permit_not_found(p[1], KEYS[2])
 end
 

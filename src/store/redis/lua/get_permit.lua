@@ -9,8 +9,8 @@
 -- {"ERR", "STORE_UNAVAILABLE", why} (gone while its attempts remain).
 -- Example: ARGV={""} -> {"OK", {"subject","agent-7","currency","EUR",...}}
 
-local exp, fa = unpack(redis.call('HMGET', KEYS[1], 'exp', 'fa'))
-if not exp or forgotten(fa, clock(ARGV[1])) then
+local exp, fa, open = unpack(redis.call('HMGET', KEYS[1], 'exp', 'fa', 'open'))
+if not exp or forgotten(fa, open, clock(ARGV[1])) then
   return permit_not_found(exp, KEYS[2])
 end
 return {'OK', redis.call('HGETALL', KEYS[1])}

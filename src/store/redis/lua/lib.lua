@@ -10,7 +10,8 @@
 --       policy: absent = count, 1 = hold the tool),
 --       t:<tool> (in scope; value = cap, "" = no cap), n:<tool> (slots held),
 --       committed, reserved, open (number of RESERVED/UNCERTAIN attempts),
---       fa (when the permit is forgotten: absent while an attempt is open),
+--       fa (when the permit is forgotten once nothing is open: set at
+--       creation and whenever open drops to 0; void while open > 0),
 --       closed (set when it leaves the cross-permit index: close_permit.lua)
 --   <prefix>:{P}:attempts  HASH  idempotency key -> attempt (cmsgpack array;
 --       attempt and receipt ids as their 16 raw bytes; see save_attempt)
@@ -59,12 +60,10 @@ end
 -- A fresh UUIDv7 id (16 bytes) with its timestamp set to `ms`, so an
 -- attempt's creation time and a receipt's issue time are the script's.
 local function stamp(id, ms)
-  local b = {}
-  for i = 6, 1, -1 do
-    b[i] = ms % 256
-    ms = math.floor(ms / 256)
-  end
-  return string.char(unpack(b)) .. string.sub(id, 7)
+  local hi, lo = math.floor(ms / 4294967296), ms % 4294967296
+  return string.char(math.floor(hi / 256), hi % 256, math.floor(lo / 16777216),
+    math.floor(lo / 65536) % 256, math.floor(lo / 256) % 256, lo % 256)
+    .. string.sub(id, 7)
 end
 
 -- A time as a fixed-width sort key (15 digits reach year 9999).
@@ -173,11 +172,12 @@ local function holds(upol)
   return nil
 end
 
--- Whether a permit hash read at `now` is forgotten: its retention ran out
--- (fa), though Redis may not have expired its keys yet (with a caller's
--- clock; on Redis's own clock both happen at the same instant).
-local function forgotten(fa, now)
-  return fa and now > tonumber(fa)
+-- Whether a permit hash read at `now` is forgotten: nothing is open and its
+-- retention ran out (fa), though Redis may not have expired its keys yet
+-- (with a caller's clock; on Redis's own clock both happen at the same
+-- instant).
+local function forgotten(fa, open, now)
+  return fa and tonumber(open) == 0 and now > tonumber(fa)
 end
 
 -- The duplicate guard's index field: 48 bits of SHA-1 over the tool and the
@@ -230,20 +230,24 @@ end
 
 -- Open attempts pin the permit's keys; once none is open they expire
 -- `retention` ms after the permit does, or after `now` if that is later (so
--- an attempt settled long after expiry is still kept for `retention`).
--- `fa` records that instant in the permit hash, so every script forgets the
--- permit then on any clock (memory store: Ledger::forget_at).
+-- an attempt settled long after expiry is still kept for `retention`):
+-- forget_at, which the script also records as `fa` in the permit hash, so
+-- every script forgets the permit then on any clock (memory store:
+-- Ledger::forget_at). Only the permit, attempts and dup keys (KEYS 1, 2,
+-- 4) carry a TTL: the open and held sets exist only while something is
+-- open, and are made afresh, without one.
 local function pin(keys)
-  for i = 1, #keys do
-    redis.call('PERSIST', keys[i])
-  end
-  redis.call('HDEL', keys[1], 'fa')
+  redis.call('PERSIST', keys[1])
+  redis.call('PERSIST', keys[2])
+  redis.call('PERSIST', keys[4])
 end
 
-local function unpin(keys, exp, retention, now)
-  local at = int(math.max(exp, now) + retention)
-  redis.call('HSET', keys[1], 'fa', at)
-  for i = 1, #keys do
-    redis.call('PEXPIREAT', keys[i], at)
-  end
+local function forget_at(exp, retention, now)
+  return int(math.max(exp, now) + retention)
+end
+
+local function unpin(keys, at)
+  redis.call('PEXPIREAT', keys[1], at)
+  redis.call('PEXPIREAT', keys[2], at)
+  redis.call('PEXPIREAT', keys[4], at)
 end

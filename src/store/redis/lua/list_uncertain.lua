@@ -23,7 +23,7 @@
 
 local now, limit = clock(ARGV[1]), tonumber(ARGV[3])
 local p = redis.call('HMGET', KEYS[1], 'exp', 'open', 'fa')
-if not p[1] or forgotten(p[3], now) then
+if not p[1] or forgotten(p[3], p[2], now) then
   return permit_not_found(p[1], KEYS[2])
 end
 local exp, open = tonumber(p[1]), tonumber(p[2])

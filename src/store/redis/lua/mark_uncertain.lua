@@ -16,8 +16,8 @@
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"client deadline exceeded"}
 
 local now, key = clock(ARGV[1]), ARGV[2]
-local p = redis.call('HMGET', KEYS[1], 'exp', 'upol', 'fa')
-if not p[1] or forgotten(p[3], now) then
+local p = redis.call('HMGET', KEYS[1], 'exp', 'upol', 'fa', 'open')
+if not p[1] or forgotten(p[3], p[4], now) then
   return permit_not_found(p[1], KEYS[2])
 end
 local hold = holds(p[2])

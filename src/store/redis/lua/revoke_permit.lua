@@ -8,8 +8,8 @@
 -- Returns {"OK", hash}, hash the permit as HGETALL gives it (after the
 -- change), or {"ERR", "PERMIT_NOT_FOUND"} | {"ERR", "STORE_UNAVAILABLE", why}.
 
-local exp, fa = unpack(redis.call('HMGET', KEYS[1], 'exp', 'fa'))
-if not exp or forgotten(fa, clock(ARGV[1])) then
+local exp, fa, open = unpack(redis.call('HMGET', KEYS[1], 'exp', 'fa', 'open'))
+if not exp or forgotten(fa, open, clock(ARGV[1])) then
   return permit_not_found(exp, KEYS[2])
 end
 redis.call('HSET', KEYS[1], 'status', STATUS_REVOKED)

@@ -31,7 +31,7 @@ local a = load_attempt(KEYS[2], key)
 local tool = a and a.tool or ''
 local p = redis.call('HMGET', KEYS[1], 'exp', 'budget', 'committed', 'reserved',
   'open', 'n:' .. tool, 't:' .. tool, 'upol', 'fa')
-if not p[1] or forgotten(p[9], now) then
+if not p[1] or forgotten(p[9], p[5], now) then
   return permit_not_found(p[1], KEYS[2])
 end
 if not a then
@@ -114,9 +114,13 @@ end
 a.token, a.usince = '', 0
 save_attempt(KEYS[2], key, a)
 open = open - 1
-redis.call('HSET', KEYS[1], 'reserved', int(reserved), 'committed',
-  int(committed), 'n:' .. tool, int(calls), 'open', int(open))
 if open == 0 then
-  unpin(KEYS, tonumber(p[1]), tonumber(ARGV[9]), now)
+  local at = forget_at(tonumber(p[1]), tonumber(ARGV[9]), now)
+  redis.call('HSET', KEYS[1], 'reserved', int(reserved), 'committed',
+    int(committed), 'n:' .. tool, int(calls), 'open', '0', 'fa', at)
+  unpin(KEYS, at)
+else
+  redis.call('HSET', KEYS[1], 'reserved', int(reserved), 'committed',
+    int(committed), 'n:' .. tool, int(calls), 'open', int(open))
 end
 return answer()
