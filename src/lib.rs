@@ -22,6 +22,7 @@
 //! - [`server`]: [`run`], which `main` and the tests both call.
 
 pub mod api;
+pub mod auth;
 pub mod domain;
 pub mod server;
 pub mod store;

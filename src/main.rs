@@ -1,6 +1,7 @@
 #![forbid(unsafe_code)]
 //! The `atmost` binary: `atmost serve` runs the gRPC service.
 
+use atmost::auth::Authenticator;
 use atmost::domain::Millis;
 use atmost::store::{
     Backend,
@@ -93,12 +94,26 @@ struct ServeArgs {
     /// cgroup quota included).
     #[arg(long, env = "ATMOST_WORKER_THREADS")]
     worker_threads: Option<usize>,
+    /// API keys (a TOML file of SHA-256 digests, tenants and roles; see
+    /// docs/api.md, "Authentication"): every atmost RPC then needs
+    /// `authorization: Bearer <key>`. Re-read on SIGHUP and when it changes.
+    /// Without it atmost runs in dev mode: no authentication, loopback only.
+    #[arg(long, env = "ATMOST_AUTH_KEYS", value_name = "FILE")]
+    auth_keys: Option<std::path::PathBuf>,
+    /// Dev mode on a non-loopback address: anyone who reaches the port may
+    /// call every RPC. For a trusted network only.
+    #[arg(long, env = "ATMOST_INSECURE_NO_AUTH", conflicts_with = "auth_keys")]
+    insecure_no_auth: bool,
+    /// Serve gRPC server reflection (unauthenticated: it shows the
+    /// service's shape, no data). `--reflection=false` turns it off.
+    #[arg(long, env = "ATMOST_REFLECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    reflection: bool,
     /// Log format (logs go to stderr; filter with RUST_LOG).
     #[arg(long, env = "ATMOST_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+fn main() -> std::process::ExitCode {
     let Command::Serve(args) = Cli::parse().command;
     init_logging(args.log_format);
     no_huge_pages();
@@ -106,7 +121,18 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     if let Some(n) = args.worker_threads {
         runtime.worker_threads(n.max(1));
     }
-    runtime.enable_all().build()?.block_on(serve(args))
+    let served = match runtime.enable_all().build() {
+        Ok(runtime) => runtime.block_on(serve(args)),
+        Err(e) => Err(e.into()),
+    };
+    match served {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // As written, not Debug-escaped: the operator reads this line.
+            eprintln!("atmost: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -127,10 +153,35 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
             Backend::Redis(store)
         }
     };
-    let app = App::new(store)
+    let mut app = App::new(store)
         .with_store_timeout(args.store_timeout)
         .with_shutdown_grace(args.shutdown_grace)
-        .with_max_in_flight(args.max_in_flight);
+        .with_max_in_flight(args.max_in_flight)
+        .with_reflection(args.reflection);
+    match &args.auth_keys {
+        Some(path) => {
+            let auth = Authenticator::load(path)?;
+            tracing::info!(keys = auth.keys().len(), file = %path.display(), "API keys loaded");
+            app = app.with_auth(std::sync::Arc::new(auth));
+        }
+        None if args.listen.ip().is_loopback() => tracing::warn!(
+            "dev mode: no --auth-keys, so every caller may call every RPC; serving on loopback only"
+        ),
+        None if args.insecure_no_auth => tracing::warn!(
+            listen = %args.listen,
+            "INSECURE: no authentication on a non-loopback address (--insecure-no-auth): \
+             anyone who reaches this port may create permits and settle attempts"
+        ),
+        None => {
+            return Err(format!(
+                "refusing to serve {} without authentication: give --auth-keys FILE \
+                 (docs/api.md, \"Authentication\"), listen on a loopback address for dev mode, \
+                 or accept an open service with --insecure-no-auth",
+                args.listen
+            )
+            .into());
+        }
+    }
 
     let listener = TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;

@@ -3,6 +3,7 @@
 //! the same way.
 
 use crate::api::{self, Ctx, gate::GateService, permits::PermitsService};
+use crate::auth::{AuthLayer, Authenticator};
 use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
@@ -32,6 +33,10 @@ pub struct App {
     shutdown_grace: Duration,
     max_in_flight: usize,
     sweep_interval: Duration,
+    /// The API keys; `None` is dev mode: no authentication.
+    auth: Option<Arc<Authenticator>>,
+    auth_reload_interval: Duration,
+    reflection: bool,
 }
 
 /// Most sweep batches run back to back before the sweeper sleeps again.
@@ -50,7 +55,30 @@ impl App {
             shutdown_grace: Duration::from_secs(10),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             sweep_interval: Duration::from_secs(1),
+            auth: None,
+            auth_reload_interval: Duration::from_secs(1),
+            reflection: true,
         }
+    }
+
+    /// Authenticates every atmost RPC against these API keys (reloaded on
+    /// SIGHUP and when the file changes). Without it: dev mode.
+    pub fn with_auth(mut self, auth: Arc<Authenticator>) -> Self {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// How often the key file is checked for changes.
+    pub fn with_auth_reload_interval(mut self, interval: Duration) -> Self {
+        self.auth_reload_interval = interval;
+        self
+    }
+
+    /// Serves server reflection (on by default; unauthenticated, so turn it
+    /// off where the service's shape is not for everyone to read).
+    pub fn with_reflection(mut self, on: bool) -> Self {
+        self.reflection = on;
+        self
     }
 
     /// How often the store drops what nothing can reach any more
@@ -117,8 +145,14 @@ pub async fn run(
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let (reflection_v1, reflection_v1alpha) =
-        (reflection().build_v1()?, reflection().build_v1alpha()?);
+    let (reflection_v1, reflection_v1alpha) = if app.reflection {
+        (
+            Some(reflection().build_v1()?),
+            Some(reflection().build_v1alpha()?),
+        )
+    } else {
+        (None, None)
+    };
 
     let stop = CancellationToken::new();
     let watch_stop = CancellationToken::new();
@@ -135,10 +169,19 @@ pub async fn run(
         watch_stop.clone(),
     ));
 
+    let auth_task = app.auth.clone().map(|auth| {
+        tokio::spawn(crate::auth::watch(
+            auth,
+            app.auth_reload_interval,
+            watch_stop.clone(),
+        ))
+    });
+
     let serve = Server::builder()
+        .layer(AuthLayer::new(app.auth.clone()))
         .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .add_service(GateServer::with_interceptor(
             GateService::new(ctx.clone()),
             api::stamp,
@@ -180,6 +223,10 @@ pub async fn run(
     }
     sweep_task.abort();
     let _ = (&mut sweep_task).await;
+    if let Some(task) = auth_task {
+        task.abort();
+        let _ = task.await;
+    }
     result
 }
 

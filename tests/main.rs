@@ -3,6 +3,7 @@
 //! real `redis-server` processes (its own, on free loopback ports, or
 //! `REDIS_URL` with a key prefix of its own).
 //!
+//! - `auth`: API keys and roles, reloading the key file, dev mode.
 //! - `behaviour`: every behaviour case, once on each store.
 //! - `model`: the Redis scripts against the reference state machine,
 //!   random sequences (proptest).
@@ -23,6 +24,7 @@
 
 mod support;
 
+mod auth;
 mod behaviour;
 mod clock_skew;
 mod faults;

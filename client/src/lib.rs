@@ -65,6 +65,8 @@ pub struct Client {
     gate: GateClient<Channel>,
     permits: PermitsClient<Channel>,
     timeout: Option<Duration>,
+    /// `Bearer <key>`, sent with every RPC when set.
+    authorization: Option<tonic::metadata::AsciiMetadataValue>,
 }
 
 impl Client {
@@ -83,7 +85,20 @@ impl Client {
             permits: PermitsClient::new(channel.clone()),
             channel,
             timeout: None,
+            authorization: None,
         }
+    }
+
+    /// Sends every RPC with `authorization: Bearer <key>` (an atmost
+    /// started with `--auth-keys`). The key must be visible ASCII.
+    pub fn with_api_key(
+        mut self,
+        key: &str,
+    ) -> Result<Self, tonic::metadata::errors::InvalidMetadataValue> {
+        let mut value: tonic::metadata::AsciiMetadataValue = format!("Bearer {key}").parse()?;
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        Ok(self)
     }
 
     /// The channel, for the other services atmost serves on it
@@ -104,6 +119,11 @@ impl Client {
         let mut request = tonic::Request::new(message);
         if let Some(timeout) = self.timeout {
             request.set_timeout(timeout);
+        }
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
         }
         request
     }

@@ -115,6 +115,19 @@ pub fn to_status(error: Error) -> Status {
             vec![("in_flight", in_flight.to_string())],
         ),
         Error::DeadlineExceeded => (Code::DeadlineExceeded, vec![]),
+        Error::Unauthenticated { .. } => (Code::Unauthenticated, vec![]),
+        Error::RoleNotAllowed {
+            key_id,
+            rpc,
+            allowed,
+        } => (
+            Code::PermissionDenied,
+            vec![
+                ("key_id", key_id.clone()),
+                ("rpc", rpc.clone()),
+                ("allowed_roles", allowed.clone()),
+            ],
+        ),
     };
     let metadata: HashMap<String, String> = metadata
         .into_iter()

@@ -72,6 +72,16 @@ pub enum Error {
     /// so it changed nothing and may be retried as it is.
     #[error("overloaded: {in_flight} requests in flight")]
     Overloaded { in_flight: usize },
+    /// No credential, or one atmost does not know: nothing was read.
+    #[error("unauthenticated: {why}")]
+    Unauthenticated { why: String },
+    /// The caller's key has none of the roles the RPC needs.
+    #[error("key {key_id:?} may not call {rpc}: it needs one of the roles {allowed}")]
+    RoleNotAllowed {
+        key_id: String,
+        rpc: String,
+        allowed: String,
+    },
     /// The caller's deadline had passed before the store was asked: nothing
     /// changed.
     #[error("the caller's deadline passed before the store was asked; nothing changed")]
@@ -139,6 +149,10 @@ reasons! {
     /// Refused before the store: no store returns it.
     DeadlineExceeded = "DEADLINE_EXCEEDED",
     ToolHeld = "TOOL_HELD_UNCERTAIN",
+    /// Refused before the service: no store returns it.
+    Unauthenticated = "UNAUTHENTICATED",
+    /// Refused before the service: no store returns it.
+    RoleNotAllowed = "ROLE_NOT_ALLOWED",
 }
 
 impl Error {
@@ -162,6 +176,8 @@ impl Error {
             Error::Overloaded { .. } => Reason::Overloaded,
             Error::DeadlineExceeded => Reason::DeadlineExceeded,
             Error::ToolHeld { .. } => Reason::ToolHeld,
+            Error::Unauthenticated { .. } => Reason::Unauthenticated,
+            Error::RoleNotAllowed { .. } => Reason::RoleNotAllowed,
         }
     }
 }

@@ -355,7 +355,10 @@ fn script_error(reason: Reason, f: &mut Fields, about: &About) -> Result<Error, 
             Error::StoreUnavailable(why)
         }
         // Shedding happens before the store; no script sheds.
-        Reason::Overloaded | Reason::DeadlineExceeded => {
+        Reason::Overloaded
+        | Reason::DeadlineExceeded
+        | Reason::Unauthenticated
+        | Reason::RoleNotAllowed => {
             return Err(malformed(format!("{} from a script", reason.as_str())));
         }
     })
@@ -432,7 +435,10 @@ mod tests {
                 Reason::StateConflict => &["2"],
                 Reason::InvalidRequest => &["succeeded.actual_cost", "too high"],
                 Reason::StoreUnavailable => &["a permit id given twice"],
-                Reason::Overloaded | Reason::DeadlineExceeded => continue,
+                Reason::Overloaded
+                | Reason::DeadlineExceeded
+                | Reason::Unauthenticated
+                | Reason::RoleNotAllowed => continue,
                 _ => &[],
             };
             let mut values = vec!["ERR", reason.as_str()];

@@ -1,0 +1,419 @@
+//! Who is calling, and what they may call: bearer API keys from the
+//! `--auth-keys` file, the roles each RPC needs, and the layer that checks
+//! both before any atmost service sees a request.
+//!
+//! The key file stores only SHA-256 digests of the keys:
+//!
+//! ```toml
+//! [[key]]
+//! id = "ops-1"          # shown in logs and errors, never the key
+//! sha256 = "<hex of SHA-256 of the key>"
+//! tenant = "acme"
+//! roles = ["operator"]  # any of: agent, operator, admin
+//! ```
+//!
+//! A caller sends `authorization: Bearer <key>`. A missing or unknown key
+//! answers UNAUTHENTICATED; a key without a role the RPC accepts answers
+//! PERMISSION_DENIED / ROLE_NOT_ALLOWED. Neither reaches a service, so
+//! neither reads or changes anything. gRPC health and server reflection
+//! are not atmost RPCs and need no key.
+//!
+//! The file is read again on SIGHUP and whenever it changes ([`watch`]); a
+//! file that does not parse keeps the keys in force and logs why.
+
+use crate::api::status::to_status;
+use crate::domain::Error;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::collections::HashSet;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+use subtle::ConstantTimeEq;
+use tokio_util::sync::CancellationToken;
+
+/// What a key may do (docs/api.md, "Roles").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Callers around a dispatch: Authorize, Commit, MarkUncertain,
+    /// GetPermit.
+    Agent,
+    /// Reconcilers: GetPermit, ListUncertain, Resolve.
+    Operator,
+    /// Everything, including CreatePermit and RevokePermit.
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Agent => "agent",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Role> {
+        [Role::Agent, Role::Operator, Role::Admin]
+            .into_iter()
+            .find(|r| r.as_str() == name)
+    }
+}
+
+/// The roles that may call each atmost RPC, by its gRPC path; `None` for a
+/// path that is not an atmost RPC (health, reflection). An atmost path this
+/// table does not name is an admin's.
+pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
+    use Role::{Admin, Agent, Operator};
+    let rpc = path.strip_prefix("/atmost.v1.")?;
+    Some(match rpc {
+        "Gate/Authorize" | "Gate/Commit" | "Gate/MarkUncertain" => &[Agent, Admin],
+        "Permits/GetPermit" => &[Agent, Operator, Admin],
+        "Permits/ListUncertain" | "Permits/Resolve" => &[Operator, Admin],
+        _ => &[Admin],
+    })
+}
+
+/// A caller atmost knows: put into each authenticated request's extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The key's id from the file: logged, never the key.
+    pub key_id: String,
+    pub tenant: String,
+    pub roles: Vec<Role>,
+}
+
+/// One parsed key file.
+#[derive(Debug, Default)]
+pub struct Keys {
+    entries: Vec<([u8; 32], Arc<Identity>)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyFile {
+    #[serde(default)]
+    key: Vec<KeyEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyEntry {
+    id: String,
+    sha256: String,
+    tenant: String,
+    roles: Vec<String>,
+}
+
+/// Ids and tenants: 1..=64 of `[A-Za-z0-9._-]`, safe in logs and metadata.
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+fn digest_of_hex(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl Keys {
+    /// Parses a key file, checking every entry: the error names the first
+    /// entry that is wrong and why (the keys in force stay as they are).
+    pub fn parse(text: &str) -> Result<Keys, String> {
+        let file: KeyFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut ids = HashSet::new();
+        let mut digests = HashSet::new();
+        let mut entries = Vec::with_capacity(file.key.len());
+        for (n, k) in file.key.into_iter().enumerate() {
+            let at = format!("key {} (id {:?})", n + 1, k.id);
+            if !valid_name(&k.id) {
+                return Err(format!("{at}: id must be 1..=64 of [A-Za-z0-9._-]"));
+            }
+            if !ids.insert(k.id.clone()) {
+                return Err(format!("{at}: the id is given twice"));
+            }
+            let digest = digest_of_hex(&k.sha256.to_ascii_lowercase())
+                .ok_or_else(|| format!("{at}: sha256 must be 64 hex digits"))?;
+            if !digests.insert(digest) {
+                return Err(format!("{at}: the same key is listed twice"));
+            }
+            if !valid_name(&k.tenant) {
+                return Err(format!("{at}: tenant must be 1..=64 of [A-Za-z0-9._-]"));
+            }
+            if k.roles.is_empty() {
+                return Err(format!("{at}: roles must name at least one role"));
+            }
+            let roles = k
+                .roles
+                .iter()
+                .map(|r| {
+                    Role::parse(r).ok_or_else(|| {
+                        format!("{at}: unknown role {r:?} (agent, operator or admin)")
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            entries.push((
+                digest,
+                Arc::new(Identity {
+                    key_id: k.id,
+                    tenant: k.tenant,
+                    roles,
+                }),
+            ));
+        }
+        Ok(Keys { entries })
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The identity of a presented key. Every stored digest is compared, in
+    /// constant time, whichever matches: how long this takes says nothing
+    /// about which key (or how much of one) was right.
+    pub fn authenticate(&self, key: &[u8]) -> Option<Arc<Identity>> {
+        let presented: [u8; 32] = Sha256::digest(key).into();
+        let mut found = None;
+        for (digest, identity) in &self.entries {
+            if bool::from(digest.ct_eq(&presented)) {
+                found = Some(identity.clone());
+            }
+        }
+        found
+    }
+}
+
+/// What identifies one version of the file on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    digest: [u8; 32],
+}
+
+/// The keys in force, and the file they come from.
+#[derive(Debug)]
+pub struct Authenticator {
+    path: PathBuf,
+    keys: RwLock<Arc<Keys>>,
+    /// The version of the file last read (parsed or not), so an unchanged
+    /// file is not parsed again, nor a broken one logged every second.
+    seen: Mutex<Option<Stamp>>,
+}
+
+impl Authenticator {
+    /// Reads the key file at start-up: a file that cannot be read or parsed
+    /// is an error (atmost does not start on it).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, String> {
+        let path = path.as_ref().to_owned();
+        let (stamp, text) = read(&path)?;
+        let keys = Keys::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Self {
+            path,
+            keys: RwLock::new(Arc::new(keys)),
+            seen: Mutex::new(Some(stamp)),
+        })
+    }
+
+    /// The keys in force.
+    pub fn keys(&self) -> Arc<Keys> {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Reads the file again if it changed (or if `force`): new keys take
+    /// effect for the next request; a file that does not parse keeps the
+    /// keys in force and says why. Ok(true) when new keys took effect.
+    pub fn reload(&self, force: bool) -> Result<bool, String> {
+        let (stamp, text) = read(&self.path)?;
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if !force && seen.as_ref() == Some(&stamp) {
+                return Ok(false);
+            }
+            *seen = Some(stamp);
+        }
+        let keys = Keys::parse(&text).map_err(|e| format!("{}: {e}", self.path.display()))?;
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
+        Ok(true)
+    }
+
+    /// The caller of a request with these headers.
+    fn identify(&self, headers: &http::HeaderMap) -> Result<Arc<Identity>, Error> {
+        let unauthenticated = |why: &str| Error::Unauthenticated {
+            why: why.to_owned(),
+        };
+        let value = headers
+            .get(http::header::AUTHORIZATION)
+            .ok_or_else(|| unauthenticated("no authorization metadata (Bearer <key>)"))?;
+        let key = value
+            .as_bytes()
+            .strip_prefix(b"Bearer ")
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| unauthenticated("authorization is not \"Bearer <key>\""))?;
+        self.keys()
+            .authenticate(key)
+            .ok_or_else(|| unauthenticated("unknown key"))
+    }
+}
+
+fn read(path: &Path) -> Result<(Stamp, String), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = std::fs::metadata(path).ok();
+    let stamp = Stamp {
+        modified: meta.as_ref().and_then(|m| m.modified().ok()),
+        len: text.len() as u64,
+        digest: Sha256::digest(text.as_bytes()).into(),
+    };
+    Ok((stamp, text))
+}
+
+/// Keeps the keys in step with the file until `stop`: reads it again on
+/// SIGHUP, and every `interval` if it changed. Connections stay open; each
+/// request is checked against the keys in force when it arrives.
+pub async fn watch(auth: Arc<Authenticator>, interval: Duration, stop: CancellationToken) {
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let hup = async {
+            match hangup.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup = std::future::pending::<()>();
+        let force = tokio::select! {
+            () = stop.cancelled() => return,
+            () = hup => true,
+            () = tokio::time::sleep(interval) => false,
+        };
+        match auth.reload(force) {
+            Ok(true) => tracing::info!(
+                keys = auth.keys().len(),
+                file = %auth.path.display(),
+                "API keys reloaded"
+            ),
+            Ok(false) => {}
+            Err(why) => tracing::error!(%why, "API key file not reloaded; the keys in force stay"),
+        }
+    }
+}
+
+// === the layer ===
+
+/// Checks every atmost RPC's caller before the service sees it. Without an
+/// [`Authenticator`] (dev mode), lets everything through.
+#[derive(Clone, Default)]
+pub struct AuthLayer {
+    auth: Option<Arc<Authenticator>>,
+}
+
+impl AuthLayer {
+    pub fn new(auth: Option<Arc<Authenticator>>) -> Self {
+        Self { auth }
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AuthService {
+            inner,
+            auth: self.auth.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AuthService<S> {
+    inner: S,
+    auth: Option<Arc<Authenticator>>,
+}
+
+/// The caller of one request, or why it may not call.
+fn check(
+    auth: &Authenticator,
+    headers: &http::HeaderMap,
+    path: &str,
+    allowed: &[Role],
+) -> Result<Arc<Identity>, Error> {
+    let identity = auth.identify(headers)?;
+    if !identity.roles.iter().any(|r| allowed.contains(r)) {
+        return Err(Error::RoleNotAllowed {
+            key_id: identity.key_id.clone(),
+            rpc: path.trim_start_matches('/').to_owned(),
+            allowed: allowed
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    Ok(identity)
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, B> tower::Service<http::Request<B>> for AuthService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        if let (Some(auth), Some(allowed)) = (&self.auth, allowed_roles(request.uri().path())) {
+            match check(auth, request.headers(), request.uri().path(), allowed) {
+                Ok(identity) => {
+                    request.extensions_mut().insert(identity);
+                }
+                Err(e) => {
+                    tracing::info!(
+                        rpc = request.uri().path(),
+                        reason = e.reason().as_str(),
+                        "request refused: {e}"
+                    );
+                    let response = to_status(e).into_http();
+                    return Box::pin(async move { Ok(response) });
+                }
+            }
+        }
+        // The service that was polled ready serves this request; a clone
+        // takes its place for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(inner.call(request))
+    }
+}
+
+#[cfg(test)]
+mod tests;

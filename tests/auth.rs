@@ -1,0 +1,491 @@
+//! Authentication and roles: bearer API keys from `--auth-keys`, the roles
+//! each RPC accepts, reloading the key file, and dev mode.
+
+use crate::support::*;
+use atmost::auth::Authenticator;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::Code;
+
+const ADMIN: &str = "admin-secret-0123456789";
+const AGENT: &str = "agent-secret-0123456789";
+const OPS: &str = "ops-secret-0123456789";
+
+fn entry(id: &str, key: &str, tenant: &str, roles: &str) -> String {
+    let sha: String = Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!(
+        "[[key]]\nid = \"{id}\"\nsha256 = \"{sha}\"\ntenant = \"{tenant}\"\nroles = [{roles}]\n\n"
+    )
+}
+
+fn three_keys() -> String {
+    [
+        entry("admin-1", ADMIN, "acme", "\"admin\""),
+        entry("agent-1", AGENT, "acme", "\"agent\""),
+        entry("ops-1", OPS, "acme", "\"operator\""),
+    ]
+    .concat()
+}
+
+/// A key file in a fresh temporary directory (removed on drop).
+struct KeyFile {
+    dir: std::path::PathBuf,
+    path: std::path::PathBuf,
+}
+
+impl KeyFile {
+    fn new(text: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("atmost-keys-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("keys.toml");
+        let file = Self { dir, path };
+        file.write(text);
+        file
+    }
+
+    /// Replaces the file whole (write, then rename), as an operator's tool
+    /// or a mounted Secret does.
+    fn write(&self, text: &str) {
+        let next = self.dir.join("keys.toml.next");
+        std::fs::write(&next, text).expect("write keys");
+        std::fs::rename(&next, &self.path).expect("rename keys");
+    }
+}
+
+impl Drop for KeyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn authed_harness(keys: &KeyFile) -> Harness {
+    let auth = Arc::new(Authenticator::load(&keys.path).expect("keys load"));
+    Harness::serve(
+        atmost::store::Backend::Memory(atmost::store::memory::MemoryStore::new(DAY_MS)),
+        None,
+        |app| {
+            app.with_auth(auth)
+                .with_auth_reload_interval(Duration::from_millis(20))
+        },
+    )
+    .await
+}
+
+fn as_key(h: &Harness, key: &str) -> atmost_client::Client {
+    h.client.clone().with_api_key(key).expect("an ASCII key")
+}
+
+fn authorize_request(permit_id: &str, key: &str) -> pb::AuthorizeRequest {
+    pb::AuthorizeRequest {
+        permit_id: permit_id.into(),
+        tool: "t".into(),
+        idempotency_key: key.into(),
+        request_fingerprint: b"fp".to_vec(),
+        cost: 0,
+        holder_token: Vec::new(),
+    }
+}
+
+fn expect_denied<T: std::fmt::Debug>(
+    result: Result<T, atmost_client::Error>,
+    key_id: &str,
+    rpc: &str,
+    allowed: &str,
+) {
+    let (meta, _) = expect_error(result, Code::PermissionDenied, "ROLE_NOT_ALLOWED");
+    assert_eq!(meta["key_id"], key_id);
+    assert_eq!(meta["rpc"], rpc);
+    assert_eq!(meta["allowed_roles"], allowed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_needs_a_known_key_with_a_role_that_may_call_it() {
+    let _machine = shared().await;
+    let keys = KeyFile::new(&three_keys());
+    let h = authed_harness(&keys).await;
+    let (admin, agent, ops) = (as_key(&h, ADMIN), as_key(&h, AGENT), as_key(&h, OPS));
+
+    // No key, an unknown key, or not a bearer token: UNAUTHENTICATED.
+    expect_error(
+        h.client.create_permit(h.permit(&["t"])).await,
+        Code::Unauthenticated,
+        "UNAUTHENTICATED",
+    );
+    for wrong in [as_key(&h, "not-a-key"), as_key(&h, &ADMIN[1..])] {
+        expect_error(
+            wrong.create_permit(h.permit(&["t"])).await,
+            Code::Unauthenticated,
+            "UNAUTHENTICATED",
+        );
+    }
+    let mut basic = tonic::Request::new(atmost::pb::GetPermitRequest::default());
+    basic.metadata_mut().insert(
+        "authorization",
+        format!("Basic {ADMIN}").parse().expect("ascii"),
+    );
+    let status = atmost::pb::permits_client::PermitsClient::new(h.client.channel())
+        .get_permit(basic)
+        .await
+        .expect_err("not a bearer token");
+    assert_eq!(status.code(), Code::Unauthenticated);
+
+    // admin: everything.
+    let permit = admin
+        .create_permit(h.permit(&["t"]))
+        .await
+        .expect("admin creates")
+        .permit_id;
+    // agent: Authorize, Commit, MarkUncertain, GetPermit.
+    let a = agent
+        .authorize(authorize_request(&permit, "k1"))
+        .await
+        .expect("agent authorizes");
+    let attempt = a.attempt.expect("attempt");
+    agent
+        .mark_uncertain(pb::MarkUncertainRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "k1".into(),
+            attempt_id: attempt.attempt_id.clone(),
+            reason: "lost".into(),
+        })
+        .await
+        .expect("agent marks");
+    agent
+        .get_permit(&permit)
+        .await
+        .expect("agent reads its permit");
+    expect_denied(
+        agent.create_permit(h.permit(&["t"])).await,
+        "agent-1",
+        "atmost.v1.Permits/CreatePermit",
+        "admin",
+    );
+    expect_denied(
+        agent.revoke_permit(&permit).await,
+        "agent-1",
+        "atmost.v1.Permits/RevokePermit",
+        "admin",
+    );
+    expect_denied(
+        agent
+            .list_uncertain(pb::ListUncertainRequest {
+                permit_id: permit.clone(),
+                page_size: 10,
+                page_token: String::new(),
+            })
+            .await,
+        "agent-1",
+        "atmost.v1.Permits/ListUncertain",
+        "operator, admin",
+    );
+    expect_denied(
+        agent
+            .resolve(pb::ResolveRequest {
+                permit_id: permit.clone(),
+                idempotency_key: "k1".into(),
+                attempt_id: String::new(),
+                outcome: Some(resolved_failed("forged")),
+            })
+            .await,
+        "agent-1",
+        "atmost.v1.Permits/Resolve",
+        "operator, admin",
+    );
+    // operator: GetPermit, ListUncertain, Resolve; never a dispatch.
+    expect_denied(
+        ops.authorize(authorize_request(&permit, "k2")).await,
+        "ops-1",
+        "atmost.v1.Gate/Authorize",
+        "agent, admin",
+    );
+    expect_denied(
+        ops.create_permit(h.permit(&["t"])).await,
+        "ops-1",
+        "atmost.v1.Permits/CreatePermit",
+        "admin",
+    );
+    let listed = ops
+        .list_uncertain(pb::ListUncertainRequest {
+            permit_id: permit.clone(),
+            page_size: 10,
+            page_token: String::new(),
+        })
+        .await
+        .expect("ops lists");
+    assert_eq!(listed.attempts.len(), 1);
+    ops.resolve(pb::ResolveRequest {
+        permit_id: permit.clone(),
+        idempotency_key: "k1".into(),
+        attempt_id: String::new(),
+        outcome: Some(resolved_failed("declined")),
+    })
+    .await
+    .expect("ops resolves");
+    // The refused calls changed nothing: one slot, no k2.
+    let view = ops.get_permit(&permit).await.expect("ops reads");
+    assert_eq!(view.usage[0].calls_made, 1);
+    admin.revoke_permit(&permit).await.expect("admin revokes");
+
+    // Health and reflection need no key.
+    assert_eq!(
+        health(&h.client, "atmost.v1.Gate").await.expect("health"),
+        ServingStatus::Serving
+    );
+    let mut reflection =
+        tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient::new(
+            h.client.channel(),
+        );
+    let request = tonic_reflection::pb::v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            tonic_reflection::pb::v1::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            ),
+        ),
+    };
+    let mut stream = reflection
+        .server_reflection_info(tokio_stream::once(request))
+        .await
+        .expect("reflection without a key")
+        .into_inner();
+    assert!(stream.message().await.expect("a message").is_some());
+}
+
+/// The key file is read again when it changes, on the connections already
+/// open; a file that does not parse keeps the keys in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_key_file_takes_effect_on_open_connections_and_a_broken_one_changes_nothing() {
+    let _machine = shared().await;
+    let keys = KeyFile::new(&three_keys());
+    let h = authed_harness(&keys).await;
+    let admin = as_key(&h, ADMIN);
+    admin
+        .create_permit(h.permit(&["t"]))
+        .await
+        .expect("admin creates");
+
+    // The admin key is removed (its holder left): refused on the same
+    // connection, while a new key works, with no restart.
+    const NEW_ADMIN: &str = "new-admin-secret-0123456789";
+    keys.write(&entry("admin-2", NEW_ADMIN, "acme", "\"admin\""));
+    let refused = until(|| async { admin.create_permit(h.permit(&["t"])).await.is_err() }).await;
+    assert!(refused, "the removed key still works");
+    expect_error(
+        admin.create_permit(h.permit(&["t"])).await,
+        Code::Unauthenticated,
+        "UNAUTHENTICATED",
+    );
+    let new_admin = as_key(&h, NEW_ADMIN);
+    new_admin
+        .create_permit(h.permit(&["t"]))
+        .await
+        .expect("the new key works");
+
+    // A broken file: the keys in force stay.
+    keys.write("[[key]]\nid = \"half written");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    new_admin
+        .create_permit(h.permit(&["t"]))
+        .await
+        .expect("still in force");
+    expect_error(
+        admin.create_permit(h.permit(&["t"])).await,
+        Code::Unauthenticated,
+        "UNAUTHENTICATED",
+    );
+}
+
+/// Polls `check` until it holds (up to 5 s).
+async fn until<F, Fut>(check: F) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// The real binary: `--auth-keys` at start-up, and SIGHUP reloads the file
+/// (SIGHUP's default action would end the process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_with_keys_and_reloads_them_on_sighup() {
+    let _machine = shared().await;
+    let keys = KeyFile::new(&three_keys());
+    let process = spawn_atmost(&["--auth-keys", keys.path.to_str().expect("utf-8 path")]);
+    let client = process.client().await;
+    expect_error(
+        client
+            .create_permit(
+                NewPermit::new(["t"])
+                    .expires_at_ms(atmost_client::now_ms() + 60_000)
+                    .build(),
+            )
+            .await,
+        Code::Unauthenticated,
+        "UNAUTHENTICATED",
+    );
+    let admin = client.clone().with_api_key(ADMIN).expect("ascii");
+    admin
+        .create_permit(
+            NewPermit::new(["t"])
+                .expires_at_ms(atmost_client::now_ms() + 60_000)
+                .build(),
+        )
+        .await
+        .expect("admin creates");
+
+    const NEW_ADMIN: &str = "sighup-admin-secret-0123456789";
+    keys.write(&entry("admin-2", NEW_ADMIN, "acme", "\"admin\""));
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &process.pid().to_string()])
+        .status()
+        .expect("kill -HUP");
+    assert!(status.success());
+    let new_admin = client.clone().with_api_key(NEW_ADMIN).expect("ascii");
+    let works = until(|| async {
+        new_admin
+            .create_permit(
+                NewPermit::new(["t"])
+                    .expires_at_ms(atmost_client::now_ms() + 60_000)
+                    .build(),
+            )
+            .await
+            .is_ok()
+    })
+    .await;
+    assert!(
+        works,
+        "the reloaded key works, and the process survived SIGHUP"
+    );
+    expect_error(
+        admin
+            .create_permit(
+                NewPermit::new(["t"])
+                    .expires_at_ms(atmost_client::now_ms() + 60_000)
+                    .build(),
+            )
+            .await,
+        Code::Unauthenticated,
+        "UNAUTHENTICATED",
+    );
+}
+
+/// Runs `atmost serve <args>` (with its own --listen), expected to exit;
+/// its exit status and stderr.
+fn refused(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+        .arg("serve")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run atmost");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Without keys atmost is in dev mode: loopback only, unless told it is
+/// meant to be open; a key file that cannot be read stops it at start-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_mode_is_loopback_only_and_a_bad_key_file_stops_start_up() {
+    let _machine = shared().await;
+    let (status, stderr) = refused(&["--listen", "0.0.0.0:0"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("without authentication") && stderr.contains("--auth-keys"),
+        "{stderr}"
+    );
+
+    let missing =
+        std::env::temp_dir().join(format!("atmost-no-such-{}.toml", uuid::Uuid::now_v7()));
+    let (status, stderr) = refused(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-keys",
+        missing.to_str().expect("utf-8"),
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains(missing.to_str().expect("utf-8")),
+        "{stderr}"
+    );
+
+    let broken = KeyFile::new(&entry("a b", "k", "acme", "\"agent\""));
+    let (status, stderr) = refused(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-keys",
+        broken.path.to_str().expect("utf-8"),
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("key 1 (id \"a b\"): id must be"),
+        "{stderr}"
+    );
+
+    let (status, stderr) = refused(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-keys",
+        broken.path.to_str().expect("utf-8"),
+        "--insecure-no-auth",
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+
+    // Open on purpose: it serves (reached here over loopback).
+    let open = spawn_atmost(&["--insecure-no-auth"]);
+    let client = open.client().await;
+    client
+        .create_permit(
+            NewPermit::new(["t"])
+                .expires_at_ms(atmost_client::now_ms() + 60_000)
+                .build(),
+        )
+        .await
+        .expect("open");
+}
+
+/// `--reflection=false` turns reflection off; the services still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_can_be_turned_off() {
+    let _machine = shared().await;
+    let process = spawn_atmost(&["--reflection=false"]);
+    let client = process.client().await;
+    let mut reflection =
+        tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient::new(
+            client.channel(),
+        );
+    let request = tonic_reflection::pb::v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            tonic_reflection::pb::v1::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            ),
+        ),
+    };
+    let status = reflection
+        .server_reflection_info(tokio_stream::once(request))
+        .await
+        .expect_err("no reflection");
+    assert_eq!(status.code(), Code::Unimplemented);
+    client
+        .create_permit(
+            NewPermit::new(["t"])
+                .expires_at_ms(atmost_client::now_ms() + 60_000)
+                .build(),
+        )
+        .await
+        .expect("the services answer");
+}
