@@ -8,7 +8,8 @@ pub mod gate;
 pub mod permits;
 pub mod status;
 
-use crate::domain::{Clock, Error};
+use crate::auth::{Identity, Role};
+use crate::domain::{Clock, Error, Scope};
 use crate::store::Backend;
 use std::future::Future;
 use std::sync::Arc;
@@ -70,6 +71,25 @@ impl Ctx {
 }
 
 // === the caller's deadline ===
+
+/// The caller's [`Scope`]: the tenant of its key ("" in dev mode), and,
+/// for an RPC a permit's `agents` list limits, its key id unless the key
+/// holds one of the `unlimited` roles.
+pub fn scope_of<T>(request: &tonic::Request<T>, unlimited: &[Role]) -> Scope {
+    match request.extensions().get::<Arc<Identity>>() {
+        Some(caller) => Scope {
+            tenant: caller.tenant.clone(),
+            agent: (!caller.roles.iter().any(|r| unlimited.contains(r)))
+                .then(|| caller.key_id.clone()),
+        },
+        None => Scope::default(),
+    }
+}
+
+/// [`scope_of`] for an RPC no `agents` list limits.
+pub fn tenant_of<T>(request: &tonic::Request<T>) -> Scope {
+    scope_of(request, &[Role::Agent, Role::Operator, Role::Admin])
+}
 
 /// When the caller stops waiting: the moment its request reached the
 /// service plus its `grpc-timeout`, if it sent one. A request whose deadline

@@ -22,7 +22,7 @@
 //! file that does not parse keeps the keys in force and logs why.
 
 use crate::api::status::to_status;
-use crate::domain::Error;
+use crate::domain::{Error, valid_name};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
@@ -106,14 +106,6 @@ struct KeyEntry {
     sha256: String,
     tenant: String,
     roles: Vec<String>,
-}
-
-/// Ids and tenants: 1..=64 of `[A-Za-z0-9._-]`, safe in logs and metadata.
-fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 fn digest_of_hex(hex: &str) -> Option<[u8; 32]> {

@@ -20,7 +20,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Reason, Violation};
 pub use ledger::Ledger;
 pub use permit::{
-    DuplicateGuard, GuardMode, Permit, PermitSpec, PermitStatus, PermitView, UncertainPolicy, Usage,
+    DuplicateGuard, GuardMode, MAX_AGENTS, Permit, PermitSpec, PermitStatus, PermitView, Scope,
+    UncertainPolicy, Usage,
 };
 
 /// Milliseconds since the Unix epoch: the one time unit of the model.
@@ -61,6 +62,15 @@ const _: () = assert!(MAX_TIMESTAMP_MS + MAX_RETENTION_MS < MAX_AMOUNT);
 pub const LEASE_EXPIRED: &str = "lease_expired";
 /// The uncertain reason stored when MarkUncertain gives none.
 pub const MARKED_UNCERTAIN: &str = "marked_uncertain";
+
+/// Checks a key id or a tenant name: 1..=64 of `[A-Za-z0-9._-]`, safe in
+/// logs, metadata and Redis key names.
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
 
 /// Checks a tool name: 1..=128 of `[A-Za-z0-9._:/-]`.
 pub fn valid_tool(tool: &str) -> bool {

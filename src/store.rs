@@ -18,7 +18,7 @@ pub mod redis;
 
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, MarkUncertainCmd, Millis, Permit,
-    PermitView, ResolveCmd, Settled,
+    PermitView, ResolveCmd, Scope, Settled,
 };
 use std::future::Future;
 
@@ -72,7 +72,9 @@ pub const MAX_PERMITS_PER_PAGE: usize = 256;
 /// Redis's one clock; the margin covers that clock stepping back a little.
 pub const INDEX_MARGIN_MS: Millis = 60_000;
 
-/// The stores' shared contract. Every id handed in (`attempt_id`,
+/// The stores' shared contract. Every call about a permit carries the
+/// caller's [`Scope`]: a permit outside it answers PERMIT_NOT_FOUND, exactly
+/// as one that does not exist, decided in the same atomic step as the rest. Every id handed in (`attempt_id`,
 /// `receipt_id`) must be [`crate::domain::new_id`] of the same `now` the call
 /// carries: the Redis store reads an attempt's creation time and a receipt's
 /// issue time back from their ids.
@@ -81,11 +83,13 @@ pub trait Store: Send + Sync + 'static {
     fn create_permit(&self, permit: Permit) -> impl Future<Output = Result<Permit, Error>> + Send;
     fn get_permit(
         &self,
+        scope: &Scope,
         permit_id: &str,
         now: Millis,
     ) -> impl Future<Output = Result<PermitView, Error>> + Send;
     fn revoke_permit(
         &self,
+        scope: &Scope,
         permit_id: &str,
         now: Millis,
     ) -> impl Future<Output = Result<Permit, Error>> + Send;
@@ -93,31 +97,36 @@ pub trait Store: Send + Sync + 'static {
     /// slot and cost and records the attempt as `attempt_id`, atomically.
     fn authorize(
         &self,
+        scope: &Scope,
         cmd: &AuthorizeCmd,
         now: Millis,
         attempt_id: String,
     ) -> impl Future<Output = Result<Authorized, Error>> + Send;
     fn commit(
         &self,
+        scope: &Scope,
         cmd: &CommitCmd,
         now: Millis,
         receipt_id: String,
     ) -> impl Future<Output = Result<Settled, Error>> + Send;
     fn mark_uncertain(
         &self,
+        scope: &Scope,
         cmd: &MarkUncertainCmd,
         now: Millis,
     ) -> impl Future<Output = Result<Attempt, Error>> + Send;
     fn resolve(
         &self,
+        scope: &Scope,
         cmd: &ResolveCmd,
         now: Millis,
         receipt_id: String,
     ) -> impl Future<Output = Result<Settled, Error>> + Send;
     /// Attempts UNCERTAIN at `now` after `after`, under one permit or (with
-    /// `permit_id` `None`) across all permits.
+    /// `permit_id` `None`) across all permits of the scope's tenant.
     fn list_uncertain(
         &self,
+        scope: &Scope,
         permit_id: Option<&str>,
         after: Option<&Cursor>,
         limit: usize,
@@ -151,47 +160,66 @@ impl Store for Backend {
     async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
         delegate!(self, s => s.create_permit(permit))
     }
-    async fn get_permit(&self, permit_id: &str, now: Millis) -> Result<PermitView, Error> {
-        delegate!(self, s => s.get_permit(permit_id, now))
+    async fn get_permit(
+        &self,
+        scope: &Scope,
+        permit_id: &str,
+        now: Millis,
+    ) -> Result<PermitView, Error> {
+        delegate!(self, s => s.get_permit(scope, permit_id, now))
     }
-    async fn revoke_permit(&self, permit_id: &str, now: Millis) -> Result<Permit, Error> {
-        delegate!(self, s => s.revoke_permit(permit_id, now))
+    async fn revoke_permit(
+        &self,
+        scope: &Scope,
+        permit_id: &str,
+        now: Millis,
+    ) -> Result<Permit, Error> {
+        delegate!(self, s => s.revoke_permit(scope, permit_id, now))
     }
     async fn authorize(
         &self,
+        scope: &Scope,
         cmd: &AuthorizeCmd,
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        delegate!(self, s => s.authorize(cmd, now, attempt_id))
+        delegate!(self, s => s.authorize(scope, cmd, now, attempt_id))
     }
     async fn commit(
         &self,
+        scope: &Scope,
         cmd: &CommitCmd,
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        delegate!(self, s => s.commit(cmd, now, receipt_id))
+        delegate!(self, s => s.commit(scope, cmd, now, receipt_id))
     }
-    async fn mark_uncertain(&self, cmd: &MarkUncertainCmd, now: Millis) -> Result<Attempt, Error> {
-        delegate!(self, s => s.mark_uncertain(cmd, now))
+    async fn mark_uncertain(
+        &self,
+        scope: &Scope,
+        cmd: &MarkUncertainCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
+        delegate!(self, s => s.mark_uncertain(scope, cmd, now))
     }
     async fn resolve(
         &self,
+        scope: &Scope,
         cmd: &ResolveCmd,
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        delegate!(self, s => s.resolve(cmd, now, receipt_id))
+        delegate!(self, s => s.resolve(scope, cmd, now, receipt_id))
     }
     async fn list_uncertain(
         &self,
+        scope: &Scope,
         permit_id: Option<&str>,
         after: Option<&Cursor>,
         limit: usize,
         now: Millis,
     ) -> Result<Page, Error> {
-        delegate!(self, s => s.list_uncertain(permit_id, after, limit, now))
+        delegate!(self, s => s.list_uncertain(scope, permit_id, after, limit, now))
     }
     async fn sweep(&self, now: Millis) -> Result<usize, Error> {
         delegate!(self, s => s.sweep(now))

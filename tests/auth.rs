@@ -63,15 +63,22 @@ impl Drop for KeyFile {
 }
 
 async fn authed_harness(keys: &KeyFile) -> Harness {
+    authed_harness_on(keys, Kind::Memory).await
+}
+
+async fn authed_harness_on(keys: &KeyFile, kind: Kind) -> Harness {
     let auth = Arc::new(Authenticator::load(&keys.path).expect("keys load"));
-    Harness::serve(
-        atmost::store::Backend::Memory(atmost::store::memory::MemoryStore::new(DAY_MS)),
-        None,
-        |app| {
-            app.with_auth(auth)
-                .with_auth_reload_interval(Duration::from_millis(20))
-        },
-    )
+    let redis = (kind == Kind::Redis).then(Redis::start);
+    let backend = match &redis {
+        Some(r) => {
+            atmost::store::Backend::Redis(redis_store(&r.url, &r.prefix, Duration::from_secs(2)))
+        }
+        None => atmost::store::Backend::Memory(atmost::store::memory::MemoryStore::new(DAY_MS)),
+    };
+    Harness::serve(backend, redis, |app| {
+        app.with_auth(auth)
+            .with_auth_reload_interval(Duration::from_millis(20))
+    })
     .await
 }
 
@@ -488,4 +495,158 @@ async fn reflection_can_be_turned_off() {
         )
         .await
         .expect("the services answer");
+}
+
+/// Two tenants on one atmost: a permit belongs to the tenant of the key
+/// that created it, and another tenant's keys find nothing, on both stores.
+async fn tenants_are_isolated(kind: Kind) {
+    const OTHER_ADMIN: &str = "globex-admin-secret-0123456789";
+    const OTHER_OPS: &str = "globex-ops-secret-0123456789";
+    const SECOND_AGENT: &str = "agent-two-secret-0123456789";
+    let keys = KeyFile::new(
+        &[
+            three_keys(),
+            entry("agent-2", SECOND_AGENT, "acme", "\"agent\""),
+            entry("globex-admin", OTHER_ADMIN, "globex", "\"admin\""),
+            entry("globex-ops", OTHER_OPS, "globex", "\"operator\""),
+        ]
+        .concat(),
+    );
+    let h = authed_harness_on(&keys, kind).await;
+    let (admin, agent, ops) = (as_key(&h, ADMIN), as_key(&h, AGENT), as_key(&h, OPS));
+    let (other_admin, other_ops) = (as_key(&h, OTHER_ADMIN), as_key(&h, OTHER_OPS));
+
+    // The server sets the tenant; a client may not.
+    let mut spec = h.permit(&["t"]);
+    spec.agents = vec!["agent-1".into()];
+    let permit = admin.create_permit(spec).await.expect("create");
+    assert_eq!(permit.tenant, "acme");
+    assert_eq!(permit.agents, ["agent-1"]);
+    let mut forged = h.permit(&["t"]);
+    forged.tenant = "globex".into();
+    let (_, e) = expect_error(
+        admin.create_permit(forged).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    assert_eq!(e.violated_fields(), vec!["permit.status"]);
+    let id = permit.permit_id;
+    let a = agent
+        .authorize(authorize_request(&id, "k1"))
+        .await
+        .expect("agent-1 may")
+        .attempt
+        .expect("a");
+    agent
+        .mark_uncertain(pb::MarkUncertainRequest {
+            permit_id: id.clone(),
+            idempotency_key: "k1".into(),
+            attempt_id: a.attempt_id.clone(),
+            reason: "lost".into(),
+        })
+        .await
+        .expect("mark");
+
+    // Another tenant: every RPC answers as if the permit did not exist.
+    let not_found = |r: Result<(), atmost_client::Error>| {
+        expect_error(r, Code::NotFound, "PERMIT_NOT_FOUND");
+    };
+    not_found(other_admin.get_permit(&id).await.map(drop));
+    not_found(
+        other_admin
+            .authorize(authorize_request(&id, "k2"))
+            .await
+            .map(drop),
+    );
+    not_found(
+        other_admin
+            .authorize(authorize_request(&id, "k1"))
+            .await
+            .map(drop),
+    );
+    not_found(
+        other_admin
+            .commit(pb::CommitRequest {
+                permit_id: id.clone(),
+                idempotency_key: "k1".into(),
+                attempt_id: a.attempt_id.clone(),
+                outcome: Some(succeeded(b"forged", None)),
+            })
+            .await
+            .map(drop),
+    );
+    not_found(
+        other_ops
+            .resolve(pb::ResolveRequest {
+                permit_id: id.clone(),
+                idempotency_key: "k1".into(),
+                attempt_id: String::new(),
+                outcome: Some(resolved_succeeded(b"forged receipt", None)),
+            })
+            .await
+            .map(drop),
+    );
+    not_found(other_admin.revoke_permit(&id).await.map(drop));
+    not_found(
+        other_ops
+            .list_uncertain(pb::ListUncertainRequest {
+                permit_id: id.clone(),
+                page_size: 10,
+                page_token: String::new(),
+            })
+            .await
+            .map(drop),
+    );
+    let everywhere = other_ops
+        .list_uncertain(pb::ListUncertainRequest::default())
+        .await
+        .expect("its own tenant's listing");
+    assert!(everywhere.attempts.is_empty(), "{everywhere:?}");
+    // Its own tenant sees it all.
+    let own = ops
+        .list_uncertain(pb::ListUncertainRequest::default())
+        .await
+        .expect("list");
+    assert_eq!(own.attempts.len(), 1);
+
+    // An agent the permit does not name finds nothing either; operators
+    // and admins of the tenant are not limited by the list.
+    let second = as_key(&h, SECOND_AGENT);
+    not_found(second.get_permit(&id).await.map(drop));
+    not_found(
+        second
+            .authorize(authorize_request(&id, "k3"))
+            .await
+            .map(drop),
+    );
+    ops.get_permit(&id).await.expect("an operator reads it");
+    admin
+        .authorize(authorize_request(&id, "k4"))
+        .await
+        .expect("an admin may");
+
+    // Nothing the other tenant tried changed anything.
+    let view = admin.get_permit(&id).await.expect("get");
+    assert_eq!(view.usage[0].calls_made, 2);
+    assert_eq!(view.permit.expect("p").status(), pb::PermitStatus::Active);
+    let replay = agent
+        .authorize(authorize_request(&id, "k1"))
+        .await
+        .expect("replay");
+    assert_eq!(
+        replay.attempt.expect("a").state(),
+        pb::AttemptState::Uncertain
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_isolated_on_memory() {
+    let _machine = shared().await;
+    tenants_are_isolated(Kind::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_isolated_on_redis() {
+    let _machine = shared().await;
+    tenants_are_isolated(Kind::Redis).await;
 }

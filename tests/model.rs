@@ -8,7 +8,7 @@ use crate::support::{Redis, redis_store_with, shared_blocking};
 use atmost::domain::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, DuplicateGuard, Error,
     GuardMode, MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, ResolveCmd,
-    UncertainPolicy,
+    Scope, UncertainPolicy,
 };
 use atmost::store::{Cursor, Store, memory::MemoryStore, redis::RedisStore};
 use proptest::prelude::*;
@@ -220,6 +220,35 @@ fn permit_of(index: usize, c: &PermitConfig) -> Permit {
         uncertain_policy: c.policy,
         status: PermitStatus::Active,
         created_at: T0,
+        // Permits 0 and 2 are one tenant's, 1 another's, limited to agent a1.
+        tenant: TENANTS[index % 2].into(),
+        agents: if index == 1 {
+            vec!["a1".into()]
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+const TENANTS: [&str; 2] = ["acme", "globex"];
+
+/// The caller of a step about `permit`: its own tenant (and for permit 1
+/// its agent a1), but every seventh step another tenant's and every fifth
+/// another agent: those must see nothing, on both stores alike.
+fn scope(permit: usize, step: usize) -> Scope {
+    let own = TENANTS[permit % 2];
+    let other = TENANTS[(permit + 1) % 2];
+    Scope {
+        tenant: if step % 7 == 3 { other } else { own }.into(),
+        agent: Some(if step % 5 == 2 { "a2" } else { "a1" }.into()),
+    }
+}
+
+/// The owner's scope, not limited to an agent: for the checks.
+fn owner(permit: usize) -> Scope {
+    Scope {
+        tenant: TENANTS[permit % 2].into(),
+        agent: None,
     }
 }
 
@@ -302,7 +331,7 @@ impl Promise {
         now: Millis,
     ) -> Result<(), TestCaseError> {
         for (p, permit) in permits.iter().enumerate() {
-            let view = match redis.get_permit(&permit.permit_id, now).await {
+            let view = match redis.get_permit(&owner(p), &permit.permit_id, now).await {
                 Ok(view) => view,
                 // Forgotten past its retention: nothing left to hold.
                 Err(Error::PermitNotFound { .. }) => continue,
@@ -420,8 +449,10 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     },
                 };
                 let id = fresh(now);
-                let a = model.authorize(&cmd, now, id.clone()).await;
-                let b = redis.authorize(&cmd, now, id).await;
+                let a = model
+                    .authorize(&scope(*permit, step), &cmd, now, id.clone())
+                    .await;
+                let b = redis.authorize(&scope(*permit, step), &cmd, now, id).await;
                 if let Ok(r) = &a {
                     held.insert((*permit, *key), r.attempt.attempt_id.clone());
                 }
@@ -451,11 +482,14 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     outcome: outcome.clone(),
                 };
                 let id = fresh(now);
-                let a = model.commit(&cmd, now, id.clone()).await.map(|mut s| {
-                    s.attempt = visible(s.attempt);
-                    s
-                });
-                let b = redis.commit(&cmd, now, id).await;
+                let a = model
+                    .commit(&scope(*permit, step), &cmd, now, id.clone())
+                    .await
+                    .map(|mut s| {
+                        s.attempt = visible(s.attempt);
+                        s
+                    });
+                let b = redis.commit(&scope(*permit, step), &cmd, now, id).await;
                 if let Ok(s) = &a {
                     promise.settled(*permit, *key, &s.attempt);
                 }
@@ -475,8 +509,11 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                         .unwrap_or_else(|| uuid::Uuid::from_u128(u128::MAX).to_string()),
                     reason: format!("lost-{reason}"),
                 };
-                let a = model.mark_uncertain(&cmd, now).await.map(visible);
-                let b = redis.mark_uncertain(&cmd, now).await;
+                let a = model
+                    .mark_uncertain(&scope(*permit, step), &cmd, now)
+                    .await
+                    .map(visible);
+                let b = redis.mark_uncertain(&scope(*permit, step), &cmd, now).await;
                 check(step, op, a, b)?;
             }
             Op::Resolve {
@@ -493,11 +530,14 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     outcome: outcome.clone(),
                 };
                 let id = fresh(now);
-                let a = model.resolve(&cmd, now, id.clone()).await.map(|mut s| {
-                    s.attempt = visible(s.attempt);
-                    s
-                });
-                let b = redis.resolve(&cmd, now, id).await;
+                let a = model
+                    .resolve(&scope(*permit, step), &cmd, now, id.clone())
+                    .await
+                    .map(|mut s| {
+                        s.attempt = visible(s.attempt);
+                        s
+                    });
+                let b = redis.resolve(&scope(*permit, step), &cmd, now, id).await;
                 if let Ok(s) = &a {
                     promise.settled(*permit, *key, &s.attempt);
                 }
@@ -508,8 +548,8 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 check(
                     step,
                     op,
-                    model.revoke_permit(id, now).await,
-                    redis.revoke_permit(id, now).await,
+                    model.revoke_permit(&scope(*permit, step), id, now).await,
+                    redis.revoke_permit(&scope(*permit, step), id, now).await,
                 )?;
             }
             Op::Get { permit } => {
@@ -517,19 +557,24 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 check(
                     step,
                     op,
-                    model.get_permit(id, now).await,
-                    redis.get_permit(id, now).await,
+                    model.get_permit(&scope(*permit, step), id, now).await,
+                    redis.get_permit(&scope(*permit, step), id, now).await,
                 )?;
             }
             Op::List { permit, limit } => {
                 let id = permit.map(|p| permits[p].permit_id.clone());
+                // Listings are an operator's: not limited to one agent.
+                let scope = Scope {
+                    agent: None,
+                    ..scope(permit.unwrap_or(step % 2), step)
+                };
                 let mut after: Option<Cursor> = None;
                 loop {
                     let a = model
-                        .list_uncertain(id.as_deref(), after.as_ref(), *limit, now)
+                        .list_uncertain(&scope, id.as_deref(), after.as_ref(), *limit, now)
                         .await;
                     let b = redis
-                        .list_uncertain(id.as_deref(), after.as_ref(), *limit, now)
+                        .list_uncertain(&scope, id.as_deref(), after.as_ref(), *limit, now)
                         .await;
                     let a = a.map(|mut p| {
                         p.attempts = p.attempts.into_iter().map(visible).collect();
@@ -552,12 +597,12 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
         promise.holds(&redis, &permits[..2], now).await?;
     }
     // Finally, the whole state must agree.
-    for p in &permits {
+    for (i, p) in permits.iter().enumerate() {
         check(
             ops.len(),
             &Op::Get { permit: 0 },
-            model.get_permit(&p.permit_id, now).await,
-            redis.get_permit(&p.permit_id, now).await,
+            model.get_permit(&owner(i), &p.permit_id, now).await,
+            redis.get_permit(&owner(i), &p.permit_id, now).await,
         )?;
     }
     Ok(())

@@ -161,7 +161,9 @@ pub fn permit_spec(p: Option<pb::Permit>) -> Result<PermitSpec, Error> {
             .as_ref()
             .map(|d| millis_of_duration(d, "permit.duplicate_guard.window"))
             .transpose()?,
-        server_fields_set: p.status != pb::PermitStatus::Unspecified as i32
+        agents: p.agents,
+        server_fields_set: !p.tenant.is_empty()
+            || p.status != pb::PermitStatus::Unspecified as i32
             || p.created_at.is_some(),
     })
 }
@@ -304,6 +306,8 @@ pub fn permit(p: domain::Permit) -> pb::Permit {
             PermitStatus::Revoked => pb::PermitStatus::Revoked,
         } as i32,
         created_at: Some(timestamp(p.created_at)),
+        tenant: p.tenant,
+        agents: p.agents,
         uncertain_policy: match p.uncertain_policy {
             UncertainPolicy::Count => pb::UncertainPolicy::Count,
             UncertainPolicy::HoldTool => pb::UncertainPolicy::HoldTool,

@@ -1,6 +1,7 @@
 //! `atmost.v1.Gate`: Authorize, Commit, MarkUncertain.
 
-use super::{Ctx, Deadline, convert, status::to_status};
+use super::{Ctx, Deadline, convert, scope_of, status::to_status};
+use crate::auth::Role;
 use crate::domain::Decision;
 use crate::domain::new_id;
 use crate::pb::{self, gate_server::Gate};
@@ -24,12 +25,16 @@ impl Gate for GateService {
         request: Request<pb::AuthorizeRequest>,
     ) -> Result<Response<pb::AuthorizeResponse>, Status> {
         let deadline = Deadline::of(&request);
+        let scope = scope_of(&request, &[Role::Admin]);
         let mut cmd = convert::authorize_cmd(request.into_inner());
         cmd.validate().map_err(to_status)?;
         let now = self.ctx.clock.now();
         let authorized = self
             .ctx
-            .call(deadline, self.ctx.store.authorize(&cmd, now, new_id(now)))
+            .call(
+                deadline,
+                self.ctx.store.authorize(&scope, &cmd, now, new_id(now)),
+            )
             .await
             .map_err(to_status)?;
         if let (Decision::Dispatch, Some(earlier_key)) =
@@ -60,12 +65,16 @@ impl Gate for GateService {
         request: Request<pb::CommitRequest>,
     ) -> Result<Response<pb::CommitResponse>, Status> {
         let deadline = Deadline::of(&request);
+        let scope = scope_of(&request, &[Role::Admin]);
         let mut cmd = convert::commit_cmd(request.into_inner()).map_err(to_status)?;
         cmd.validate().map_err(to_status)?;
         let now = self.ctx.clock.now();
         let settled = self
             .ctx
-            .call(deadline, self.ctx.store.commit(&cmd, now, new_id(now)))
+            .call(
+                deadline,
+                self.ctx.store.commit(&scope, &cmd, now, new_id(now)),
+            )
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::CommitResponse {
@@ -79,12 +88,13 @@ impl Gate for GateService {
         request: Request<pb::MarkUncertainRequest>,
     ) -> Result<Response<pb::MarkUncertainResponse>, Status> {
         let deadline = Deadline::of(&request);
+        let scope = scope_of(&request, &[Role::Admin]);
         let mut cmd = convert::mark_uncertain_cmd(request.into_inner());
         cmd.validate().map_err(to_status)?;
         let now = self.ctx.clock.now();
         let attempt = self
             .ctx
-            .call(deadline, self.ctx.store.mark_uncertain(&cmd, now))
+            .call(deadline, self.ctx.store.mark_uncertain(&scope, &cmd, now))
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::MarkUncertainResponse {

@@ -1,7 +1,8 @@
 //! `atmost.v1.Permits`: CreatePermit, GetPermit, RevokePermit,
 //! ListUncertain, Resolve.
 
-use super::{Ctx, Deadline, convert, status::to_status};
+use super::{Ctx, Deadline, convert, scope_of, status::to_status, tenant_of};
+use crate::auth::Role;
 use crate::domain::new_id;
 use crate::domain::{Error, invalid, validate_permit_id};
 use crate::pb::{self, permits_server::Permits};
@@ -30,9 +31,10 @@ impl Permits for PermitsService {
         request: Request<pb::CreatePermitRequest>,
     ) -> Result<Response<pb::Permit>, Status> {
         let deadline = Deadline::of(&request);
+        let scope = tenant_of(&request);
         let now = self.ctx.clock.now();
         let permit = convert::permit_spec(request.into_inner().permit)
-            .and_then(|spec| spec.into_permit(new_id(now), now))
+            .and_then(|spec| spec.into_permit(new_id(now), now, &scope.tenant))
             .map_err(to_status)?;
         let permit = self
             .ctx
@@ -48,12 +50,13 @@ impl Permits for PermitsService {
         request: Request<pb::GetPermitRequest>,
     ) -> Result<Response<pb::GetPermitResponse>, Status> {
         let deadline = Deadline::of(&request);
+        let scope = scope_of(&request, &[Role::Admin, Role::Operator]);
         let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
         let view = self
             .ctx
             .call(
                 deadline,
-                self.ctx.store.get_permit(&id, self.ctx.clock.now()),
+                self.ctx.store.get_permit(&scope, &id, self.ctx.clock.now()),
             )
             .await
             .map_err(to_status)?;
@@ -71,12 +74,15 @@ impl Permits for PermitsService {
         request: Request<pb::RevokePermitRequest>,
     ) -> Result<Response<pb::Permit>, Status> {
         let deadline = Deadline::of(&request);
+        let scope = tenant_of(&request);
         let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
         let permit = self
             .ctx
             .call(
                 deadline,
-                self.ctx.store.revoke_permit(&id, self.ctx.clock.now()),
+                self.ctx
+                    .store
+                    .revoke_permit(&scope, &id, self.ctx.clock.now()),
             )
             .await
             .map_err(to_status)?;
@@ -89,6 +95,7 @@ impl Permits for PermitsService {
         request: Request<pb::ListUncertainRequest>,
     ) -> Result<Response<pb::ListUncertainResponse>, Status> {
         let deadline = Deadline::of(&request);
+        let scope = tenant_of(&request);
         let r = request.into_inner();
         let (permit_id, after, limit) = list_args(&r).map_err(to_status)?;
         let now = self.ctx.clock.now();
@@ -96,9 +103,13 @@ impl Permits for PermitsService {
             .ctx
             .call(
                 deadline,
-                self.ctx
-                    .store
-                    .list_uncertain(permit_id.as_deref(), after.as_ref(), limit, now),
+                self.ctx.store.list_uncertain(
+                    &scope,
+                    permit_id.as_deref(),
+                    after.as_ref(),
+                    limit,
+                    now,
+                ),
             )
             .await
             .map_err(to_status)?;
@@ -117,12 +128,16 @@ impl Permits for PermitsService {
         request: Request<pb::ResolveRequest>,
     ) -> Result<Response<pb::ResolveResponse>, Status> {
         let deadline = Deadline::of(&request);
+        let scope = tenant_of(&request);
         let mut cmd = convert::resolve_cmd(request.into_inner()).map_err(to_status)?;
         cmd.validate().map_err(to_status)?;
         let now = self.ctx.clock.now();
         let settled = self
             .ctx
-            .call(deadline, self.ctx.store.resolve(&cmd, now, new_id(now)))
+            .call(
+                deadline,
+                self.ctx.store.resolve(&scope, &cmd, now, new_id(now)),
+            )
             .await
             .map_err(to_status)?;
         tracing::info!(

@@ -53,7 +53,36 @@ pub struct Permit {
     pub uncertain_policy: UncertainPolicy,
     pub status: PermitStatus,
     pub created_at: Millis,
+    /// The tenant of the key that created it ("" without keys).
+    pub tenant: String,
+    /// Agent key ids that may use it; empty: any agent of the tenant.
+    pub agents: Vec<String>,
 }
+
+impl Permit {
+    /// Whether a caller in `scope` may see and use this permit; if not, it
+    /// answers exactly as if the permit did not exist.
+    pub fn visible_to(&self, scope: &Scope) -> bool {
+        self.tenant == scope.tenant
+            && match &scope.agent {
+                Some(key_id) => self.agents.is_empty() || self.agents.contains(key_id),
+                None => true,
+            }
+    }
+}
+
+/// Whose request it is: which permits it may see and use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// The caller's tenant ("" without keys: dev mode).
+    pub tenant: String,
+    /// An agent's key id, for the RPCs a permit's `agents` list limits
+    /// (`None`: not limited, e.g. an admin key).
+    pub agent: Option<String>,
+}
+
+/// Most agent key ids a permit may name.
+pub const MAX_AGENTS: usize = 64;
 
 impl Permit {
     pub fn in_scope(&self, tool: &str) -> bool {
@@ -78,6 +107,7 @@ pub struct PermitSpec {
     pub guard_mode: Option<GuardMode>,
     pub guard_window_ms: Option<Millis>,
     pub uncertain_policy: Option<UncertainPolicy>,
+    pub agents: Vec<String>,
     /// Set when the client supplied a status or a creation time: both are
     /// the server's to set.
     pub server_fields_set: bool,
@@ -85,8 +115,14 @@ pub struct PermitSpec {
 
 impl PermitSpec {
     /// Validates every field (reporting all violations at once) and builds
-    /// the permit to store under `permit_id`, created at `now`.
-    pub fn into_permit(self, permit_id: String, now: Millis) -> Result<Permit, Error> {
+    /// the permit to store under `permit_id`, created at `now` by a caller
+    /// of `tenant`.
+    pub fn into_permit(
+        self,
+        permit_id: String,
+        now: Millis,
+        tenant: &str,
+    ) -> Result<Permit, Error> {
         let mut v = Violations::default();
         v.check(
             self.permit_id.is_empty(),
@@ -96,8 +132,26 @@ impl PermitSpec {
         v.check(
             !self.server_fields_set,
             "permit.status",
-            "status and created_at are set by the server",
+            "status, created_at and tenant are set by the server",
         );
+        v.check(
+            self.agents.len() <= MAX_AGENTS,
+            "permit.agents",
+            format!("at most {MAX_AGENTS} agent key ids"),
+        );
+        let mut agents = HashSet::new();
+        for agent in &self.agents {
+            v.check(
+                crate::domain::valid_name(agent),
+                "permit.agents",
+                format!("{agent:?} is not a key id (1..=64 of [A-Za-z0-9._-])"),
+            );
+            v.check(
+                agents.insert(agent.as_str()),
+                "permit.agents",
+                format!("{agent:?} is listed twice"),
+            );
+        }
         v.check(
             self.subject.len() <= MAX_TEXT_LEN,
             "permit.subject",
@@ -183,6 +237,8 @@ impl PermitSpec {
             uncertain_policy: self.uncertain_policy.unwrap_or_default(),
             status: PermitStatus::Active,
             created_at: now,
+            tenant: tenant.to_owned(),
+            agents: self.agents,
         })
     }
 }

@@ -111,7 +111,7 @@ fn a_permit_spec_reports_every_violation_at_once() {
         budget: Some(-5),
         ..PermitSpec::default()
     };
-    let Err(Error::InvalidRequest(violations)) = spec.into_permit("id".into(), 0) else {
+    let Err(Error::InvalidRequest(violations)) = spec.into_permit("id".into(), 0, "") else {
         panic!("expected violations");
     };
     let fields: Vec<_> = violations.iter().map(|v| v.field.as_str()).collect();

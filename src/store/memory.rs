@@ -5,7 +5,7 @@
 use super::{Cursor, MAX_PERMITS_PER_PAGE, Page, Store};
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, Ledger, MarkUncertainCmd, Millis, Permit,
-    PermitView, ResolveCmd, Settled,
+    PermitView, ResolveCmd, Scope, Settled,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
@@ -31,9 +31,10 @@ type Entry = (Millis, Arc<str>);
 struct Inner {
     /// Boxed, so the map moves pointers, not ledgers.
     ledgers: HashMap<Arc<str>, Box<Ledger>>,
-    /// Permits with a RESERVED or UNCERTAIN attempt, in ListUncertain's
-    /// order (expires_at, id): the cross-permit listing looks only here.
-    open: BTreeSet<Entry>,
+    /// Permits with a RESERVED or UNCERTAIN attempt, by tenant, in
+    /// ListUncertain's order (expires_at, id): the cross-permit listing
+    /// looks only here.
+    open: HashMap<Arc<str>, BTreeSet<Entry>>,
     /// Every other permit, by when it is forgotten ([`Ledger::forget_at`]).
     forget: BTreeSet<Entry>,
 }
@@ -52,9 +53,11 @@ impl MemoryStore {
 
     /// Runs `f` on the permit's ledger at `now`, keeping the two sets in
     /// step with it. A permit past its retention is forgotten here, at the
-    /// same instant the Redis store's keys expire.
+    /// same instant the Redis store's keys expire; one outside the caller's
+    /// scope answers as if it did not exist.
     fn with_ledger<T>(
         &self,
+        scope: &Scope,
         permit_id: &str,
         now: Millis,
         f: impl FnOnce(&mut Ledger) -> Result<T, Error>,
@@ -81,11 +84,15 @@ impl MemoryStore {
             drop(forgotten); // freed outside the lock
             return Err(not_found());
         }
+        if !ledger.permit().visible_to(scope) {
+            return Err(not_found());
+        }
+        let tenant: Arc<str> = Arc::from(ledger.permit().tenant.as_str());
         let out = f(ledger);
         let after = self.place(ledger);
         if after != before {
-            inner.remove(before, &id);
-            inner.insert(after, &id);
+            inner.remove(&tenant, before, &id);
+            inner.insert(&tenant, after, &id);
         }
         out
     }
@@ -106,21 +113,34 @@ enum Place {
 }
 
 impl Inner {
-    fn set(&mut self, place: Place) -> (&mut BTreeSet<Entry>, Millis) {
+    fn insert(&mut self, tenant: &Arc<str>, place: Place, id: &Arc<str>) {
         match place {
-            Place::Open(at) => (&mut self.open, at),
-            Place::Forget(at) => (&mut self.forget, at),
+            Place::Open(at) => {
+                self.open
+                    .entry(tenant.clone())
+                    .or_default()
+                    .insert((at, id.clone()));
+            }
+            Place::Forget(at) => {
+                self.forget.insert((at, id.clone()));
+            }
         }
     }
 
-    fn insert(&mut self, place: Place, id: &Arc<str>) {
-        let (set, at) = self.set(place);
-        set.insert((at, id.clone()));
-    }
-
-    fn remove(&mut self, place: Place, id: &Arc<str>) {
-        let (set, at) = self.set(place);
-        set.remove(&(at, id.clone()));
+    fn remove(&mut self, tenant: &Arc<str>, place: Place, id: &Arc<str>) {
+        match place {
+            Place::Open(at) => {
+                if let Some(set) = self.open.get_mut(tenant) {
+                    set.remove(&(at, id.clone()));
+                    if set.is_empty() {
+                        self.open.remove(tenant);
+                    }
+                }
+            }
+            Place::Forget(at) => {
+                self.forget.remove(&(at, id.clone()));
+            }
+        }
     }
 }
 
@@ -138,52 +158,78 @@ impl Store for MemoryStore {
         let id: Arc<str> = Arc::from(permit.permit_id.as_str());
         let ledger = Box::new(Ledger::new(permit.clone()));
         let place = self.place(&ledger);
+        let tenant: Arc<str> = Arc::from(ledger.permit().tenant.as_str());
         inner.ledgers.insert(id.clone(), ledger);
-        inner.insert(place, &id);
+        inner.insert(&tenant, place, &id);
         Ok(permit)
     }
 
-    async fn get_permit(&self, permit_id: &str, now: Millis) -> Result<PermitView, Error> {
-        self.with_ledger(permit_id, now, |l| Ok(l.view()))
+    async fn get_permit(
+        &self,
+        scope: &Scope,
+        permit_id: &str,
+        now: Millis,
+    ) -> Result<PermitView, Error> {
+        self.with_ledger(scope, permit_id, now, |l| Ok(l.view()))
     }
 
-    async fn revoke_permit(&self, permit_id: &str, now: Millis) -> Result<Permit, Error> {
-        self.with_ledger(permit_id, now, |l| Ok(l.revoke()))
+    async fn revoke_permit(
+        &self,
+        scope: &Scope,
+        permit_id: &str,
+        now: Millis,
+    ) -> Result<Permit, Error> {
+        self.with_ledger(scope, permit_id, now, |l| Ok(l.revoke()))
     }
 
     async fn authorize(
         &self,
+        scope: &Scope,
         cmd: &AuthorizeCmd,
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        self.with_ledger(&cmd.permit_id, now, |l| l.authorize(cmd, now, attempt_id))
+        self.with_ledger(scope, &cmd.permit_id, now, |l| {
+            l.authorize(cmd, now, attempt_id)
+        })
     }
 
     async fn commit(
         &self,
+        scope: &Scope,
         cmd: &CommitCmd,
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(&cmd.permit_id, now, |l| l.commit(cmd, now, receipt_id))
+        self.with_ledger(scope, &cmd.permit_id, now, |l| {
+            l.commit(cmd, now, receipt_id)
+        })
     }
 
-    async fn mark_uncertain(&self, cmd: &MarkUncertainCmd, now: Millis) -> Result<Attempt, Error> {
-        self.with_ledger(&cmd.permit_id, now, |l| l.mark_uncertain(cmd, now))
+    async fn mark_uncertain(
+        &self,
+        scope: &Scope,
+        cmd: &MarkUncertainCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
+        self.with_ledger(scope, &cmd.permit_id, now, |l| l.mark_uncertain(cmd, now))
     }
 
     async fn resolve(
         &self,
+        scope: &Scope,
         cmd: &ResolveCmd,
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(&cmd.permit_id, now, |l| l.resolve(cmd, now, receipt_id))
+        self.with_ledger(scope, &cmd.permit_id, now, |l| {
+            l.resolve(cmd, now, receipt_id)
+        })
     }
 
     async fn list_uncertain(
         &self,
+        scope: &Scope,
         permit_id: Option<&str>,
         after: Option<&Cursor>,
         limit: usize,
@@ -191,7 +237,7 @@ impl Store for MemoryStore {
     ) -> Result<Page, Error> {
         if let Some(id) = permit_id {
             let after = after.and_then(|c| c.attempt_in(id));
-            let (attempts, expires_at) = self.with_ledger(id, now, |l| {
+            let (attempts, expires_at) = self.with_ledger(scope, id, now, |l| {
                 Ok((l.uncertain_after(after, limit, now), l.permit().expires_at))
             })?;
             return Ok(full_page(attempts, limit, expires_at));
@@ -210,11 +256,17 @@ impl Store for MemoryStore {
             None => Bound::Unbounded,
         };
         let mut page = Page::default();
-        let mut permits = inner.open.range((start, Bound::Unbounded));
+        let Some(open) = inner.open.get(scope.tenant.as_str()) else {
+            return Ok(page);
+        };
+        let mut permits = open.range((start, Bound::Unbounded));
         for (expires_at, id) in permits.by_ref().take(MAX_PERMITS_PER_PAGE) {
             let ledger = inner.ledgers.get(id).ok_or_else(|| {
                 Error::StoreUnavailable(format!("permit {id} is listed as open but has no ledger"))
             })?;
+            if !ledger.permit().visible_to(scope) {
+                continue;
+            }
             let after = after.and_then(|c| c.attempt_in(id));
             let found = ledger.uncertain_after(after, limit - page.attempts.len(), now);
             page.attempts.extend(found);
@@ -289,12 +341,16 @@ mod tests {
             uncertain_policy: UncertainPolicy::Count,
             status: PermitStatus::Active,
             created_at: T0,
+            tenant: String::new(),
+            agents: Vec::new(),
         }
     }
 
+    /// (ledgers, permits with an open attempt, permits to forget).
     fn held(store: &MemoryStore) -> (usize, usize, usize) {
         let inner = store.lock();
-        (inner.ledgers.len(), inner.open.len(), inner.forget.len())
+        let open = inner.open.values().map(BTreeSet::len).sum();
+        (inner.ledgers.len(), open, inner.forget.len())
     }
 
     /// The sweep drops forgotten ledgers from memory, never one with an
@@ -314,7 +370,7 @@ mod tests {
             holder_token: Vec::new(),
         };
         store
-            .authorize(&cmd, T0, new_id(T0))
+            .authorize(&Scope::default(), &cmd, T0, new_id(T0))
             .await
             .expect("authorize");
         assert_eq!(held(&store), (3, 1, 2));
@@ -325,7 +381,7 @@ mod tests {
         // The open one is still there, listed across permits once its lease
         // has passed.
         let page = store
-            .list_uncertain(None, None, 10, forget_at + 1)
+            .list_uncertain(&Scope::default(), None, None, 10, forget_at + 1)
             .await
             .expect("list");
         assert_eq!(page.attempts.len(), 1);

@@ -36,7 +36,7 @@ use super::memory::full_page;
 use super::{Cursor, INDEX_MARGIN_MS, MAX_PERMITS_PER_PAGE, Page, Store};
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, MAX_RETENTION_MS,
-    MarkUncertainCmd, Millis, Outcome, Permit, PermitView, ResolveCmd, Settled, invalid,
+    MarkUncertainCmd, Millis, Outcome, Permit, PermitView, ResolveCmd, Scope, Settled, invalid,
 };
 use codec::{decode_permit, encode_permit, id_bytes};
 use conn::unavailable;
@@ -44,6 +44,7 @@ use redis::Value;
 use redis::aio::ConnectionManager;
 use reply::{About, decode_attempt, decode_usage, malformed, open, open_ok};
 use scripts::Lua;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -69,9 +70,9 @@ pub struct RedisStore {
     /// Redis that does, unless the operator accepted it.
     eviction: eviction::Guard,
     time: Time,
-    /// Where this replica's sweep of the index goes on from (an index
-    /// member; "" from the start).
-    sweep_from: Arc<Mutex<String>>,
+    /// Where this replica's sweep of each tenant's index goes on from (an
+    /// index member; none: from the start).
+    sweep_from: Arc<Mutex<HashMap<String, String>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -144,6 +145,13 @@ impl RedisStore {
         })
     }
 
+    /// The scripts' last two ARGV: the caller's tenant and its agent key id
+    /// ("" when not limited).
+    fn scope_args(inv: &mut redis::ScriptInvocation<'_>, scope: &Scope) {
+        inv.arg(&scope.tenant)
+            .arg(scope.agent.as_deref().unwrap_or_default());
+    }
+
     /// The scripts' ARGV[1]: "" (Redis's clock) or the caller's `now`.
     fn now_arg(&self, now: Millis) -> String {
         match self.time {
@@ -201,14 +209,25 @@ impl RedisStore {
         }
     }
 
-    /// The cross-permit index: permits that may hold open attempts, by
-    /// [`index_member`]. A permit enters it before CreatePermit answers (so
-    /// before any reservation), and leaves once it has no open attempt and
-    /// is expired, so no new key can open one: when a listing or the sweep
-    /// comes by. One key, so it works unchanged when permits live on
-    /// different Cluster shards (each listing call runs on its permit's).
-    fn index_key(&self) -> String {
-        format!("{}:permits", self.prefix)
+    /// A tenant's cross-permit index: its permits that may hold open
+    /// attempts, by [`index_member`]. A permit enters it before
+    /// CreatePermit answers (so before any reservation), and leaves once it
+    /// has no open attempt and is expired, so no new key can open one: when
+    /// a listing or the sweep comes by. One key per tenant, so it works
+    /// unchanged when permits live on different Cluster shards (each
+    /// listing call runs on its permit's). Dev mode's tenant "" has
+    /// `<prefix>:permits`.
+    fn index_key(&self, tenant: &str) -> String {
+        if tenant.is_empty() {
+            format!("{}:permits", self.prefix)
+        } else {
+            format!("{}:permits:{tenant}", self.prefix)
+        }
+    }
+
+    /// The tenants that have an index (so the sweep finds them all).
+    fn tenants_key(&self) -> String {
+        format!("{}:tenants", self.prefix)
     }
 
     /// Runs a script and unpacks its msgpack reply (see [`script_text`]),
@@ -242,34 +261,58 @@ impl Store for RedisStore {
         // away for good.) If this fails the caller gets UNAVAILABLE and an
         // unknown, unused permit expires with its retention.
         let mut conn = self.conn().await?;
-        redis::cmd("ZADD")
-            .arg(self.index_key())
+        let mut index = redis::pipe();
+        if !permit.tenant.is_empty() {
+            index
+                .cmd("SADD")
+                .arg(self.tenants_key())
+                .arg(&permit.tenant)
+                .ignore();
+        }
+        index
+            .cmd("ZADD")
+            .arg(self.index_key(&permit.tenant))
             .arg(0)
             .arg(index_member(permit.expires_at, &permit.permit_id))
+            .ignore();
+        index
             .exec_async(&mut conn)
             .await
             .map_err(|e| self.lost(e))?;
         Ok(permit)
     }
 
-    async fn get_permit(&self, permit_id: &str, now: Millis) -> Result<PermitView, Error> {
+    async fn get_permit(
+        &self,
+        scope: &Scope,
+        permit_id: &str,
+        now: Millis,
+    ) -> Result<PermitView, Error> {
         let k = self.keys(permit_id);
         let mut inv = Lua::GetPermit.prepare_invoke();
         inv.key(&k.permit).key(&k.attempts).arg(self.now_arg(now));
+        Self::scope_args(&mut inv, scope);
         let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
         decode_permit(permit_id, f.array()?)
     }
 
-    async fn revoke_permit(&self, permit_id: &str, now: Millis) -> Result<Permit, Error> {
+    async fn revoke_permit(
+        &self,
+        scope: &Scope,
+        permit_id: &str,
+        now: Millis,
+    ) -> Result<Permit, Error> {
         let k = self.keys(permit_id);
         let mut inv = Lua::RevokePermit.prepare_invoke();
         inv.key(&k.permit).key(&k.attempts).arg(self.now_arg(now));
+        Self::scope_args(&mut inv, scope);
         let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
         decode_permit(permit_id, f.array()?).map(|view| view.permit)
     }
 
     async fn authorize(
         &self,
+        scope: &Scope,
         cmd: &AuthorizeCmd,
         now: Millis,
         attempt_id: String,
@@ -283,6 +326,7 @@ impl Store for RedisStore {
             .arg(cmd.cost)
             .arg(id_bytes(&attempt_id))
             .arg(&cmd.holder_token);
+        Self::scope_args(&mut inv, scope);
         let about = About {
             tool: Some(&cmd.tool),
             cost: Some(cmd.cost),
@@ -309,11 +353,13 @@ impl Store for RedisStore {
 
     async fn commit(
         &self,
+        scope: &Scope,
         cmd: &CommitCmd,
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
         self.settle(
+            scope,
             &cmd.permit_id,
             &cmd.idempotency_key,
             &cmd.attempt_id,
@@ -325,13 +371,19 @@ impl Store for RedisStore {
         .await
     }
 
-    async fn mark_uncertain(&self, cmd: &MarkUncertainCmd, now: Millis) -> Result<Attempt, Error> {
+    async fn mark_uncertain(
+        &self,
+        scope: &Scope,
+        cmd: &MarkUncertainCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
         let mut inv = Lua::MarkUncertain.prepare_invoke();
         self.keys(&cmd.permit_id).all(&mut inv);
         inv.arg(self.now_arg(now))
             .arg(&cmd.idempotency_key)
             .arg(id_bytes(&cmd.attempt_id))
             .arg(&cmd.reason);
+        Self::scope_args(&mut inv, scope);
         let about = About::key(&cmd.permit_id, &cmd.idempotency_key);
         let mut f = open_ok(self.run(&inv).await?, &about)?;
         decode_attempt(&cmd.permit_id, f.array()?)
@@ -339,11 +391,13 @@ impl Store for RedisStore {
 
     async fn resolve(
         &self,
+        scope: &Scope,
         cmd: &ResolveCmd,
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
         self.settle(
+            scope,
             &cmd.permit_id,
             &cmd.idempotency_key,
             &cmd.attempt_id,
@@ -357,6 +411,7 @@ impl Store for RedisStore {
 
     async fn list_uncertain(
         &self,
+        scope: &Scope,
         permit_id: Option<&str>,
         after: Option<&Cursor>,
         limit: usize,
@@ -364,9 +419,17 @@ impl Store for RedisStore {
     ) -> Result<Page, Error> {
         if let Some(id) = permit_id {
             let after = after.and_then(|c| c.attempt_in(id));
-            let listed = self.list_one(id, after, limit, now).await?;
+            let listed = self.list_one(scope, id, after, limit, now).await?;
             return Ok(full_page(listed.attempts, limit, listed.expires_at));
         }
+        // Across permits: the tenant's own index, which holds only its
+        // permits. (A scope limited to one agent's permits would read a
+        // permit it may not see as gone, and drop it from the index.)
+        let tenant = Scope {
+            tenant: scope.tenant.clone(),
+            agent: None,
+        };
+        let scope = &tenant;
 
         // Across permits: walk the index in order, one script run per
         // permit, bounded in permits and in time so the page fits well
@@ -387,7 +450,7 @@ impl Store for RedisStore {
         let mut scanned = 0;
         'scan: loop {
             let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
-                .arg(self.index_key())
+                .arg(self.index_key(&scope.tenant))
                 .arg(&from)
                 .arg("+")
                 .arg("LIMIT")
@@ -413,7 +476,7 @@ impl Store for RedisStore {
                 let (expires_at, id) = parse_index_member(member)?;
                 let after = after.and_then(|c| c.attempt_in(id));
                 let listed = match self
-                    .list_one(id, after, limit - page.attempts.len(), now)
+                    .list_one(scope, id, after, limit - page.attempts.len(), now)
                     .await
                 {
                     // Gone with its retention: it leaves the index.
@@ -421,7 +484,7 @@ impl Store for RedisStore {
                     other => other?,
                 };
                 if listed.removable && self.close(id, now).await? {
-                    self.unindex(&mut conn, member).await?;
+                    self.unindex(&mut conn, &scope.tenant, member).await?;
                 }
                 page.attempts.extend(listed.attempts);
                 if page.attempts.len() == limit {
@@ -439,49 +502,22 @@ impl Store for RedisStore {
         Ok(page)
     }
 
-    /// Walks this replica's next batch of index entries of permits expired
-    /// more than [`INDEX_MARGIN_MS`] ago, dropping those with no open
-    /// attempt (or gone): the index keeps only permits that may still hold
-    /// one. Wraps around to the start when it reaches the end.
+    /// Walks this replica's next batch of each tenant's index entries of
+    /// permits expired more than [`INDEX_MARGIN_MS`] ago, dropping those
+    /// with no open attempt (or gone): an index keeps only permits that may
+    /// still hold one. Each tenant's walk wraps around to its start when it
+    /// reaches the end.
     async fn sweep(&self, now: Millis) -> Result<usize, Error> {
         let mut conn = self.conn().await?;
-        let from = {
-            let from = self.sweep_from.lock().unwrap_or_else(|e| e.into_inner());
-            if from.is_empty() {
-                "-".to_owned()
-            } else {
-                format!("({from}")
-            }
-        };
-        // Members of permits expired by the margin sort before this one.
-        let until = format!("({:015}", now.saturating_sub(INDEX_MARGIN_MS));
-        let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
-            .arg(self.index_key())
-            .arg(&from)
-            .arg(&until)
-            .arg("LIMIT")
-            .arg(0)
-            .arg(LIST_BATCH)
+        let mut tenants: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.tenants_key())
             .query_async(&mut conn)
             .await
             .map_err(|e| self.lost(e))?;
-        // The next sweep goes on after this batch, whatever happens to it.
-        *self.sweep_from.lock().unwrap_or_else(|e| e.into_inner()) = match members.last() {
-            Some(last) if members.len() == LIST_BATCH => last.clone(),
-            _ => String::new(),
-        };
+        tenants.push(String::new());
         let mut dropped = 0;
-        for member in &members {
-            // A member this version cannot read (another version's, under
-            // the same prefix) stays: never dropped on a guess.
-            let Ok((_, id)) = parse_index_member(member) else {
-                tracing::warn!(member, "unreadable index member left in place");
-                continue;
-            };
-            if self.close(id, now).await? {
-                self.unindex(&mut conn, member).await?;
-                dropped += 1;
-            }
+        for tenant in tenants {
+            dropped += self.sweep_tenant(&mut conn, &tenant, now).await?;
         }
         Ok(dropped)
     }
@@ -506,6 +542,7 @@ impl RedisStore {
     #[allow(clippy::too_many_arguments)]
     async fn settle(
         &self,
+        scope: &Scope,
         permit_id: &str,
         key: &str,
         attempt_id: &str,
@@ -533,6 +570,7 @@ impl RedisStore {
             .arg(id_bytes(&receipt_id))
             .arg(if operator { "operator" } else { "holder" })
             .arg(self.retention_ms);
+        Self::scope_args(&mut inv, scope);
         let mut f = open_ok(self.run(&inv).await?, &About::key(permit_id, key))?;
         Ok(Settled {
             attempt: decode_attempt(permit_id, f.array()?)?,
@@ -547,6 +585,7 @@ impl RedisStore {
     /// on after the last attempt of the one before, as pages do).
     async fn list_one(
         &self,
+        scope: &Scope,
         permit_id: &str,
         after: Option<(Millis, &str)>,
         limit: usize,
@@ -566,6 +605,7 @@ impl RedisStore {
                 .arg(after.as_deref().unwrap_or_default())
                 .arg(chunk)
                 .arg(INDEX_MARGIN_MS);
+            Self::scope_args(&mut inv, scope);
             let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
             let expires_at = f.int()?;
             let removable = f.flag()?;
@@ -610,10 +650,69 @@ impl RedisStore {
         }
     }
 
+    /// One tenant's batch of [`Store::sweep`].
+    async fn sweep_tenant(
+        &self,
+        conn: &mut ConnectionManager,
+        tenant: &str,
+        now: Millis,
+    ) -> Result<usize, Error> {
+        let from = {
+            let cursors = self.sweep_from.lock().unwrap_or_else(|e| e.into_inner());
+            match cursors.get(tenant) {
+                Some(member) => format!("({member}"),
+                None => "-".to_owned(),
+            }
+        };
+        // Members of permits expired by the margin sort before this one.
+        let until = format!("({:015}", now.saturating_sub(INDEX_MARGIN_MS));
+        let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
+            .arg(self.index_key(tenant))
+            .arg(&from)
+            .arg(&until)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(LIST_BATCH)
+            .query_async(conn)
+            .await
+            .map_err(|e| self.lost(e))?;
+        // The next sweep goes on after this batch, whatever happens to it.
+        {
+            let mut cursors = self.sweep_from.lock().unwrap_or_else(|e| e.into_inner());
+            match members.last() {
+                Some(last) if members.len() == LIST_BATCH => {
+                    cursors.insert(tenant.to_owned(), last.clone());
+                }
+                _ => {
+                    cursors.remove(tenant);
+                }
+            }
+        }
+        let mut dropped = 0;
+        for member in &members {
+            // A member this version cannot read (another version's, under
+            // the same prefix) stays: never dropped on a guess.
+            let Ok((_, id)) = parse_index_member(member) else {
+                tracing::warn!(member, "unreadable index member left in place");
+                continue;
+            };
+            if self.close(id, now).await? {
+                self.unindex(conn, tenant, member).await?;
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
+    }
+
     /// Drops an index member (after its permit was closed, or is gone).
-    async fn unindex(&self, conn: &mut ConnectionManager, member: &str) -> Result<(), Error> {
+    async fn unindex(
+        &self,
+        conn: &mut ConnectionManager,
+        tenant: &str,
+        member: &str,
+    ) -> Result<(), Error> {
         redis::cmd("ZREM")
-            .arg(self.index_key())
+            .arg(self.index_key(tenant))
             .arg(member)
             .exec_async(conn)
             .await

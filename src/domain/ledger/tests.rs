@@ -35,6 +35,8 @@ fn permit() -> Permit {
         uncertain_policy: UncertainPolicy::Count,
         status: PermitStatus::Active,
         created_at: T0,
+        tenant: String::new(),
+        agents: Vec::new(),
     }
 }
 

@@ -92,6 +92,13 @@ pub(super) fn encode_permit(p: &Permit) -> Vec<(String, Vec<u8>)> {
     if p.uncertain_policy == UncertainPolicy::HoldTool {
         fields.push(("upol".into(), b"1".to_vec()));
     }
+    // Absent: "" (dev mode) and any agent (lib.lua: visible).
+    if !p.tenant.is_empty() {
+        fields.push(("ten".into(), p.tenant.clone().into_bytes()));
+    }
+    if !p.agents.is_empty() {
+        fields.push(("agents".into(), p.agents.join("\n").into_bytes()));
+    }
     for tool in &p.tools {
         let cap = p
             .max_calls_per_tool
@@ -186,6 +193,14 @@ pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitV
         },
         status: decode_status(int("status")?)?,
         created_at: int("created")?,
+        tenant: match map.get("ten") {
+            Some(_) => text("ten")?,
+            None => String::new(),
+        },
+        agents: match map.get("agents") {
+            Some(_) => text("agents")?.split('\n').map(str::to_owned).collect(),
+            None => Vec::new(),
+        },
     };
     Ok(PermitView {
         permit,
@@ -239,6 +254,8 @@ mod tests {
             uncertain_policy: UncertainPolicy::HoldTool,
             status: PermitStatus::Active,
             created_at: 1_767_222_000_000,
+            tenant: "acme".into(),
+            agents: vec!["agent-1".into(), "agent-2".into()],
         }
     }
 

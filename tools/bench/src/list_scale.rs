@@ -36,7 +36,7 @@
 
 use atmost::domain::{
     AttemptState, AuthorizeCmd, Clock, Decision, GuardMode, MarkUncertainCmd, Millis, PermitSpec,
-    SystemClock, new_id,
+    Scope, SystemClock, new_id,
 };
 use atmost::store::Store;
 use atmost::store::memory::MemoryStore;
@@ -159,7 +159,7 @@ fn new_permit(now: Millis) -> Result<atmost::domain::Permit, BoxError> {
         guard_mode: Some(GuardMode::Off),
         ..PermitSpec::default()
     };
-    Ok(spec.into_permit(new_id(now), now)?)
+    Ok(spec.into_permit(new_id(now), now, "")?)
 }
 
 /// Authorizes `n` fresh keys, `in_flight` at a time, every one a DISPATCH.
@@ -192,7 +192,7 @@ async fn fill<S: Store>(
                 };
                 let now = now();
                 let r = store
-                    .authorize(&cmd, now, new_id(now))
+                    .authorize(&Scope::default(), &cmd, now, new_id(now))
                     .await
                     .map_err(|e| format!("authorize {}: {e}", cmd.idempotency_key))?;
                 if r.decision != Decision::Dispatch || r.redelivered {
@@ -241,7 +241,9 @@ async fn time_pages<S: Store>(
     for call in 0..calls + calls / 10 {
         let at = now();
         let started = Instant::now();
-        let listed = store.list_uncertain(permit_id, None, page, at).await?;
+        let listed = store
+            .list_uncertain(&Scope::default(), permit_id, None, page, at)
+            .await?;
         let elapsed = started.elapsed();
         if listed.attempts.len() != expected {
             return Err(format!(
@@ -594,10 +596,12 @@ async fn warm_up(store: &Arc<RedisStore>, side: &mut RedisSide) -> Result<(), Bo
             attempt_id,
             reason: "list-scale".into(),
         };
-        store.mark_uncertain(&cmd, now()).await?;
+        store.mark_uncertain(&Scope::default(), &cmd, now()).await?;
     }
     for scope in [Some(permit.permit_id.as_str()), None] {
-        store.list_uncertain(scope, None, 1, now()).await?;
+        store
+            .list_uncertain(&Scope::default(), scope, None, 1, now())
+            .await?;
     }
     side.drop_permit(&permit.permit_id).await
 }
@@ -690,7 +694,7 @@ async fn measure<S: Store>(
             attempt_id: attempt_id.clone(),
             reason: "list-scale".into(),
         };
-        store.mark_uncertain(&cmd, now()).await?;
+        store.mark_uncertain(&Scope::default(), &cmd, now()).await?;
     }
     for &page in &args.pages {
         let expected = page.min(marked.len());

@@ -10,6 +10,8 @@
 -- ARGV[5]  cost                    ARGV[6]  fresh attempt id (16 bytes, a
 --          UUIDv7; stamped with `now`, the attempt's creation time)
 -- ARGV[7]  holder token ("" = none)
+-- ARGV[8]  the caller's tenant     ARGV[9]  the caller's agent key id ("" =
+--          not limited): lib.lua, visible
 --
 -- Returns one of
 --   {"DISPATCH", attempt, usage, duplicate_of or ""}  a fresh reservation
@@ -38,9 +40,12 @@ local cost = tonumber(ARGV[5])
 
 local p = redis.call('HMGET', KEYS[1], 'exp', 'status', 'lease', 'gmode',
   'gwin', 'budget', 'committed', 'reserved', 't:' .. tool, 'n:' .. tool, 'open',
-  'upol', 'fa', 'closed')
+  'upol', 'fa', 'closed', 'ten', 'agents')
 if not p[1] or forgotten(p[13], p[11], now) then
   return permit_not_found(p[1], KEYS[2])
+end
+if not visible(p[15], p[16], ARGV[8], ARGV[9]) then
+  return NOT_VISIBLE
 end
 
 -- 1. The key exists (and was not released): replay, in progress or reused.

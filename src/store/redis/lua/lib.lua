@@ -12,7 +12,9 @@
 --       committed, reserved, open (number of RESERVED/UNCERTAIN attempts),
 --       fa (when the permit is forgotten once nothing is open: set at
 --       creation and whenever open drops to 0; void while open > 0),
---       closed (set when it leaves the cross-permit index: close_permit.lua)
+--       closed (set when it leaves the cross-permit index: close_permit.lua),
+--       ten (its tenant; absent = ""), agents (agent key ids that may use
+--       it, "\n"-joined; absent = any)
 --   <prefix>:{P}:attempts  HASH  idempotency key -> attempt (cmsgpack array;
 --       attempt and receipt ids as their 16 raw bytes; see save_attempt)
 --   <prefix>:{P}:open      ZSET  RESERVED/UNCERTAIN attempts, all score 0,
@@ -211,6 +213,28 @@ local function permit_not_found(exp, attempts_key)
   end
   return {'ERR', 'PERMIT_NOT_FOUND'}
 end
+
+-- Whether a caller may see the permit whose hash holds `ten` and `agents`:
+-- the caller's tenant must be the permit's, and an agent's key id (agent,
+-- "" when not limited) must be in the permit's agents when it names any.
+-- If not, scripts answer PERMIT_NOT_FOUND, exactly as for a permit that
+-- does not exist (domain: Permit::visible_to).
+local function visible(ten, agents, tenant, agent)
+  if (ten or '') ~= tenant then
+    return false
+  end
+  if agent == '' or not agents then
+    return true
+  end
+  for a in string.gmatch(agents, '[^\n]+') do
+    if a == agent then
+      return true
+    end
+  end
+  return false
+end
+
+local NOT_VISIBLE = {'ERR', 'PERMIT_NOT_FOUND'}
 
 -- What a script answers when the permit hash holds a code this version does
 -- not know, or lacks a field it must have: never a default.

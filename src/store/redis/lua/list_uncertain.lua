@@ -10,6 +10,8 @@
 -- ARGV[2]  list after this open-set member ("<at>:<key>"; "" = from the start)
 -- ARGV[3]  at most this many (at least 1)
 -- ARGV[4]  index margin (ms)
+-- ARGV[5]  the caller's tenant     ARGV[6]  the caller's agent key id (""
+--          = not limited): lib.lua, visible
 --
 -- Returns {"OK", expires_at, removable, attempt, attempt, ...}, or
 -- {"ERR", "PERMIT_NOT_FOUND"} (a permit that is gone may leave the
@@ -22,9 +24,12 @@
 -- Example: ARGV={"","",100,60000} -> {"OK", "1767225600000", 0, {<attempt>}, ...}
 
 local now, limit = clock(ARGV[1]), tonumber(ARGV[3])
-local p = redis.call('HMGET', KEYS[1], 'exp', 'open', 'fa')
+local p = redis.call('HMGET', KEYS[1], 'exp', 'open', 'fa', 'ten', 'agents')
 if not p[1] or forgotten(p[3], p[2], now) then
   return permit_not_found(p[1], KEYS[2])
+end
+if not visible(p[4], p[5], ARGV[5], ARGV[6]) then
+  return NOT_VISIBLE
 end
 local exp, open = tonumber(p[1]), tonumber(p[2])
 if not (exp and open) then

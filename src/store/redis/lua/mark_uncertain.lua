@@ -8,6 +8,8 @@
 -- KEYS[5]  <prefix>:{P}:held
 -- ARGV[1]  now (ms; "" = Redis's clock)  ARGV[2]  idempotency key
 -- ARGV[3]  attempt id (16 bytes)   ARGV[4]  reason (non-empty)
+-- ARGV[5]  the caller's tenant     ARGV[6]  the caller's agent key id (""
+--          = not limited): lib.lua, visible
 --
 -- Returns {"OK", attempt}, or {"ERR", "PERMIT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_NOT_FOUND"} |
@@ -16,9 +18,12 @@
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"client deadline exceeded"}
 
 local now, key = clock(ARGV[1]), ARGV[2]
-local p = redis.call('HMGET', KEYS[1], 'exp', 'upol', 'fa', 'open')
+local p = redis.call('HMGET', KEYS[1], 'exp', 'upol', 'fa', 'open', 'ten', 'agents')
 if not p[1] or forgotten(p[3], p[4], now) then
   return permit_not_found(p[1], KEYS[2])
+end
+if not visible(p[5], p[6], ARGV[5], ARGV[6]) then
+  return NOT_VISIBLE
 end
 local hold = holds(p[2])
 if hold == nil then

@@ -16,6 +16,8 @@
 -- ARGV[7]  fresh receipt id (16 bytes, a UUIDv7; stamped with `now`, the
 --          issue time)             ARGV[8]  "holder" | "operator"
 -- ARGV[9]  retention (ms)
+-- ARGV[10] the caller's tenant     ARGV[11] the caller's agent key id (""
+--          = not limited): lib.lua, visible
 --
 -- Returns {"OK", attempt, usage}, or {"ERR", "PERMIT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_NOT_FOUND"} |
@@ -30,9 +32,12 @@ local now, key, outcome, payload = clock(ARGV[1]), ARGV[2], ARGV[4], ARGV[5]
 local a = load_attempt(KEYS[2], key)
 local tool = a and a.tool or ''
 local p = redis.call('HMGET', KEYS[1], 'exp', 'budget', 'committed', 'reserved',
-  'open', 'n:' .. tool, 't:' .. tool, 'upol', 'fa')
+  'open', 'n:' .. tool, 't:' .. tool, 'upol', 'fa', 'ten', 'agents')
 if not p[1] or forgotten(p[9], p[5], now) then
   return permit_not_found(p[1], KEYS[2])
+end
+if not visible(p[10], p[11], ARGV[10], ARGV[11]) then
+  return NOT_VISIBLE
 end
 if not a then
   return {'ERR', 'ATTEMPT_NOT_FOUND'}
