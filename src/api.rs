@@ -3,6 +3,7 @@
 //! calls the store with the service's one clock, and encodes the answer.
 //! Errors become gRPC statuses only in [`status`].
 
+pub mod audit;
 pub mod convert;
 pub mod gate;
 pub mod permits;

@@ -389,10 +389,18 @@ where
                     request.extensions_mut().insert(identity);
                 }
                 Err(e) => {
+                    // The audit trail's event for a call refused here: the
+                    // key's id when it was known, never the key.
+                    let key_id = match &e {
+                        Error::RoleNotAllowed { key_id, .. } => key_id.as_str(),
+                        _ => "",
+                    };
                     tracing::info!(
-                        rpc = request.uri().path(),
-                        reason = e.reason().as_str(),
-                        "request refused: {e}"
+                        target: "atmost::audit",
+                        rpc = request.uri().path().rsplit('/').next().unwrap_or_default(),
+                        key_id,
+                        outcome = e.reason().as_str(),
+                        "audit"
                     );
                     let response = to_status(e).into_http();
                     return Box::pin(async move { Ok(response) });

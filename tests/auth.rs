@@ -650,3 +650,171 @@ async fn tenants_are_isolated_on_redis() {
     let _machine = shared().await;
     tenants_are_isolated(Kind::Redis).await;
 }
+
+/// Every state-changing RPC leaves one event on the audit trail (target
+/// `atmost::audit`), refused ones too: who, which RPC, which permit, tool
+/// and key, what was decided. Never a key, a fingerprint or a result, and a
+/// subject with a newline cannot forge a log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_changing_rpcs_leave_an_audit_trail() {
+    use std::io::BufRead;
+    let _machine = shared().await;
+    let keys = KeyFile::new(&three_keys());
+    let log = keys.dir.join("stderr.jsonl");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--auth-keys",
+        ])
+        .arg(&keys.path)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("start atmost");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("first line");
+    let addr = line
+        .trim()
+        .strip_prefix("atmost listening on ")
+        .expect("listening");
+    let client = atmost_client::Client::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let (admin, agent) = (
+        client.clone().with_api_key(ADMIN).expect("ascii"),
+        client.clone().with_api_key(AGENT).expect("ascii"),
+    );
+    let spec = || {
+        let mut p = NewPermit::new(["t"])
+            .expires_at_ms(atmost_client::now_ms() + 60_000)
+            .build();
+        p.subject = "agent-7\n{\"forged\":\"line\"}".into();
+        p
+    };
+    expect_error(
+        client.create_permit(spec()).await,
+        Code::Unauthenticated,
+        "UNAUTHENTICATED",
+    );
+    let permit = admin.create_permit(spec()).await.expect("create").permit_id;
+    let mut request = authorize_request(&permit, "charge-1");
+    request.request_fingerprint = b"FINGERPRINT-BYTES".to_vec();
+    let a = agent
+        .authorize(request.clone())
+        .await
+        .expect("authorize")
+        .attempt
+        .expect("a");
+    agent
+        .commit(pb::CommitRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "charge-1".into(),
+            attempt_id: a.attempt_id.clone(),
+            outcome: Some(succeeded(b"SECRET-RESULT", None)),
+        })
+        .await
+        .expect("commit");
+    agent.authorize(request).await.expect("replay");
+    expect_error(
+        agent.revoke_permit(&permit).await,
+        Code::PermissionDenied,
+        "ROLE_NOT_ALLOWED",
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+
+    let text = std::fs::read_to_string(&log).expect("log");
+    let mut trail = Vec::new();
+    for line in text.lines() {
+        let event: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not one JSON event per line ({e}): {line:?}"));
+        for secret in ["FINGERPRINT", "SECRET-RESULT", ADMIN, AGENT, "forged\":"] {
+            assert!(!line.contains(secret), "{secret:?} in the log: {line}");
+        }
+        if event["target"] == "atmost::audit" {
+            let f = &event["fields"];
+            let s = |k: &str| f[k].as_str().unwrap_or_default().to_owned();
+            trail.push((
+                s("rpc"),
+                s("key_id"),
+                s("tenant"),
+                s("permit_id"),
+                s("idempotency_key"),
+                s("outcome"),
+                s("attempt_id"),
+            ));
+        }
+    }
+    let expected = vec![
+        ("CreatePermit", "", "", "", "", "UNAUTHENTICATED", ""),
+        (
+            "CreatePermit",
+            "admin-1",
+            "acme",
+            permit.as_str(),
+            "",
+            "CREATED",
+            "",
+        ),
+        (
+            "Authorize",
+            "agent-1",
+            "acme",
+            permit.as_str(),
+            "charge-1",
+            "DISPATCH",
+            a.attempt_id.as_str(),
+        ),
+        (
+            "Commit",
+            "agent-1",
+            "acme",
+            permit.as_str(),
+            "charge-1",
+            "SUCCEEDED",
+            a.attempt_id.as_str(),
+        ),
+        (
+            "Authorize",
+            "agent-1",
+            "acme",
+            permit.as_str(),
+            "charge-1",
+            "REPLAY",
+            a.attempt_id.as_str(),
+        ),
+        (
+            "RevokePermit",
+            "agent-1",
+            "",
+            "",
+            "",
+            "ROLE_NOT_ALLOWED",
+            "",
+        ),
+    ];
+    let expected: Vec<_> = expected
+        .into_iter()
+        .map(|(a, b, c, d, e, f, g)| {
+            (
+                a.to_owned(),
+                b.to_owned(),
+                c.to_owned(),
+                d.to_owned(),
+                e.to_owned(),
+                f.to_owned(),
+                g.to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(trail, expected);
+    // The subject is logged escaped, on its own line.
+    assert!(text.contains(r#""subject":"agent-7\\n{"#), "{text}");
+}

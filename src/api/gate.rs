@@ -1,9 +1,8 @@
 //! `atmost.v1.Gate`: Authorize, Commit, MarkUncertain.
 
-use super::{Ctx, Deadline, convert, scope_of, status::to_status};
+use super::{Ctx, Deadline, audit::Audit, convert, scope_of, status::to_status};
 use crate::auth::Role;
-use crate::domain::Decision;
-use crate::domain::new_id;
+use crate::domain::{Decision, Error, new_id};
 use crate::pb::{self, gate_server::Gate};
 use crate::store::Store;
 use tonic::{Request, Response, Status};
@@ -18,6 +17,11 @@ impl GateService {
     }
 }
 
+/// The reason of a refusal, for the audit trail.
+fn refused(e: &Error) -> &'static str {
+    e.reason().as_str()
+}
+
 #[tonic::async_trait]
 impl Gate for GateService {
     async fn authorize(
@@ -25,18 +29,40 @@ impl Gate for GateService {
         request: Request<pb::AuthorizeRequest>,
     ) -> Result<Response<pb::AuthorizeResponse>, Status> {
         let deadline = Deadline::of(&request);
+        let audit = Audit::of("Authorize", &request);
         let scope = scope_of(&request, &[Role::Admin]);
         let mut cmd = convert::authorize_cmd(request.into_inner());
-        cmd.validate().map_err(to_status)?;
         let now = self.ctx.clock.now();
-        let authorized = self
-            .ctx
-            .call(
-                deadline,
-                self.ctx.store.authorize(&scope, &cmd, now, new_id(now)),
-            )
-            .await
-            .map_err(to_status)?;
+        let result = match cmd.validate() {
+            Ok(()) => {
+                self.ctx
+                    .call(
+                        deadline,
+                        self.ctx.store.authorize(&scope, &cmd, now, new_id(now)),
+                    )
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let (outcome, attempt_id) = match &result {
+            Ok(a) => (
+                match (a.decision, a.redelivered) {
+                    (Decision::Dispatch, false) => "DISPATCH",
+                    (Decision::Dispatch, true) => "REDELIVERED",
+                    (Decision::Replay, _) => "REPLAY",
+                },
+                a.attempt.attempt_id.as_str(),
+            ),
+            Err(e) => (refused(e), ""),
+        };
+        audit.record(
+            &cmd.permit_id,
+            &cmd.tool,
+            &cmd.idempotency_key,
+            outcome,
+            attempt_id,
+        );
+        let authorized = result.map_err(to_status)?;
         if let (Decision::Dispatch, Some(earlier_key)) =
             (authorized.decision, &authorized.duplicate_of)
         {
@@ -65,18 +91,33 @@ impl Gate for GateService {
         request: Request<pb::CommitRequest>,
     ) -> Result<Response<pb::CommitResponse>, Status> {
         let deadline = Deadline::of(&request);
+        let audit = Audit::of("Commit", &request);
         let scope = scope_of(&request, &[Role::Admin]);
-        let mut cmd = convert::commit_cmd(request.into_inner()).map_err(to_status)?;
-        cmd.validate().map_err(to_status)?;
+        let r = request.into_inner();
+        let (permit_id, key) = (r.permit_id.clone(), r.idempotency_key.clone());
         let now = self.ctx.clock.now();
-        let settled = self
-            .ctx
-            .call(
-                deadline,
-                self.ctx.store.commit(&scope, &cmd, now, new_id(now)),
-            )
-            .await
-            .map_err(to_status)?;
+        let result = match convert::commit_cmd(r).and_then(|mut cmd| cmd.validate().map(|()| cmd)) {
+            Ok(cmd) => {
+                self.ctx
+                    .call(
+                        deadline,
+                        self.ctx.store.commit(&scope, &cmd, now, new_id(now)),
+                    )
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match &result {
+            Ok(s) => audit.record(
+                &permit_id,
+                &s.attempt.tool,
+                &key,
+                s.attempt.state.as_str(),
+                &s.attempt.attempt_id,
+            ),
+            Err(e) => audit.record(&permit_id, "", &key, refused(e), ""),
+        }
+        let settled = result.map_err(to_status)?;
         Ok(Response::new(pb::CommitResponse {
             attempt: Some(convert::attempt(settled.attempt)),
             usage: Some(convert::usage(settled.usage)),
@@ -88,15 +129,29 @@ impl Gate for GateService {
         request: Request<pb::MarkUncertainRequest>,
     ) -> Result<Response<pb::MarkUncertainResponse>, Status> {
         let deadline = Deadline::of(&request);
+        let audit = Audit::of("MarkUncertain", &request);
         let scope = scope_of(&request, &[Role::Admin]);
         let mut cmd = convert::mark_uncertain_cmd(request.into_inner());
-        cmd.validate().map_err(to_status)?;
         let now = self.ctx.clock.now();
-        let attempt = self
-            .ctx
-            .call(deadline, self.ctx.store.mark_uncertain(&scope, &cmd, now))
-            .await
-            .map_err(to_status)?;
+        let result = match cmd.validate() {
+            Ok(()) => {
+                self.ctx
+                    .call(deadline, self.ctx.store.mark_uncertain(&scope, &cmd, now))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match &result {
+            Ok(a) => audit.record(
+                &cmd.permit_id,
+                &a.tool,
+                &cmd.idempotency_key,
+                a.state.as_str(),
+                &a.attempt_id,
+            ),
+            Err(e) => audit.record(&cmd.permit_id, "", &cmd.idempotency_key, refused(e), ""),
+        }
+        let attempt = result.map_err(to_status)?;
         Ok(Response::new(pb::MarkUncertainResponse {
             attempt: Some(convert::attempt(attempt)),
         }))

@@ -1,7 +1,7 @@
 //! `atmost.v1.Permits`: CreatePermit, GetPermit, RevokePermit,
 //! ListUncertain, Resolve.
 
-use super::{Ctx, Deadline, convert, scope_of, status::to_status, tenant_of};
+use super::{Ctx, Deadline, audit::Audit, convert, scope_of, status::to_status, tenant_of};
 use crate::auth::Role;
 use crate::domain::new_id;
 use crate::domain::{Error, invalid, validate_permit_id};
@@ -31,17 +31,30 @@ impl Permits for PermitsService {
         request: Request<pb::CreatePermitRequest>,
     ) -> Result<Response<pb::Permit>, Status> {
         let deadline = Deadline::of(&request);
+        let audit = Audit::of("CreatePermit", &request);
         let scope = tenant_of(&request);
         let now = self.ctx.clock.now();
-        let permit = convert::permit_spec(request.into_inner().permit)
+        let result = match convert::permit_spec(request.into_inner().permit)
             .and_then(|spec| spec.into_permit(new_id(now), now, &scope.tenant))
-            .map_err(to_status)?;
-        let permit = self
-            .ctx
-            .call(deadline, self.ctx.store.create_permit(permit))
-            .await
-            .map_err(to_status)?;
-        tracing::info!(permit_id = %permit.permit_id, subject = %permit.subject, "permit created");
+        {
+            Ok(permit) => {
+                self.ctx
+                    .call(deadline, self.ctx.store.create_permit(permit))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match &result {
+            Ok(p) => audit.record(&p.permit_id, "", "", "CREATED", ""),
+            Err(e) => audit.record("", "", "", e.reason().as_str(), ""),
+        }
+        let permit = result.map_err(to_status)?;
+        // The subject is free text: written escaped, it cannot forge a line.
+        tracing::info!(
+            permit_id = %permit.permit_id,
+            subject = %permit.subject.escape_debug(),
+            "permit created"
+        );
         Ok(Response::new(convert::permit(permit)))
     }
 
@@ -74,19 +87,28 @@ impl Permits for PermitsService {
         request: Request<pb::RevokePermitRequest>,
     ) -> Result<Response<pb::Permit>, Status> {
         let deadline = Deadline::of(&request);
+        let audit = Audit::of("RevokePermit", &request);
         let scope = tenant_of(&request);
-        let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
-        let permit = self
-            .ctx
-            .call(
-                deadline,
+        let raw_id = request.into_inner().permit_id;
+        let result = match validate_permit_id(&raw_id) {
+            Ok(id) => {
                 self.ctx
-                    .store
-                    .revoke_permit(&scope, &id, self.ctx.clock.now()),
-            )
-            .await
-            .map_err(to_status)?;
-        tracing::info!(permit_id = %id, "permit revoked");
+                    .call(
+                        deadline,
+                        self.ctx
+                            .store
+                            .revoke_permit(&scope, &id, self.ctx.clock.now()),
+                    )
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match &result {
+            Ok(p) => audit.record(&p.permit_id, "", "", "REVOKED", ""),
+            Err(e) => audit.record(&raw_id, "", "", e.reason().as_str(), ""),
+        }
+        let permit = result.map_err(to_status)?;
+        tracing::info!(permit_id = %permit.permit_id, "permit revoked");
         Ok(Response::new(convert::permit(permit)))
     }
 
@@ -128,21 +150,37 @@ impl Permits for PermitsService {
         request: Request<pb::ResolveRequest>,
     ) -> Result<Response<pb::ResolveResponse>, Status> {
         let deadline = Deadline::of(&request);
+        let audit = Audit::of("Resolve", &request);
         let scope = tenant_of(&request);
-        let mut cmd = convert::resolve_cmd(request.into_inner()).map_err(to_status)?;
-        cmd.validate().map_err(to_status)?;
+        let r = request.into_inner();
+        let (permit_id, key) = (r.permit_id.clone(), r.idempotency_key.clone());
         let now = self.ctx.clock.now();
-        let settled = self
-            .ctx
-            .call(
-                deadline,
-                self.ctx.store.resolve(&scope, &cmd, now, new_id(now)),
-            )
-            .await
-            .map_err(to_status)?;
+        let result = match convert::resolve_cmd(r).and_then(|mut cmd| cmd.validate().map(|()| cmd))
+        {
+            Ok(cmd) => {
+                self.ctx
+                    .call(
+                        deadline,
+                        self.ctx.store.resolve(&scope, &cmd, now, new_id(now)),
+                    )
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match &result {
+            Ok(s) => audit.record(
+                &permit_id,
+                &s.attempt.tool,
+                &key,
+                s.attempt.state.as_str(),
+                &s.attempt.attempt_id,
+            ),
+            Err(e) => audit.record(&permit_id, "", &key, e.reason().as_str(), ""),
+        }
+        let settled = result.map_err(to_status)?;
         tracing::info!(
-            permit_id = %cmd.permit_id,
-            idempotency_key = %cmd.idempotency_key,
+            permit_id = %settled.attempt.permit_id,
+            idempotency_key = %settled.attempt.idempotency_key,
             state = settled.attempt.state.as_str(),
             "uncertain attempt resolved"
         );
