@@ -12,6 +12,18 @@
 //! roles = ["operator"]  # any of: agent, operator, admin
 //! ```
 //!
+//! With mTLS (`--tls-client-ca`), a verified client certificate can stand
+//! in for a key: the same file maps a certificate identity (a SAN URI or
+//! DNS name) to a tenant and roles:
+//!
+//! ```toml
+//! [[cert]]
+//! id = "runner"                                    # shown in logs
+//! san = "spiffe://cluster.local/ns/agents/sa/runner"
+//! tenant = "acme"
+//! roles = ["agent"]
+//! ```
+//!
 //! A caller sends `authorization: Bearer <key>`. A missing or unknown key
 //! answers UNAUTHENTICATED; a key without a role the RPC accepts answers
 //! PERMISSION_DENIED / ROLE_NOT_ALLOWED. Neither reaches a service, so
@@ -90,6 +102,8 @@ pub struct Identity {
 #[derive(Debug, Default)]
 pub struct Keys {
     entries: Vec<([u8; 32], Arc<Identity>)>,
+    /// Client-certificate identities (SAN URI or DNS name).
+    certs: std::collections::HashMap<String, Arc<Identity>>,
 }
 
 #[derive(Deserialize)]
@@ -97,6 +111,17 @@ pub struct Keys {
 struct KeyFile {
     #[serde(default)]
     key: Vec<KeyEntry>,
+    #[serde(default)]
+    cert: Vec<CertEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CertEntry {
+    id: String,
+    san: String,
+    tenant: String,
+    roles: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -106,6 +131,41 @@ struct KeyEntry {
     sha256: String,
     tenant: String,
     roles: Vec<String>,
+}
+
+/// One entry's identity, checked: its id (unique across the file), tenant
+/// and roles.
+fn identity(
+    at: &str,
+    id: String,
+    tenant: String,
+    roles: &[String],
+    ids: &mut HashSet<String>,
+) -> Result<Arc<Identity>, String> {
+    if !valid_name(&id) {
+        return Err(format!("{at}: id must be 1..=64 of [A-Za-z0-9._-]"));
+    }
+    if !ids.insert(id.clone()) {
+        return Err(format!("{at}: the id is given twice"));
+    }
+    if !valid_name(&tenant) {
+        return Err(format!("{at}: tenant must be 1..=64 of [A-Za-z0-9._-]"));
+    }
+    if roles.is_empty() {
+        return Err(format!("{at}: roles must name at least one role"));
+    }
+    let roles = roles
+        .iter()
+        .map(|r| {
+            Role::parse(r)
+                .ok_or_else(|| format!("{at}: unknown role {r:?} (agent, operator or admin)"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Arc::new(Identity {
+        key_id: id,
+        tenant,
+        roles,
+    }))
 }
 
 fn digest_of_hex(hex: &str) -> Option<[u8; 32]> {
@@ -129,50 +189,42 @@ impl Keys {
         let mut entries = Vec::with_capacity(file.key.len());
         for (n, k) in file.key.into_iter().enumerate() {
             let at = format!("key {} (id {:?})", n + 1, k.id);
-            if !valid_name(&k.id) {
-                return Err(format!("{at}: id must be 1..=64 of [A-Za-z0-9._-]"));
-            }
-            if !ids.insert(k.id.clone()) {
-                return Err(format!("{at}: the id is given twice"));
-            }
+            let identity = identity(&at, k.id, k.tenant, &k.roles, &mut ids)?;
             let digest = digest_of_hex(&k.sha256.to_ascii_lowercase())
                 .ok_or_else(|| format!("{at}: sha256 must be 64 hex digits"))?;
             if !digests.insert(digest) {
                 return Err(format!("{at}: the same key is listed twice"));
             }
-            if !valid_name(&k.tenant) {
-                return Err(format!("{at}: tenant must be 1..=64 of [A-Za-z0-9._-]"));
-            }
-            if k.roles.is_empty() {
-                return Err(format!("{at}: roles must name at least one role"));
-            }
-            let roles = k
-                .roles
-                .iter()
-                .map(|r| {
-                    Role::parse(r).ok_or_else(|| {
-                        format!("{at}: unknown role {r:?} (agent, operator or admin)")
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            entries.push((
-                digest,
-                Arc::new(Identity {
-                    key_id: k.id,
-                    tenant: k.tenant,
-                    roles,
-                }),
-            ));
+            entries.push((digest, identity));
         }
-        Ok(Keys { entries })
+        let mut certs = std::collections::HashMap::new();
+        for (n, c) in file.cert.into_iter().enumerate() {
+            let at = format!("cert {} (id {:?})", n + 1, c.id);
+            let identity = identity(&at, c.id, c.tenant, &c.roles, &mut ids)?;
+            if c.san.is_empty() || c.san.len() > 255 || !c.san.bytes().all(|b| b.is_ascii_graphic())
+            {
+                return Err(format!("{at}: san must be a SAN URI or DNS name"));
+            }
+            if certs.insert(c.san, identity).is_some() {
+                return Err(format!("{at}: the same san is listed twice"));
+            }
+        }
+        Ok(Keys { entries, certs })
     }
 
+    /// The identity a verified client certificate with these SANs maps to
+    /// (the first SAN the file names).
+    pub fn certificate(&self, sans: &[String]) -> Option<Arc<Identity>> {
+        sans.iter().find_map(|san| self.certs.get(san).cloned())
+    }
+
+    /// Keys and certificate identities.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() + self.certs.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
     /// The identity of a presented key. Every stored digest is compared, in
@@ -244,14 +296,25 @@ impl Authenticator {
         Ok(true)
     }
 
-    /// The caller of a request with these headers.
-    fn identify(&self, headers: &http::HeaderMap) -> Result<Arc<Identity>, Error> {
+    /// The caller of a request: its bearer key, or else its verified
+    /// client certificate (mTLS). A key that is given must be known: it
+    /// is never passed over for the certificate.
+    fn identify<B>(&self, request: &http::Request<B>) -> Result<Arc<Identity>, Error> {
         let unauthenticated = |why: &str| Error::Unauthenticated {
             why: why.to_owned(),
         };
-        let value = headers
-            .get(http::header::AUTHORIZATION)
-            .ok_or_else(|| unauthenticated("no authorization metadata (Bearer <key>)"))?;
+        let Some(value) = request.headers().get(http::header::AUTHORIZATION) else {
+            let sans = peer_sans(request);
+            if sans.is_empty() {
+                return Err(unauthenticated(
+                    "no authorization metadata (Bearer <key>) and no client certificate",
+                ));
+            }
+            return self
+                .keys()
+                .certificate(&sans)
+                .ok_or_else(|| unauthenticated("a client certificate the key file does not name"));
+        };
         let key = value
             .as_bytes()
             .strip_prefix(b"Bearer ")
@@ -261,6 +324,35 @@ impl Authenticator {
             .authenticate(key)
             .ok_or_else(|| unauthenticated("unknown key"))
     }
+}
+
+/// The SAN URIs and DNS names of the client certificate the TLS handshake
+/// verified (against `--tls-client-ca`); none without one.
+fn peer_sans<B>(request: &http::Request<B>) -> Vec<String> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let Some(certs) = request
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|info| info.peer_certs())
+    else {
+        return Vec::new();
+    };
+    let Some(Ok((_, cert))) = certs.first().map(|der| X509Certificate::from_der(der)) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            GeneralName::URI(uri) => Some((*uri).to_owned()),
+            GeneralName::DNSName(dns) => Some((*dns).to_owned()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn read(path: &Path) -> Result<(Stamp, String), String> {
@@ -342,13 +434,13 @@ pub struct AuthService<S> {
 }
 
 /// The caller of one request, or why it may not call.
-fn check(
+fn check<B>(
     auth: &Authenticator,
-    headers: &http::HeaderMap,
+    request: &http::Request<B>,
     path: &str,
     allowed: &[Role],
 ) -> Result<Arc<Identity>, Error> {
-    let identity = auth.identify(headers)?;
+    let identity = auth.identify(request)?;
     if !identity.roles.iter().any(|r| allowed.contains(r)) {
         return Err(Error::RoleNotAllowed {
             key_id: identity.key_id.clone(),
@@ -384,7 +476,7 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         if let (Some(auth), Some(allowed)) = (&self.auth, allowed_roles(request.uri().path())) {
-            match check(auth, request.headers(), request.uri().path(), allowed) {
+            match check(auth, &request, request.uri().path(), allowed) {
                 Ok(identity) => {
                     request.extensions_mut().insert(identity);
                 }

@@ -104,6 +104,27 @@ struct ServeArgs {
     /// call every RPC. For a trusted network only.
     #[arg(long, env = "ATMOST_INSECURE_NO_AUTH", conflicts_with = "auth_keys")]
     insecure_no_auth: bool,
+    /// Serve over TLS with this certificate chain (PEM); with --tls-key.
+    #[arg(
+        long,
+        env = "ATMOST_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(
+        long,
+        env = "ATMOST_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<std::path::PathBuf>,
+    /// mTLS: verify client certificates against this CA (PEM). A verified
+    /// certificate can stand in for a key: --auth-keys maps its SAN to a
+    /// tenant and roles. Needs --tls-cert and --auth-keys.
+    #[arg(long, env = "ATMOST_TLS_CLIENT_CA", value_name = "FILE", requires_all = ["tls_cert", "auth_keys"])]
+    tls_client_ca: Option<std::path::PathBuf>,
     /// Serve gRPC server reflection (unauthenticated: it shows the
     /// service's shape, no data). `--reflection=false` turns it off.
     #[arg(long, env = "ATMOST_REFLECTION", default_value_t = true, action = clap::ArgAction::Set)]
@@ -158,6 +179,22 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
         .with_shutdown_grace(args.shutdown_grace)
         .with_max_in_flight(args.max_in_flight)
         .with_reflection(args.reflection);
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let read = |path: &std::path::PathBuf| {
+            std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        let mut tls = tonic::transport::ServerTlsConfig::new().identity(
+            tonic::transport::Identity::from_pem(read(cert)?, read(key)?),
+        );
+        if let Some(ca) = &args.tls_client_ca {
+            // A client without a certificate may still present a key.
+            tls = tls
+                .client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?))
+                .client_auth_optional(true);
+        }
+        app = app.with_tls(tls);
+        tracing::info!(mtls = args.tls_client_ca.is_some(), "serving over TLS");
+    }
     match &args.auth_keys {
         Some(path) => {
             let auth = Authenticator::load(path)?;

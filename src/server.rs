@@ -37,6 +37,7 @@ pub struct App {
     auth: Option<Arc<Authenticator>>,
     auth_reload_interval: Duration,
     reflection: bool,
+    tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 /// Most sweep batches run back to back before the sweeper sleeps again.
@@ -58,7 +59,14 @@ impl App {
             auth: None,
             auth_reload_interval: Duration::from_secs(1),
             reflection: true,
+            tls: None,
         }
+    }
+
+    /// Serves over TLS (and mTLS, when the config names a client CA).
+    pub fn with_tls(mut self, tls: tonic::transport::ServerTlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// Authenticates every atmost RPC against these API keys (reloaded on
@@ -177,7 +185,11 @@ pub async fn run(
         ))
     });
 
-    let serve = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = app.tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let serve = builder
         .layer(AuthLayer::new(app.auth.clone()))
         .add_service(health_service)
         .add_optional_service(reflection_v1)

@@ -818,3 +818,184 @@ async fn state_changing_rpcs_leave_an_audit_trail() {
     // The subject is logged escaped, on its own line.
     assert!(text.contains(r#""subject":"agent-7\\n{"#), "{text}");
 }
+
+/// A CA, and certificates it signs, for the TLS tests.
+struct Pki {
+    ca_pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let ca = params.self_signed(&key).expect("ca");
+        Self {
+            ca_pem: ca.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// (certificate PEM, key PEM) for these SANs (DNS names, or URIs when
+    /// they contain "://").
+    fn issue(&self, sans: &[&str]) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.subject_alt_names = sans
+            .iter()
+            .map(|s| {
+                let name = (*s).try_into().expect("ia5");
+                if s.contains("://") {
+                    rcgen::SanType::URI(name)
+                } else {
+                    rcgen::SanType::DnsName(name)
+                }
+            })
+            .collect();
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// A TLS channel to `addr`, trusting `ca`, presenting `identity` if given.
+async fn tls_client(
+    addr: std::net::SocketAddr,
+    ca: &str,
+    identity: Option<&(String, String)>,
+) -> Result<atmost_client::Client, tonic::transport::Error> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    let channel = Endpoint::from_shared(format!("https://{addr}"))?
+        .tls_config(tls)?
+        .connect()
+        .await?;
+    Ok(atmost_client::Client::new(channel))
+}
+
+/// TLS to callers, and mTLS: a client certificate the CA verified, whose
+/// SAN the key file names, stands in for a key; any other is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_client_certificates_authenticate_callers() {
+    let _machine = shared().await;
+    let pki = Pki::new();
+    let server = pki.issue(&["localhost"]);
+    let runner = pki.issue(&["spiffe://test/ns/agents/sa/runner"]);
+    let stranger = pki.issue(&["spiffe://test/ns/agents/sa/stranger"]);
+    let other_ca = Pki::new();
+    let forged = other_ca.issue(&["spiffe://test/ns/agents/sa/runner"]);
+
+    let keys = KeyFile::new(&format!(
+        "{}[[cert]]\nid = \"runner\"\nsan = \"spiffe://test/ns/agents/sa/runner\"\ntenant = \"acme\"\nroles = [\"agent\"]\n",
+        three_keys()
+    ));
+    let file = |name: &str, text: &str| {
+        let path = keys.dir.join(name);
+        std::fs::write(&path, text).expect("write pem");
+        path.to_str().expect("utf-8").to_owned()
+    };
+    let (cert, key, ca) = (
+        file("server.pem", &server.0),
+        file("server.key", &server.1),
+        file("ca.pem", &pki.ca_pem),
+    );
+    let process = spawn_atmost(&[
+        "--auth-keys",
+        keys.path.to_str().expect("utf-8"),
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-client-ca",
+        &ca,
+    ]);
+    let addr = process.addr();
+
+    // Plaintext gets no answer from a TLS port.
+    let plain = atmost_client::Client::connect(format!("http://{addr}")).await;
+    if let Ok(plain) = plain {
+        let r = plain.get_permit(&uuid::Uuid::now_v7().to_string()).await;
+        assert!(
+            r.as_ref().is_err_and(|e| e.reason_name().is_none()),
+            "{r:?}"
+        );
+    }
+
+    // Over TLS, a key works as before; no key and no certificate does not.
+    let tls = tls_client(addr, &pki.ca_pem, None).await.expect("tls");
+    expect_error(
+        tls.create_permit(
+            NewPermit::new(["t"])
+                .expires_at_ms(atmost_client::now_ms() + 60_000)
+                .build(),
+        )
+        .await,
+        Code::Unauthenticated,
+        "UNAUTHENTICATED",
+    );
+    let admin = tls.clone().with_api_key(ADMIN).expect("ascii");
+    let permit = admin
+        .create_permit(
+            NewPermit::new(["t"])
+                .expires_at_ms(atmost_client::now_ms() + 60_000)
+                .build(),
+        )
+        .await
+        .expect("admin over TLS")
+        .permit_id;
+
+    // The runner's certificate: an agent of acme, no key needed.
+    let runner_client = tls_client(addr, &pki.ca_pem, Some(&runner))
+        .await
+        .expect("mtls");
+    let r = runner_client
+        .authorize(authorize_request(&permit, "k1"))
+        .await
+        .expect("agent by certificate");
+    assert_eq!(r.decision(), pb::Decision::Dispatch);
+    expect_denied(
+        runner_client
+            .create_permit(
+                NewPermit::new(["t"])
+                    .expires_at_ms(atmost_client::now_ms() + 60_000)
+                    .build(),
+            )
+            .await,
+        "runner",
+        "atmost.v1.Permits/CreatePermit",
+        "admin",
+    );
+    // A certificate the CA signed but the file does not name: refused.
+    let stranger_client = tls_client(addr, &pki.ca_pem, Some(&stranger))
+        .await
+        .expect("mtls");
+    expect_error(
+        stranger_client
+            .authorize(authorize_request(&permit, "k2"))
+            .await,
+        Code::Unauthenticated,
+        "UNAUTHENTICATED",
+    );
+    // A certificate another CA signed, with the runner's SAN: the
+    // handshake fails; nothing is answered.
+    match tls_client(addr, &pki.ca_pem, Some(&forged)).await {
+        Err(_) => {}
+        Ok(c) => {
+            let r = c.authorize(authorize_request(&permit, "k3")).await;
+            assert!(
+                r.as_ref().is_err_and(|e| e.reason_name().is_none()),
+                "{r:?}"
+            );
+        }
+    }
+    let view = admin.get_permit(&permit).await.expect("get");
+    assert_eq!(
+        view.usage[0].calls_made, 1,
+        "only the runner's call counted"
+    );
+}
