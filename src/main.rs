@@ -66,6 +66,10 @@ struct ServeArgs {
         default_value = "redis://127.0.0.1:6379"
     )]
     redis_url: String,
+    /// For a rediss:// URL: the CA certificate (PEM) that signed Redis's,
+    /// instead of the system's trust store.
+    #[arg(long, env = "ATMOST_REDIS_TLS_CA", value_name = "FILE")]
+    redis_tls_ca: Option<std::path::PathBuf>,
     /// Prefix of every Redis key.
     #[arg(long, env = "ATMOST_REDIS_PREFIX", default_value = "atmost")]
     redis_prefix: String,
@@ -168,6 +172,12 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
                 timeout: args.store_timeout,
                 allow_eviction: args.allow_eviction,
                 time: Time::Redis,
+                tls_ca: match &args.redis_tls_ca {
+                    Some(path) => {
+                        Some(std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?)
+                    }
+                    None => None,
+                },
             })?;
             check_eviction(&store, args.allow_eviction, args.store_timeout).await?;
             check_version(&store, args.store_timeout).await?;

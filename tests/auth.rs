@@ -819,45 +819,6 @@ async fn state_changing_rpcs_leave_an_audit_trail() {
     assert!(text.contains(r#""subject":"agent-7\\n{"#), "{text}");
 }
 
-/// A CA, and certificates it signs, for the TLS tests.
-struct Pki {
-    ca_pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let key = rcgen::KeyPair::generate().expect("key");
-        let ca = params.self_signed(&key).expect("ca");
-        Self {
-            ca_pem: ca.pem(),
-            issuer: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    /// (certificate PEM, key PEM) for these SANs (DNS names, or URIs when
-    /// they contain "://").
-    fn issue(&self, sans: &[&str]) -> (String, String) {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.subject_alt_names = sans
-            .iter()
-            .map(|s| {
-                let name = (*s).try_into().expect("ia5");
-                if s.contains("://") {
-                    rcgen::SanType::URI(name)
-                } else {
-                    rcgen::SanType::DnsName(name)
-                }
-            })
-            .collect();
-        let key = rcgen::KeyPair::generate().expect("key");
-        let cert = params.signed_by(&key, &self.issuer).expect("sign");
-        (cert.pem(), key.serialize_pem())
-    }
-}
-
 /// A TLS channel to `addr`, trusting `ca`, presenting `identity` if given.
 async fn tls_client(
     addr: std::net::SocketAddr,

@@ -200,6 +200,7 @@ async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
         timeout: std::time::Duration::from_secs(2),
         allow_eviction: false,
         time: atmost::store::redis::Time::Caller,
+        tls_ca: None,
     })
     .expect("the longest retention is accepted");
     let h = Harness::serve(atmost::store::Backend::Redis(store), Some(redis), |app| app).await;
@@ -232,6 +233,7 @@ async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
         timeout: std::time::Duration::from_secs(2),
         allow_eviction: false,
         time: atmost::store::redis::Time::Caller,
+        tls_ca: None,
     });
     assert!(too_long.is_err(), "a retention past the bound is refused");
 }

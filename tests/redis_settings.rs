@@ -268,3 +268,200 @@ async fn maxmemory_reached_refuses_writes_whole_and_resumes() {
     assert_eq!(view.usage[0].calls_made, 2);
     assert_eq!((view.budget_committed, view.budget_reserved), (10, 10));
 }
+
+/// The ACL atmost needs, as docs/guarantees.md gives it: its key prefix,
+/// the commands its scripts and checks run, nothing else.
+pub fn atmost_acl(user: &str, password: &str, prefix: &str) -> Vec<String> {
+    let mut acl = vec![
+        "ACL",
+        "SETUSER",
+        user,
+        "on",
+        "resetkeys",
+        "resetchannels",
+        "-@all",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>();
+    acl.push(format!(">{password}"));
+    acl.push(format!("~{prefix}:*"));
+    for command in [
+        // Outside scripts: scripts, the indexes, the checks.
+        "+evalsha",
+        "+script|load",
+        "+zadd",
+        "+zrangebylex",
+        "+zrem",
+        "+sadd",
+        "+smembers",
+        "+ping",
+        "+info",
+        "+config|get",
+        // Inside the scripts.
+        "+hget",
+        "+hmget",
+        "+hset",
+        "+hdel",
+        "+hgetall",
+        "+exists",
+        "+persist",
+        "+pexpireat",
+        "+time",
+    ] {
+        acl.push(command.to_owned());
+    }
+    acl
+}
+
+/// The Redis link over TLS (rustls, with the CA given by
+/// --redis-tls-ca) as an ACL user with only what atmost needs: the whole
+/// cycle works; a wrong password is NOT_SERVING and UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_redis_as_an_acl_user_with_only_what_atmost_needs() {
+    let _machine = shared().await;
+    let pki = Pki::new();
+    let (cert, key) = pki.issue(&["localhost"]);
+    let dir = std::env::temp_dir().join(format!("atmost-redis-tls-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write");
+        path.to_str().expect("utf-8").to_owned()
+    };
+    let (cert, key, ca) = (
+        file("redis.pem", &cert),
+        file("redis.key", &key),
+        file("ca.pem", &pki.ca_pem),
+    );
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+        .to_string();
+    let redis = Redis::start_owned_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let mut admin = redis.connect().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&atmost_acl("atmost", "s3cret", &redis.prefix)[1..])
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+
+    let serve = |password: &str| {
+        spawn_atmost(&[
+            "--store",
+            "redis",
+            "--redis-url",
+            &format!("rediss://atmost:{password}@localhost:{tls_port}"),
+            "--redis-tls-ca",
+            &ca,
+            "--redis-prefix",
+            &redis.prefix,
+        ])
+    };
+    let process = serve("s3cret");
+    let client = process.client().await;
+    dispatches(&client).await;
+    let permit = client
+        .create_permit(
+            NewPermit::new(["t"])
+                .expires_at_ms(atmost_client::now_ms() + 60_000)
+                .build(),
+        )
+        .await
+        .expect("create over TLS")
+        .permit_id;
+    let request = pb::AuthorizeRequest {
+        permit_id: permit.clone(),
+        tool: "t".into(),
+        idempotency_key: "k".into(),
+        request_fingerprint: b"fp".to_vec(),
+        cost: 0,
+        holder_token: Vec::new(),
+    };
+    let a = client
+        .authorize(request.clone())
+        .await
+        .expect("authorize")
+        .attempt
+        .expect("a");
+    client
+        .mark_uncertain(pb::MarkUncertainRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "k".into(),
+            attempt_id: a.attempt_id,
+            reason: "lost".into(),
+        })
+        .await
+        .expect("mark");
+    assert_eq!(
+        client.list_all_uncertain("", 10).await.expect("list").len(),
+        1
+    );
+    client
+        .resolve(pb::ResolveRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "k".into(),
+            attempt_id: String::new(),
+            outcome: Some(resolved_succeeded(b"ok", None)),
+        })
+        .await
+        .expect("resolve");
+    let replay = client.authorize(request).await.expect("replay");
+    assert_eq!(replay.decision(), Decision::Replay);
+    client.revoke_permit(&permit).await.expect("revoke");
+    // The user can read nothing outside its prefix.
+    let outside: redis::RedisResult<()> = redis::cmd("AUTH")
+        .arg("atmost")
+        .arg("s3cret")
+        .query_async(&mut admin)
+        .await;
+    outside.expect("auth as atmost");
+    let denied: redis::RedisResult<Option<String>> = redis::cmd("GET")
+        .arg("elsewhere")
+        .query_async(&mut admin)
+        .await;
+    assert!(denied.is_err(), "{denied:?}");
+
+    let wrong = serve("wrong");
+    let client = wrong.client().await;
+    let r = client
+        .create_permit(
+            NewPermit::new(["t"])
+                .expires_at_ms(atmost_client::now_ms() + 60_000)
+                .build(),
+        )
+        .await;
+    expect_error(r, Code::Unavailable, "STORE_UNAVAILABLE");
+    // Without the CA, Redis's certificate is not trusted: nothing served.
+    let untrusted = spawn_atmost(&[
+        "--store",
+        "redis",
+        "--redis-url",
+        &format!("rediss://atmost:s3cret@localhost:{tls_port}"),
+        "--redis-prefix",
+        &redis.prefix,
+    ]);
+    let r = untrusted
+        .client()
+        .await
+        .create_permit(
+            NewPermit::new(["t"])
+                .expires_at_ms(atmost_client::now_ms() + 60_000)
+                .build(),
+        )
+        .await;
+    expect_error(r, Code::Unavailable, "STORE_UNAVAILABLE");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -67,6 +67,7 @@ pub fn redis_store_with(
         timeout,
         allow_eviction: false,
         time: atmost::store::redis::Time::Caller,
+        tls_ca: None,
     })
     .expect("redis store")
 }
@@ -486,4 +487,45 @@ pub fn expect_error<T: std::fmt::Debug>(
     // Only an ErrorInfo of the `atmost` domain gives a reason name.
     assert_eq!(error.reason_name(), Some(reason), "{error:?}");
     (error.metadata(), error)
+}
+
+// === certificates ===
+
+/// A CA, and certificates it signs, for the TLS tests.
+pub struct Pki {
+    pub ca_pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let ca = params.self_signed(&key).expect("ca");
+        Self {
+            ca_pem: ca.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// (certificate PEM, key PEM) for these SANs (DNS names, or URIs when
+    /// they contain "://").
+    pub fn issue(&self, sans: &[&str]) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.subject_alt_names = sans
+            .iter()
+            .map(|s| {
+                let name = (*s).try_into().expect("ia5");
+                if s.contains("://") {
+                    rcgen::SanType::URI(name)
+                } else {
+                    rcgen::SanType::DnsName(name)
+                }
+            })
+            .collect();
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        (cert.pem(), key.serialize_pem())
+    }
 }

@@ -23,6 +23,9 @@ pub struct RedisConfig {
     pub allow_eviction: bool,
     /// Whose clock decides expiry, leases and key lifetimes.
     pub time: Time,
+    /// For a `rediss://` URL: the CA (PEM) that signed Redis's certificate,
+    /// instead of the system's trust store.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 /// Whose clock the scripts decide on.
@@ -55,7 +58,18 @@ pub fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
 /// picked up when it comes. Redis Cluster and Sentinel connections land here
 /// next.
 pub(super) fn manager(config: &RedisConfig) -> Result<ConnectionManager, Error> {
-    let client = redis::Client::open(connection_info(&config.url)?).map_err(unavailable)?;
+    let info = connection_info(&config.url)?;
+    let client = match &config.tls_ca {
+        Some(ca) => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.clone()),
+            },
+        ),
+        None => redis::Client::open(info),
+    }
+    .map_err(|e| invalid("redis_url", e.to_string()))?;
     let manager_config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.timeout))
         .set_response_timeout(Some(config.timeout))

@@ -358,6 +358,7 @@ impl RedisSide {
             timeout: Duration::from_secs(10),
             allow_eviction: false,
             time,
+            tls_ca: None,
         })?)
     }
 
