@@ -12,7 +12,7 @@ const ADMIN: &str = "admin-secret-0123456789";
 const AGENT: &str = "agent-secret-0123456789";
 const OPS: &str = "ops-secret-0123456789";
 
-fn entry(id: &str, key: &str, tenant: &str, roles: &str) -> String {
+pub fn entry(id: &str, key: &str, tenant: &str, roles: &str) -> String {
     let sha: String = Sha256::digest(key.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -32,13 +32,13 @@ fn three_keys() -> String {
 }
 
 /// A key file in a fresh temporary directory (removed on drop).
-struct KeyFile {
-    dir: std::path::PathBuf,
-    path: std::path::PathBuf,
+pub struct KeyFile {
+    pub dir: std::path::PathBuf,
+    pub path: std::path::PathBuf,
 }
 
 impl KeyFile {
-    fn new(text: &str) -> Self {
+    pub fn new(text: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("atmost-keys-{}", uuid::Uuid::now_v7()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("keys.toml");
@@ -49,7 +49,7 @@ impl KeyFile {
 
     /// Replaces the file whole (write, then rename), as an operator's tool
     /// or a mounted Secret does.
-    fn write(&self, text: &str) {
+    pub fn write(&self, text: &str) {
         let next = self.dir.join("keys.toml.next");
         std::fs::write(&next, text).expect("write keys");
         std::fs::rename(&next, &self.path).expect("rename keys");

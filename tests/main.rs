@@ -3,7 +3,9 @@
 //! real `redis-server` processes (its own, on free loopback ports, or
 //! `REDIS_URL` with a key prefix of its own).
 //!
-//! - `auth`: API keys and roles, reloading the key file, dev mode.
+//! - `attacks`: the attack campaign, two replicas with real credentials.
+//! - `auth`: API keys, roles, tenants, TLS and mTLS, the audit trail,
+//!   reloading the key file, dev mode.
 //! - `behaviour`: every behaviour case, once on each store.
 //! - `model`: the Redis scripts against the reference state machine,
 //!   random sequences (proptest).
@@ -24,6 +26,7 @@
 
 mod support;
 
+mod attacks;
 mod auth;
 mod behaviour;
 mod clock_skew;

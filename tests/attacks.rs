@@ -1,0 +1,242 @@
+//! The attack campaign, against two real atmost replicas on one Redis with
+//! real credentials (two tenants): what a buggy or prompt-injected agent,
+//! or another tenant, might try. docs/security.md lists each attack with
+//! its verdict and the test that proves it.
+
+use crate::auth::{KeyFile, entry};
+use crate::support::*;
+use pb::Decision;
+use std::time::Duration;
+use tonic::Code;
+
+const ADMIN: &str = "acme-admin-0123456789abcdef";
+const AGENT: &str = "acme-agent-0123456789abcdef";
+const OTHER: &str = "globex-admin-0123456789abcdef";
+
+struct Campaign {
+    keys: KeyFile,
+    _redis: Redis,
+    replicas: [AtmostProcess; 2],
+}
+
+impl Campaign {
+    fn start() -> Self {
+        let keys = KeyFile::new(
+            &[
+                entry("acme-admin", ADMIN, "acme", "\"admin\""),
+                entry("acme-agent", AGENT, "acme", "\"agent\""),
+                entry("globex-admin", OTHER, "globex", "\"admin\""),
+            ]
+            .concat(),
+        );
+        let redis = Redis::start();
+        let mut args = redis.serve_args();
+        args.extend([
+            "--auth-keys".to_owned(),
+            keys.path.to_str().expect("utf-8").to_owned(),
+        ]);
+        let replicas = [spawn_atmost(&args), spawn_atmost(&args)];
+        Self {
+            keys,
+            _redis: redis,
+            replicas,
+        }
+    }
+
+    /// A client of replica `n` with `key`.
+    async fn client(&self, n: usize, key: &str) -> atmost_client::Client {
+        self.replicas[n]
+            .client()
+            .await
+            .with_api_key(key)
+            .expect("ascii")
+    }
+}
+
+fn authorize(permit: &str, tool: &str, key: &str, fp: &[u8], cost: i64) -> pb::AuthorizeRequest {
+    pb::AuthorizeRequest {
+        permit_id: permit.into(),
+        tool: tool.into(),
+        idempotency_key: key.into(),
+        request_fingerprint: fp.to_vec(),
+        cost,
+        holder_token: Vec::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attack_campaign() {
+    let _machine = shared().await;
+    let c = Campaign::start();
+    let admin = [c.client(0, ADMIN).await, c.client(1, ADMIN).await];
+    let agent = [c.client(0, AGENT).await, c.client(1, AGENT).await];
+    let other = [c.client(0, OTHER).await, c.client(1, OTHER).await];
+    let permit = |budget: Option<i64>| {
+        let mut p = NewPermit::new(["pay", "search"])
+            .expires_at_ms(atmost_client::now_ms() + 600_000)
+            .duplicate_guard(pb::DuplicateGuardMode::Off, None)
+            .build();
+        p.budget = budget;
+        p
+    };
+
+    // 1. Parallel identical calls, across both replicas: one DISPATCH.
+    let p1 = admin[0]
+        .create_permit(permit(None))
+        .await
+        .expect("create")
+        .permit_id;
+    let racers: Vec<_> = (0..20)
+        .map(|i| {
+            let client = agent[i % 2].clone();
+            let request = authorize(&p1, "pay", "charge-1", b"same", 1);
+            tokio::spawn(async move { client.authorize(request).await })
+        })
+        .collect();
+    let mut dispatched = 0;
+    for r in racers {
+        match r.await.expect("task") {
+            Ok(a) if a.decision() == Decision::Dispatch => dispatched += 1,
+            Ok(a) => panic!("{a:?}"),
+            Err(e) => assert_eq!(e.reason_name(), Some("IDEMPOTENCY_IN_PROGRESS"), "{e:?}"),
+        }
+    }
+    assert_eq!(dispatched, 1, "parallel identical calls");
+
+    // 2. The budget race: 10 fresh keys at cost 2 against a budget of 7,
+    //    across both replicas: exactly 3 admitted.
+    let p2 = admin[1]
+        .create_permit(permit(Some(7)))
+        .await
+        .expect("create")
+        .permit_id;
+    let racers: Vec<_> = (0..10)
+        .map(|i| {
+            let client = agent[i % 2].clone();
+            let request = authorize(&p2, "pay", &format!("k{i}"), format!("fp{i}").as_bytes(), 2);
+            tokio::spawn(async move { client.authorize(request).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for r in racers {
+        match r.await.expect("task") {
+            Ok(a) if a.decision() == Decision::Dispatch => admitted += 1,
+            Ok(a) => panic!("{a:?}"),
+            Err(e) => assert_eq!(e.reason_name(), Some("PERMIT_BUDGET_EXCEEDED"), "{e:?}"),
+        }
+    }
+    assert_eq!(admitted, 3, "the budget race");
+    let view = admin[0].get_permit(&p2).await.expect("get");
+    assert_eq!((view.budget_reserved, view.budget_remaining), (6, Some(1)));
+
+    // 3. Scope escape: a tool out of scope, and tricks on a tool's name.
+    for tool in [
+        "transfer",
+        "PAY",
+        "pay ",
+        " pay",
+        "pay\0",
+        "pay/../search",
+        "pay\n",
+        "pa",
+        "payy",
+    ] {
+        let r = agent[0]
+            .authorize(authorize(&p1, tool, &format!("esc-{tool:?}"), b"x", 0))
+            .await;
+        let e = r.expect_err(tool);
+        assert!(
+            matches!(
+                e.reason_name(),
+                Some("TOOL_NOT_IN_SCOPE" | "INVALID_REQUEST")
+            ),
+            "{tool:?}: {e:?}"
+        );
+    }
+
+    // 4. Another tenant, through either replica: nothing of acme's exists.
+    for (n, client) in other.iter().enumerate() {
+        let not_found = |r: Result<(), atmost_client::Error>| {
+            expect_error(r, Code::NotFound, "PERMIT_NOT_FOUND");
+        };
+        not_found(client.get_permit(&p1).await.map(drop));
+        not_found(
+            client
+                .authorize(authorize(&p1, "pay", &format!("x{n}"), b"x", 0))
+                .await
+                .map(drop),
+        );
+        not_found(
+            client
+                .authorize(authorize(&p1, "pay", "charge-1", b"same", 1))
+                .await
+                .map(drop),
+        );
+        not_found(client.revoke_permit(&p1).await.map(drop));
+        not_found(
+            client
+                .resolve(pb::ResolveRequest {
+                    permit_id: p1.clone(),
+                    idempotency_key: "charge-1".into(),
+                    attempt_id: String::new(),
+                    outcome: Some(resolved_succeeded(b"forged receipt", None)),
+                })
+                .await
+                .map(drop),
+        );
+        let listed = client
+            .list_all_uncertain("", 100)
+            .await
+            .expect("own listing");
+        assert!(listed.is_empty(), "{listed:?}");
+    }
+
+    // 5. An agent key calling operator and admin RPCs.
+    expect_error(
+        agent[1].create_permit(permit(None)).await,
+        Code::PermissionDenied,
+        "ROLE_NOT_ALLOWED",
+    );
+    expect_error(
+        agent[1].revoke_permit(&p1).await,
+        Code::PermissionDenied,
+        "ROLE_NOT_ALLOWED",
+    );
+    expect_error(
+        agent[0].list_all_uncertain("", 10).await,
+        Code::PermissionDenied,
+        "ROLE_NOT_ALLOWED",
+    );
+    expect_error(
+        agent[0]
+            .resolve(pb::ResolveRequest {
+                permit_id: p1.clone(),
+                idempotency_key: "charge-1".into(),
+                attempt_id: String::new(),
+                outcome: Some(resolved_not_sent()),
+            })
+            .await,
+        Code::PermissionDenied,
+        "ROLE_NOT_ALLOWED",
+    );
+
+    // 6. A removed key, on connections both replicas already hold open.
+    c.keys
+        .write(&entry("acme-admin", ADMIN, "acme", "\"admin\""));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for client in &agent {
+        loop {
+            match client.get_permit(&p1).await {
+                Err(e) if e.reason_name() == Some("UNAUTHENTICATED") => break,
+                _ if std::time::Instant::now() > deadline => panic!("the removed key still works"),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+    admin[1].get_permit(&p1).await.expect("the kept key works");
+
+    // Nothing above changed what the attacks could have: one slot on p1.
+    let view = admin[0].get_permit(&p1).await.expect("get");
+    let pay = view.usage.iter().find(|u| u.tool == "pay").expect("pay");
+    assert_eq!(pay.calls_made, 1);
+}
