@@ -75,16 +75,26 @@ impl Role {
     }
 }
 
-/// The roles that may call each atmost RPC, by its gRPC path; `None` for a
-/// path that is not an atmost RPC (health, reflection). An atmost path this
-/// table does not name is an admin's.
+/// The services anyone may call, key or not: gRPC health and server
+/// reflection (turned off with `--reflection=false`).
+const OPEN_SERVICES: &[&str] = &[
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1.ServerReflection/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+];
+
+/// The roles that may call each RPC, by its gRPC path; `None` only for the
+/// open services. Any other path, including one of a service added later,
+/// is an admin's: the table fails closed.
 pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
     use Role::{Admin, Agent, Operator};
-    let rpc = path.strip_prefix("/atmost.v1.")?;
-    Some(match rpc {
-        "Gate/Authorize" | "Gate/Commit" | "Gate/MarkUncertain" => &[Agent, Admin],
-        "Permits/GetPermit" => &[Agent, Operator, Admin],
-        "Permits/ListUncertain" | "Permits/Resolve" => &[Operator, Admin],
+    if OPEN_SERVICES.iter().any(|open| path.starts_with(open)) {
+        return None;
+    }
+    Some(match path.strip_prefix("/atmost.v1.") {
+        Some("Gate/Authorize" | "Gate/Commit" | "Gate/MarkUncertain") => &[Agent, Admin],
+        Some("Permits/GetPermit") => &[Agent, Operator, Admin],
+        Some("Permits/ListUncertain" | "Permits/Resolve") => &[Operator, Admin],
         _ => &[Admin],
     })
 }
@@ -183,7 +193,17 @@ impl Keys {
     /// Parses a key file, checking every entry: the error names the first
     /// entry that is wrong and why (the keys in force stay as they are).
     pub fn parse(text: &str) -> Result<Keys, String> {
-        let file: KeyFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        // toml's own message quotes the offending line, which may hold a
+        // key pasted by mistake: only the line number and what is wrong.
+        let file: KeyFile = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            match line {
+                Some(line) => format!("line {line}: {}", e.message()),
+                None => e.message().to_owned(),
+            }
+        })?;
         let mut ids = HashSet::new();
         let mut digests = HashSet::new();
         let mut entries = Vec::with_capacity(file.key.len());
@@ -292,6 +312,15 @@ impl Authenticator {
             *seen = Some(stamp);
         }
         let keys = Keys::parse(&text).map_err(|e| format!("{}: {e}", self.path.display()))?;
+        // An empty file is far likelier a write caught halfway (or a
+        // mount being swapped) than an intent to lock everyone out.
+        if keys.is_empty() && !self.keys().is_empty() {
+            return Err(format!(
+                "{}: no key and no certificate in the file; the keys in force stay \
+                 (replace the file whole, by a rename)",
+                self.path.display()
+            ));
+        }
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
         Ok(true)
     }
@@ -369,7 +398,7 @@ fn read(path: &Path) -> Result<(Stamp, String), String> {
 /// Keeps the keys in step with the file until `stop`: reads it again on
 /// SIGHUP, and every `interval` if it changed. Connections stay open; each
 /// request is checked against the keys in force when it arrives.
-pub async fn watch(auth: Arc<Authenticator>, interval: Duration, stop: CancellationToken) {
+pub async fn watch(auth: Option<Arc<Authenticator>>, interval: Duration, stop: CancellationToken) {
     #[cfg(unix)]
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
@@ -388,6 +417,12 @@ pub async fn watch(auth: Arc<Authenticator>, interval: Duration, stop: Cancellat
             () = stop.cancelled() => return,
             () = hup => true,
             () = tokio::time::sleep(interval) => false,
+        };
+        let Some(auth) = &auth else {
+            if force {
+                tracing::info!("SIGHUP: no --auth-keys file to reload");
+            }
+            continue;
         };
         match auth.reload(force) {
             Ok(true) => tracing::info!(

@@ -177,13 +177,13 @@ pub async fn run(
         watch_stop.clone(),
     ));
 
-    let auth_task = app.auth.clone().map(|auth| {
-        tokio::spawn(crate::auth::watch(
-            auth,
-            app.auth_reload_interval,
-            watch_stop.clone(),
-        ))
-    });
+    // SIGHUP reloads the key file; without one it is only logged (its
+    // default action would end the process).
+    let auth_task = Some(tokio::spawn(crate::auth::watch(
+        app.auth.clone(),
+        app.auth_reload_interval,
+        watch_stop.clone(),
+    )));
 
     let mut builder = Server::builder();
     if let Some(tls) = app.tls {

@@ -162,12 +162,41 @@ async fn a_redis_restarted_evicting_is_refused_before_any_operation() {
     .await;
 }
 
-/// Managed services disable CONFIG: the policy cannot be read, and atmost
-/// serves (with a loud warning in its log).
+/// Managed services disable CONFIG (atmost then reads the policy from INFO
+/// memory); where INFO is disabled too, the policy cannot be read, and
+/// atmost serves (with a loud warning in its log).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_config_it_serves_with_a_warning() {
     let _machine = shared().await;
     let redis = Redis::start_owned_with(&["--rename-command", "CONFIG", ""]);
+    let process = spawn_atmost(&redis.serve_args());
+    let client = process.client().await;
+    wait_health(&client, ServingStatus::Serving).await;
+    dispatches(&client).await;
+    drop(process);
+    // CONFIG off, and an evicting policy: INFO still tells it, and atmost
+    // refuses.
+    let evicting = Redis::start_owned_with(&[
+        "--rename-command",
+        "CONFIG",
+        "",
+        "--maxmemory-policy",
+        "allkeys-lru",
+    ]);
+    let (status, stderr) = run_to_exit(&evicting.serve_args());
+    assert!(!status.success());
+    assert!(
+        stderr.contains("maxmemory-policy is allkeys-lru"),
+        "{stderr}"
+    );
+    let redis = Redis::start_owned_with(&[
+        "--rename-command",
+        "CONFIG",
+        "",
+        "--rename-command",
+        "INFO",
+        "",
+    ]);
     let process = spawn_atmost(&redis.serve_args());
     let client = process.client().await;
     wait_health(&client, ServingStatus::Serving).await;
@@ -269,7 +298,7 @@ async fn maxmemory_reached_refuses_writes_whole_and_resumes() {
     assert_eq!((view.budget_committed, view.budget_reserved), (10, 10));
 }
 
-/// The ACL atmost needs, as docs/guarantees.md gives it: its key prefix,
+/// The ACL atmost needs, as the README gives it: its key prefix,
 /// the commands its scripts and checks run, nothing else.
 pub fn atmost_acl(user: &str, password: &str, prefix: &str) -> Vec<String> {
     let mut acl = vec![

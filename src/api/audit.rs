@@ -3,17 +3,41 @@
 //! and tenant, never the key), which RPC, about which permit, tool and
 //! idempotency key, what was decided (the decision or the attempt's state,
 //! or the reason it was refused) and the attempt's id. Never a fingerprint,
-//! a result or a secret. Every value is either checked by validation (ids,
-//! tool names, printable keys) or written escaped, so a caller cannot forge
-//! a line of the trail.
+//! a result or a secret.
+//!
+//! A request the caller abandons (it reset the stream, or its deadline
+//! passed) while its store call was under way may still have been applied:
+//! its event says `CANCELLED` when the handler is dropped.
+//!
+//! Values a caller chose are percent-encoded (any byte outside
+//! `[A-Za-z0-9._:/-]`), so in text logs they hold no space, `=` or quote,
+//! and cannot forge a field or a line.
 
 use crate::auth::Identity;
+use std::fmt::Write;
 use std::sync::Arc;
 
-/// The caller of one RPC, taken before its request is consumed.
+/// The caller of one RPC, taken before its request is consumed. Records
+/// its event once: with [`Audit::record`], or as `CANCELLED` when dropped
+/// before that.
 pub struct Audit {
     rpc: &'static str,
     caller: Option<Arc<Identity>>,
+    /// What the request is about, for the event of a cancelled request.
+    about: Option<(String, String, String)>,
+}
+
+/// A caller's value, percent-encoded outside `[A-Za-z0-9._:/-]`.
+fn clean(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"._:/-".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
 }
 
 impl Audit {
@@ -21,12 +45,35 @@ impl Audit {
         Self {
             rpc,
             caller: request.extensions().get::<Arc<Identity>>().cloned(),
+            about: None,
         }
+    }
+
+    /// What the request is about, known before the store is asked: the
+    /// event of a request cancelled meanwhile names it.
+    pub fn about(&mut self, permit_id: &str, tool: &str, idempotency_key: &str) {
+        self.about = Some((
+            permit_id.to_owned(),
+            tool.to_owned(),
+            idempotency_key.to_owned(),
+        ));
     }
 
     /// Records the RPC's answer: `outcome` is the decision, the attempt's
     /// state, or the refusal's reason name.
     pub fn record(
+        mut self,
+        permit_id: &str,
+        tool: &str,
+        idempotency_key: &str,
+        outcome: &str,
+        attempt_id: &str,
+    ) {
+        self.about = None;
+        self.emit(permit_id, tool, idempotency_key, outcome, attempt_id);
+    }
+
+    fn emit(
         &self,
         permit_id: &str,
         tool: &str,
@@ -43,14 +90,35 @@ impl Audit {
             rpc = self.rpc,
             key_id,
             tenant,
-            // Escaped (a refused request's values were never validated):
-            // a newline cannot start a forged line.
-            permit_id = %permit_id.escape_debug(),
-            tool = %tool.escape_debug(),
-            idempotency_key = %idempotency_key.escape_debug(),
+            permit_id = %clean(permit_id),
+            tool = %clean(tool),
+            idempotency_key = %clean(idempotency_key),
             outcome,
             attempt_id,
             "audit"
         );
+    }
+}
+
+impl Drop for Audit {
+    fn drop(&mut self) {
+        if let Some((permit_id, tool, key)) = self.about.take() {
+            self.emit(&permit_id, &tool, &key, "CANCELLED", "");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clean;
+
+    #[test]
+    fn a_callers_value_cannot_forge_a_field() {
+        assert_eq!(clean("charge-42"), "charge-42");
+        assert_eq!(
+            clean("k outcome=REPLAY \"x\"\n"),
+            "k%20outcome%3DREPLAY%20%22x%22%0A"
+        );
+        assert_eq!(clean("é"), "%C3%A9");
     }
 }

@@ -29,9 +29,10 @@ impl Gate for GateService {
         request: Request<pb::AuthorizeRequest>,
     ) -> Result<Response<pb::AuthorizeResponse>, Status> {
         let deadline = Deadline::of(&request);
-        let audit = Audit::of("Authorize", &request);
+        let mut audit = Audit::of("Authorize", &request);
         let scope = scope_of(&request, &[Role::Admin]);
         let mut cmd = convert::authorize_cmd(request.into_inner());
+        audit.about(&cmd.permit_id, &cmd.tool, &cmd.idempotency_key);
         let now = self.ctx.clock.now();
         let result = match cmd.validate() {
             Ok(()) => {
@@ -91,10 +92,11 @@ impl Gate for GateService {
         request: Request<pb::CommitRequest>,
     ) -> Result<Response<pb::CommitResponse>, Status> {
         let deadline = Deadline::of(&request);
-        let audit = Audit::of("Commit", &request);
+        let mut audit = Audit::of("Commit", &request);
         let scope = scope_of(&request, &[Role::Admin]);
         let r = request.into_inner();
         let (permit_id, key) = (r.permit_id.clone(), r.idempotency_key.clone());
+        audit.about(&permit_id, "", &key);
         let now = self.ctx.clock.now();
         let result = match convert::commit_cmd(r).and_then(|mut cmd| cmd.validate().map(|()| cmd)) {
             Ok(cmd) => {
@@ -129,9 +131,10 @@ impl Gate for GateService {
         request: Request<pb::MarkUncertainRequest>,
     ) -> Result<Response<pb::MarkUncertainResponse>, Status> {
         let deadline = Deadline::of(&request);
-        let audit = Audit::of("MarkUncertain", &request);
+        let mut audit = Audit::of("MarkUncertain", &request);
         let scope = scope_of(&request, &[Role::Admin]);
         let mut cmd = convert::mark_uncertain_cmd(request.into_inner());
+        audit.about(&cmd.permit_id, "", &cmd.idempotency_key);
         let now = self.ctx.clock.now();
         let result = match cmd.validate() {
             Ok(()) => {

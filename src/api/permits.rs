@@ -31,7 +31,8 @@ impl Permits for PermitsService {
         request: Request<pb::CreatePermitRequest>,
     ) -> Result<Response<pb::Permit>, Status> {
         let deadline = Deadline::of(&request);
-        let audit = Audit::of("CreatePermit", &request);
+        let mut audit = Audit::of("CreatePermit", &request);
+        audit.about("", "", "");
         let scope = tenant_of(&request);
         let now = self.ctx.clock.now();
         let result = match convert::permit_spec(request.into_inner().permit)
@@ -87,9 +88,10 @@ impl Permits for PermitsService {
         request: Request<pb::RevokePermitRequest>,
     ) -> Result<Response<pb::Permit>, Status> {
         let deadline = Deadline::of(&request);
-        let audit = Audit::of("RevokePermit", &request);
+        let mut audit = Audit::of("RevokePermit", &request);
         let scope = tenant_of(&request);
         let raw_id = request.into_inner().permit_id;
+        audit.about(&raw_id, "", "");
         let result = match validate_permit_id(&raw_id) {
             Ok(id) => {
                 self.ctx
@@ -150,10 +152,11 @@ impl Permits for PermitsService {
         request: Request<pb::ResolveRequest>,
     ) -> Result<Response<pb::ResolveResponse>, Status> {
         let deadline = Deadline::of(&request);
-        let audit = Audit::of("Resolve", &request);
+        let mut audit = Audit::of("Resolve", &request);
         let scope = tenant_of(&request);
         let r = request.into_inner();
         let (permit_id, key) = (r.permit_id.clone(), r.idempotency_key.clone());
+        audit.about(&permit_id, "", &key);
         let now = self.ctx.clock.now();
         let result = match convert::resolve_cmd(r).and_then(|mut cmd| cmd.validate().map(|()| cmd))
         {

@@ -93,7 +93,7 @@ fn a_broken_file_names_the_entry_and_why() {
             format!("{}extra = 1\n", file(&[("a", "k", "acme", "\"agent\"")])),
             "unknown field",
         ),
-        ("not toml".to_owned(), "expected"),
+        ("not toml".to_owned(), "line 1"),
     ];
     for (text, why) in cases {
         let e = Keys::parse(&text).expect_err(&text);
@@ -115,13 +115,30 @@ fn every_rpc_names_its_roles() {
         ("/atmost.v1.Permits/CreatePermit", &[Admin]),
         ("/atmost.v1.Permits/RevokePermit", &[Admin]),
         ("/atmost.v1.Permits/SomethingNew", &[Admin]),
+        // Fails closed: any other path, or a variant of an atmost one.
+        ("/atmost.v2.Gate/Authorize", &[Admin]),
+        ("/Atmost.v1.Gate/Authorize", &[Admin]),
+        ("/atmost.v1.Gate/Authorize/", &[Admin]),
+        ("/grpc.health.v2.Health/Check", &[Admin]),
+        ("", &[Admin]),
     ] {
         assert_eq!(allowed_roles(path), Some(roles), "{path}");
     }
     for open in [
         "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/Watch",
         "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
     ] {
         assert_eq!(allowed_roles(open), None, "{open}");
     }
+}
+
+#[test]
+fn a_syntax_error_names_the_line_never_its_text() {
+    let secret = "sk-live-0123456789";
+    let text = format!("[[key]]\nid = \"a\"\nkey = \"{secret}\" oops\n");
+    let e = Keys::parse(&text).expect_err("broken");
+    assert!(e.starts_with("line 3"), "{e}");
+    assert!(!e.contains(secret), "{e}");
 }

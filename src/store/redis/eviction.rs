@@ -12,8 +12,9 @@
 //! before the next operation after a broken connection, since a restart or a
 //! failover can: on an evicting Redis it answers UNAVAILABLE and health turns
 //! NOT_SERVING, unless the operator accepted the risk (`--allow-eviction`).
-//! Where `CONFIG` is disabled (managed services), the policy cannot be read:
-//! it serves and says so loudly.
+//! The policy is read from `INFO memory`, or else `CONFIG GET` (managed
+//! services often disable CONFIG); where neither answers, the policy cannot
+//! be read: it serves and says so loudly.
 
 use super::conn::unavailable;
 use crate::domain::Error;
@@ -128,10 +129,39 @@ pub fn refusal(policy: &str) -> String {
     )
 }
 
-/// `CONFIG GET maxmemory-policy`. A server that answers with an error (no
-/// CONFIG, no permission) gives [`Policy::Unknown`]; one that does not
-/// answer, UNAVAILABLE.
+/// The policy, from `INFO memory` (which an ACL can grant without CONFIG
+/// GET, whose `*` would also show other settings, passwords included), or
+/// else from `CONFIG GET maxmemory-policy`. A server that answers both with
+/// an error (disabled, no permission) gives [`Policy::Unknown`]; one that
+/// does not answer, UNAVAILABLE.
 async fn read(conn: &mut ConnectionManager) -> Result<Policy, Error> {
+    let info: Result<String, redis::RedisError> =
+        redis::cmd("INFO").arg("memory").query_async(conn).await;
+    match info {
+        Ok(text) => {
+            if let Some(name) = info_policy(&text) {
+                return Ok(match name {
+                    "noeviction" => Policy::NoEviction,
+                    name => Policy::Evicts(name.to_owned()),
+                });
+            }
+        }
+        Err(e) if matches!(e.code(), Some("ERR" | "NOPERM")) => {}
+        Err(e) => return Err(unavailable(e)),
+    }
+    read_config(conn).await
+}
+
+/// `maxmemory_policy` in an `INFO memory` reply.
+fn info_policy(info: &str) -> Option<&str> {
+    info.lines()
+        .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+}
+
+/// `CONFIG GET maxmemory-policy`.
+async fn read_config(conn: &mut ConnectionManager) -> Result<Policy, Error> {
     let reply: Result<redis::Value, redis::RedisError> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
@@ -166,8 +196,15 @@ fn policy_name(reply: redis::Value) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::policy_name;
+    use super::{info_policy, policy_name};
     use redis::Value;
+
+    #[test]
+    fn the_policy_is_read_from_info_memory() {
+        let info = "# Memory\r\nused_memory:1\r\nmaxmemory_policy:volatile-lru\r\n";
+        assert_eq!(info_policy(info), Some("volatile-lru"));
+        assert_eq!(info_policy("# Memory\r\n"), None);
+    }
 
     #[test]
     fn the_policy_is_read_from_resp2_and_resp3_replies() {
