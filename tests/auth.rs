@@ -299,6 +299,13 @@ async fn a_changed_key_file_takes_effect_on_open_connections_and_a_broken_one_ch
         .create_permit(h.permit(&["t"]))
         .await
         .expect("still in force");
+    // An empty one (a write caught halfway): the keys in force stay too.
+    keys.write("");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    new_admin
+        .create_permit(h.permit(&["t"]))
+        .await
+        .expect("still in force");
     expect_error(
         admin.create_permit(h.permit(&["t"])).await,
         Code::Unauthenticated,
