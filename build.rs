@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "proto/atmost/v1/types.proto",
     "proto/atmost/v1/gate.proto",
     "proto/atmost/v1/permits.proto",
+    "proto/atmost/v1/receipts.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -6,8 +6,13 @@ use std::path::PathBuf;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../proto");
     println!("cargo:rerun-if-changed={}", proto.display());
-    let files =
-        ["types.proto", "gate.proto", "permits.proto"].map(|f| proto.join("atmost/v1").join(f));
+    let files = [
+        "types.proto",
+        "gate.proto",
+        "permits.proto",
+        "receipts.proto",
+    ]
+    .map(|f| proto.join("atmost/v1").join(f));
     let fds = protox::compile(files, [&proto])?;
     tonic_prost_build::configure()
         .build_server(false)

@@ -7,6 +7,7 @@ pub mod audit;
 pub mod convert;
 pub mod gate;
 pub mod permits;
+pub mod receipts;
 pub mod status;
 
 use crate::auth::{Identity, Role};
@@ -32,6 +33,8 @@ pub struct Ctx {
     /// are shed at once (OVERLOADED) instead of queueing without bound.
     pub in_flight: Arc<Semaphore>,
     pub max_in_flight: usize,
+    /// Signs the receipts answers carry; `None`: unsigned.
+    pub receipts: Option<Arc<crate::receipts::ReceiptKeys>>,
 }
 
 impl Ctx {

@@ -75,9 +75,11 @@ impl Role {
     }
 }
 
-/// The services anyone may call, key or not: gRPC health and server
-/// reflection (turned off with `--reflection=false`).
+/// The services anyone may call, key or not: the receipts' public keys,
+/// gRPC health and server reflection (turned off with
+/// `--reflection=false`).
 const OPEN_SERVICES: &[&str] = &[
+    "/atmost.v1.Receipts/",
     "/grpc.health.v1.Health/",
     "/grpc.reflection.v1.ServerReflection/",
     "/grpc.reflection.v1alpha.ServerReflection/",

@@ -24,6 +24,7 @@
 pub mod api;
 pub mod auth;
 pub mod domain;
+pub mod receipts;
 pub mod server;
 pub mod store;
 

@@ -129,6 +129,20 @@ struct ServeArgs {
     /// tenant and roles. Needs --tls-cert and --auth-keys.
     #[arg(long, env = "ATMOST_TLS_CLIENT_CA", value_name = "FILE", requires_all = ["tls_cert", "auth_keys"])]
     tls_client_ca: Option<std::path::PathBuf>,
+    /// Sign every receipt with this Ed25519 key (PKCS#8 PEM: `openssl
+    /// genpkey -algorithm ed25519`); its public key is published by
+    /// atmost.v1.Receipts/GetSigningKeys. Without it receipts are unsigned.
+    #[arg(long, env = "ATMOST_RECEIPT_SIGNING_KEY", value_name = "FILE")]
+    receipt_signing_key: Option<std::path::PathBuf>,
+    /// More Ed25519 public keys (PEM blocks in one file) whose signatures
+    /// still verify: the previous keys of a rotation.
+    #[arg(
+        long,
+        env = "ATMOST_RECEIPT_VERIFY_KEYS",
+        value_name = "FILE",
+        requires = "receipt_signing_key"
+    )]
+    receipt_verify_keys: Option<std::path::PathBuf>,
     /// Serve gRPC server reflection (unauthenticated: it shows the
     /// service's shape, no data). `--reflection=false` turns it off.
     #[arg(long, env = "ATMOST_REFLECTION", default_value_t = true, action = clap::ArgAction::Set)]
@@ -204,6 +218,12 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
         }
         app = app.with_tls(tls);
         tracing::info!(mtls = args.tls_client_ca.is_some(), "serving over TLS");
+    }
+    if let Some(signing) = &args.receipt_signing_key {
+        let keys =
+            atmost::receipts::ReceiptKeys::load(signing, args.receipt_verify_keys.as_deref())?;
+        tracing::info!(key_id = keys.signing_key_id(), "receipts are signed");
+        app = app.with_receipt_keys(std::sync::Arc::new(keys));
     }
     match &args.auth_keys {
         Some(path) => {

@@ -2,7 +2,9 @@
 //! limits) and a shutdown future, so `main` and every test start the server
 //! the same way.
 
-use crate::api::{self, Ctx, gate::GateService, permits::PermitsService};
+use crate::api::{
+    self, Ctx, gate::GateService, permits::PermitsService, receipts::ReceiptsService,
+};
 use crate::auth::{AuthLayer, Authenticator};
 use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
@@ -38,6 +40,7 @@ pub struct App {
     auth_reload_interval: Duration,
     reflection: bool,
     tls: Option<tonic::transport::ServerTlsConfig>,
+    receipts: Option<Arc<crate::receipts::ReceiptKeys>>,
 }
 
 /// Most sweep batches run back to back before the sweeper sleeps again.
@@ -60,7 +63,15 @@ impl App {
             auth_reload_interval: Duration::from_secs(1),
             reflection: true,
             tls: None,
+            receipts: None,
         }
+    }
+
+    /// Signs every receipt answers carry with these keys, and publishes
+    /// their public halves (atmost.v1.Receipts/GetSigningKeys).
+    pub fn with_receipt_keys(mut self, keys: Arc<crate::receipts::ReceiptKeys>) -> Self {
+        self.receipts = Some(keys);
+        self
     }
 
     /// Serves over TLS (and mTLS, when the config names a client CA).
@@ -143,6 +154,7 @@ pub async fn run(
         store_timeout: app.store_timeout,
         in_flight: Arc::new(tokio::sync::Semaphore::new(app.max_in_flight)),
         max_in_flight: app.max_in_flight,
+        receipts: app.receipts.clone(),
     };
     let (reporter, health_service) = tonic_health::server::health_reporter();
     // Reflection in both versions: grpc.reflection.v1, and v1alpha for the
@@ -199,8 +211,11 @@ pub async fn run(
             api::stamp,
         ))
         .add_service(PermitsServer::with_interceptor(
-            PermitsService::new(ctx),
+            PermitsService::new(ctx.clone()),
             api::stamp,
+        ))
+        .add_service(pb::receipts_server::ReceiptsServer::new(
+            ReceiptsService::new(ctx),
         ))
         .serve_with_incoming_shutdown(
             // Small unary replies must not wait for Nagle's algorithm.

@@ -16,6 +16,7 @@
 //!   SIGTERM mid-flight, load shedding.
 //! - `operations`: health, reflection, failing closed, script reloads,
 //!   SIGTERM, huge pages.
+//! - `receipts`: signed receipts, verified offline with the published keys.
 //! - `redis_keys`: the Redis key layout and retention, read from Redis.
 //! - `redis_settings`: eviction policies refused or accepted, CONFIG
 //!   disabled, `maxmemory` reached.
@@ -33,6 +34,7 @@ mod clock_skew;
 mod faults;
 mod model;
 mod operations;
+mod receipts;
 mod redis_keys;
 mod redis_settings;
 mod replicas;

@@ -77,6 +77,7 @@ async fn reflection_lists_the_services() {
         for want in [
             "atmost.v1.Gate",
             "atmost.v1.Permits",
+            "atmost.v1.Receipts",
             "grpc.health.v1.Health",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} in {names:?}");

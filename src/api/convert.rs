@@ -8,6 +8,7 @@ use crate::domain::{
     Outcome, PermitSpec, PermitStatus, ResolveCmd, UncertainPolicy, invalid,
 };
 use crate::pb;
+use crate::receipts::ReceiptKeys;
 use crate::store::Cursor;
 use prost_types::{Duration, Timestamp};
 
@@ -251,7 +252,14 @@ fn state(s: AttemptState) -> pb::AttemptState {
     }
 }
 
-pub fn attempt(a: domain::Attempt) -> pb::Attempt {
+/// An attempt on the wire; a SUCCEEDED one's receipt signed with `keys`
+/// when atmost has them.
+pub fn attempt(a: domain::Attempt, keys: Option<&ReceiptKeys>) -> pb::Attempt {
+    let signed = match (&a.receipt, keys) {
+        (Some(r), Some(keys)) => Some((keys.sign(&a, r), keys.signing_key_id().to_owned())),
+        _ => None,
+    };
+    let (signature, key_id) = signed.unwrap_or_default();
     pb::Attempt {
         attempt_id: a.attempt_id,
         permit_id: a.permit_id,
@@ -267,6 +275,8 @@ pub fn attempt(a: domain::Attempt) -> pb::Attempt {
             result: r.result,
             cost: r.cost,
             issued_at: Some(timestamp(r.issued_at)),
+            signature,
+            key_id,
         }),
         failure_reason: a.failure_reason,
         uncertain_reason: a.uncertain_reason,

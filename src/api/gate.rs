@@ -80,7 +80,10 @@ impl Gate for GateService {
                 Decision::Dispatch => pb::Decision::Dispatch,
                 Decision::Replay => pb::Decision::Replay,
             } as i32,
-            attempt: Some(convert::attempt(authorized.attempt)),
+            attempt: Some(convert::attempt(
+                authorized.attempt,
+                self.ctx.receipts.as_deref(),
+            )),
             usage: Some(convert::usage(authorized.usage)),
             duplicate_of: authorized.duplicate_of.unwrap_or_default(),
             redelivered: authorized.redelivered,
@@ -121,7 +124,10 @@ impl Gate for GateService {
         }
         let settled = result.map_err(to_status)?;
         Ok(Response::new(pb::CommitResponse {
-            attempt: Some(convert::attempt(settled.attempt)),
+            attempt: Some(convert::attempt(
+                settled.attempt,
+                self.ctx.receipts.as_deref(),
+            )),
             usage: Some(convert::usage(settled.usage)),
         }))
     }
@@ -156,7 +162,7 @@ impl Gate for GateService {
         }
         let attempt = result.map_err(to_status)?;
         Ok(Response::new(pb::MarkUncertainResponse {
-            attempt: Some(convert::attempt(attempt)),
+            attempt: Some(convert::attempt(attempt, self.ctx.receipts.as_deref())),
         }))
     }
 }

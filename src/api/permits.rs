@@ -138,7 +138,11 @@ impl Permits for PermitsService {
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::ListUncertainResponse {
-            attempts: page.attempts.into_iter().map(convert::attempt).collect(),
+            attempts: page
+                .attempts
+                .into_iter()
+                .map(|a| convert::attempt(a, self.ctx.receipts.as_deref()))
+                .collect(),
             next_page_token: page
                 .next
                 .as_ref()
@@ -188,7 +192,10 @@ impl Permits for PermitsService {
             "uncertain attempt resolved"
         );
         Ok(Response::new(pb::ResolveResponse {
-            attempt: Some(convert::attempt(settled.attempt)),
+            attempt: Some(convert::attempt(
+                settled.attempt,
+                self.ctx.receipts.as_deref(),
+            )),
             usage: Some(convert::usage(settled.usage)),
         }))
     }

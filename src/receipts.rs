@@ -1,0 +1,292 @@
+//! Signed receipts: every SUCCEEDED receipt atmost answers carries an
+//! Ed25519 signature over a canonical encoding of what it attests, and the
+//! id of the key that made it, so a tool provider (or an auditor) can check
+//! offline that atmost issued it, unchanged.
+//!
+//! The signature is made when the receipt is sent, not stored: Ed25519 is
+//! deterministic, so the same receipt under the same key always carries
+//! the same signature, and a key rotation signs old receipts anew.
+//!
+//! The canonical encoding (version 1), the bytes that are signed:
+//!
+//! ```text
+//! "atmost.receipt.v1" 0x00
+//! then each field as a 4-byte big-endian length and its bytes:
+//!   permit_id, tool, idempotency_key, request_fingerprint, attempt_id,
+//!   receipt_id, outcome ("SUCCEEDED"), SHA-256 of the result (32 bytes),
+//!   cost (8 bytes, big-endian i64), issued_at (ms since the epoch,
+//!   8 bytes, big-endian i64)
+//! ```
+
+use crate::domain::{Attempt, Receipt};
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey};
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+
+/// The tag that opens the signed bytes.
+const DOMAIN: &[u8] = b"atmost.receipt.v1\0";
+
+/// The bytes a receipt's signature covers.
+pub fn canonical(
+    permit_id: &str,
+    tool: &str,
+    idempotency_key: &str,
+    request_fingerprint: &[u8],
+    attempt_id: &str,
+    receipt: &Receipt,
+) -> Vec<u8> {
+    let mut out = DOMAIN.to_vec();
+    let result_digest: [u8; 32] = Sha256::digest(&receipt.result).into();
+    for field in [
+        permit_id.as_bytes(),
+        tool.as_bytes(),
+        idempotency_key.as_bytes(),
+        request_fingerprint,
+        attempt_id.as_bytes(),
+        receipt.receipt_id.as_bytes(),
+        b"SUCCEEDED",
+        &result_digest,
+        &receipt.cost.to_be_bytes(),
+        &receipt.issued_at.to_be_bytes(),
+    ] {
+        out.extend_from_slice(&(field.len() as u32).to_be_bytes());
+        out.extend_from_slice(field);
+    }
+    out
+}
+
+/// A public key's id: hex of the first 8 bytes of SHA-256 of its 32 bytes.
+pub fn key_id(key: &VerifyingKey) -> String {
+    Sha256::digest(key.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The keys of a signer: one that signs, and every one whose signatures
+/// still verify (the signing key's included).
+#[derive(Debug)]
+pub struct ReceiptKeys {
+    signing: SigningKey,
+    signing_id: String,
+    verify: Vec<(String, VerifyingKey)>,
+}
+
+/// What checking a receipt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Signed by a known key, over exactly these fields.
+    Verified,
+    /// Signed by a known key, but not over these fields (or not at all).
+    Forged,
+    /// Signed by a key not among those given.
+    UnknownKey,
+}
+
+impl ReceiptKeys {
+    pub fn new(signing: SigningKey, also_verify: Vec<VerifyingKey>) -> Self {
+        let public = signing.verifying_key();
+        let signing_id = key_id(&public);
+        let mut verify = vec![(signing_id.clone(), public)];
+        for key in also_verify {
+            let id = key_id(&key);
+            if !verify.iter().any(|(known, _)| *known == id) {
+                verify.push((id, key));
+            }
+        }
+        Self {
+            signing,
+            signing_id,
+            verify,
+        }
+    }
+
+    /// Reads the signing key (PKCS#8 PEM, as `openssl genpkey -algorithm
+    /// ed25519` writes it) and, optionally, more public keys to accept
+    /// (SPKI PEM blocks, as `openssl pkey -pubout` writes them, one after
+    /// another in one file): the keys of a rotation.
+    pub fn load(signing: &Path, verify: Option<&Path>) -> Result<Self, String> {
+        let read =
+            |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+        let key = SigningKey::from_pkcs8_pem(&read(signing)?).map_err(|e| {
+            format!(
+                "{}: not an Ed25519 private key in PKCS#8 PEM: {e}",
+                signing.display()
+            )
+        })?;
+        let mut also = Vec::new();
+        if let Some(path) = verify {
+            let text = read(path)?;
+            for block in pem_blocks(&text) {
+                also.push(VerifyingKey::from_public_key_pem(&block).map_err(|e| {
+                    format!("{}: not an Ed25519 public key in PEM: {e}", path.display())
+                })?);
+            }
+        }
+        Ok(Self::new(key, also))
+    }
+
+    /// The id of the key that signs now.
+    pub fn signing_key_id(&self) -> &str {
+        &self.signing_id
+    }
+
+    /// (key id, public key, whether it signs now), for GetSigningKeys.
+    pub fn public_keys(&self) -> impl Iterator<Item = (&str, &VerifyingKey, bool)> {
+        self.verify
+            .iter()
+            .map(|(id, key)| (id.as_str(), key, *id == self.signing_id))
+    }
+
+    /// The signature of an attempt's receipt.
+    pub fn sign(&self, attempt: &Attempt, receipt: &Receipt) -> Vec<u8> {
+        let message = canonical(
+            &attempt.permit_id,
+            &attempt.tool,
+            &attempt.idempotency_key,
+            &attempt.request_fingerprint,
+            &attempt.attempt_id,
+            receipt,
+        );
+        self.signing.sign(&message).to_bytes().to_vec()
+    }
+}
+
+/// Checks a signature made by `key_id` over `message` against `keys`.
+pub fn verify(
+    keys: &[(String, VerifyingKey)],
+    key_id: &str,
+    message: &[u8],
+    signature: &[u8],
+) -> Verdict {
+    let Some((_, key)) = keys.iter().find(|(id, _)| id == key_id) else {
+        return Verdict::UnknownKey;
+    };
+    match Signature::from_slice(signature) {
+        Ok(sig) if key.verify(message, &sig).is_ok() => Verdict::Verified,
+        _ => Verdict::Forged,
+    }
+}
+
+/// The PEM blocks of a file holding several.
+pub fn pem_blocks(text: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        if line.starts_with("-----BEGIN ") {
+            current.clear();
+        }
+        current.push_str(line);
+        current.push('\n');
+        if line.starts_with("-----END ") {
+            blocks.push(std::mem::take(&mut current));
+        }
+    }
+    blocks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::AttemptState;
+
+    fn attempt() -> (Attempt, Receipt) {
+        let receipt = Receipt {
+            receipt_id: "01a22e00-0000-7000-8000-000000000002".into(),
+            result: b"wallet tx 981".to_vec(),
+            cost: 250,
+            issued_at: 1_767_225_600_000,
+        };
+        let attempt = Attempt {
+            attempt_id: "01a22e00-0000-7000-8000-000000000001".into(),
+            permit_id: "01a22e00-0000-7000-8000-000000000000".into(),
+            tool: "payments.charge".into(),
+            idempotency_key: "order-42".into(),
+            request_fingerprint: vec![7; 32],
+            cost: 250,
+            state: AttemptState::Succeeded,
+            created_at: 1_767_225_599_000,
+            lease_expires_at: 1_767_225_629_000,
+            receipt: Some(receipt.clone()),
+            failure_reason: String::new(),
+            uncertain_reason: String::new(),
+            uncertain_since: 0,
+            duplicate_of: None,
+        };
+        (attempt, receipt)
+    }
+
+    #[test]
+    fn a_receipt_verifies_and_any_changed_field_is_forged() {
+        let keys = ReceiptKeys::new(SigningKey::from_bytes(&[1; 32]), Vec::new());
+        let (a, r) = attempt();
+        let signature = keys.sign(&a, &r);
+        assert_eq!(signature, keys.sign(&a, &r), "deterministic");
+        let known: Vec<_> = keys.verify.clone();
+        let check = |a: &Attempt, r: &Receipt| {
+            let m = canonical(
+                &a.permit_id,
+                &a.tool,
+                &a.idempotency_key,
+                &a.request_fingerprint,
+                &a.attempt_id,
+                r,
+            );
+            verify(&known, keys.signing_key_id(), &m, &signature)
+        };
+        assert_eq!(check(&a, &r), Verdict::Verified);
+        type Edit = Box<dyn Fn(&mut Attempt, &mut Receipt)>;
+        let edits: Vec<Edit> = vec![
+            Box::new(|a, _| a.permit_id.push('x')),
+            Box::new(|a, _| a.tool.push('x')),
+            Box::new(|a, _| a.idempotency_key.push('x')),
+            Box::new(|a, _| a.request_fingerprint[0] ^= 1),
+            Box::new(|a, _| a.attempt_id.push('x')),
+            Box::new(|_, r| r.receipt_id.push('x')),
+            Box::new(|_, r| r.result.push(b'!')),
+            Box::new(|_, r| r.cost += 1),
+            Box::new(|_, r| r.issued_at += 1),
+            // Moving bytes between fields changes the lengths.
+            Box::new(|a, _| {
+                a.tool = "payments.charg".into();
+                a.idempotency_key = "eorder-42".into();
+            }),
+        ];
+        for (n, edit) in edits.iter().enumerate() {
+            let (mut a, mut r) = attempt();
+            edit(&mut a, &mut r);
+            assert_eq!(check(&a, &r), Verdict::Forged, "edit {n}");
+        }
+        let other = ReceiptKeys::new(SigningKey::from_bytes(&[2; 32]), Vec::new());
+        let m = canonical(
+            &a.permit_id,
+            &a.tool,
+            &a.idempotency_key,
+            &a.request_fingerprint,
+            &a.attempt_id,
+            &r,
+        );
+        assert_eq!(
+            verify(&known, other.signing_key_id(), &m, &other.sign(&a, &r)),
+            Verdict::UnknownKey
+        );
+        assert_eq!(
+            verify(&other.verify, other.signing_key_id(), &m, &signature),
+            Verdict::Forged
+        );
+    }
+
+    #[test]
+    fn a_rotation_keeps_old_keys_verifying() {
+        let old = SigningKey::from_bytes(&[1; 32]);
+        let new = ReceiptKeys::new(SigningKey::from_bytes(&[2; 32]), vec![old.verifying_key()]);
+        let ids: Vec<_> = new
+            .public_keys()
+            .map(|(id, _, current)| (id.to_owned(), current))
+            .collect();
+        assert_eq!(ids.len(), 2);
+        assert_eq!(ids.iter().filter(|(_, c)| *c).count(), 1);
+        assert_eq!(key_id(&old.verifying_key()).len(), 16);
+    }
+}

@@ -1,0 +1,159 @@
+//! Signed receipts: each SUCCEEDED receipt carries an Ed25519 signature a
+//! tool provider can check offline with the keys atmost publishes.
+
+use crate::support::*;
+use atmost::receipts::{Verdict, canonical, verify};
+use ed25519_dalek::pkcs8::{EncodePrivateKey, EncodePublicKey, spki::der::pem::LineEnding};
+use ed25519_dalek::{SigningKey, VerifyingKey};
+
+/// The keys atmost publishes, fetched with no API key.
+async fn published(client: &atmost_client::Client) -> Vec<(String, VerifyingKey, bool)> {
+    let keys = atmost::pb::receipts_client::ReceiptsClient::new(client.channel())
+        .get_signing_keys(atmost::pb::GetSigningKeysRequest {})
+        .await
+        .expect("GetSigningKeys needs no key")
+        .into_inner()
+        .keys;
+    keys.into_iter()
+        .map(|k| {
+            assert_eq!(k.algorithm, "ed25519");
+            let bytes: [u8; 32] = k.public_key.as_slice().try_into().expect("32 bytes");
+            (
+                k.key_id,
+                VerifyingKey::from_bytes(&bytes).expect("a key"),
+                k.current,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_are_signed_and_verify_offline_with_the_published_keys() {
+    let _machine = shared().await;
+    let dir = std::env::temp_dir().join(format!("atmost-receipts-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let old = SigningKey::from_bytes(&[7; 32]);
+    let new = SigningKey::from_bytes(&[9; 32]);
+    let signing = dir.join("signing.pem");
+    std::fs::write(
+        &signing,
+        new.to_pkcs8_pem(LineEnding::LF).expect("pem").as_bytes(),
+    )
+    .expect("write");
+    let verify_keys = dir.join("verify.pem");
+    std::fs::write(
+        &verify_keys,
+        old.verifying_key()
+            .to_public_key_pem(LineEnding::LF)
+            .expect("pem"),
+    )
+    .expect("write");
+    let process = spawn_atmost(&[
+        "--receipt-signing-key",
+        signing.to_str().expect("utf-8"),
+        "--receipt-verify-keys",
+        verify_keys.to_str().expect("utf-8"),
+    ]);
+    let client = process.client().await;
+
+    let keys = published(&client).await;
+    assert_eq!(keys.len(), 2, "the signing key and the previous one");
+    let current: Vec<_> = keys.iter().filter(|(_, _, c)| *c).collect();
+    assert_eq!(current.len(), 1);
+    assert_eq!(current[0].1, new.verifying_key());
+    let known: Vec<(String, VerifyingKey)> =
+        keys.iter().map(|(id, k, _)| (id.clone(), *k)).collect();
+
+    let permit = client
+        .create_permit(
+            NewPermit::new(["pay"])
+                .expires_at_ms(atmost_client::now_ms() + 60_000)
+                .build(),
+        )
+        .await
+        .expect("create")
+        .permit_id;
+    let request = pb::AuthorizeRequest {
+        permit_id: permit.clone(),
+        tool: "pay".into(),
+        idempotency_key: "charge-1".into(),
+        request_fingerprint: b"the canonical request".to_vec(),
+        cost: 250,
+        holder_token: Vec::new(),
+    };
+    let a = client
+        .authorize(request.clone())
+        .await
+        .expect("authorize")
+        .attempt
+        .expect("a");
+    let settled = client
+        .commit(pb::CommitRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "charge-1".into(),
+            attempt_id: a.attempt_id.clone(),
+            outcome: Some(succeeded(b"wallet tx 981", Some(200))),
+        })
+        .await
+        .expect("commit")
+        .attempt
+        .expect("a");
+    let receipt = settled.receipt.clone().expect("a receipt");
+    assert_eq!(receipt.key_id, current[0].0);
+    // What a tool provider checks: the fields it knows, the receipt, the
+    // signature, the published keys.
+    let check = |attempt: &pb::Attempt, receipt: &pb::Receipt| {
+        let domain_receipt = atmost::domain::Receipt {
+            receipt_id: receipt.receipt_id.clone(),
+            result: receipt.result.clone(),
+            cost: receipt.cost,
+            issued_at: atmost_client::millis(receipt.issued_at.as_ref().expect("issued_at")),
+        };
+        let message = canonical(
+            &attempt.permit_id,
+            &attempt.tool,
+            &attempt.idempotency_key,
+            &attempt.request_fingerprint,
+            &attempt.attempt_id,
+            &domain_receipt,
+        );
+        verify(&known, &receipt.key_id, &message, &receipt.signature)
+    };
+    assert_eq!(check(&settled, &receipt), Verdict::Verified);
+    // A replay carries the same receipt, signed the same.
+    let replay = client
+        .authorize(request)
+        .await
+        .expect("replay")
+        .attempt
+        .expect("a");
+    assert_eq!(replay.receipt.as_ref(), Some(&receipt));
+    // Tampering: a changed result or cost is forged; an unknown key id is
+    // unknown.
+    let mut forged = receipt.clone();
+    forged.result = b"wallet tx 982".to_vec();
+    assert_eq!(check(&settled, &forged), Verdict::Forged);
+    let mut forged = receipt.clone();
+    forged.cost = 1;
+    assert_eq!(check(&settled, &forged), Verdict::Forged);
+    let mut elsewhere = settled.clone();
+    elsewhere.idempotency_key = "charge-2".into();
+    assert_eq!(check(&elsewhere, &receipt), Verdict::Forged);
+    let mut unknown = receipt.clone();
+    unknown.key_id = "0000000000000000".into();
+    assert_eq!(check(&settled, &unknown), Verdict::UnknownKey);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without a signing key, receipts are unsigned and no key is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_signing_key_receipts_are_unsigned() {
+    let _machine = shared().await;
+    let h = Harness::start(Kind::Memory).await;
+    assert!(published(&h.client).await.is_empty());
+    let permit = h.create_with(&["t"], &[], None).await;
+    let a = h.dispatch(&permit, "t", "k", b"fp", 0).await;
+    let r = h.commit(&a, succeeded(b"ok", None)).await.expect("commit");
+    let receipt = r.attempt.expect("a").receipt.expect("r");
+    assert!(receipt.signature.is_empty() && receipt.key_id.is_empty());
+}
