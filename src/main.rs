@@ -34,7 +34,64 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the atmost.v1 Gate and Permits services over gRPC.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Work with receipts.
+    #[command(subcommand)]
+    Receipt(ReceiptCommand),
+}
+
+#[derive(Subcommand)]
+enum ReceiptCommand {
+    /// Check a receipt offline. Reads an attempt as grpcurl prints it (or
+    /// an Authorize or Commit response holding one) and prints VERIFIED,
+    /// FORGED or UNKNOWN_KEY; exits 0, 1 or 3 (2: unusable input).
+    Verify {
+        /// The public keys to trust (PEM blocks, e.g. from `openssl pkey
+        /// -pubout`, or made from GetSigningKeys).
+        #[arg(long, value_name = "FILE")]
+        keys: std::path::PathBuf,
+        /// The attempt's JSON; `-` (the default) for standard input.
+        #[arg(default_value = "-")]
+        attempt: String,
+    },
+}
+
+/// `atmost receipt verify`: the verdict's exit code.
+fn receipt_verify(keys: &std::path::Path, attempt: &str) -> std::process::ExitCode {
+    use atmost::receipts::{Verdict, verify_json};
+    use std::io::Read;
+    let input = match attempt {
+        "-" => {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text).map(|_| text)
+        }
+        path => std::fs::read_to_string(path),
+    };
+    let verdict = input
+        .map_err(|e| format!("{attempt}: {e}"))
+        .and_then(|text| {
+            let pem =
+                std::fs::read_to_string(keys).map_err(|e| format!("{}: {e}", keys.display()))?;
+            verify_json(&text, &pem)
+        });
+    match verdict {
+        Ok(Verdict::Verified) => {
+            println!("VERIFIED");
+            std::process::ExitCode::SUCCESS
+        }
+        Ok(Verdict::Forged) => {
+            println!("FORGED");
+            std::process::ExitCode::from(1)
+        }
+        Ok(Verdict::UnknownKey) => {
+            println!("UNKNOWN_KEY");
+            std::process::ExitCode::from(3)
+        }
+        Err(e) => {
+            eprintln!("atmost: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -153,7 +210,12 @@ struct ServeArgs {
 }
 
 fn main() -> std::process::ExitCode {
-    let Command::Serve(args) = Cli::parse().command;
+    let args = match Cli::parse().command {
+        Command::Serve(args) => *args,
+        Command::Receipt(ReceiptCommand::Verify { keys, attempt }) => {
+            return receipt_verify(&keys, &attempt);
+        }
+    };
     init_logging(args.log_format);
     no_huge_pages();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();

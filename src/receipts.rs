@@ -186,6 +186,75 @@ pub fn pem_blocks(text: &str) -> Vec<String> {
     blocks
 }
 
+/// Checks the receipt of an attempt given as grpcurl prints it (proto3
+/// JSON: camelCase or snake_case names, bytes in base64, `cost` a number
+/// or a string, `issuedAt` RFC 3339), against the public keys of a PEM
+/// file (`atmost receipt verify`).
+pub fn verify_json(attempt: &str, keys_pem: &str) -> Result<Verdict, String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let v: serde_json::Value =
+        serde_json::from_str(attempt).map_err(|e| format!("not JSON: {e}"))?;
+    // An AuthorizeResponse or CommitResponse is accepted too: its attempt.
+    let a = v.get("attempt").unwrap_or(&v);
+    let field = |obj: &serde_json::Value, camel: &str, snake: &str| -> Option<serde_json::Value> {
+        obj.get(camel).or_else(|| obj.get(snake)).cloned()
+    };
+    let text = |obj: &serde_json::Value, camel: &str, snake: &str| -> Result<String, String> {
+        match field(obj, camel, snake) {
+            Some(serde_json::Value::String(s)) => Ok(s),
+            None => Ok(String::new()),
+            Some(_) => Err(format!("{camel} is not a string")),
+        }
+    };
+    let bytes = |obj: &serde_json::Value, camel: &str, snake: &str| -> Result<Vec<u8>, String> {
+        b64.decode(text(obj, camel, snake)?)
+            .map_err(|e| format!("{camel} is not base64: {e}"))
+    };
+    let r = field(a, "receipt", "receipt").ok_or("the attempt has no receipt")?;
+    let cost = match field(&r, "cost", "cost") {
+        None => 0,
+        Some(serde_json::Value::Number(n)) => n.as_i64().ok_or("cost is not an integer")?,
+        Some(serde_json::Value::String(s)) => s.parse().map_err(|_| "cost is not an integer")?,
+        Some(_) => return Err("cost is not an integer".into()),
+    };
+    let issued = text(&r, "issuedAt", "issued_at")?;
+    let issued_at = humantime::parse_rfc3339(&issued)
+        .map_err(|e| format!("issuedAt {issued:?}: {e}"))?
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| "issuedAt is before 1970")?
+        .as_millis() as i64;
+    let receipt = Receipt {
+        receipt_id: text(&r, "receiptId", "receipt_id")?,
+        result: bytes(&r, "result", "result")?,
+        cost,
+        issued_at,
+    };
+    let message = canonical(
+        &text(a, "permitId", "permit_id")?,
+        &text(a, "tool", "tool")?,
+        &text(a, "idempotencyKey", "idempotency_key")?,
+        &bytes(a, "requestFingerprint", "request_fingerprint")?,
+        &text(a, "attemptId", "attempt_id")?,
+        &receipt,
+    );
+    let mut keys = Vec::new();
+    for block in pem_blocks(keys_pem) {
+        let key = VerifyingKey::from_public_key_pem(&block)
+            .map_err(|e| format!("not an Ed25519 public key in PEM: {e}"))?;
+        keys.push((key_id(&key), key));
+    }
+    if keys.is_empty() {
+        return Err("no public key in the keys file".into());
+    }
+    Ok(verify(
+        &keys,
+        &text(&r, "keyId", "key_id")?,
+        &message,
+        &bytes(&r, "signature", "signature")?,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

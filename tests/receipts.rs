@@ -142,6 +142,73 @@ async fn receipts_are_signed_and_verify_offline_with_the_published_keys() {
     let mut unknown = receipt.clone();
     unknown.key_id = "0000000000000000".into();
     assert_eq!(check(&settled, &unknown), Verdict::UnknownKey);
+
+    // Offline, with the binary: the attempt as grpcurl prints it.
+    let published_pem: String = keys
+        .iter()
+        .map(|(_, k, _)| k.to_public_key_pem(LineEnding::LF).expect("pem"))
+        .collect();
+    let keys_file = dir.join("published.pem");
+    std::fs::write(&keys_file, &published_pem).expect("write");
+    let stranger = dir.join("stranger.pem");
+    std::fs::write(
+        &stranger,
+        SigningKey::from_bytes(&[3; 32])
+            .verifying_key()
+            .to_public_key_pem(LineEnding::LF)
+            .expect("pem"),
+    )
+    .expect("write");
+    let as_grpcurl = |a: &pb::Attempt, r: &pb::Receipt| {
+        use base64::Engine;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        serde_json::json!({"attempt": {
+            "permitId": a.permit_id, "tool": a.tool, "idempotencyKey": a.idempotency_key,
+            "requestFingerprint": b64(&a.request_fingerprint), "attemptId": a.attempt_id,
+            "receipt": {
+                "receiptId": r.receipt_id, "result": b64(&r.result), "cost": r.cost.to_string(),
+                "issuedAt": atmost::api::status::rfc3339(atmost_client::millis(r.issued_at.as_ref().expect("t"))),
+                "signature": b64(&r.signature), "keyId": r.key_id,
+            }
+        }})
+        .to_string()
+    };
+    let offline = |keys: &std::path::Path, input: String| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+            .args(["receipt", "verify", "--keys", keys.to_str().expect("utf-8")])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("atmost receipt verify");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("wait");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        )
+    };
+    assert_eq!(
+        offline(&keys_file, as_grpcurl(&settled, &receipt)),
+        (Some(0), "VERIFIED".into())
+    );
+    let mut forged = receipt.clone();
+    forged.result = b"wallet tx 982".to_vec();
+    assert_eq!(
+        offline(&keys_file, as_grpcurl(&settled, &forged)),
+        (Some(1), "FORGED".into())
+    );
+    assert_eq!(
+        offline(&stranger, as_grpcurl(&settled, &receipt)),
+        (Some(3), "UNKNOWN_KEY".into())
+    );
+    assert_eq!(offline(&keys_file, "not json".into()).0, Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
