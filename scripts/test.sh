@@ -37,8 +37,10 @@ cargo test --locked --workspace --all-targets "$@" 2>&1 | tee "$log"
 # The examples in the docs (the client's), compiled and run.
 cargo test --locked --workspace --doc 2>&1 | tee -a "$log"
 scripts/readme.sh
+# The Python example that verifies a live receipt with `cryptography`.
+scripts/receipt_example.sh
 
 # One closing line for the whole run: every cargo test binary, plus the
-# README check.
-read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 1, f }' "$log")
+# README check and the receipt example.
+read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 2, f }' "$log")
 echo "test.sh: ${passed} passed, ${failed} failed"

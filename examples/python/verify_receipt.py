@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Verify an atmost receipt offline, as a tool provider would: with the
+public keys atmost publishes (atmost.v1.Receipts/GetSigningKeys) and the
+`cryptography` library, nothing of atmost's.
+
+    verify_receipt.py KEYS_JSON ATTEMPT_JSON
+
+KEYS_JSON is GetSigningKeys's answer and ATTEMPT_JSON an attempt (or an
+Authorize / Commit response holding one), both as grpcurl prints them
+(proto3 JSON: bytes in base64). Prints VERIFIED, FORGED or UNKNOWN_KEY and
+exits 0, 1 or 3, as `atmost receipt verify` does. The signed bytes are the
+receipt's canonical encoding, docs/api.md "Signed receipts".
+"""
+
+import base64
+import datetime
+import hashlib
+import json
+import struct
+import sys
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+
+def canonical(attempt, receipt):
+    """The bytes atmost signs (version 1)."""
+    issued = datetime.datetime.fromisoformat(receipt["issuedAt"].replace("Z", "+00:00"))
+    issued_ms = int(issued.timestamp() * 1000 + 0.5)
+    fields = [
+        attempt["permitId"].encode(),
+        attempt["tool"].encode(),
+        attempt["idempotencyKey"].encode(),
+        base64.b64decode(attempt.get("requestFingerprint", "")),
+        attempt["attemptId"].encode(),
+        receipt["receiptId"].encode(),
+        b"SUCCEEDED",
+        hashlib.sha256(base64.b64decode(receipt.get("result", ""))).digest(),
+        struct.pack(">q", int(receipt.get("cost", 0))),
+        struct.pack(">q", issued_ms),
+    ]
+    out = b"atmost.receipt.v1\x00"
+    for field in fields:
+        out += struct.pack(">I", len(field)) + field
+    return out
+
+
+def main(keys_path, attempt_path):
+    keys = {k["keyId"]: base64.b64decode(k["publicKey"]) for k in json.load(open(keys_path)).get("keys", [])}
+    doc = json.load(open(attempt_path))
+    attempt = doc.get("attempt", doc)
+    receipt = attempt["receipt"]
+    public = keys.get(receipt.get("keyId", ""))
+    if public is None:
+        print("UNKNOWN_KEY")
+        return 3
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(
+            base64.b64decode(receipt.get("signature", "")), canonical(attempt, receipt)
+        )
+    except InvalidSignature:
+        print("FORGED")
+        return 1
+    print("VERIFIED")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    sys.exit(main(sys.argv[1], sys.argv[2]))
