@@ -34,7 +34,7 @@ pub struct Ctx {
     pub in_flight: Arc<Semaphore>,
     pub max_in_flight: usize,
     /// Signs the receipts answers carry; `None`: unsigned.
-    pub receipts: Option<Arc<crate::receipts::ReceiptKeys>>,
+    pub receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
 }
 
 impl Ctx {

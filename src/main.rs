@@ -283,8 +283,11 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
     }
     if let Some(signing) = &args.receipt_signing_key {
         let keys =
-            atmost::receipts::ReceiptKeys::load(signing, args.receipt_verify_keys.as_deref())?;
-        tracing::info!(key_id = keys.signing_key_id(), "receipts are signed");
+            atmost::receipts::ReceiptSigner::load(signing, args.receipt_verify_keys.as_deref())?;
+        tracing::info!(
+            key_id = keys.current().signing_key_id(),
+            "receipts are signed"
+        );
         app = app.with_receipt_keys(std::sync::Arc::new(keys));
     }
     match &args.auth_keys {

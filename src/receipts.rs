@@ -153,6 +153,97 @@ impl ReceiptKeys {
     }
 }
 
+/// The receipt keys in force, and the files they come from: read again on
+/// SIGHUP and whenever either file changes ([`watch`]), so a rotation
+/// (a new signing key, the old one moved to the verify keys) needs no
+/// restart. Files that do not load keep the keys in force.
+#[derive(Debug)]
+pub struct ReceiptSigner {
+    signing: std::path::PathBuf,
+    verify: Option<std::path::PathBuf>,
+    keys: std::sync::RwLock<std::sync::Arc<ReceiptKeys>>,
+    /// SHA-256 of the files' contents last read.
+    seen: std::sync::Mutex<[u8; 32]>,
+}
+
+impl ReceiptSigner {
+    pub fn load(signing: &Path, verify: Option<&Path>) -> Result<Self, String> {
+        let keys = ReceiptKeys::load(signing, verify)?;
+        Ok(Self {
+            signing: signing.to_owned(),
+            verify: verify.map(Path::to_owned),
+            keys: std::sync::RwLock::new(std::sync::Arc::new(keys)),
+            seen: std::sync::Mutex::new(Self::digest(signing, verify)),
+        })
+    }
+
+    fn digest(signing: &Path, verify: Option<&Path>) -> [u8; 32] {
+        let mut hash = Sha256::new();
+        for path in std::iter::once(signing).chain(verify) {
+            hash.update(std::fs::read(path).unwrap_or_default());
+            hash.update([0]);
+        }
+        hash.finalize().into()
+    }
+
+    /// The keys in force.
+    pub fn current(&self) -> std::sync::Arc<ReceiptKeys> {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Reads the files again if they changed (or if `force`); Ok(true)
+    /// when new keys took effect.
+    pub fn reload(&self, force: bool) -> Result<bool, String> {
+        let digest = Self::digest(&self.signing, self.verify.as_deref());
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if !force && *seen == digest {
+                return Ok(false);
+            }
+            *seen = digest;
+        }
+        let keys = ReceiptKeys::load(&self.signing, self.verify.as_deref())?;
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(keys);
+        Ok(true)
+    }
+}
+
+/// Keeps the receipt keys in step with their files until `stop`.
+pub async fn watch(
+    signer: std::sync::Arc<ReceiptSigner>,
+    interval: std::time::Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let hup = async {
+            match hangup.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup = std::future::pending::<()>();
+        let force = tokio::select! {
+            () = stop.cancelled() => return,
+            () = hup => true,
+            () = tokio::time::sleep(interval) => false,
+        };
+        match signer.reload(force) {
+            Ok(true) => tracing::info!(
+                key_id = signer.current().signing_key_id(),
+                "receipt keys reloaded"
+            ),
+            Ok(false) => {}
+            Err(why) => tracing::error!(%why, "receipt keys not reloaded; the keys in force stay"),
+        }
+    }
+}
+
 /// Checks a signature made by `key_id` over `message` against `keys`.
 pub fn verify(
     keys: &[(String, VerifyingKey)],

@@ -40,7 +40,7 @@ pub struct App {
     auth_reload_interval: Duration,
     reflection: bool,
     tls: Option<tonic::transport::ServerTlsConfig>,
-    receipts: Option<Arc<crate::receipts::ReceiptKeys>>,
+    receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
 }
 
 /// Most sweep batches run back to back before the sweeper sleeps again.
@@ -69,7 +69,7 @@ impl App {
 
     /// Signs every receipt answers carry with these keys, and publishes
     /// their public halves (atmost.v1.Receipts/GetSigningKeys).
-    pub fn with_receipt_keys(mut self, keys: Arc<crate::receipts::ReceiptKeys>) -> Self {
+    pub fn with_receipt_keys(mut self, keys: Arc<crate::receipts::ReceiptSigner>) -> Self {
         self.receipts = Some(keys);
         self
     }
@@ -197,6 +197,14 @@ pub async fn run(
         watch_stop.clone(),
     )));
 
+    let receipts_task = app.receipts.clone().map(|signer| {
+        tokio::spawn(crate::receipts::watch(
+            signer,
+            app.auth_reload_interval,
+            watch_stop.clone(),
+        ))
+    });
+
     let mut builder = Server::builder();
     if let Some(tls) = app.tls {
         builder = builder.tls_config(tls)?;
@@ -250,7 +258,7 @@ pub async fn run(
     }
     sweep_task.abort();
     let _ = (&mut sweep_task).await;
-    if let Some(task) = auth_task {
+    for task in [auth_task, receipts_task].into_iter().flatten() {
         task.abort();
         let _ = task.await;
     }

@@ -209,6 +209,83 @@ async fn receipts_are_signed_and_verify_offline_with_the_published_keys() {
         (Some(3), "UNKNOWN_KEY".into())
     );
     assert_eq!(offline(&keys_file, "not json".into()).0, Some(2));
+
+    // Rotation without a restart: a new signing key, the current one kept
+    // for verification. Within a second the new key signs and both are
+    // published, so the receipt signed before still verifies.
+    let newer = SigningKey::from_bytes(&[11; 32]);
+    let both = format!(
+        "{}{}",
+        old.verifying_key()
+            .to_public_key_pem(LineEnding::LF)
+            .expect("pem"),
+        new.verifying_key()
+            .to_public_key_pem(LineEnding::LF)
+            .expect("pem")
+    );
+    std::fs::write(&verify_keys, both).expect("write");
+    std::fs::write(
+        &signing,
+        newer.to_pkcs8_pem(LineEnding::LF).expect("pem").as_bytes(),
+    )
+    .expect("write");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let rotated = loop {
+        let keys = published(&client).await;
+        if keys
+            .iter()
+            .any(|(_, k, current)| *current && *k == newer.verifying_key())
+        {
+            break keys;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new key never took over"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(rotated.len(), 3);
+    let replay = client.authorize(pb::AuthorizeRequest {
+        permit_id: permit.clone(),
+        tool: "pay".into(),
+        idempotency_key: "charge-1".into(),
+        request_fingerprint: b"the canonical request".to_vec(),
+        cost: 250,
+        holder_token: Vec::new(),
+    });
+    let resigned = replay
+        .await
+        .expect("replay")
+        .attempt
+        .expect("a")
+        .receipt
+        .expect("r");
+    assert_ne!(
+        resigned.key_id, receipt.key_id,
+        "signed anew by the new key"
+    );
+    let all: Vec<(String, VerifyingKey)> =
+        rotated.iter().map(|(id, k, _)| (id.clone(), *k)).collect();
+    for r in [&receipt, &resigned] {
+        let domain_receipt = atmost::domain::Receipt {
+            receipt_id: r.receipt_id.clone(),
+            result: r.result.clone(),
+            cost: r.cost,
+            issued_at: atmost_client::millis(r.issued_at.as_ref().expect("issued_at")),
+        };
+        let message = canonical(
+            &settled.permit_id,
+            &settled.tool,
+            &settled.idempotency_key,
+            &settled.request_fingerprint,
+            &settled.attempt_id,
+            &domain_receipt,
+        );
+        assert_eq!(
+            verify(&all, &r.key_id, &message, &r.signature),
+            Verdict::Verified
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -82,7 +82,7 @@ impl Gate for GateService {
             } as i32,
             attempt: Some(convert::attempt(
                 authorized.attempt,
-                self.ctx.receipts.as_deref(),
+                self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
             )),
             usage: Some(convert::usage(authorized.usage)),
             duplicate_of: authorized.duplicate_of.unwrap_or_default(),
@@ -126,7 +126,7 @@ impl Gate for GateService {
         Ok(Response::new(pb::CommitResponse {
             attempt: Some(convert::attempt(
                 settled.attempt,
-                self.ctx.receipts.as_deref(),
+                self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
             )),
             usage: Some(convert::usage(settled.usage)),
         }))
@@ -162,7 +162,10 @@ impl Gate for GateService {
         }
         let attempt = result.map_err(to_status)?;
         Ok(Response::new(pb::MarkUncertainResponse {
-            attempt: Some(convert::attempt(attempt, self.ctx.receipts.as_deref())),
+            attempt: Some(convert::attempt(
+                attempt,
+                self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
+            )),
         }))
     }
 }

@@ -141,7 +141,12 @@ impl Permits for PermitsService {
             attempts: page
                 .attempts
                 .into_iter()
-                .map(|a| convert::attempt(a, self.ctx.receipts.as_deref()))
+                .map(|a| {
+                    convert::attempt(
+                        a,
+                        self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
+                    )
+                })
                 .collect(),
             next_page_token: page
                 .next
@@ -194,7 +199,7 @@ impl Permits for PermitsService {
         Ok(Response::new(pb::ResolveResponse {
             attempt: Some(convert::attempt(
                 settled.attempt,
-                self.ctx.receipts.as_deref(),
+                self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
             )),
             usage: Some(convert::usage(settled.usage)),
         }))

@@ -24,6 +24,8 @@ impl Receipts for ReceiptsService {
         let keys = self
             .ctx
             .receipts
+            .as_ref()
+            .map(|signer| signer.current())
             .iter()
             .flat_map(|k| k.public_keys())
             .map(|(key_id, key, current)| pb::SigningKey {
