@@ -967,3 +967,90 @@ async fn tls_and_client_certificates_authenticate_callers() {
         "only the runner's call counted"
     );
 }
+
+/// A caller that gives up while its Authorize's script is on its way to
+/// Redis (here: held by a proxy past the caller's 300 ms deadline) leaves
+/// a CANCELLED event: the reservation may have been made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_request_leaves_a_cancelled_audit_event() {
+    use crate::support::proxy::{HOLD, Mode, Proxy};
+    use std::io::BufRead;
+    let _machine = shared().await;
+    let redis = Redis::start_owned();
+    let proxy = Proxy::for_redis(&redis.url).await;
+    let dir = std::env::temp_dir().join(format!("atmost-cancel-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let log = dir.join("stderr.jsonl");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--store",
+            "redis",
+        ])
+        .args(["--redis-url", &proxy.url(), "--redis-prefix", &redis.prefix])
+        .env("RUST_LOG", "atmost::audit=info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("start atmost");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("first line");
+    let addr = line
+        .trim()
+        .strip_prefix("atmost listening on ")
+        .expect("listening")
+        .to_owned();
+    let client = atmost_client::Client::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let permit = until_created(&client).await;
+    proxy.set_mode(HOLD);
+    let r = client
+        .clone()
+        .with_timeout(Duration::from_millis(300))
+        .authorize(authorize_request(&permit, "abandoned"))
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set_mode(Mode::Pass);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).expect("log");
+    let cancelled = text.lines().any(|line| {
+        let event: serde_json::Value = serde_json::from_str(line).expect("JSON");
+        let f = &event["fields"];
+        f["rpc"] == "Authorize"
+            && f["idempotency_key"] == "abandoned"
+            && f["outcome"] == "CANCELLED"
+    });
+    assert!(cancelled, "no CANCELLED event in:\n{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// CreatePermit, retried while the store comes up.
+async fn until_created(client: &atmost_client::Client) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match client
+            .create_permit(
+                NewPermit::new(["t"])
+                    .expires_at_ms(atmost_client::now_ms() + 60_000)
+                    .build(),
+            )
+            .await
+        {
+            Ok(p) => return p.permit_id,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
