@@ -5,6 +5,8 @@
 
 use crate::auth::{KeyFile, entry};
 use crate::support::*;
+use atmost::receipts::{Verdict, canonical, verify};
+use ed25519_dalek::pkcs8::{EncodePrivateKey, spki::der::pem::LineEnding};
 use pb::Decision;
 use std::time::Duration;
 use tonic::Code;
@@ -30,10 +32,22 @@ impl Campaign {
             .concat(),
         );
         let redis = Redis::start();
+        // Both replicas sign receipts with the same key (a Secret).
+        let signing = keys.dir.join("receipt-key.pem");
+        std::fs::write(
+            &signing,
+            ed25519_dalek::SigningKey::from_bytes(&[5; 32])
+                .to_pkcs8_pem(LineEnding::LF)
+                .expect("pem")
+                .as_bytes(),
+        )
+        .expect("write");
         let mut args = redis.serve_args();
         args.extend([
             "--auth-keys".to_owned(),
             keys.path.to_str().expect("utf-8").to_owned(),
+            "--receipt-signing-key".to_owned(),
+            signing.to_str().expect("utf-8").to_owned(),
         ]);
         let replicas = [spawn_atmost(&args), spawn_atmost(&args)];
         Self {
@@ -234,6 +248,118 @@ async fn the_attack_campaign() {
         }
     }
     admin[1].get_permit(&p1).await.expect("the kept key works");
+
+    // 7. Receipt tampering (the admin's calls: the agent's key is gone):
+    //    a receipt issued through one replica and
+    //    replayed through the other verifies with the published keys;
+    //    any signed field changed, or a key atmost does not publish, fails.
+    let p3 = admin[0]
+        .create_permit(permit(None))
+        .await
+        .expect("create")
+        .permit_id;
+    let request = authorize(&p3, "pay", "order-7", b"the request", 5);
+    let a = admin[0]
+        .authorize(request.clone())
+        .await
+        .expect("authorize")
+        .attempt
+        .expect("a");
+    admin[0]
+        .commit(pb::CommitRequest {
+            permit_id: p3.clone(),
+            idempotency_key: "order-7".into(),
+            attempt_id: a.attempt_id.clone(),
+            outcome: Some(succeeded(b"shipped", Some(4))),
+        })
+        .await
+        .expect("commit");
+    let replayed = admin[1]
+        .authorize(request)
+        .await
+        .expect("replay")
+        .attempt
+        .expect("a");
+    let keys: Vec<(String, ed25519_dalek::VerifyingKey)> =
+        atmost::pb::receipts_client::ReceiptsClient::new(c.replicas[1].client().await.channel())
+            .get_signing_keys(atmost::pb::GetSigningKeysRequest {})
+            .await
+            .expect("keys")
+            .into_inner()
+            .keys
+            .into_iter()
+            .map(|k| {
+                let raw: [u8; 32] = k.public_key.as_slice().try_into().expect("32");
+                (
+                    k.key_id,
+                    ed25519_dalek::VerifyingKey::from_bytes(&raw).expect("key"),
+                )
+            })
+            .collect();
+    let check = |a: &pb::Attempt| {
+        let r = a.receipt.as_ref().expect("receipt");
+        let receipt = atmost::domain::Receipt {
+            receipt_id: r.receipt_id.clone(),
+            result: r.result.clone(),
+            cost: r.cost,
+            issued_at: atmost_client::millis(r.issued_at.as_ref().expect("issued_at")),
+        };
+        let message = canonical(
+            &a.permit_id,
+            &a.tool,
+            &a.idempotency_key,
+            &a.request_fingerprint,
+            &a.attempt_id,
+            &receipt,
+        );
+        verify(&keys, &r.key_id, &message, &r.signature)
+    };
+    assert_eq!(check(&replayed), Verdict::Verified);
+    type Tamper = fn(&mut pb::Attempt);
+    let tampers: [(&str, Tamper); 11] = [
+        ("permit_id", |a| {
+            a.permit_id = uuid::Uuid::now_v7().to_string()
+        }),
+        ("tool", |a| a.tool = "search".into()),
+        ("idempotency_key", |a| a.idempotency_key = "order-8".into()),
+        ("request_fingerprint", |a| a.request_fingerprint.push(0)),
+        ("attempt_id", |a| {
+            a.attempt_id = uuid::Uuid::now_v7().to_string()
+        }),
+        ("receipt_id", |a| {
+            a.receipt.as_mut().expect("r").receipt_id = uuid::Uuid::now_v7().to_string()
+        }),
+        ("result", |a| {
+            a.receipt.as_mut().expect("r").result = b"refunded".to_vec()
+        }),
+        ("cost", |a| a.receipt.as_mut().expect("r").cost = 0),
+        ("issued_at", |a| {
+            let t = a
+                .receipt
+                .as_mut()
+                .expect("r")
+                .issued_at
+                .as_mut()
+                .expect("t");
+            t.seconds += 1;
+        }),
+        ("signature", |a| {
+            a.receipt.as_mut().expect("r").signature[0] ^= 1
+        }),
+        ("key_id", |a| {
+            a.receipt.as_mut().expect("r").key_id = "0123456789abcdef".into()
+        }),
+    ];
+    for (field, tamper) in tampers {
+        let mut forged = replayed.clone();
+        tamper(&mut forged);
+        let expected = if field == "key_id" {
+            Verdict::UnknownKey
+        } else {
+            Verdict::Forged
+        };
+        assert_eq!(check(&forged), expected, "{field}");
+    }
 
     // Nothing above changed what the attacks could have: one slot on p1.
     let view = admin[0].get_permit(&p1).await.expect("get");
