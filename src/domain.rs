@@ -107,19 +107,66 @@ pub fn new_id(now: Millis) -> String {
 
 /// Collects field violations and turns them into one [`Error::InvalidRequest`].
 #[derive(Debug, Default)]
-pub(crate) struct Violations(Vec<Violation>);
+pub(crate) struct Violations(Vec<Violation>, usize);
+
+/// Most field violations one error reports; the rest are counted in one
+/// last violation, so an error stays a few KiB whatever the input.
+pub const MAX_VIOLATIONS: usize = 16;
+
+/// A value from a request, as an error may echo it: escaped, and at most
+/// 48 characters of it, with its length when it is cut.
+pub fn shown(value: &str) -> String {
+    const PREFIX: usize = 48;
+    let escaped: String = value
+        .chars()
+        .take(PREFIX)
+        .flat_map(char::escape_debug)
+        .collect();
+    if value.chars().nth(PREFIX).is_some() {
+        format!("\"{escaped}\"... ({} bytes)", value.len())
+    } else {
+        format!("\"{escaped}\"")
+    }
+}
 
 impl Violations {
     pub(crate) fn check(&mut self, ok: bool, field: &str, description: impl Into<String>) {
         if !ok {
-            self.0.push(Violation {
-                field: field.to_owned(),
-                description: description.into(),
-            });
+            self.push(field, || description.into());
         }
     }
 
-    pub(crate) fn into_result(self) -> Result<(), Error> {
+    /// [`Violations::check`] whose description is only made when it is
+    /// reported (in loops over a request's many values).
+    pub(crate) fn check_with(
+        &mut self,
+        ok: bool,
+        field: &str,
+        description: impl FnOnce() -> String,
+    ) {
+        if !ok {
+            self.push(field, description);
+        }
+    }
+
+    fn push(&mut self, field: &str, description: impl FnOnce() -> String) {
+        if self.0.len() < MAX_VIOLATIONS {
+            self.0.push(Violation {
+                field: field.to_owned(),
+                description: description(),
+            });
+        } else {
+            self.1 += 1;
+        }
+    }
+
+    pub(crate) fn into_result(mut self) -> Result<(), Error> {
+        if self.1 > 0 {
+            self.0.push(Violation {
+                field: "request".into(),
+                description: format!("and {} more violations", self.1),
+            });
+        }
         if self.0.is_empty() {
             Ok(())
         } else {

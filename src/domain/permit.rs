@@ -2,7 +2,7 @@
 
 use super::{
     DEFAULT_GUARD_WINDOW_MS, DEFAULT_LEASE_MS, Error, MAX_AMOUNT, MAX_DURATION_MS, MAX_TEXT_LEN,
-    MAX_TOOLS, Millis, Violations, valid_tool,
+    MAX_TOOLS, Millis, Violations, shown, valid_tool,
 };
 use std::collections::{BTreeMap, HashSet};
 
@@ -141,16 +141,15 @@ impl PermitSpec {
         );
         let mut agents = HashSet::new();
         for agent in &self.agents {
-            v.check(
-                crate::domain::valid_name(agent),
-                "permit.agents",
-                format!("{agent:?} is not a key id (1..=64 of [A-Za-z0-9._-])"),
-            );
-            v.check(
-                agents.insert(agent.as_str()),
-                "permit.agents",
-                format!("{agent:?} is listed twice"),
-            );
+            v.check_with(crate::domain::valid_name(agent), "permit.agents", || {
+                format!(
+                    "{} is not a key id (1..=64 of [A-Za-z0-9._-])",
+                    shown(agent)
+                )
+            });
+            v.check_with(agents.insert(agent.as_str()), "permit.agents", || {
+                format!("{} is listed twice", shown(agent))
+            });
         }
         v.check(
             self.subject.len() <= MAX_TEXT_LEN,
@@ -174,27 +173,23 @@ impl PermitSpec {
         );
         let mut seen = HashSet::new();
         for tool in &self.tools {
-            v.check(
-                valid_tool(tool),
-                "permit.tools",
-                format!("{tool:?} is not 1..=128 of [A-Za-z0-9._:/-]"),
-            );
-            v.check(
-                seen.insert(tool.as_str()),
-                "permit.tools",
-                format!("{tool:?} is listed twice"),
-            );
+            v.check_with(valid_tool(tool), "permit.tools", || {
+                format!("{} is not 1..=128 of [A-Za-z0-9._:/-]", shown(tool))
+            });
+            v.check_with(seen.insert(tool.as_str()), "permit.tools", || {
+                format!("{} is listed twice", shown(tool))
+            });
         }
         for (tool, cap) in &self.max_calls_per_tool {
-            v.check(
+            v.check_with(
                 seen.contains(tool.as_str()),
                 "permit.max_calls_per_tool",
-                format!("{tool:?} has a cap but is not in tools"),
+                || format!("{} has a cap but is not in tools", shown(tool)),
             );
-            v.check(
+            v.check_with(
                 *cap <= MAX_AMOUNT as u64,
                 "permit.max_calls_per_tool",
-                format!("the cap of {tool:?} exceeds {MAX_AMOUNT}"),
+                || format!("the cap of {} exceeds {MAX_AMOUNT}", shown(tool)),
             );
         }
         if let Some(budget) = self.budget {

@@ -7,6 +7,7 @@ on_both_stores!(
     create_permit_rejects_bad_input,
     unknown_permit_is_not_found,
     a_permit_is_forgotten_a_retention_after_it_expires_and_not_before,
+    a_hostile_permit_gets_a_small_error,
 );
 
 async fn create_permit_fills_defaults(h: Harness) {
@@ -178,4 +179,45 @@ async fn a_permit_is_forgotten_a_retention_after_it_expires_and_not_before(h: Ha
         .expect("kept a retention after the settle");
     h.clock.advance(1);
     expect_error(h.get(&open).await, Code::NotFound, "PERMIT_NOT_FOUND");
+}
+
+/// A permit built to make the error huge (a 1 MB tool name, 20 000
+/// malformed tools, 50 000 caps of tools not in scope) gets a short one:
+/// at most 16 violations and a count of the rest, each echoing at most a
+/// short escaped prefix, a few KiB in all.
+async fn a_hostile_permit_gets_a_small_error(h: Harness) {
+    let mut p = h.permit(&["t"]);
+    p.tools.push("x".repeat(1 << 20));
+    p.tools
+        .extend((0..20_000).map(|i| format!("bad tool\n{i}")));
+    p.max_calls_per_tool = (0..50_000).map(|i| (format!("nope-{i}"), 1)).collect();
+    let (_, error) = expect_error(
+        h.client.create_permit(p).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    let status = error.status();
+    let violations = error.violated_fields();
+    assert_eq!(
+        violations.len(),
+        atmost::domain::MAX_VIOLATIONS + 1,
+        "{violations:?}"
+    );
+    assert!(
+        status.message().len() < 4096,
+        "message of {} bytes",
+        status.message().len()
+    );
+    assert!(
+        status.details().len() < 8192,
+        "details of {} bytes",
+        status.details().len()
+    );
+    assert!(status.message().contains("and "), "{}", status.message());
+    assert!(
+        status.message().contains("(1048576 bytes)"),
+        "{}",
+        status.message()
+    );
+    assert!(!status.message().contains('\n'), "escaped");
 }
