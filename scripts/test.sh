@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine. Installs what it needs when it is
 # missing (redis-server, jq and libfaketime from the system packages; grpcio
-# for the README check, in a virtualenv under target/), then runs every test
+# and cryptography for the README check and the receipt example, in a
+# virtualenv under target/), then runs every test
 # of the workspace (tests start their own redis-server on free loopback
 # ports, or use REDIS_URL), then the README's commands as written
 # (scripts/readme.sh).

@@ -75,11 +75,11 @@ impl Role {
     }
 }
 
-/// The services anyone may call, key or not: the receipts' public keys,
-/// gRPC health and server reflection (turned off with
+/// What anyone may call, key or not: the receipts' public keys (that one
+/// method), gRPC health and server reflection (turned off with
 /// `--reflection=false`).
 const OPEN_SERVICES: &[&str] = &[
-    "/atmost.v1.Receipts/",
+    "/atmost.v1.Receipts/GetSigningKeys",
     "/grpc.health.v1.Health/",
     "/grpc.reflection.v1.ServerReflection/",
     "/grpc.reflection.v1alpha.ServerReflection/",
@@ -90,7 +90,10 @@ const OPEN_SERVICES: &[&str] = &[
 /// is an admin's: the table fails closed.
 pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
     use Role::{Admin, Agent, Operator};
-    if OPEN_SERVICES.iter().any(|open| path.starts_with(open)) {
+    if OPEN_SERVICES
+        .iter()
+        .any(|open| path.starts_with(open) && (open.ends_with('/') || path == *open))
+    {
         return None;
     }
     Some(match path.strip_prefix("/atmost.v1.") {

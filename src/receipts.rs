@@ -118,7 +118,19 @@ impl ReceiptKeys {
         let mut also = Vec::new();
         if let Some(path) = verify {
             let text = read(path)?;
-            for block in pem_blocks(&text) {
+            let blocks = pem_blocks(&text);
+            // Every line belongs to a whole PEM block: a file half written,
+            // or a key pasted without its armour, is refused, not read as
+            // fewer keys.
+            let covered: usize = blocks.iter().map(|b| b.lines().count()).sum();
+            let lines = text.lines().filter(|l| !l.trim().is_empty()).count();
+            if covered != lines {
+                return Err(format!(
+                    "{}: holds text outside complete PEM blocks (BEGIN ... END)",
+                    path.display()
+                ));
+            }
+            for block in blocks {
                 also.push(VerifyingKey::from_public_key_pem(&block).map_err(|e| {
                     format!("{}: not an Ed25519 public key in PEM: {e}", path.display())
                 })?);
@@ -168,12 +180,14 @@ pub struct ReceiptSigner {
 
 impl ReceiptSigner {
     pub fn load(signing: &Path, verify: Option<&Path>) -> Result<Self, String> {
+        // The digest first: a change while the keys are read is read again.
+        let seen = Self::digest(signing, verify);
         let keys = ReceiptKeys::load(signing, verify)?;
         Ok(Self {
             signing: signing.to_owned(),
             verify: verify.map(Path::to_owned),
             keys: std::sync::RwLock::new(std::sync::Arc::new(keys)),
-            seen: std::sync::Mutex::new(Self::digest(signing, verify)),
+            seen: std::sync::Mutex::new(seen),
         })
     }
 
@@ -288,6 +302,27 @@ pub fn verify_json(attempt: &str, keys_pem: &str) -> Result<Verdict, String> {
         serde_json::from_str(attempt).map_err(|e| format!("not JSON: {e}"))?;
     // An AuthorizeResponse or CommitResponse is accepted too: its attempt.
     let a = v.get("attempt").unwrap_or(&v);
+    // One spelling per field: a document carrying both could show a
+    // reader values nobody signed.
+    for obj in [a, a.get("receipt").unwrap_or(&serde_json::Value::Null)] {
+        if let Some(map) = obj.as_object() {
+            for (name, _) in map {
+                let snake: String = name
+                    .chars()
+                    .flat_map(|c| {
+                        if c.is_ascii_uppercase() {
+                            vec!['_', c.to_ascii_lowercase()]
+                        } else {
+                            vec![c]
+                        }
+                    })
+                    .collect();
+                if snake != *name && map.contains_key(&snake) {
+                    return Err(format!("{name} and {snake} are both given"));
+                }
+            }
+        }
+    }
     let field = |obj: &serde_json::Value, camel: &str, snake: &str| -> Option<serde_json::Value> {
         obj.get(camel).or_else(|| obj.get(snake)).cloned()
     };
@@ -435,6 +470,48 @@ mod tests {
             verify(&other.verify, other.signing_key_id(), &m, &signature),
             Verdict::Forged
         );
+    }
+
+    #[test]
+    fn a_verify_keys_file_with_stray_text_is_refused() {
+        use ed25519_dalek::pkcs8::{EncodePrivateKey, EncodePublicKey, spki::der::pem::LineEnding};
+        let dir = std::env::temp_dir().join(format!("atmost-rk-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let signing = dir.join("s.pem");
+        let key = SigningKey::from_bytes(&[1; 32]);
+        std::fs::write(
+            &signing,
+            key.to_pkcs8_pem(LineEnding::LF).expect("pem").as_bytes(),
+        )
+        .expect("w");
+        let public = SigningKey::from_bytes(&[2; 32])
+            .verifying_key()
+            .to_public_key_pem(LineEnding::LF)
+            .expect("pem");
+        let verify = dir.join("v.pem");
+        for (text, ok) in [
+            (public.clone(), true),
+            (String::new(), true),
+            (format!("{public}\n\n"), true),
+            ("MCowBQYDK2VwAyEA...".to_owned(), false),
+            (public.lines().take(2).collect::<Vec<_>>().join("\n"), false),
+            (format!("{public}junk\n"), false),
+        ] {
+            std::fs::write(&verify, &text).expect("w");
+            assert_eq!(
+                ReceiptKeys::load(&signing, Some(&verify)).is_ok(),
+                ok,
+                "{text:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_document_with_both_spellings_of_a_field_is_refused() {
+        let doc = r#"{"permitId": "a", "permit_id": "b", "receipt": {}}"#;
+        let e = verify_json(doc, "").expect_err("both spellings");
+        assert!(e.contains("permitId and permit_id"), "{e}");
     }
 
     #[test]

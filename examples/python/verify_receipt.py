@@ -8,7 +8,8 @@ public keys atmost publishes (atmost.v1.Receipts/GetSigningKeys) and the
 KEYS_JSON is GetSigningKeys's answer and ATTEMPT_JSON an attempt (or an
 Authorize / Commit response holding one), both as grpcurl prints them
 (proto3 JSON: bytes in base64). Prints VERIFIED, FORGED or UNKNOWN_KEY and
-exits 0, 1 or 3, as `atmost receipt verify` does. The signed bytes are the
+exits 0, 1 or 3, as `atmost receipt verify` does (2 for input it cannot
+read). The signed bytes are the
 receipt's canonical encoding, docs/api.md "Signed receipts".
 """
 
@@ -23,9 +24,20 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 
+def strict_int(value):
+    """An int64 as proto3 JSON writes it: a number or a string of digits."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"not an integer: {value!r}")
+    if isinstance(value, str) and not value.lstrip("-").isdigit():
+        raise ValueError(f"not an integer: {value!r}")
+    return int(value)
+
+
 def canonical(attempt, receipt):
     """The bytes atmost signs (version 1)."""
     issued = datetime.datetime.fromisoformat(receipt["issuedAt"].replace("Z", "+00:00"))
+    if issued.tzinfo is None:
+        raise ValueError("issuedAt has no offset")
     issued_ms = int(issued.timestamp() * 1000 + 0.5)
     fields = [
         attempt["permitId"].encode(),
@@ -36,7 +48,7 @@ def canonical(attempt, receipt):
         receipt["receiptId"].encode(),
         b"SUCCEEDED",
         hashlib.sha256(base64.b64decode(receipt.get("result", ""))).digest(),
-        struct.pack(">q", int(receipt.get("cost", 0))),
+        struct.pack(">q", strict_int(receipt.get("cost", 0))),
         struct.pack(">q", issued_ms),
     ]
     out = b"atmost.receipt.v1\x00"
@@ -67,5 +79,11 @@ def main(keys_path, attempt_path):
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    try:
+        code = main(sys.argv[1], sys.argv[2])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"verify_receipt.py: unusable input: {e!r}", file=sys.stderr)
+        code = 2
+    sys.exit(code)

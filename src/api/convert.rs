@@ -255,8 +255,11 @@ fn state(s: AttemptState) -> pb::AttemptState {
 /// An attempt on the wire; a SUCCEEDED one's receipt signed with `keys`
 /// when atmost has them.
 pub fn attempt(a: domain::Attempt, keys: Option<&ReceiptKeys>) -> pb::Attempt {
+    // Only a SUCCEEDED attempt's receipt is ever signed.
     let signed = match (&a.receipt, keys) {
-        (Some(r), Some(keys)) => Some((keys.sign(&a, r), keys.signing_key_id().to_owned())),
+        (Some(r), Some(keys)) if a.state == AttemptState::Succeeded => {
+            Some((keys.sign(&a, r), keys.signing_key_id().to_owned()))
+        }
         _ => None,
     };
     let (signature, key_id) = signed.unwrap_or_default();

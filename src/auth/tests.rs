@@ -120,6 +120,8 @@ fn every_rpc_names_its_roles() {
         ("/Atmost.v1.Gate/Authorize", &[Admin]),
         ("/atmost.v1.Gate/Authorize/", &[Admin]),
         ("/grpc.health.v2.Health/Check", &[Admin]),
+        ("/atmost.v1.Receipts/SomethingNew", &[Admin]),
+        ("/atmost.v1.Receipts/GetSigningKeysX", &[Admin]),
         ("", &[Admin]),
     ] {
         assert_eq!(allowed_roles(path), Some(roles), "{path}");
