@@ -86,14 +86,19 @@ impl Fields {
 /// A script's reply, as packed by [`script_text`](super::script_text),
 /// unpacked into the list of values the script returned.
 pub fn unpack_reply(packed: &[u8]) -> Result<Vec<Value>, Error> {
-    as_array(from_msgpack(&mut &packed[..])?)
+    as_array(from_msgpack(&mut &packed[..], 0)?)
 }
+
+/// How deep a script reply may nest arrays: atmost's are at most three
+/// deep (a listing: reply, attempt, fields). A deeper one is malformed,
+/// never a recursion as deep as the reply is long.
+const MAX_DEPTH: usize = 8;
 
 /// Unpacks a script's msgpack reply straight into the RESP values the
 /// decoders read, with no intermediate tree: Lua strings come as msgpack
 /// strings, Lua integers as integers, Lua sequences as arrays (cmsgpack packs
 /// nothing else from atmost's scripts).
-fn from_msgpack(rd: &mut &[u8]) -> Result<Value, Error> {
+fn from_msgpack(rd: &mut &[u8], depth: usize) -> Result<Value, Error> {
     use rmp::Marker;
     use rmp::decode::RmpRead;
     fn bad(e: impl std::fmt::Debug) -> Error {
@@ -107,12 +112,15 @@ fn from_msgpack(rd: &mut &[u8]) -> Result<Value, Error> {
         *rd = rest;
         Ok(Value::BulkString(head.to_vec()))
     }
-    fn array(rd: &mut &[u8], len: usize) -> Result<Value, Error> {
+    fn array(rd: &mut &[u8], len: usize, depth: usize) -> Result<Value, Error> {
+        if depth >= MAX_DEPTH {
+            return Err(malformed("a reply nested deeper than atmost's"));
+        }
         // Every element takes at least a byte: a corrupt length cannot
         // make this allocate more than the reply's size.
         let mut values = Vec::with_capacity(len.min(rd.len()));
         for _ in 0..len {
-            values.push(from_msgpack(rd)?);
+            values.push(from_msgpack(rd, depth + 1)?);
         }
         Ok(Value::Array(values))
     }
@@ -147,14 +155,14 @@ fn from_msgpack(rd: &mut &[u8]) -> Result<Value, Error> {
             let n = rd.read_data_u32().map_err(bad)?;
             bytes(rd, n as usize)
         }
-        Marker::FixArray(n) => array(rd, n.into()),
+        Marker::FixArray(n) => array(rd, n.into(), depth),
         Marker::Array16 => {
             let n = rd.read_data_u16().map_err(bad)?;
-            array(rd, n.into())
+            array(rd, n.into(), depth)
         }
         Marker::Array32 => {
             let n = rd.read_data_u32().map_err(bad)?;
-            array(rd, n as usize)
+            array(rd, n as usize, depth)
         }
         other => Err(malformed(format!("{other:?} in a script reply"))),
     }
@@ -400,6 +408,26 @@ mod tests {
             &[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff], // u64 past i64
         ] {
             assert!(unpack_reply(packed).is_err(), "{packed:?}");
+        }
+    }
+
+    /// A hostile or corrupt reply nested a million deep is an error, not
+    /// a stack overflow.
+    #[test]
+    fn a_reply_nested_too_deep_is_malformed_not_a_crash() {
+        let deep = vec![0x91u8; 1_000_000]; // fixarray(1), a million times
+        assert!(unpack_reply(&deep).is_err());
+        let mut ok = vec![0x91u8; 3];
+        ok.push(0x01);
+        assert!(unpack_reply(&ok).is_ok());
+    }
+
+    proptest::proptest! {
+        /// Whatever bytes Redis (or something pretending to be it) sends,
+        /// decoding answers a value or an error, never a panic.
+        #[test]
+        fn any_reply_decodes_or_is_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = unpack_reply(&bytes);
         }
     }
 
