@@ -30,7 +30,7 @@
 //! neither reads or changes anything. gRPC health and server reflection
 //! are not atmost RPCs and need no key.
 //!
-//! The file is read again on SIGHUP and whenever it changes ([`watch`]); a
+//! The file is read again on SIGHUP and whenever it changes (the server's file watch: [`Authenticator::refresh`]); a
 //! file that does not parse keeps the keys in force and logs why.
 
 use crate::api::status::to_status;
@@ -43,9 +43,8 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 use subtle::ConstantTimeEq;
-use tokio_util::sync::CancellationToken;
 
 /// What a key may do (docs/api.md, "Roles").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -400,39 +399,15 @@ fn read(path: &Path) -> Result<(Stamp, String), String> {
     Ok((stamp, text))
 }
 
-/// Keeps the keys in step with the file until `stop`: reads it again on
-/// SIGHUP, and every `interval` if it changed. Connections stay open; each
-/// request is checked against the keys in force when it arrives.
-pub async fn watch(auth: Option<Arc<Authenticator>>, interval: Duration, stop: CancellationToken) {
-    #[cfg(unix)]
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    loop {
-        #[cfg(unix)]
-        let hup = async {
-            match hangup.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let hup = std::future::pending::<()>();
-        let force = tokio::select! {
-            () = stop.cancelled() => return,
-            () = hup => true,
-            () = tokio::time::sleep(interval) => false,
-        };
-        let Some(auth) = &auth else {
-            if force {
-                tracing::info!("SIGHUP: no --auth-keys file to reload");
-            }
-            continue;
-        };
-        match auth.reload(force) {
+impl Authenticator {
+    /// [`Authenticator::reload`], logged: new keys take effect for the
+    /// next request on connections already open; a file that does not
+    /// load keeps the keys in force.
+    pub fn refresh(&self, force: bool) {
+        match self.reload(force) {
             Ok(true) => tracing::info!(
-                keys = auth.keys().len(),
-                file = %auth.path.display(),
+                keys = self.keys().len(),
+                file = %self.path.display(),
                 "API keys reloaded"
             ),
             Ok(false) => {}

@@ -166,7 +166,7 @@ impl ReceiptKeys {
 }
 
 /// The receipt keys in force, and the files they come from: read again on
-/// SIGHUP and whenever either file changes ([`watch`]), so a rotation
+/// SIGHUP and whenever either file changes (the server's file watch), so a rotation
 /// (a new signing key, the old one moved to the verify keys) needs no
 /// restart. Files that do not load keep the keys in force.
 #[derive(Debug)]
@@ -220,36 +220,12 @@ impl ReceiptSigner {
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(keys);
         Ok(true)
     }
-}
 
-/// Keeps the receipt keys in step with their files until `stop`.
-pub async fn watch(
-    signer: std::sync::Arc<ReceiptSigner>,
-    interval: std::time::Duration,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    #[cfg(unix)]
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    loop {
-        #[cfg(unix)]
-        let hup = async {
-            match hangup.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let hup = std::future::pending::<()>();
-        let force = tokio::select! {
-            () = stop.cancelled() => return,
-            () = hup => true,
-            () = tokio::time::sleep(interval) => false,
-        };
-        match signer.reload(force) {
+    /// [`ReceiptSigner::reload`], logged.
+    pub fn refresh(&self, force: bool) {
+        match self.reload(force) {
             Ok(true) => tracing::info!(
-                key_id = signer.current().signing_key_id(),
+                key_id = self.current().signing_key_id(),
                 "receipt keys reloaded"
             ),
             Ok(false) => {}

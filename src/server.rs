@@ -189,21 +189,12 @@ pub async fn run(
         watch_stop.clone(),
     ));
 
-    // SIGHUP reloads the key file; without one it is only logged (its
-    // default action would end the process).
-    let auth_task = Some(tokio::spawn(crate::auth::watch(
+    let files_task = tokio::spawn(watch_files(
         app.auth.clone(),
+        app.receipts.clone(),
         app.auth_reload_interval,
         watch_stop.clone(),
-    )));
-
-    let receipts_task = app.receipts.clone().map(|signer| {
-        tokio::spawn(crate::receipts::watch(
-            signer,
-            app.auth_reload_interval,
-            watch_stop.clone(),
-        ))
-    });
+    ));
 
     let mut builder = Server::builder();
     if let Some(tls) = app.tls {
@@ -258,11 +249,49 @@ pub async fn run(
     }
     sweep_task.abort();
     let _ = (&mut sweep_task).await;
-    for task in [auth_task, receipts_task].into_iter().flatten() {
-        task.abort();
-        let _ = task.await;
-    }
+    files_task.abort();
+    let _ = files_task.await;
     result
+}
+
+/// Re-reads the key files (API keys, receipt keys) on SIGHUP, and every
+/// `interval` those that changed, until `stop`. SIGHUP is caught even with
+/// no file to read: its default action would end the process.
+async fn watch_files(
+    auth: Option<Arc<Authenticator>>,
+    receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let hup = async {
+            match hangup.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup = std::future::pending::<()>();
+        let force = tokio::select! {
+            () = stop.cancelled() => return,
+            () = hup => true,
+            () = tokio::time::sleep(interval) => false,
+        };
+        if force && auth.is_none() && receipts.is_none() {
+            tracing::info!("SIGHUP: no key file to reload");
+        }
+        if let Some(auth) = &auth {
+            auth.refresh(force);
+        }
+        if let Some(receipts) = &receipts {
+            receipts.refresh(force);
+        }
+    }
 }
 
 /// Sweeps the store every `interval` until `stop`: batches back to back

@@ -5,7 +5,7 @@
 
 use crate::auth::{KeyFile, entry};
 use crate::support::*;
-use atmost::receipts::{Verdict, canonical, verify};
+use atmost::receipts::Verdict;
 use ed25519_dalek::pkcs8::{EncodePrivateKey, spki::der::pem::LineEnding};
 use pb::Decision;
 use std::time::Duration;
@@ -280,40 +280,12 @@ async fn the_attack_campaign() {
         .expect("replay")
         .attempt
         .expect("a");
-    let keys: Vec<(String, ed25519_dalek::VerifyingKey)> =
-        atmost::pb::receipts_client::ReceiptsClient::new(c.replicas[1].client().await.channel())
-            .get_signing_keys(atmost::pb::GetSigningKeysRequest {})
-            .await
-            .expect("keys")
-            .into_inner()
-            .keys
-            .into_iter()
-            .map(|k| {
-                let raw: [u8; 32] = k.public_key.as_slice().try_into().expect("32");
-                (
-                    k.key_id,
-                    ed25519_dalek::VerifyingKey::from_bytes(&raw).expect("key"),
-                )
-            })
-            .collect();
-    let check = |a: &pb::Attempt| {
-        let r = a.receipt.as_ref().expect("receipt");
-        let receipt = atmost::domain::Receipt {
-            receipt_id: r.receipt_id.clone(),
-            result: r.result.clone(),
-            cost: r.cost,
-            issued_at: atmost_client::millis(r.issued_at.as_ref().expect("issued_at")),
-        };
-        let message = canonical(
-            &a.permit_id,
-            &a.tool,
-            &a.idempotency_key,
-            &a.request_fingerprint,
-            &a.attempt_id,
-            &receipt,
-        );
-        verify(&keys, &r.key_id, &message, &r.signature)
-    };
+    let keys: Vec<(String, ed25519_dalek::VerifyingKey)> = published(&c.replicas[1].client().await)
+        .await
+        .into_iter()
+        .map(|(id, key, _)| (id, key))
+        .collect();
+    let check = |a: &pb::Attempt| check_receipt(&keys, a, a.receipt.as_ref().expect("receipt"));
     assert_eq!(check(&replayed), Verdict::Verified);
     type Tamper = fn(&mut pb::Attempt);
     let tampers: [(&str, Tamper); 11] = [

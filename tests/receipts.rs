@@ -2,30 +2,9 @@
 //! tool provider can check offline with the keys atmost publishes.
 
 use crate::support::*;
-use atmost::receipts::{Verdict, canonical, verify};
+use atmost::receipts::Verdict;
 use ed25519_dalek::pkcs8::{EncodePrivateKey, EncodePublicKey, spki::der::pem::LineEnding};
 use ed25519_dalek::{SigningKey, VerifyingKey};
-
-/// The keys atmost publishes, fetched with no API key.
-async fn published(client: &atmost_client::Client) -> Vec<(String, VerifyingKey, bool)> {
-    let keys = atmost::pb::receipts_client::ReceiptsClient::new(client.channel())
-        .get_signing_keys(atmost::pb::GetSigningKeysRequest {})
-        .await
-        .expect("GetSigningKeys needs no key")
-        .into_inner()
-        .keys;
-    keys.into_iter()
-        .map(|k| {
-            assert_eq!(k.algorithm, "ed25519");
-            let bytes: [u8; 32] = k.public_key.as_slice().try_into().expect("32 bytes");
-            (
-                k.key_id,
-                VerifyingKey::from_bytes(&bytes).expect("a key"),
-                k.current,
-            )
-        })
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receipts_are_signed_and_verify_offline_with_the_published_keys() {
@@ -102,23 +81,8 @@ async fn receipts_are_signed_and_verify_offline_with_the_published_keys() {
     assert_eq!(receipt.key_id, current[0].0);
     // What a tool provider checks: the fields it knows, the receipt, the
     // signature, the published keys.
-    let check = |attempt: &pb::Attempt, receipt: &pb::Receipt| {
-        let domain_receipt = atmost::domain::Receipt {
-            receipt_id: receipt.receipt_id.clone(),
-            result: receipt.result.clone(),
-            cost: receipt.cost,
-            issued_at: atmost_client::millis(receipt.issued_at.as_ref().expect("issued_at")),
-        };
-        let message = canonical(
-            &attempt.permit_id,
-            &attempt.tool,
-            &attempt.idempotency_key,
-            &attempt.request_fingerprint,
-            &attempt.attempt_id,
-            &domain_receipt,
-        );
-        verify(&known, &receipt.key_id, &message, &receipt.signature)
-    };
+    let check =
+        |attempt: &pb::Attempt, receipt: &pb::Receipt| check_receipt(&known, attempt, receipt);
     assert_eq!(check(&settled, &receipt), Verdict::Verified);
     // A replay carries the same receipt, signed the same.
     let replay = client
@@ -267,24 +231,7 @@ async fn receipts_are_signed_and_verify_offline_with_the_published_keys() {
     let all: Vec<(String, VerifyingKey)> =
         rotated.iter().map(|(id, k, _)| (id.clone(), *k)).collect();
     for r in [&receipt, &resigned] {
-        let domain_receipt = atmost::domain::Receipt {
-            receipt_id: r.receipt_id.clone(),
-            result: r.result.clone(),
-            cost: r.cost,
-            issued_at: atmost_client::millis(r.issued_at.as_ref().expect("issued_at")),
-        };
-        let message = canonical(
-            &settled.permit_id,
-            &settled.tool,
-            &settled.idempotency_key,
-            &settled.request_fingerprint,
-            &settled.attempt_id,
-            &domain_receipt,
-        );
-        assert_eq!(
-            verify(&all, &r.key_id, &message, &r.signature),
-            Verdict::Verified
-        );
+        assert_eq!(check_receipt(&all, &settled, r), Verdict::Verified);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

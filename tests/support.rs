@@ -529,3 +529,52 @@ impl Pki {
         (cert.pem(), key.serialize_pem())
     }
 }
+
+// === receipts ===
+
+/// The keys atmost publishes, fetched with no API key.
+pub async fn published(
+    client: &atmost_client::Client,
+) -> Vec<(String, ed25519_dalek::VerifyingKey, bool)> {
+    let keys = atmost::pb::receipts_client::ReceiptsClient::new(client.channel())
+        .get_signing_keys(atmost::pb::GetSigningKeysRequest {})
+        .await
+        .expect("GetSigningKeys needs no key")
+        .into_inner()
+        .keys;
+    keys.into_iter()
+        .map(|k| {
+            assert_eq!(k.algorithm, "ed25519");
+            let bytes: [u8; 32] = k.public_key.as_slice().try_into().expect("32 bytes");
+            (
+                k.key_id,
+                ed25519_dalek::VerifyingKey::from_bytes(&bytes).expect("a key"),
+                k.current,
+            )
+        })
+        .collect()
+}
+
+/// Checks an attempt's receipt as it came over the wire against `keys`,
+/// as a tool provider would: the fields it knows, the signature.
+pub fn check_receipt(
+    keys: &[(String, ed25519_dalek::VerifyingKey)],
+    attempt: &pb::Attempt,
+    receipt: &pb::Receipt,
+) -> atmost::receipts::Verdict {
+    let signed = atmost::domain::Receipt {
+        receipt_id: receipt.receipt_id.clone(),
+        result: receipt.result.clone(),
+        cost: receipt.cost,
+        issued_at: atmost_client::millis(receipt.issued_at.as_ref().expect("issued_at")),
+    };
+    let message = atmost::receipts::canonical(
+        &attempt.permit_id,
+        &attempt.tool,
+        &attempt.idempotency_key,
+        &attempt.request_fingerprint,
+        &attempt.attempt_id,
+        &signed,
+    );
+    atmost::receipts::verify(keys, &receipt.key_id, &message, &receipt.signature)
+}

@@ -14,6 +14,7 @@
 //! and cannot forge a field or a line.
 
 use crate::auth::Identity;
+use crate::domain::{Attempt, Error};
 use std::fmt::Write;
 use std::sync::Arc;
 
@@ -22,6 +23,9 @@ use std::sync::Arc;
 /// before that.
 pub struct Audit {
     rpc: &'static str,
+    /// Whether the trail is on (`atmost::audit` at INFO): when it is off,
+    /// nothing is copied or formatted for it.
+    enabled: bool,
     caller: Option<Arc<Identity>>,
     /// What the request is about, for the event of a cancelled request.
     about: Option<(String, String, String)>,
@@ -44,6 +48,7 @@ impl Audit {
     pub fn of<T>(rpc: &'static str, request: &tonic::Request<T>) -> Self {
         Self {
             rpc,
+            enabled: tracing::enabled!(target: "atmost::audit", tracing::Level::INFO),
             caller: request.extensions().get::<Arc<Identity>>().cloned(),
             about: None,
         }
@@ -52,6 +57,9 @@ impl Audit {
     /// What the request is about, known before the store is asked: the
     /// event of a request cancelled meanwhile names it.
     pub fn about(&mut self, permit_id: &str, tool: &str, idempotency_key: &str) {
+        if !self.enabled {
+            return;
+        }
         self.about = Some((
             permit_id.to_owned(),
             tool.to_owned(),
@@ -71,6 +79,21 @@ impl Audit {
     ) {
         self.about = None;
         self.emit(permit_id, tool, idempotency_key, outcome, attempt_id);
+    }
+
+    /// Records a call about one attempt (Commit, MarkUncertain, Resolve):
+    /// its state, or the reason it was refused.
+    pub fn attempt(self, permit_id: &str, idempotency_key: &str, result: Result<&Attempt, &Error>) {
+        match result {
+            Ok(a) => self.record(
+                permit_id,
+                &a.tool,
+                idempotency_key,
+                a.state.as_str(),
+                &a.attempt_id,
+            ),
+            Err(e) => self.record(permit_id, "", idempotency_key, e.reason().as_str(), ""),
+        }
     }
 
     fn emit(

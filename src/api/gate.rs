@@ -112,16 +112,7 @@ impl Gate for GateService {
             }
             Err(e) => Err(e),
         };
-        match &result {
-            Ok(s) => audit.record(
-                &permit_id,
-                &s.attempt.tool,
-                &key,
-                s.attempt.state.as_str(),
-                &s.attempt.attempt_id,
-            ),
-            Err(e) => audit.record(&permit_id, "", &key, refused(e), ""),
-        }
+        audit.attempt(&permit_id, &key, result.as_ref().map(|s| &s.attempt));
         let settled = result.map_err(to_status)?;
         Ok(Response::new(pb::CommitResponse {
             attempt: Some(convert::attempt(
@@ -150,16 +141,7 @@ impl Gate for GateService {
             }
             Err(e) => Err(e),
         };
-        match &result {
-            Ok(a) => audit.record(
-                &cmd.permit_id,
-                &a.tool,
-                &cmd.idempotency_key,
-                a.state.as_str(),
-                &a.attempt_id,
-            ),
-            Err(e) => audit.record(&cmd.permit_id, "", &cmd.idempotency_key, refused(e), ""),
-        }
+        audit.attempt(&cmd.permit_id, &cmd.idempotency_key, result.as_ref());
         let attempt = result.map_err(to_status)?;
         Ok(Response::new(pb::MarkUncertainResponse {
             attempt: Some(convert::attempt(

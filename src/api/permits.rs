@@ -179,16 +179,7 @@ impl Permits for PermitsService {
             }
             Err(e) => Err(e),
         };
-        match &result {
-            Ok(s) => audit.record(
-                &permit_id,
-                &s.attempt.tool,
-                &key,
-                s.attempt.state.as_str(),
-                &s.attempt.attempt_id,
-            ),
-            Err(e) => audit.record(&permit_id, "", &key, e.reason().as_str(), ""),
-        }
+        audit.attempt(&permit_id, &key, result.as_ref().map(|s| &s.attempt));
         let settled = result.map_err(to_status)?;
         tracing::info!(
             permit_id = %settled.attempt.permit_id,
