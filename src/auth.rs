@@ -362,11 +362,12 @@ impl Authenticator {
 /// The SAN URIs and DNS names of the client certificate the TLS handshake
 /// verified (against `--tls-client-ca`); none without one.
 fn peer_sans<B>(request: &http::Request<B>) -> Vec<String> {
-    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    use crate::transport::ConnInfo;
+    use tonic::transport::server::TlsConnectInfo;
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
     let Some(certs) = request
         .extensions()
-        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .get::<TlsConnectInfo<ConnInfo>>()
         .and_then(|info| info.peer_certs())
     else {
         return Vec::new();

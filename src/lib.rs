@@ -19,7 +19,8 @@
 //! - [`store`]: one trait, two backends: [`store::memory`] (embedded,
 //!   reference semantics) and [`store::redis`] (one Lua script per
 //!   transition).
-//! - [`server`]: [`run`], which `main` and the tests both call.
+//! - [`server`]: [`run`], which `main` and the tests both call;
+//!   [`transport`]: the limits on what one connection may cost.
 
 pub mod api;
 pub mod auth;
@@ -27,6 +28,7 @@ pub mod domain;
 pub mod receipts;
 pub mod server;
 pub mod store;
+pub mod transport;
 
 pub use server::{App, run};
 

@@ -9,10 +9,14 @@ use atmost::store::{
     redis::{self, EvictionPolicy, RedisConfig, RedisStore, Time},
 };
 use atmost::{App, run};
+use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::TcpListener;
+
+/// The transport limits' defaults, for the flags' defaults.
+const LIMITS: atmost::transport::Limits = atmost::transport::Limits::DEFAULT;
 
 // glibc's malloc and free were about a fifth of the server's CPU per
 // Authorize in the profile (docs/performance.md). Built with `no_thp`
@@ -204,6 +208,67 @@ struct ServeArgs {
     /// service's shape, no data). `--reflection=false` turns it off.
     #[arg(long, env = "ATMOST_REFLECTION", default_value_t = true, action = clap::ArgAction::Set)]
     reflection: bool,
+    /// Connections open at once; past it a new connection is closed as soon
+    /// as it is accepted (docs/security.md, "Transport limits").
+    #[arg(long, env = "ATMOST_MAX_CONNECTIONS", default_value_t = LIMITS.max_connections,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000).map(|n| n as usize))]
+    max_connections: usize,
+    /// RPCs open at once on one connection (HTTP/2
+    /// SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, env = "ATMOST_MAX_CONCURRENT_STREAMS", default_value_t = LIMITS.max_concurrent_streams,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    max_concurrent_streams: u32,
+    /// Largest request message, in bytes (the largest valid request is about
+    /// 70 KiB); larger ones answer OUT_OF_RANGE before their body is read.
+    #[arg(long, env = "ATMOST_MAX_REQUEST_BYTES", default_value_t = LIMITS.max_request_bytes,
+          value_parser = clap::value_parser!(u32).range(80_000..=64 * 1024 * 1024).map(|n| n as usize))]
+    max_request_bytes: usize,
+    /// Largest response message, in bytes (a ListUncertain page of 1000 is
+    /// under 1 MiB; a smaller limit fails the RPCs whose answer is larger).
+    #[arg(long, env = "ATMOST_MAX_RESPONSE_BYTES", default_value_t = LIMITS.max_response_bytes,
+          value_parser = clap::value_parser!(u32).range(64 * 1024..=64 * 1024 * 1024).map(|n| n as usize))]
+    max_response_bytes: usize,
+    /// Largest header list of one request, in bytes (HTTP/2
+    /// SETTINGS_MAX_HEADER_LIST_SIZE).
+    #[arg(long, env = "ATMOST_MAX_HEADER_LIST_BYTES", default_value_t = LIMITS.max_header_list_bytes,
+          value_parser = clap::value_parser!(u32).range(4096..=1024 * 1024))]
+    max_header_list_bytes: u32,
+    /// HTTP/2 PING interval on every connection (1s to 2h).
+    #[arg(long, env = "ATMOST_KEEPALIVE_INTERVAL", default_value = "60s", value_parser = keepalive)]
+    keepalive_interval: Duration,
+    /// A peer that does not answer a PING within this is disconnected (1s
+    /// to 2h).
+    #[arg(long, env = "ATMOST_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = keepalive)]
+    keepalive_timeout: Duration,
+    /// A connection with no RPC open this long is closed (1s to 24h).
+    #[arg(long, env = "ATMOST_IDLE_TIMEOUT", default_value = "5m", value_parser = connection_time)]
+    idle_timeout: Duration,
+    /// After this, a connection gets GOAWAY, so long-lived clients reconnect
+    /// and spread over replicas (1s to 24h).
+    #[arg(long, env = "ATMOST_MAX_CONNECTION_AGE", default_value = "10m", value_parser = connection_time)]
+    max_connection_age: Duration,
+    /// How long RPCs open at GOAWAY may still take before the connection is
+    /// closed (0s to 1h).
+    #[arg(long, env = "ATMOST_MAX_CONNECTION_AGE_GRACE", default_value = "30s", value_parser = shutdown_grace)]
+    max_connection_age_grace: Duration,
+    /// The TLS handshake and the HTTP/2 preface must arrive within this
+    /// (100ms to 60s).
+    #[arg(long, env = "ATMOST_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = handshake_timeout)]
+    handshake_timeout: Duration,
+    /// One RPC, its request body included, may take this long; past it the
+    /// RPC answers CANCELLED (10ms to 1h).
+    #[arg(long, env = "ATMOST_REQUEST_TIMEOUT", default_value = "10s", value_parser = request_timeout)]
+    request_timeout: Duration,
+    /// HTTP/2: streams a client may open and reset before the server
+    /// accepts them (rapid reset); past it, GOAWAY.
+    #[arg(long, env = "ATMOST_H2_MAX_PENDING_RESETS", default_value_t = LIMITS.max_pending_accept_reset_streams,
+          value_parser = clap::value_parser!(u32).range(1..=100_000).map(|n| n as usize))]
+    h2_max_pending_resets: usize,
+    /// HTTP/2: streams the server may reset for protocol errors on one
+    /// connection; past it, GOAWAY with ENHANCE_YOUR_CALM.
+    #[arg(long, env = "ATMOST_H2_MAX_LOCAL_RESETS", default_value_t = LIMITS.max_local_error_reset_streams,
+          value_parser = clap::value_parser!(u32).range(1..=100_000).map(|n| n as usize))]
+    h2_max_local_resets: usize,
     /// Log format (logs go to stderr; filter with RUST_LOG).
     #[arg(long, env = "ATMOST_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -264,7 +329,23 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
         .with_store_timeout(args.store_timeout)
         .with_shutdown_grace(args.shutdown_grace)
         .with_max_in_flight(args.max_in_flight)
-        .with_reflection(args.reflection);
+        .with_reflection(args.reflection)
+        .with_limits(atmost::transport::Limits {
+            max_connections: args.max_connections,
+            max_concurrent_streams: args.max_concurrent_streams,
+            max_request_bytes: args.max_request_bytes,
+            max_response_bytes: args.max_response_bytes,
+            max_header_list_bytes: args.max_header_list_bytes,
+            keepalive_interval: args.keepalive_interval,
+            keepalive_timeout: args.keepalive_timeout,
+            idle_timeout: args.idle_timeout,
+            max_connection_age: args.max_connection_age,
+            max_connection_age_grace: args.max_connection_age_grace,
+            handshake_timeout: args.handshake_timeout,
+            request_timeout: args.request_timeout,
+            max_pending_accept_reset_streams: args.h2_max_pending_resets,
+            max_local_error_reset_streams: args.h2_max_local_resets,
+        });
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let read = |path: &std::path::PathBuf| {
             std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
@@ -407,6 +488,22 @@ fn store_timeout(text: &str) -> Result<Duration, String> {
 
 fn shutdown_grace(text: &str) -> Result<Duration, String> {
     bounded(text, Duration::ZERO, Duration::from_secs(3600))
+}
+
+fn keepalive(text: &str) -> Result<Duration, String> {
+    bounded(text, Duration::from_secs(1), Duration::from_secs(7200))
+}
+
+fn connection_time(text: &str) -> Result<Duration, String> {
+    bounded(text, Duration::from_secs(1), Duration::from_secs(24 * 3600))
+}
+
+fn handshake_timeout(text: &str) -> Result<Duration, String> {
+    bounded(text, Duration::from_millis(100), Duration::from_secs(60))
+}
+
+fn request_timeout(text: &str) -> Result<Duration, String> {
+    bounded(text, Duration::from_millis(10), Duration::from_secs(3600))
 }
 
 fn init_logging(format: LogFormat) {

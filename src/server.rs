@@ -9,13 +9,12 @@ use crate::auth::{AuthLayer, Authenticator};
 use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
+use crate::transport::{Limits, Track};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -41,6 +40,7 @@ pub struct App {
     reflection: bool,
     tls: Option<tonic::transport::ServerTlsConfig>,
     receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
+    limits: Limits,
 }
 
 /// Most sweep batches run back to back before the sweeper sleeps again.
@@ -64,7 +64,14 @@ impl App {
             reflection: true,
             tls: None,
             receipts: None,
+            limits: Limits::default(),
         }
+    }
+
+    /// The transport limits ([`Limits`]; its defaults otherwise).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Signs every receipt answers carry with these keys, and publishes
@@ -196,31 +203,37 @@ pub async fn run(
         watch_stop.clone(),
     ));
 
-    let mut builder = Server::builder();
+    let limits = &app.limits;
+    let mut builder = limits.server();
     if let Some(tls) = app.tls {
-        builder = builder.tls_config(tls)?;
+        builder = builder.tls_config(limits.tls(tls))?;
+    }
+    // Every service decodes and encodes messages up to the limits only.
+    macro_rules! sized {
+        ($service:expr) => {
+            $service
+                .max_decoding_message_size(limits.max_request_bytes)
+                .max_encoding_message_size(limits.max_response_bytes)
+        };
     }
     let serve = builder
+        .layer(Track)
         .layer(AuthLayer::new(app.auth.clone()))
-        .add_service(health_service)
-        .add_optional_service(reflection_v1)
-        .add_optional_service(reflection_v1alpha)
-        .add_service(GateServer::with_interceptor(
-            GateService::new(ctx.clone()),
+        .add_service(sized!(health_service))
+        .add_optional_service(reflection_v1.map(|s| sized!(s)))
+        .add_optional_service(reflection_v1alpha.map(|s| sized!(s)))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            sized!(GateServer::new(GateService::new(ctx.clone()))),
             api::stamp,
         ))
-        .add_service(PermitsServer::with_interceptor(
-            PermitsService::new(ctx.clone()),
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            sized!(PermitsServer::new(PermitsService::new(ctx.clone()))),
             api::stamp,
         ))
-        .add_service(pb::receipts_server::ReceiptsServer::new(
+        .add_service(sized!(pb::receipts_server::ReceiptsServer::new(
             ReceiptsService::new(ctx),
-        ))
-        .serve_with_incoming_shutdown(
-            // Small unary replies must not wait for Nagle's algorithm.
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stop.clone().cancelled_owned(),
-        );
+        )))
+        .serve_with_incoming_shutdown(limits.incoming(listener), stop.clone().cancelled_owned());
     tokio::pin!(serve);
 
     let result = tokio::select! {

@@ -21,6 +21,9 @@
 //! - `redis_settings`: eviction policies refused or accepted, CONFIG
 //!   disabled, `maxmemory` reached.
 //! - `tools`: the stress checker and the load generator, in process.
+//! - `transport`: transport abuse against each limit's flag: streams past
+//!   the limit, stalled bodies, missing prefaces, reset floods, thousands
+//!   of watch streams, idle and old connections, oversized messages.
 //!
 //! The README's commands are checked by `scripts/readme.sh`, which
 //! `scripts/test.sh` runs after this suite.
@@ -39,3 +42,4 @@ mod redis_keys;
 mod redis_settings;
 mod replicas;
 mod tools;
+mod transport;
