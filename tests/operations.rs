@@ -213,10 +213,32 @@ async fn durations_out_of_range_refuse_to_start() {
         ("--store-timeout", "0s"),
         ("--store-timeout", "2m"),
         ("--shutdown-grace", "2h"),
+        ("--keepalive-interval", "0s"),
+        ("--keepalive-timeout", "3h"),
+        ("--idle-timeout", "25h"),
+        ("--max-connection-age", "0s"),
+        ("--max-connection-age-grace", "2h"),
+        ("--handshake-timeout", "50ms"),
+        ("--request-timeout", "2h"),
     ] {
         let (status, stderr) = run_to_exit(&[flag, value]);
         assert!(!status.success(), "{flag} {value} started");
         assert!(stderr.contains("out of range"), "{flag} {value}: {stderr}");
+    }
+    // Numbers too: a message limit below the largest valid request, no
+    // connections, no streams.
+    for (flag, value) in [
+        ("--max-request-bytes", "1000"),
+        ("--max-response-bytes", "1000"),
+        ("--max-connections", "0"),
+        ("--max-concurrent-streams", "0"),
+        ("--max-header-list-bytes", "100"),
+        ("--h2-max-pending-resets", "0"),
+        ("--h2-max-local-resets", "0"),
+    ] {
+        let (status, stderr) = run_to_exit(&[flag, value]);
+        assert!(!status.success(), "{flag} {value} started");
+        assert!(stderr.contains("is not in"), "{flag} {value}: {stderr}");
     }
     let process = spawn_atmost(&["--retention", "10y", "--shutdown-grace", "1h"]);
     let client = process.client().await;
@@ -224,4 +246,49 @@ async fn durations_out_of_range_refuse_to_start() {
         health(&client, "").await.expect("health"),
         ServingStatus::Serving
     );
+}
+
+/// Every flag of `atmost serve` has a row in the README's configuration
+/// table that names its environment variable and its default.
+#[test]
+fn every_flag_is_in_the_readme_with_its_env_and_default() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("atmost serve --help");
+    let help = String::from_utf8(help.stdout).expect("utf-8 help");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `--")).collect();
+    let mut flags = 0;
+    // Each option's block: "      --flag <VALUE>" up to the next one.
+    for block in help.split("\n      --").skip(1) {
+        let flag = format!("--{}", block.split([' ', '\n']).next().expect("a name"));
+        if flag == "--help" {
+            continue;
+        }
+        flags += 1;
+        let field = |label: &str| {
+            block
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(label))
+                .map(|v| v.trim_end_matches(']').trim_end_matches('=').to_owned())
+        };
+        let row = rows
+            .iter()
+            .find(|r| r.contains(&format!("`{flag}`")))
+            .unwrap_or_else(|| panic!("{flag} has no row in the README's configuration table"));
+        let env = field("[env: ").unwrap_or_else(|| panic!("{flag} reads no env variable"));
+        assert!(
+            row.contains(&format!("`{env}`")),
+            "{flag}: {env} not in {row}"
+        );
+        if let Some(default) = field("[default: ") {
+            assert!(
+                row.contains(&format!("`{default}`")),
+                "{flag}: default {default} not in {row}"
+            );
+        }
+    }
+    assert!(flags >= 30, "read {flags} flags from --help");
 }
