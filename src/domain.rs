@@ -88,8 +88,23 @@ pub fn valid_key(key: &str) -> bool {
 
 /// Parses an id that must be a UUID and returns it in canonical form
 /// (lower-case, hyphenated). Ids become parts of store keys, so nothing but
-/// a canonical UUID may pass.
+/// a canonical UUID may pass. Every way of writing the same UUID is that
+/// UUID: hyphenated, 32 hex digits, braced, or as a URN, in either case.
 pub fn canonical_id(id: &str) -> Option<String> {
+    // A URN's "urn:" and its namespace are case-insensitive (RFC 8141), so
+    // "URN:UUID:..." names the same UUID as "urn:uuid:...", which is all
+    // the uuid crate reads. A URN holds the hyphenated form only.
+    const URN: &str = "urn:uuid:";
+    let id = match id.get(..URN.len()) {
+        Some(prefix) if prefix.eq_ignore_ascii_case(URN) => {
+            let uuid = &id[URN.len()..];
+            if uuid.len() != 36 {
+                return None;
+            }
+            uuid
+        }
+        _ => id,
+    };
     uuid::Uuid::try_parse(id)
         .ok()
         .map(|u| u.hyphenated().to_string())

@@ -7,6 +7,9 @@
 //! - `auth`: API keys, roles, tenants, TLS and mTLS, the audit trail,
 //!   reloading the key file, dev mode.
 //! - `behaviour`: every behaviour case, once on each store.
+//! - `campaign`: hostile input, one table of requests through the server
+//!   on each store: exact codes and reasons, bounded errors, the store
+//!   read back unchanged.
 //! - `model`: the Redis scripts against the reference state machine,
 //!   random sequences (proptest).
 //! - `replicas`: several processes on one Redis.
@@ -33,6 +36,7 @@ mod support;
 mod attacks;
 mod auth;
 mod behaviour;
+mod campaign;
 mod clock_skew;
 mod faults;
 mod model;

@@ -54,6 +54,40 @@ fn ids_must_be_uuids_and_are_canonicalised() {
     }
 }
 
+#[test]
+fn every_form_of_one_uuid_is_that_uuid_and_nothing_else_is() {
+    let canonical = "0190f3a2-7b1c-7d4e-8f00-0123456789ab";
+    for same in [
+        canonical,
+        "0190F3A2-7B1C-7D4E-8F00-0123456789AB",
+        "0190f3a27b1c7d4e8f000123456789ab",
+        "0190F3A27B1C7D4E8F000123456789AB",
+        "{0190f3a2-7b1c-7d4e-8f00-0123456789ab}",
+        "{0190F3A2-7B1C-7D4E-8F00-0123456789AB}",
+        "urn:uuid:0190f3a2-7b1c-7d4e-8f00-0123456789ab",
+        "urn:uuid:0190F3A2-7B1C-7D4E-8F00-0123456789AB",
+        "URN:UUID:0190F3A2-7B1C-7D4E-8F00-0123456789AB",
+        "Urn:Uuid:0190f3a2-7b1c-7d4e-8f00-0123456789ab",
+    ] {
+        assert_eq!(canonical_id(same).as_deref(), Some(canonical), "{same:?}");
+    }
+    for other in [
+        "urn:uuid:0190f3a27b1c7d4e8f000123456789ab",
+        "urn:uuid:{0190f3a2-7b1c-7d4e-8f00-0123456789ab}",
+        "URN:UUID:",
+        "urn:uuid:0190f3a2-7b1c-7d4e-8f00-0123456789a",
+        "{0190f3a27b1c7d4e8f000123456789ab}",
+        "{0190f3a2-7b1c-7d4e-8f00-0123456789ab",
+        " 0190f3a2-7b1c-7d4e-8f00-0123456789ab",
+        "0190f3a2-7b1c-7d4e-8f00-0123456789ab\n",
+        "0190-f3a27b1c-7d4e-8f00-0123456789ab",
+        "urn:isbn:0190f3a2-7b1c-7d4e-8f00-012",
+        "urn:uuid\u{e9}0190f3a2-7b1c-7d4e-8f00-0123456789ab",
+    ] {
+        assert_eq!(canonical_id(other), None, "{other:?}");
+    }
+}
+
 fn attempt(state: AttemptState, lease_expires_at: Millis) -> Attempt {
     Attempt {
         attempt_id: String::new(),
