@@ -34,11 +34,10 @@ use tonic::Code;
 /// `grpc-status-details-bin`, as sent.
 const ERROR_BUDGET: usize = 8 * 1024;
 
-/// The server's largest request message (tonic's default decode limit,
-/// 4 MiB): a request larger than this is refused by the transport
-/// (OUT_OF_RANGE, no ErrorInfo) whatever its row expects of atmost. When
-/// the server's limit changes, this changes with it.
-const MAX_DECODE_BYTES: usize = 4 * 1024 * 1024;
+/// The server's largest request message (`--max-request-bytes`' default):
+/// a request larger than this is refused by the transport (OUT_OF_RANGE,
+/// no ErrorInfo) before atmost reads it, whatever its row expects of atmost.
+const MAX_DECODE_BYTES: usize = atmost::transport::Limits::DEFAULT.max_request_bytes;
 
 /// The largest amount atmost accepts: 2^53 - 1.
 const MAX_AMOUNT: i64 = (1 << 53) - 1;
