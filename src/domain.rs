@@ -11,18 +11,20 @@ mod clock;
 mod error;
 mod ledger;
 mod permit;
+mod quota;
 
 pub use attempt::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, MarkUncertainCmd,
     Outcome, Receipt, ResolveCmd, Settled, validate_permit_id,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::{Error, Reason, Violation};
+pub use error::{Error, Quota, Reason, Violation};
 pub use ledger::Ledger;
 pub use permit::{
     DuplicateGuard, GuardMode, MAX_AGENTS, Permit, PermitSpec, PermitStatus, PermitView, Scope,
     UncertainPolicy, Usage,
 };
+pub use quota::Quotas;
 
 /// Milliseconds since the Unix epoch: the one time unit of the model.
 pub type Millis = i64;

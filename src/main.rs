@@ -15,8 +15,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// The transport limits' defaults, for the flags' defaults.
+/// The transport limits' and quotas' defaults, for the flags' defaults.
 const LIMITS: atmost::transport::Limits = atmost::transport::Limits::DEFAULT;
+const QUOTAS: atmost::domain::Quotas = atmost::domain::Quotas::DEFAULT;
 
 // glibc's malloc and free were about a fifth of the server's CPU per
 // Authorize in the profile (docs/performance.md). Built with `no_thp`
@@ -269,6 +270,27 @@ struct ServeArgs {
     #[arg(long, env = "ATMOST_H2_MAX_LOCAL_RESETS", default_value_t = LIMITS.max_local_error_reset_streams,
           value_parser = clap::value_parser!(u32).range(1..=100_000).map(|n| n as usize))]
     h2_max_local_resets: usize,
+    /// Longest a permit may live: CreatePermit refuses an expires_at further
+    /// from now (QUOTA_PERMIT_LIFETIME; 1m to 10y).
+    #[arg(long, env = "ATMOST_MAX_PERMIT_LIFETIME", default_value = "30days", value_parser = permit_lifetime)]
+    max_permit_lifetime: Duration,
+    /// Most RESERVED or UNCERTAIN attempts one permit may hold; a new key
+    /// past it is refused (QUOTA_OPEN_ATTEMPTS). 0: no limit.
+    #[arg(long, env = "ATMOST_MAX_OPEN_ATTEMPTS", default_value_t = QUOTAS.max_open_attempts)]
+    max_open_attempts: u64,
+    /// Most idempotency keys one permit may record; a new key past it is
+    /// refused (QUOTA_ATTEMPTS). 0: no limit.
+    #[arg(long, env = "ATMOST_MAX_ATTEMPTS_PER_PERMIT", default_value_t = QUOTAS.max_attempts)]
+    max_attempts_per_permit: u64,
+    /// Most unexpired permits one tenant may hold; CreatePermit past it is
+    /// refused (QUOTA_TENANT_PERMITS). 0: no limit.
+    #[arg(long, env = "ATMOST_MAX_PERMITS_PER_TENANT", default_value_t = QUOTAS.max_permits_per_tenant)]
+    max_permits_per_tenant: u64,
+    /// The memory store's size, in bytes (estimated): past it, new permits
+    /// and new keys are refused (QUOTA_STORE_FULL); nothing open is evicted.
+    /// 0: no limit.
+    #[arg(long, env = "ATMOST_MEMORY_MAX_BYTES", default_value_t = 1 << 30)]
+    memory_max_bytes: u64,
     /// Log format (logs go to stderr; filter with RUST_LOG).
     #[arg(long, env = "ATMOST_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -303,8 +325,18 @@ fn main() -> std::process::ExitCode {
 
 async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let retention_ms = Millis::try_from(args.retention.as_millis())?;
+    let quotas = atmost::domain::Quotas {
+        max_permit_lifetime_ms: Millis::try_from(args.max_permit_lifetime.as_millis())?,
+        max_open_attempts: args.max_open_attempts,
+        max_attempts: args.max_attempts_per_permit,
+        max_permits_per_tenant: args.max_permits_per_tenant,
+    };
     let store = match args.store {
-        StoreKind::Memory => Backend::Memory(MemoryStore::new(retention_ms)),
+        StoreKind::Memory => Backend::Memory(
+            MemoryStore::new(retention_ms)
+                .with_quotas(quotas)
+                .with_max_bytes(args.memory_max_bytes),
+        ),
         StoreKind::Redis => {
             let store = RedisStore::connect(&RedisConfig {
                 url: args.redis_url.clone(),
@@ -319,7 +351,8 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
                     }
                     None => None,
                 },
-            })?;
+            })?
+            .with_quotas(quotas);
             check_eviction(&store, args.allow_eviction, args.store_timeout).await?;
             check_version(&store, args.store_timeout).await?;
             Backend::Redis(store)
@@ -488,6 +521,11 @@ fn store_timeout(text: &str) -> Result<Duration, String> {
 
 fn shutdown_grace(text: &str) -> Result<Duration, String> {
     bounded(text, Duration::ZERO, Duration::from_secs(3600))
+}
+
+fn permit_lifetime(text: &str) -> Result<Duration, String> {
+    let max = Duration::from_millis(atmost::domain::MAX_RETENTION_MS as u64);
+    bounded(text, Duration::from_secs(60), max)
 }
 
 fn keepalive(text: &str) -> Result<Duration, String> {

@@ -33,6 +33,7 @@ mod concurrency;
 mod duplicate_guard;
 mod hold_tool;
 mod permits;
+mod quotas;
 mod settle;
 mod uncertain;
 

@@ -7,8 +7,8 @@
 use crate::support::{Redis, redis_store_with, shared_blocking};
 use atmost::domain::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, DuplicateGuard, Error,
-    GuardMode, MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, ResolveCmd,
-    Scope, UncertainPolicy,
+    GuardMode, MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, Quotas,
+    ResolveCmd, Scope, UncertainPolicy,
 };
 use atmost::store::{Cursor, Store, memory::MemoryStore, redis::RedisStore};
 use proptest::prelude::*;
@@ -390,15 +390,24 @@ fn check<T: PartialEq + std::fmt::Debug>(
     Ok(())
 }
 
+/// Quotas small enough for random sequences to reach them (of 8 keys, a
+/// permit may record 6 and hold 4 open), so both stores refuse alike.
+const QUOTAS: Quotas = Quotas {
+    max_open_attempts: 4,
+    max_attempts: 6,
+    ..Quotas::DEFAULT
+};
+
 async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<(), TestCaseError> {
-    let model = MemoryStore::new(RETENTION_MS);
+    let model = MemoryStore::new(RETENTION_MS).with_quotas(QUOTAS);
     let prefix = format!("m{}", uuid::Uuid::now_v7().simple());
     let redis = redis_store_with(
         url,
         &prefix,
         std::time::Duration::from_secs(5),
         RETENTION_MS,
-    );
+    )
+    .with_quotas(QUOTAS);
     let mut permits: Vec<Permit> = configs
         .iter()
         .enumerate()

@@ -202,7 +202,9 @@ async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
         time: atmost::store::redis::Time::Caller,
         tls_ca: None,
     })
-    .expect("the longest retention is accepted");
+    .expect("the longest retention is accepted")
+    // A permit lifetime no flag allows (the library's own bounds).
+    .with_quotas(atmost::domain::Quotas::UNLIMITED);
     let h = Harness::serve(atmost::store::Backend::Redis(store), Some(redis), |app| app).await;
     let redis = h.redis.as_ref().expect("redis");
     let mut conn = redis.connect().await;

@@ -139,12 +139,26 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(kind: Kind) -> Self {
+        Self::start_with_quotas(kind, atmost::domain::Quotas::DEFAULT, 0).await
+    }
+
+    /// [`start`](Self::start) with these quotas, and for the memory store
+    /// this size limit (0: none).
+    pub async fn start_with_quotas(
+        kind: Kind,
+        quotas: atmost::domain::Quotas,
+        memory_max_bytes: u64,
+    ) -> Self {
         let redis = (kind == Kind::Redis).then(Redis::start);
         let backend = match (kind, &redis) {
-            (Kind::Memory, _) => Backend::Memory(MemoryStore::new(DAY_MS)),
-            (Kind::Redis, Some(r)) => {
-                Backend::Redis(redis_store(&r.url, &r.prefix, Duration::from_secs(2)))
-            }
+            (Kind::Memory, _) => Backend::Memory(
+                MemoryStore::new(DAY_MS)
+                    .with_quotas(quotas)
+                    .with_max_bytes(memory_max_bytes),
+            ),
+            (Kind::Redis, Some(r)) => Backend::Redis(
+                redis_store(&r.url, &r.prefix, Duration::from_secs(2)).with_quotas(quotas),
+            ),
             (Kind::Redis, None) => unreachable!("a Redis was started for Kind::Redis"),
         };
         Self::serve(backend, redis, |app| app).await

@@ -128,6 +128,9 @@ pub fn to_status(error: Error) -> Status {
                 ("allowed_roles", allowed.clone()),
             ],
         ),
+        Error::QuotaExceeded { limit, .. } => {
+            (Code::ResourceExhausted, vec![("limit", limit.to_string())])
+        }
     };
     let metadata: HashMap<String, String> = metadata
         .into_iter()

@@ -86,6 +86,62 @@ pub enum Error {
     /// changed.
     #[error("the caller's deadline passed before the store was asked; nothing changed")]
     DeadlineExceeded,
+    /// A quota ([`Quota`]) has no room: nothing changed.
+    #[error("{} (limit {limit})", quota.describe())]
+    QuotaExceeded { quota: Quota, limit: u64 },
+}
+
+/// The quotas (domain::Quotas holds their limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quota {
+    PermitLifetime,
+    OpenAttempts,
+    Attempts,
+    TenantPermits,
+    StoreFull,
+}
+
+impl Quota {
+    pub const fn reason(self) -> Reason {
+        match self {
+            Quota::PermitLifetime => Reason::QuotaPermitLifetime,
+            Quota::OpenAttempts => Reason::QuotaOpenAttempts,
+            Quota::Attempts => Reason::QuotaAttempts,
+            Quota::TenantPermits => Reason::QuotaTenantPermits,
+            Quota::StoreFull => Reason::QuotaStoreFull,
+        }
+    }
+
+    /// The quota of a reason, if it names one.
+    pub fn of(reason: Reason) -> Option<Quota> {
+        [
+            Quota::PermitLifetime,
+            Quota::OpenAttempts,
+            Quota::Attempts,
+            Quota::TenantPermits,
+            Quota::StoreFull,
+        ]
+        .into_iter()
+        .find(|q| q.reason() == reason)
+    }
+
+    const fn describe(self) -> &'static str {
+        match self {
+            Quota::PermitLifetime => {
+                "the permit would live longer than the longest lifetime allowed (ms)"
+            }
+            Quota::OpenAttempts => {
+                "the permit has as many RESERVED or UNCERTAIN attempts as allowed; settle or resolve some first"
+            }
+            Quota::Attempts => {
+                "the permit records as many idempotency keys as allowed; use a new permit"
+            }
+            Quota::TenantPermits => "the tenant has as many unexpired permits as allowed",
+            Quota::StoreFull => {
+                "the store holds as much as it may (bytes); nothing open is evicted to make room"
+            }
+        }
+    }
 }
 
 fn describe(violations: &[Violation]) -> String {
@@ -153,6 +209,11 @@ reasons! {
     Unauthenticated = "UNAUTHENTICATED",
     /// Refused before the service: no store returns it.
     RoleNotAllowed = "ROLE_NOT_ALLOWED",
+    QuotaPermitLifetime = "QUOTA_PERMIT_LIFETIME",
+    QuotaOpenAttempts = "QUOTA_OPEN_ATTEMPTS",
+    QuotaAttempts = "QUOTA_ATTEMPTS",
+    QuotaTenantPermits = "QUOTA_TENANT_PERMITS",
+    QuotaStoreFull = "QUOTA_STORE_FULL",
 }
 
 impl Error {
@@ -178,6 +239,7 @@ impl Error {
             Error::ToolHeld { .. } => Reason::ToolHeld,
             Error::Unauthenticated { .. } => Reason::Unauthenticated,
             Error::RoleNotAllowed { .. } => Reason::RoleNotAllowed,
+            Error::QuotaExceeded { quota, .. } => quota.reason(),
         }
     }
 }

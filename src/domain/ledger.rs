@@ -6,8 +6,8 @@
 
 use super::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GuardMode,
-    MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView, Receipt,
-    ResolveCmd, Settled, UncertainPolicy, Usage, attempt::observe, invalid,
+    MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView, Quota, Quotas,
+    Receipt, ResolveCmd, Settled, UncertainPolicy, Usage, attempt::observe, invalid,
 };
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -17,6 +17,13 @@ use std::sync::Arc;
 /// An idempotency key, shared by the attempts map and the duplicate guard's
 /// index (and by `duplicate_of`), so each key is stored once.
 type Key = Arc<str>;
+
+/// Fixed costs of [`Ledger::approx_bytes`], per permit, tool, attempt and
+/// receipt: the structs, the boxes and the maps' nodes around them.
+const PERMIT_BYTES: usize = 1024;
+const TOOL_BYTES: usize = 64;
+const ATTEMPT_BYTES: usize = 320;
+const RECEIPT_BYTES: usize = 96;
 
 #[derive(Debug, Clone)]
 pub struct Ledger {
@@ -48,6 +55,8 @@ pub struct Ledger {
     /// a duplicate, never report a false one, as in the Redis store.
     dup_index: HashMap<u64, Key>,
     dup_hasher: RandomState,
+    /// [`Ledger::approx_bytes`].
+    bytes: usize,
     /// When an attempt was last settled: retention runs from the later of
     /// this and the permit's expiry.
     last_settled_at: Millis,
@@ -147,7 +156,33 @@ impl Ledger {
             dup_index: HashMap::new(),
             dup_hasher: RandomState::new(),
             last_settled_at: 0,
+            bytes: 0,
         }
+        .with_permit_bytes()
+    }
+
+    /// Charges the permit's own record (its fields and per-tool state).
+    fn with_permit_bytes(mut self) -> Self {
+        let p = &self.permit;
+        self.bytes = PERMIT_BYTES
+            + p.permit_id.len()
+            + p.subject.len()
+            + p.currency.len()
+            + p.tenant.len()
+            + p.agents.iter().map(|a| a.len() + 24).sum::<usize>()
+            + p.tools
+                .iter()
+                .map(|t| 2 * t.len() + TOOL_BYTES)
+                .sum::<usize>();
+        self
+    }
+
+    /// About how much memory this ledger holds, in bytes: a fixed cost per
+    /// permit, tool and attempt, plus every variable-length value stored
+    /// (measured against RSS: docs/performance.md). Never less than what
+    /// was stored: values dropped later (a holder token) are not refunded.
+    pub fn approx_bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn permit(&self) -> &Permit {
@@ -220,13 +255,16 @@ impl Ledger {
     /// 1. the key exists (and was not released): same request -> REPLAY, or
     ///    IN_PROGRESS while RESERVED within its lease; different -> KEY_REUSED;
     /// 2. a new key: revoked -> expired -> tool in scope -> not held
-    ///    (HOLD_TOOL) -> duplicate guard -> cap -> budget; then reserve slot
-    ///    and cost and record the attempt.
+    ///    (HOLD_TOOL) -> duplicate guard -> cap -> budget -> quotas (open
+    ///    attempts, then recorded keys); then reserve slot and cost and
+    ///    record the attempt.
     pub fn authorize(
         &mut self,
         cmd: &AuthorizeCmd,
         now: Millis,
         attempt_id: String,
+        quotas: &Quotas,
+        store_full: Option<u64>,
     ) -> Result<Authorized, Error> {
         if let Some((key, existing)) = self.attempts.get_key_value(cmd.idempotency_key.as_str())
             && existing.state != AttemptState::Released
@@ -330,6 +368,16 @@ impl Ledger {
                 requested: cmd.cost,
             });
         }
+        // Last, the quotas: a released key re-reserved is no new record.
+        quotas.check_attempts(
+            self.open.len(),
+            self.attempts.len(),
+            !self.attempts.contains_key(cmd.idempotency_key.as_str()),
+        )?;
+        // The memory store, full: no new reservation (replays go on).
+        if let Some(limit) = store_full {
+            return Err(super::quota::exceeded(Quota::StoreFull, limit));
+        }
 
         // Everything checked: reserve and record in one step.
         let key: Key = Arc::from(cmd.idempotency_key.as_str());
@@ -357,7 +405,13 @@ impl Ledger {
         self.calls[tool] += 1;
         self.reserved += cmd.cost;
         let attempt = self.attempt_view(&key, &record, now);
-        self.attempts.insert(key, record);
+        self.bytes += ATTEMPT_BYTES + 2 * key.len() + cmd.request_fingerprint.len();
+        self.bytes += cmd.holder_token.len();
+        let key_len = key.len();
+        if let Some(released) = self.attempts.insert(key, record) {
+            // A released key re-reserved: its record is replaced.
+            self.bytes -= ATTEMPT_BYTES + 2 * key_len + released.fingerprint.len();
+        }
         Ok(Authorized {
             decision: Decision::Dispatch,
             usage: self.usage(tool),
@@ -430,6 +484,7 @@ impl Ledger {
                 self.open_insert(since, tool, &key);
                 let record = self.attempts.get_mut(&key).expect("checked");
                 record.state = AttemptState::Uncertain;
+                self.bytes += cmd.reason.len();
                 let detail = record.detail();
                 detail.uncertain_reason = cmd.reason.clone();
                 detail.uncertain_since = since;
@@ -519,6 +574,7 @@ impl Ledger {
                 }
                 self.reserved -= reserved_cost;
                 self.committed += actual;
+                self.bytes += RECEIPT_BYTES + receipt_id.len() + result.len();
                 let record = self.attempts.get_mut(key).expect("checked");
                 record.state = AttemptState::Succeeded;
                 record.detail().receipt = Some(Receipt {
@@ -530,6 +586,7 @@ impl Ledger {
             }
             Outcome::Failed { reason } => {
                 self.reserved -= reserved_cost;
+                self.bytes += reason.len();
                 let record = self.attempts.get_mut(key).expect("checked");
                 record.state = AttemptState::Failed;
                 record.detail().failure_reason = reason.clone();

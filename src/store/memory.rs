@@ -5,7 +5,7 @@
 use super::{Cursor, MAX_PERMITS_PER_PAGE, Page, Store};
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, Ledger, MarkUncertainCmd, Millis, Permit,
-    PermitView, ResolveCmd, Scope, Settled,
+    PermitView, Quota, Quotas, ResolveCmd, Scope, Settled,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
@@ -22,6 +22,10 @@ pub struct MemoryStore {
     inner: Mutex<Inner>,
     /// How long finished attempts and the permit are kept past its expiry.
     retention_ms: Millis,
+    quotas: Quotas,
+    /// Past this many bytes ([`Ledger::approx_bytes`] summed), new permits
+    /// and new reservations are refused; 0: no limit.
+    max_bytes: u64,
 }
 
 /// A permit's place in an ordered set: (a time, its id).
@@ -37,14 +41,44 @@ struct Inner {
     open: HashMap<Arc<str>, BTreeSet<Entry>>,
     /// Every other permit, by when it is forgotten ([`Ledger::forget_at`]).
     forget: BTreeSet<Entry>,
+    /// Every permit not yet expired (and some expired ones not yet pruned),
+    /// by tenant, by (expires_at, id): the tenant quota counts these.
+    live: HashMap<Arc<str>, BTreeSet<Entry>>,
+    /// [`Ledger::approx_bytes`] of every ledger held.
+    bytes: usize,
 }
 
 impl MemoryStore {
+    /// A store with the default [`Quotas`] and no size limit.
     pub fn new(retention_ms: Millis) -> Self {
         Self {
             inner: Mutex::new(Inner::default()),
             retention_ms,
+            quotas: Quotas::DEFAULT,
+            max_bytes: 0,
         }
+    }
+
+    pub fn with_quotas(mut self, quotas: Quotas) -> Self {
+        self.quotas = quotas;
+        self
+    }
+
+    /// Refuses new permits and new reservations once the store holds about
+    /// this many bytes (0: no limit). Nothing open is ever evicted.
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// About how many bytes the store holds ([`Ledger::approx_bytes`]).
+    pub fn approx_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// The size quota's limit, if the store has reached it.
+    fn full(&self, inner: &Inner) -> Option<u64> {
+        (self.max_bytes != 0 && inner.bytes as u64 >= self.max_bytes).then_some(self.max_bytes)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -60,7 +94,7 @@ impl MemoryStore {
         scope: &Scope,
         permit_id: &str,
         now: Millis,
-        f: impl FnOnce(&mut Ledger) -> Result<T, Error>,
+        f: impl FnOnce(&mut Ledger, Option<u64>) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -80,6 +114,9 @@ impl MemoryStore {
         {
             inner.forget.remove(&(at, id.clone()));
             let forgotten = inner.ledgers.remove(&id);
+            if let Some(ledger) = &forgotten {
+                inner.forgotten(ledger, &id);
+            }
             drop(guard);
             drop(forgotten); // freed outside the lock
             return Err(not_found());
@@ -88,7 +125,11 @@ impl MemoryStore {
             return Err(not_found());
         }
         let tenant: Arc<str> = Arc::from(ledger.permit().tenant.as_str());
-        let out = f(ledger);
+        let full = self.full(inner);
+        let ledger = inner.ledgers.get_mut(&id).expect("just found");
+        let bytes = ledger.approx_bytes();
+        let out = f(ledger, full);
+        inner.bytes = inner.bytes - bytes + ledger.approx_bytes();
         let after = self.place(ledger);
         if after != before {
             inner.remove(&tenant, before, &id);
@@ -113,6 +154,18 @@ enum Place {
 }
 
 impl Inner {
+    /// Drops a forgotten ledger's share of the accounting.
+    fn forgotten(&mut self, ledger: &Ledger, id: &Arc<str>) {
+        self.bytes -= ledger.approx_bytes();
+        let permit = ledger.permit();
+        if let Some(live) = self.live.get_mut(permit.tenant.as_str()) {
+            live.remove(&(permit.expires_at, id.clone()));
+            if live.is_empty() {
+                self.live.remove(permit.tenant.as_str());
+            }
+        }
+    }
+
     fn insert(&mut self, tenant: &Arc<str>, place: Place, id: &Arc<str>) {
         match place {
             Place::Open(at) => {
@@ -155,10 +208,30 @@ impl Store for MemoryStore {
                 permit.permit_id
             )));
         }
+        let now = permit.created_at;
+        self.quotas.check_lifetime(&permit, now)?;
+        if let Some(limit) = self.full(&inner) {
+            return Err(Error::QuotaExceeded {
+                quota: Quota::StoreFull,
+                limit,
+            });
+        }
+        let tenant: Arc<str> = Arc::from(permit.tenant.as_str());
+        let live = inner.live.entry(tenant.clone()).or_default();
+        while live.first().is_some_and(|(exp, _)| *exp <= now) {
+            live.pop_first();
+        }
+        if let Err(e) = self.quotas.check_tenant(live.len()) {
+            if live.is_empty() {
+                inner.live.remove(&tenant);
+            }
+            return Err(e);
+        }
         let id: Arc<str> = Arc::from(permit.permit_id.as_str());
+        live.insert((permit.expires_at, id.clone()));
         let ledger = Box::new(Ledger::new(permit.clone()));
         let place = self.place(&ledger);
-        let tenant: Arc<str> = Arc::from(ledger.permit().tenant.as_str());
+        inner.bytes += ledger.approx_bytes();
         inner.ledgers.insert(id.clone(), ledger);
         inner.insert(&tenant, place, &id);
         Ok(permit)
@@ -170,7 +243,7 @@ impl Store for MemoryStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<PermitView, Error> {
-        self.with_ledger(scope, permit_id, now, |l| Ok(l.view()))
+        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.view()))
     }
 
     async fn revoke_permit(
@@ -179,7 +252,7 @@ impl Store for MemoryStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<Permit, Error> {
-        self.with_ledger(scope, permit_id, now, |l| Ok(l.revoke()))
+        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.revoke()))
     }
 
     async fn authorize(
@@ -189,8 +262,8 @@ impl Store for MemoryStore {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l| {
-            l.authorize(cmd, now, attempt_id)
+        self.with_ledger(scope, &cmd.permit_id, now, |l, full| {
+            l.authorize(cmd, now, attempt_id, &self.quotas, full)
         })
     }
 
@@ -201,7 +274,7 @@ impl Store for MemoryStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l| {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
             l.commit(cmd, now, receipt_id)
         })
     }
@@ -212,7 +285,9 @@ impl Store for MemoryStore {
         cmd: &MarkUncertainCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l| l.mark_uncertain(cmd, now))
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+            l.mark_uncertain(cmd, now)
+        })
     }
 
     async fn resolve(
@@ -222,7 +297,7 @@ impl Store for MemoryStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l| {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
             l.resolve(cmd, now, receipt_id)
         })
     }
@@ -237,7 +312,7 @@ impl Store for MemoryStore {
     ) -> Result<Page, Error> {
         if let Some(id) = permit_id {
             let after = after.and_then(|c| c.attempt_in(id));
-            let (attempts, expires_at) = self.with_ledger(scope, id, now, |l| {
+            let (attempts, expires_at) = self.with_ledger(scope, id, now, |l, _| {
                 Ok((l.uncertain_after(after, limit, now), l.permit().expires_at))
             })?;
             return Ok(full_page(attempts, limit, expires_at));
@@ -295,7 +370,10 @@ impl Store for MemoryStore {
             && now > at
         {
             inner.forget.pop_first();
-            dropped.extend(inner.ledgers.remove(&id));
+            if let Some(ledger) = inner.ledgers.remove(&id) {
+                inner.forgotten(&ledger, &id);
+                dropped.push(ledger);
+            }
         }
         drop(inner);
         // Freed outside the lock: a large ledger takes a while.

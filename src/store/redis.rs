@@ -36,7 +36,8 @@ use super::memory::full_page;
 use super::{Cursor, INDEX_MARGIN_MS, MAX_PERMITS_PER_PAGE, Page, Store};
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, MAX_RETENTION_MS,
-    MarkUncertainCmd, Millis, Outcome, Permit, PermitView, ResolveCmd, Scope, Settled, invalid,
+    MarkUncertainCmd, Millis, Outcome, Permit, PermitView, Quotas, ResolveCmd, Scope, Settled,
+    invalid,
 };
 use codec::{decode_permit, encode_permit, id_bytes};
 use conn::unavailable;
@@ -73,6 +74,7 @@ pub struct RedisStore {
     /// Where this replica's sweep of each tenant's index goes on from (an
     /// index member; none: from the start).
     sweep_from: Arc<Mutex<HashMap<String, String>>>,
+    quotas: Quotas,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -142,6 +144,7 @@ impl RedisStore {
             eviction: eviction::Guard::new(config.allow_eviction),
             time: config.time,
             sweep_from: Arc::default(),
+            quotas: Quotas::DEFAULT,
         })
     }
 
@@ -153,6 +156,12 @@ impl RedisStore {
     }
 
     /// The scripts' ARGV[1]: "" (Redis's clock) or the caller's `now`.
+    /// Enforces these quotas (the default ones otherwise).
+    pub fn with_quotas(mut self, quotas: Quotas) -> Self {
+        self.quotas = quotas;
+        self
+    }
+
     fn now_arg(&self, now: Millis) -> String {
         match self.time {
             Time::Redis => String::new(),
@@ -246,6 +255,7 @@ impl RedisStore {
 
 impl Store for RedisStore {
     async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
+        self.quotas.check_lifetime(&permit, permit.created_at)?;
         let k = self.keys(&permit.permit_id);
         let mut inv = Lua::CreatePermit.prepare_invoke();
         inv.key(&k.permit)
@@ -260,25 +270,24 @@ impl Store for RedisStore {
         // ListUncertain see an indexed permit with no hash yet and tidy it
         // away for good.) If this fails the caller gets UNAVAILABLE and an
         // unknown, unused permit expires with its retention.
-        let mut conn = self.conn().await?;
-        let mut index = redis::pipe();
+        // The tenant's quota is counted and the index added to in one
+        // script; a permit refused there is deleted again.
+        let mut inv = Lua::IndexPermit.prepare_invoke();
+        inv.key(self.index_key(&permit.tenant))
+            .key(&k.permit)
+            .arg(self.now_arg(permit.created_at))
+            .arg(self.quotas.max_permits_per_tenant)
+            .arg(index_member(permit.expires_at, &permit.permit_id));
+        open_ok(self.run(&inv).await?, &About::permit(&permit.permit_id))?;
         if !permit.tenant.is_empty() {
-            index
-                .cmd("SADD")
+            let mut conn = self.conn().await?;
+            redis::cmd("SADD")
                 .arg(self.tenants_key())
                 .arg(&permit.tenant)
-                .ignore();
+                .exec_async(&mut conn)
+                .await
+                .map_err(|e| self.lost(e))?;
         }
-        index
-            .cmd("ZADD")
-            .arg(self.index_key(&permit.tenant))
-            .arg(0)
-            .arg(index_member(permit.expires_at, &permit.permit_id))
-            .ignore();
-        index
-            .exec_async(&mut conn)
-            .await
-            .map_err(|e| self.lost(e))?;
         Ok(permit)
     }
 
@@ -327,6 +336,8 @@ impl Store for RedisStore {
             .arg(id_bytes(&attempt_id))
             .arg(&cmd.holder_token);
         Self::scope_args(&mut inv, scope);
+        inv.arg(self.quotas.max_open_attempts)
+            .arg(self.quotas.max_attempts);
         let about = About {
             tool: Some(&cmd.tool),
             cost: Some(cmd.cost),

@@ -190,8 +190,7 @@ async fn a_permit_is_forgotten_a_retention_after_it_expires_and_not_before(h: Ha
 async fn a_hostile_permit_gets_a_small_error(h: Harness) {
     let mut p = h.permit(&["t"]);
     p.tools.push("x".repeat(60_000));
-    p.tools
-        .extend((0..2_000).map(|i| format!("bad tool\n{i}")));
+    p.tools.extend((0..2_000).map(|i| format!("bad tool\n{i}")));
     p.max_calls_per_tool = (0..2_000).map(|i| (format!("nope-{i}"), 1)).collect();
     let (_, error) = expect_error(
         h.client.create_permit(p).await,

@@ -202,7 +202,7 @@ impl Bench {
             holder_token: token.as_bytes().to_vec(),
         };
         let id = self.fresh("attempt");
-        self.run(|l, now| l.authorize(&cmd, now, id))
+        self.run(|l, now| l.authorize(&cmd, now, id, &Quotas::UNLIMITED, None))
     }
 
     /// Authorize, which must answer DISPATCH.

@@ -362,6 +362,14 @@ fn script_error(reason: Reason, f: &mut Fields, about: &About) -> Result<Error, 
             tracing::error!(%why, "a store script refused to decide");
             Error::StoreUnavailable(why)
         }
+        Reason::QuotaOpenAttempts
+        | Reason::QuotaAttempts
+        | Reason::QuotaTenantPermits
+        | Reason::QuotaPermitLifetime
+        | Reason::QuotaStoreFull => Error::QuotaExceeded {
+            quota: crate::domain::Quota::of(reason).expect("a quota's reason"),
+            limit: f.count()?,
+        },
         // Shedding happens before the store; no script sheds.
         Reason::Overloaded
         | Reason::DeadlineExceeded
@@ -461,6 +469,11 @@ mod tests {
                 Reason::InProgress => &["1500", "500"],
                 Reason::DuplicateSuspected | Reason::ToolHeld => &["k0"],
                 Reason::StateConflict => &["2"],
+                Reason::QuotaOpenAttempts
+                | Reason::QuotaAttempts
+                | Reason::QuotaTenantPermits
+                | Reason::QuotaPermitLifetime
+                | Reason::QuotaStoreFull => &["100"],
                 Reason::InvalidRequest => &["succeeded.actual_cost", "too high"],
                 Reason::StoreUnavailable => &["a permit id given twice"],
                 Reason::Overloaded

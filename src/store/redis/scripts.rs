@@ -64,6 +64,7 @@ scripts! {
     MarkUncertain => "mark_uncertain",
     ListUncertain => "list_uncertain",
     ClosePermit => "close_permit",
+    IndexPermit => "index_permit",
 }
 
 /// Each script of [`TABLE`] with `lib.lua`, its SHA-1 computed once.

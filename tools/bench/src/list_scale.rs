@@ -359,7 +359,9 @@ impl RedisSide {
             allow_eviction: false,
             time,
             tls_ca: None,
-        })?)
+        })?
+        // A million open attempts on one permit: far past the quotas.
+        .with_quotas(atmost::domain::Quotas::UNLIMITED))
     }
 
     async fn info_field(&mut self, section: &str, field: &str) -> Result<i64, BoxError> {
@@ -566,7 +568,9 @@ async fn measure_all(
         for &n in &args.sizes {
             match kind {
                 StoreKind::Memory => {
-                    let store = Arc::new(MemoryStore::new(60_000));
+                    let store = Arc::new(
+                        MemoryStore::new(60_000).with_quotas(atmost::domain::Quotas::UNLIMITED),
+                    );
                     measure(args, kind, n, &store, &store, None, out).await?;
                 }
                 StoreKind::Redis => {

@@ -12,6 +12,8 @@
 -- ARGV[7]  holder token ("" = none)
 -- ARGV[8]  the caller's tenant     ARGV[9]  the caller's agent key id ("" =
 --          not limited): lib.lua, visible
+-- ARGV[10] most open attempts a permit may hold (0 = no limit)
+-- ARGV[11] most keys a permit may record (0 = no limit)
 --
 -- Returns one of
 --   {"DISPATCH", attempt, usage, duplicate_of or ""}  a fresh reservation
@@ -27,6 +29,7 @@
 --   {"ERR", "DUPLICATE_REQUEST_SUSPECTED", earlier_key}
 --   {"ERR", "PERMIT_MAX_CALLS_EXCEEDED", limit, calls_made}
 --   {"ERR", "PERMIT_BUDGET_EXCEEDED", budget, committed, reserved}
+--   {"ERR", "QUOTA_OPEN_ATTEMPTS", limit} | {"ERR", "QUOTA_ATTEMPTS", limit}
 --   {"ERR", "STORE_UNAVAILABLE", why}  the permit record holds a status,
 --     guard mode or policy this version does not know, or a field is
 --     missing or not a number, or the permit is gone but its attempts are
@@ -72,7 +75,7 @@ if existing and existing.state ~= RELEASED then
 end
 
 -- 2. A new key: found -> not revoked -> not expired -> in scope -> not
---    held -> duplicate guard -> cap -> budget.
+--    held -> duplicate guard -> cap -> budget -> quotas.
 local exp, status, lease, gmode, window = tonumber(p[1]), tonumber(p[2]),
   tonumber(p[3]), tonumber(p[4]), tonumber(p[5])
 local committed, reserved, open = tonumber(p[7]), tonumber(p[8]), tonumber(p[11])
@@ -134,6 +137,14 @@ end
 if committed + reserved + cost > tonumber(p[6] or MAX_AMOUNT) then
   return {'ERR', 'PERMIT_BUDGET_EXCEEDED', p[6] or MAX_AMOUNT, int(committed),
     int(reserved)}
+end
+-- Last, the quotas: a released key re-reserved is no new record.
+local max_open, max_keys = tonumber(ARGV[10]), tonumber(ARGV[11])
+if max_open > 0 and open >= max_open then
+  return {'ERR', 'QUOTA_OPEN_ATTEMPTS', ARGV[10]}
+end
+if max_keys > 0 and not existing and redis.call('HLEN', KEYS[2]) >= max_keys then
+  return {'ERR', 'QUOTA_ATTEMPTS', ARGV[11]}
 end
 
 -- Everything checked: reserve the slot and the cost, record the attempt.
