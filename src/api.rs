@@ -16,7 +16,6 @@ use crate::store::Backend;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Semaphore;
 use tonic::metadata::MetadataMap;
 
 /// What every handler shares: the store, the clock and the store deadline.
@@ -29,19 +28,16 @@ pub struct Ctx {
     /// same idempotency key then sees it (REPLAY or IN_PROGRESS), never a
     /// second DISPATCH.
     pub store_timeout: Duration,
-    /// Admission: at most this many store calls in flight; past it, requests
-    /// are shed at once (OVERLOADED) instead of queueing without bound.
-    pub in_flight: Arc<Semaphore>,
-    pub max_in_flight: usize,
     /// Signs the receipts answers carry; `None`: unsigned.
     pub receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
 }
 
 impl Ctx {
     /// Runs one store call under the store deadline, if the caller still
-    /// waits for it and there is room for it; refuses it (changing nothing)
-    /// if not. `fut` is not polled when refused, so no store transition
-    /// starts.
+    /// waits for it; refuses it (changing nothing) if not. `fut` is not
+    /// polled when refused, so no store transition starts. (Admission, the
+    /// room for it, was decided before the request was read:
+    /// [`crate::admission`].)
     pub async fn call<T>(
         &self,
         deadline: Deadline,
@@ -50,11 +46,6 @@ impl Ctx {
         if deadline.passed() {
             return Err(Error::DeadlineExceeded);
         }
-        let Ok(_slot) = self.in_flight.try_acquire() else {
-            return Err(Error::Overloaded {
-                in_flight: self.max_in_flight,
-            });
-        };
         self.deadline(fut).await
     }
 

@@ -20,8 +20,10 @@
 //!   reference semantics) and [`store::redis`] (one Lua script per
 //!   transition).
 //! - [`server`]: [`run`], which `main` and the tests both call;
-//!   [`transport`]: the limits on what one connection may cost.
+//!   [`transport`]: the limits on what one connection may cost;
+//!   [`admission`]: how much store-bound work is taken on at once.
 
+pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod domain;

@@ -152,10 +152,15 @@ struct ServeArgs {
     /// most 1h).
     #[arg(long, env = "ATMOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = shutdown_grace)]
     shutdown_grace: Duration,
-    /// Requests waiting on the store at once; more are refused at once with
-    /// UNAVAILABLE / OVERLOADED instead of queueing behind the store.
+    /// atmost RPCs running at once; more wait for a slot, up to
+    /// --max-queue-wait, then are refused with UNAVAILABLE / OVERLOADED,
+    /// before their body is read.
     #[arg(long, env = "ATMOST_MAX_IN_FLIGHT", default_value_t = atmost::server::DEFAULT_MAX_IN_FLIGHT)]
     max_in_flight: usize,
+    /// The longest a request waits for an admission slot (0s to 10s; 0s:
+    /// refused at once).
+    #[arg(long, env = "ATMOST_MAX_QUEUE_WAIT", default_value = "10ms", value_parser = queue_wait)]
+    max_queue_wait: Duration,
     /// Tokio worker threads (default: the CPUs this process may use,
     /// cgroup quota included).
     #[arg(long, env = "ATMOST_WORKER_THREADS")]
@@ -362,6 +367,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
         .with_store_timeout(args.store_timeout)
         .with_shutdown_grace(args.shutdown_grace)
         .with_max_in_flight(args.max_in_flight)
+        .with_max_queue_wait(args.max_queue_wait)
         .with_reflection(args.reflection)
         .with_limits(atmost::transport::Limits {
             max_connections: args.max_connections,
@@ -521,6 +527,10 @@ fn store_timeout(text: &str) -> Result<Duration, String> {
 
 fn shutdown_grace(text: &str) -> Result<Duration, String> {
     bounded(text, Duration::ZERO, Duration::from_secs(3600))
+}
+
+fn queue_wait(text: &str) -> Result<Duration, String> {
+    bounded(text, Duration::ZERO, Duration::from_secs(10))
 }
 
 fn permit_lifetime(text: &str) -> Result<Duration, String> {

@@ -2,6 +2,7 @@
 //! limits) and a shutdown future, so `main` and every test start the server
 //! the same way.
 
+use crate::admission::{Admission, AdmissionLayer};
 use crate::api::{
     self, Ctx, gate::GateService, permits::PermitsService, receipts::ReceiptsService,
 };
@@ -18,12 +19,13 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-/// Default admission limit: requests waiting on the store at once. Past
-/// peak, the wait of an admitted request grows with this limit (Little's
-/// law: in flight / throughput), and a lower limit sheds more of a burst
-/// below peak: see docs/performance.md, "Admission", for the measured
-/// trade-off.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
+/// Default admission limit: atmost RPCs running at once. Past peak, an
+/// admitted request waits about this many / throughput for the store
+/// (Little's law): see docs/performance.md, "Admission".
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+
+/// Default longest wait for an admission slot ([`crate::admission`]).
+pub const DEFAULT_MAX_QUEUE_WAIT: Duration = Duration::from_millis(10);
 
 /// The service as configured: its store, its one clock and its limits.
 pub struct App {
@@ -33,6 +35,7 @@ pub struct App {
     health_interval: Duration,
     shutdown_grace: Duration,
     max_in_flight: usize,
+    max_queue_wait: Duration,
     sweep_interval: Duration,
     /// The API keys; `None` is dev mode: no authentication.
     auth: Option<Arc<Authenticator>>,
@@ -58,6 +61,7 @@ impl App {
             health_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_queue_wait: DEFAULT_MAX_QUEUE_WAIT,
             sweep_interval: Duration::from_secs(1),
             auth: None,
             auth_reload_interval: Duration::from_secs(1),
@@ -132,10 +136,16 @@ impl App {
         self
     }
 
-    /// How many requests may wait on the store at once; more are shed with
-    /// UNAVAILABLE / OVERLOADED.
+    /// How many atmost RPCs may run at once; more wait for a slot (up to
+    /// the queue wait) or are shed with UNAVAILABLE / OVERLOADED.
     pub fn with_max_in_flight(mut self, max: usize) -> Self {
         self.max_in_flight = max.max(1);
+        self
+    }
+
+    /// The longest a request waits for an admission slot before it is shed.
+    pub fn with_max_queue_wait(mut self, wait: Duration) -> Self {
+        self.max_queue_wait = wait;
         self
     }
 
@@ -159,8 +169,6 @@ pub async fn run(
         store: app.store.clone(),
         clock: app.clock.clone(),
         store_timeout: app.store_timeout,
-        in_flight: Arc::new(tokio::sync::Semaphore::new(app.max_in_flight)),
-        max_in_flight: app.max_in_flight,
         receipts: app.receipts.clone(),
     };
     let (reporter, health_service) = tonic_health::server::health_reporter();
@@ -219,6 +227,10 @@ pub async fn run(
     let serve = builder
         .layer(Track)
         .layer(AuthLayer::new(app.auth.clone()))
+        .layer(AdmissionLayer::new(Arc::new(Admission::new(
+            app.max_in_flight,
+            app.max_queue_wait,
+        ))))
         .add_service(sized!(health_service))
         .add_optional_service(reflection_v1.map(|s| sized!(s)))
         .add_optional_service(reflection_v1alpha.map(|s| sized!(s)))

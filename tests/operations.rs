@@ -276,7 +276,12 @@ fn every_flag_is_in_the_readme_with_its_env_and_default() {
         };
         let row = rows
             .iter()
-            .find(|r| r.contains(&format!("`{flag}`")))
+            .find(|r| {
+                // The flag's own row: named in the first cell.
+                r.split(" | ")
+                    .next()
+                    .is_some_and(|c| c.contains(&format!("`{flag}`")))
+            })
             .unwrap_or_else(|| panic!("{flag} has no row in the README's configuration table"));
         let env = field("[env: ").unwrap_or_else(|| panic!("{flag} reads no env variable"));
         assert!(

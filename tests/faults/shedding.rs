@@ -2,9 +2,10 @@
 
 use super::*;
 
-/// Past the admission limit a request is refused at once with UNAVAILABLE /
-/// OVERLOADED (and RetryInfo), without touching the store, instead of
-/// queueing behind a slow Redis; health is not shed.
+/// Past the admission limit a request waits at most the queue wait (10 ms)
+/// and is then refused with UNAVAILABLE / OVERLOADED (and RetryInfo),
+/// without touching the store, instead of queueing behind a slow Redis;
+/// health is not shed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_in_flight_limit_requests_are_shed_at_once() {
     let _machine = shared().await;
@@ -32,7 +33,7 @@ async fn past_the_in_flight_limit_requests_are_shed_at_once() {
     let (meta, status) = expect_error(shed, Code::Unavailable, "OVERLOADED");
     assert!(
         started.elapsed() < Duration::from_millis(250),
-        "shed at once, not queued"
+        "shed after the queue wait, not queued behind the store"
     );
     assert_eq!(meta["in_flight"], "2");
     assert!(status.retry_after().is_some(), "RetryInfo: {status:?}");

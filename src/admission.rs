@@ -1,0 +1,195 @@
+//! Admission: how much store-bound work the server takes on at once, decided
+//! before a request's body is read, so refusing the excess costs little.
+//!
+//! At most `max_in_flight` atmost RPCs (Gate and Permits) run at once. One
+//! that finds them all busy waits for a slot, first come first served, but
+//! never longer than `max_wait`: past it, it is refused with UNAVAILABLE /
+//! OVERLOADED (and RetryInfo), having changed nothing. A request that waited
+//! the whole `max_wait` shows a standing queue, so, in the spirit of CoDel,
+//! for the next [`INTERVAL`] a request that finds no free slot is refused at
+//! once instead of joining the queue: the queue drains, and the requests
+//! admitted meanwhile wait about as long as below the peak. A burst below
+//! the peak waits a little instead of being refused.
+//!
+//! Health, reflection and the receipt keys are never shed.
+
+use crate::api::status::to_status;
+use crate::domain::Error;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// How long, after a request waited the whole `max_wait`, requests that
+/// find no free slot are refused at once (CoDel's interval).
+pub const INTERVAL: Duration = Duration::from_millis(100);
+
+/// The admission state shared by every connection.
+#[derive(Debug)]
+pub struct Admission {
+    slots: Arc<Semaphore>,
+    max_in_flight: usize,
+    max_wait: Duration,
+    /// Until when (ns from `base`) a request without a free slot is
+    /// refused at once.
+    shed_until_ns: AtomicU64,
+    base: Instant,
+}
+
+impl Admission {
+    pub fn new(max_in_flight: usize, max_wait: Duration) -> Self {
+        let max_in_flight = max_in_flight.max(1);
+        Self {
+            slots: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
+            max_wait,
+            shed_until_ns: AtomicU64::new(0),
+            base: Instant::now(),
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn overloaded(&self) -> Error {
+        Error::Overloaded {
+            in_flight: self.max_in_flight,
+        }
+    }
+
+    /// A slot, held until the returned permit is dropped; or OVERLOADED.
+    pub async fn admit(&self) -> Result<OwnedSemaphorePermit, Error> {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return Ok(slot);
+        }
+        if self.now_ns() < self.shed_until_ns.load(Ordering::Relaxed) || self.max_wait.is_zero() {
+            return Err(self.overloaded());
+        }
+        match tokio::time::timeout(self.max_wait, self.slots.clone().acquire_owned()).await {
+            Ok(Ok(slot)) => Ok(slot),
+            // Closed (never: the semaphore lives as long as this), or the
+            // whole wait passed: a standing queue.
+            _ => {
+                let until = self.now_ns().saturating_add(INTERVAL.as_nanos() as u64);
+                self.shed_until_ns.fetch_max(until, Ordering::Relaxed);
+                Err(self.overloaded())
+            }
+        }
+    }
+}
+
+/// Whether a path is an atmost RPC that reaches the store.
+fn admitted_path(path: &str) -> bool {
+    path.starts_with("/atmost.v1.Gate/") || path.starts_with("/atmost.v1.Permits/")
+}
+
+/// The tower layer that admits requests to the store-bound services.
+#[derive(Debug, Clone)]
+pub struct AdmissionLayer {
+    admission: Arc<Admission>,
+}
+
+impl AdmissionLayer {
+    pub fn new(admission: Arc<Admission>) -> Self {
+        Self { admission }
+    }
+}
+
+impl<S> tower::Layer<S> for AdmissionLayer {
+    type Service = Admitted<S>;
+
+    fn layer(&self, inner: S) -> Admitted<S> {
+        Admitted {
+            inner,
+            admission: self.admission.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Admitted<S> {
+    inner: S,
+    admission: Arc<Admission>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, B> tower::Service<http::Request<B>> for Admitted<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // The service that was polled ready serves this request; a clone
+        // takes its place for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        if !admitted_path(request.uri().path()) {
+            return Box::pin(inner.call(request));
+        }
+        let admission = self.admission.clone();
+        Box::pin(async move {
+            match admission.admit().await {
+                Ok(slot) => {
+                    let response = inner.call(request).await;
+                    drop(slot);
+                    response
+                }
+                Err(e) => Ok(to_status(e).into_http()),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_waits_at_most_max_wait_then_sheds_at_once_for_an_interval() {
+        let admission = Admission::new(1, Duration::from_millis(10));
+        let held = admission.admit().await.expect("a free slot");
+        // No slot: waits the whole 10 ms, then is refused.
+        let started = tokio::time::Instant::now();
+        assert!(admission.admit().await.is_err());
+        assert_eq!(started.elapsed(), Duration::from_millis(10));
+        // A standing queue: refused at once for the interval.
+        let started = tokio::time::Instant::now();
+        assert!(admission.admit().await.is_err());
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        // A free slot is taken even then.
+        drop(held);
+        let held = admission.admit().await.expect("a free slot");
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_freed_within_the_wait_admits_the_waiter() {
+        let admission = Arc::new(Admission::new(1, Duration::from_millis(10)));
+        let held = admission.admit().await.expect("a free slot");
+        let waiter = tokio::spawn({
+            let admission = admission.clone();
+            async move { admission.admit().await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        drop(held);
+        assert!(waiter.await.expect("task").is_ok(), "admitted after 5 ms");
+    }
+}
