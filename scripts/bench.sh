@@ -18,6 +18,9 @@
 # Usage: scripts/bench.sh            (DURATION=10s CONCURRENCY=64 by default)
 #        DURATION=2s scripts/bench.sh   (a quick smoke run)
 #        LIST_SIZES=1000,100000 scripts/bench.sh   (ListUncertain without 1M)
+#        SWEEP_ONLY=1 scripts/bench.sh   (the Redis store's peak and the
+#            overload sweep alone, about 2 minutes: docs/performance.md,
+#            "Overload")
 # Results: target/bench/<time>/results.jsonl and summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -98,6 +101,8 @@ echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/10485
 # touch of new memory costs: a transparent huge page is zeroed whole on it.
 python3 scripts/bench_report.py wakeups 5 >>"$RESULTS"
 python3 scripts/bench_report.py first_touch >>"$RESULTS"
+full() { [ -z "${SWEEP_ONLY:-}" ]; }
+if full; then
 echo "== (a) Redis ceiling: EVALSHA of authorize.lua, c=$CONCURRENCY"
 # The script exactly as atmost sends it (lib.lua, authorize.lua, the packing),
 # with its five keys and "" for now: Redis's clock, as `atmost serve` runs it.
@@ -157,8 +162,11 @@ for round in $(seq "${ROUNDS:-3}"); do
 done
 stop_atmost
 
+fi
+
 echo "== (c) the Redis store"
 start_atmost --store redis --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-prefix bench
+if full; then
 store_scenarios redis
 
 echo "== Redis memory per finished attempt (100 000 Authorize + Commit Succeeded, 16-byte results)"
@@ -168,12 +176,18 @@ BEFORE=$(rcli INFO memory | awk -F: '/^used_memory:/ {print $2+0}')
   --concurrency "$CONCURRENCY" --label redis-memory >/dev/null
 AFTER=$(rcli INFO memory | awk -F: '/^used_memory:/ {print $2+0}')
 record redis_bytes_per_finished_attempt $(((AFTER - BEFORE) / 100000))
+else
+  bench redis authorize
+fi
 
 echo "== latency vs throughput: open loop, Redis store"
 PEAK=$(python3 scripts/bench_report.py peak "$RESULTS" redis authorize)
 for pct in 25 50 80 100 120 150; do
   IN_FLIGHT=4096 bench "redis-sweep-$pct" authorize --rate $((PEAK * pct / 100))
 done
+stop_atmost
+if full; then
+start_atmost --store redis --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-prefix bench
 echo "== the gRPC ceiling's latency at the same rates (health, same server)"
 for pct in 25 50 80 100; do
   IN_FLIGHT=4096 bench "health-sweep-$pct" health --rate $((PEAK * pct / 100))
@@ -188,6 +202,7 @@ rcli FLUSHALL >/dev/null
 "$BIN/list_scale" --redis-url "redis://127.0.0.1:$REDIS_PORT" --sizes "$LIST_SIZES" \
   --json "$RESULTS" | tee "$OUT/list-scale.txt"
 rcli FLUSHALL >/dev/null
+fi
 
 read -r CPU_TOTAL1 CPU_STEAL1 < <(cpu_totals)
 record cpu_steal_percent "$(awk -v t=$((CPU_TOTAL1 - CPU_TOTAL0)) -v s=$((CPU_STEAL1 - CPU_STEAL0)) \

@@ -176,6 +176,16 @@ def summary(path, clk_tck):
                   f"p99 {r['p99_us']:>7}us p99.9 {r['p999_us']:>7}us  (service p99 "
                   f"{r.get('service_p99_us', '?')}us)  errors {r['errors']} {r['error_kinds'] or ''}"
                   + (f"  [health p50 {h['p50_us']}us p99 {h['p99_us']}us, service p99 {h['service_p99_us']}us]" if h else ""))
+        by_pct = {r["label"].rsplit("-", 1)[1]: r for r in sweep}
+        top = find(runs, "redis", "authorize")
+        if top and all(p in by_pct for p in ("50", "80", "150")):
+            at150, at50, at80 = by_pct["150"], by_pct["50"], by_pct["80"]
+            good = at150.get("ok_rps", 0) / top["throughput_rps"]
+            tail = at150["p99_us"] / max(at50["p99_us"], 1)
+            shed80 = at80.get("error_kinds", {}).get("OVERLOADED", 0) if isinstance(at80.get("error_kinds"), dict) else at80["errors"]
+            print(f"overload targets: at 150% {good:.2f} of peak ok (target >= 0.90, {mark(good >= 0.9)}); "
+                  f"p99 at 150% / p99 at 50% = {tail:.1f} (target <= 4, {mark(tail <= 4)}); "
+                  f"shed at 80%: {shed80} (target 0, {mark(shed80 == 0)})")
     list_scale(runs)
 
 def list_scale(runs):

@@ -6,7 +6,8 @@
 //! latency is measured from the scheduled start, so a slow server cannot
 //! hide behind fewer requests; requests the generator itself could not
 //! start, past its own in-flight limit, are counted as
-//! CLIENT_IN_FLIGHT_LIMIT errors, not as latencies). Prints one line, and
+//! CLIENT_IN_FLIGHT_LIMIT errors, not as latencies; so are the server's
+//! refusals: the percentiles are the answered requests'). Prints one line, and
 //! with `--json FILE` appends the result as one JSON object. The binary
 //! parses [`Args`] and calls [`generate`]; the test suite calls it directly.
 //!
@@ -216,12 +217,16 @@ impl Tally {
         }
     }
 
+    /// The latencies are those of answered requests only: a refusal (shed,
+    /// or never started) is counted by its kind, not timed.
     fn record(&mut self, scheduled: Instant, sent: Instant, result: Result<(), String>) {
         let micros = |from: Instant| (from.elapsed().as_micros().max(1) as u64).min(60_000_000);
-        let _ = self.latency.record(micros(scheduled));
-        let _ = self.service.record(micros(sent));
-        if let Err(e) = result {
-            *self.errors.entry(e).or_default() += 1;
+        match result {
+            Ok(()) => {
+                let _ = self.latency.record(micros(scheduled));
+                let _ = self.service.record(micros(sent));
+            }
+            Err(e) => *self.errors.entry(e).or_default() += 1,
         }
     }
 
@@ -426,8 +431,10 @@ fn report(
     elapsed: Duration,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let h = &tally.latency;
-    let requests = h.len();
     let errors: u64 = tally.errors.values().sum();
+    // The histogram holds the answered requests; errors are counted apart.
+    let answered = h.len();
+    let requests = answered + errors;
     let rpcs_per_request = if let Scenario::Cycle = scenario { 2 } else { 1 };
     let throughput = requests as f64 / elapsed.as_secs_f64();
     let q = |p: f64| h.value_at_quantile(p);
@@ -461,7 +468,7 @@ fn report(
             "requests": requests,
             "rpcs_per_request": rpcs_per_request,
             "throughput_rps": throughput,
-            "ok_rps": (requests - errors.min(requests)) as f64 / elapsed.as_secs_f64(),
+            "ok_rps": answered as f64 / elapsed.as_secs_f64(),
             "errors": errors,
             "error_kinds": tally.errors,
             "p50_us": q(0.5),
