@@ -559,7 +559,10 @@ proptest! {
     /// `depth` arrays one inside the other: read up to atmost's limit,
     /// STORE_UNAVAILABLE past it, never a stack overflow.
     #[test]
-    fn a_reply_nested_past_the_limit_is_unavailable(depth in 0usize..100_000, leaf in 0u8..0x80) {
+    fn a_reply_nested_past_the_limit_is_unavailable(
+        depth in prop_oneof![0usize..=2 * MAX_DEPTH, 0usize..100_000],
+        leaf in 0u8..0x80,
+    ) {
         let mut bytes = vec![0x91; depth];
         bytes.push(leaf);
         match unpack_reply(&bytes) {
