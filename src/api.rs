@@ -5,6 +5,8 @@
 
 pub mod audit;
 pub mod convert;
+#[cfg(test)]
+pub(crate) mod fuzz;
 pub mod gate;
 pub mod permits;
 pub mod receipts;

@@ -460,7 +460,7 @@ fn check<B>(
     if !identity.roles.iter().any(|r| allowed.contains(r)) {
         return Err(Error::RoleNotAllowed {
             key_id: identity.key_id.clone(),
-            rpc: path.trim_start_matches('/').to_owned(),
+            rpc: rpc_name(path),
             allowed: allowed
                 .iter()
                 .map(|r| r.as_str())
@@ -469,6 +469,18 @@ fn check<B>(
         });
     }
     Ok(identity)
+}
+
+/// The RPC a refusal names: the request's path, cut to 128 bytes (a path
+/// no RPC has is refused too, and a client may send kilobytes of it).
+fn rpc_name(path: &str) -> String {
+    const MAX: usize = 128;
+    let name = path.trim_start_matches('/');
+    if name.len() <= MAX {
+        return name.to_owned();
+    }
+    let end = (0..=MAX).rev().find(|&i| name.is_char_boundary(i));
+    format!("{}...", &name[..end.unwrap_or(0)])
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -523,5 +535,7 @@ where
     }
 }
 
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod tests;

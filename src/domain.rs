@@ -131,19 +131,19 @@ pub(crate) struct Violations(Vec<Violation>, usize);
 pub const MAX_VIOLATIONS: usize = 16;
 
 /// A value from a request, as an error may echo it: escaped, and at most
-/// 48 characters of it, with its length when it is cut.
+/// 48 characters of that, with its length when it is cut. (48 escaped, not
+/// 48 of the value: one character may escape to ten, `\u{10ffff}`.)
 pub fn shown(value: &str) -> String {
     const PREFIX: usize = 48;
-    let escaped: String = value
-        .chars()
-        .take(PREFIX)
-        .flat_map(char::escape_debug)
-        .collect();
-    if value.chars().nth(PREFIX).is_some() {
-        format!("\"{escaped}\"... ({} bytes)", value.len())
-    } else {
-        format!("\"{escaped}\"")
+    let mut escaped = String::new();
+    for c in value.chars() {
+        let e = c.escape_debug();
+        if escaped.len() + e.clone().map(char::len_utf8).sum::<usize>() > PREFIX {
+            return format!("\"{escaped}\"... ({} bytes)", value.len());
+        }
+        escaped.extend(e);
     }
+    format!("\"{escaped}\"")
 }
 
 impl Violations {

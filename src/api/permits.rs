@@ -199,7 +199,7 @@ impl Permits for PermitsService {
 
 type ListArgs = (Option<String>, Option<crate::store::Cursor>, usize);
 
-fn list_args(r: &pb::ListUncertainRequest) -> Result<ListArgs, Error> {
+pub(super) fn list_args(r: &pb::ListUncertainRequest) -> Result<ListArgs, Error> {
     let permit_id = if r.permit_id.is_empty() {
         None
     } else {

@@ -2,7 +2,7 @@
 //! `google.rpc.ErrorInfo` (domain `atmost`), plus `RetryInfo` for
 //! IN_PROGRESS and `BadRequest` field violations for INVALID_REQUEST.
 
-use crate::domain::{Error, Millis};
+use crate::domain::{Error, MAX_TIMESTAMP_MS, Millis};
 use std::collections::HashMap;
 use std::time::{Duration, UNIX_EPOCH};
 use tonic::{Code, Status};
@@ -14,9 +14,13 @@ pub const DOMAIN: &str = "atmost";
 /// The retry delay suggested to a request shed under overload.
 const OVERLOAD_RETRY_MS: u64 = 50;
 
-/// RFC 3339 with milliseconds, for timestamps in ErrorInfo metadata.
+/// RFC 3339 with milliseconds, for timestamps in ErrorInfo metadata. A
+/// time past the end of year 9999, which humantime cannot write (and
+/// `to_string` would panic on), and which only a corrupt store could hold,
+/// shows as that last instant.
 pub fn rfc3339(ms: Millis) -> String {
-    let at = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    let ms = ms.clamp(0, MAX_TIMESTAMP_MS);
+    let at = UNIX_EPOCH + Duration::from_millis(ms as u64);
     humantime::format_rfc3339_millis(at).to_string()
 }
 
@@ -183,6 +187,25 @@ mod tests {
         assert_eq!(Reason::KeyReused.as_str(), "IDEMPOTENCY_KEY_REUSED");
         assert_eq!(Reason::from_name("KEY_REUSED"), None);
         assert_eq!(Reason::from_name("ERROR_REASON_UNSPECIFIED"), None);
+    }
+
+    /// Found by fuzzing the Redis replies: a script's error naming a time
+    /// past year 9999 made `to_status` panic.
+    #[test]
+    fn a_time_past_year_9999_is_written_not_a_panic() {
+        let error = |at| Error::InProgress {
+            idempotency_key: "k".into(),
+            lease_expires_at: at,
+            retry_after_ms: 0,
+        };
+        for at in [253_402_300_800_000, i64::MAX, i64::MIN] {
+            let info = to_status(error(at)).get_details_error_info().unwrap();
+            assert!(info.metadata["lease_expires_at"].starts_with(if at < 0 {
+                "1970-01-01T"
+            } else {
+                "9999-12-31T"
+            }));
+        }
     }
 
     #[test]

@@ -159,3 +159,22 @@ fn a_permit_spec_reports_every_violation_at_once() {
         ]
     );
 }
+
+/// Found by fuzzing: 48 *characters* of a value could escape to ten bytes
+/// each (`\u{10ffff}`), so 16 violations made an error of 26 KB.
+#[test]
+fn an_echoed_value_is_48_escaped_characters_at_most() {
+    assert_eq!(shown("search"), "\"search\"");
+    assert_eq!(shown(&"a".repeat(48)), format!("\"{}\"", "a".repeat(48)));
+    assert_eq!(
+        shown(&"a".repeat(49)),
+        format!("\"{}\"... (49 bytes)", "a".repeat(48))
+    );
+    for c in ['\u{10ffff}', '\0', '\n', 'é', '\u{301}', '🦀'] {
+        let value = c.to_string().repeat(1000);
+        let echoed = shown(&value);
+        let escaped = echoed.split('"').nth(1).expect("quoted");
+        assert!(escaped.chars().count() <= 48, "{echoed}");
+        assert!(echoed.ends_with(&format!("... ({} bytes)", value.len())));
+    }
+}

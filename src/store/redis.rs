@@ -24,6 +24,8 @@
 mod codec;
 mod conn;
 mod eviction;
+#[cfg(test)]
+mod fuzz;
 mod reply;
 mod scripts;
 

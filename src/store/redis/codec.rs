@@ -4,7 +4,7 @@
 
 use super::reply::{Fields, malformed, parse_int};
 use crate::domain::{
-    AttemptState, DuplicateGuard, Error, GuardMode, Permit, PermitStatus, PermitView,
+    AttemptState, DuplicateGuard, Error, GuardMode, MAX_AMOUNT, Permit, PermitStatus, PermitView,
     UncertainPolicy, Usage,
 };
 use redis::Value;
@@ -145,9 +145,21 @@ pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitV
     let tools: Vec<String> = text("tools")?.split('\n').map(str::to_owned).collect();
     let mut max_calls_per_tool = BTreeMap::new();
     let mut usage = Vec::with_capacity(tools.len());
-    let budget = map.get("budget").map(|b| number("budget", b)).transpose()?;
-    let committed = int("committed")?;
-    let reserved = int("reserved")?;
+    // Amounts are 0..=MAX_AMOUNT as atmost writes them: out of range, the
+    // budget left below would overflow.
+    let amount = |name: &str, n: i64| {
+        if (0..=MAX_AMOUNT).contains(&n) {
+            Ok(n)
+        } else {
+            Err(malformed(format!("permit field {name} is {n}")))
+        }
+    };
+    let budget = map
+        .get("budget")
+        .map(|b| amount("budget", number("budget", b)?))
+        .transpose()?;
+    let committed = amount("committed", int("committed")?)?;
+    let reserved = amount("reserved", int("reserved")?)?;
     for tool in &tools {
         // "" is no cap; every tool in scope has the field.
         let cap_field = format!("t:{tool}");
@@ -354,5 +366,27 @@ mod tests {
         assert!(unavailable(stored(
             |f| f.push(("n:search".into(), b"x".to_vec()))
         )));
+    }
+
+    /// Found by fuzzing the Redis replies: amounts out of range made the
+    /// budget left overflow (a panic in a debug build, a wrong number in
+    /// a release one).
+    #[test]
+    fn an_amount_out_of_range_is_an_error_not_an_overflow() {
+        let min = i64::MIN.to_string();
+        for (name, value) in [
+            ("committed", min.as_str()),
+            ("reserved", min.as_str()),
+            ("committed", "-1"),
+            ("budget", "-1"),
+            ("reserved", "9007199254740992"),
+        ] {
+            assert!(
+                unavailable(stored(|f| set(f, name, value))),
+                "{name}={value}"
+            );
+        }
+        let max = (crate::domain::MAX_AMOUNT).to_string();
+        assert!(stored(|f| set(f, "budget", &max)).is_ok());
     }
 }

@@ -5,7 +5,7 @@
 //! (UNAVAILABLE, logged), never a guess.
 
 use super::codec::{decode_state, id_text};
-use crate::domain::{Attempt, AttemptState, Error, Reason, Receipt, Usage, invalid};
+use crate::domain::{Attempt, AttemptState, Error, Reason, Receipt, Usage, invalid, valid_key};
 use redis::Value;
 
 // === unreadable replies ===
@@ -15,9 +15,39 @@ use redis::Value;
 /// Logged here, once per reply: a store that answers what atmost does not
 /// understand is a bug or a version mismatch for an operator to see.
 pub(super) fn malformed(what: impl std::fmt::Display) -> Error {
-    let error = Error::StoreUnavailable(format!("unexpected reply from the store: {what}"));
+    let error =
+        Error::StoreUnavailable(format!("unexpected reply from the store: {}", capped(what)));
     tracing::error!(%error, "store reply not understood");
     error
+}
+
+/// Most bytes of a reply's own text an error repeats: a hostile or corrupt
+/// reply (a string of megabytes where a number was due) must not make an
+/// error of megabytes for the client.
+const MAX_ECHO: usize = 256;
+
+/// `what`, written up to [`MAX_ECHO`] bytes ("..." when cut): formatting
+/// stops there, so a huge value is never written out whole.
+fn capped(what: impl std::fmt::Display) -> String {
+    use std::fmt::Write;
+    struct Capped(String);
+    impl Write for Capped {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let room = MAX_ECHO - self.0.len();
+            if s.len() <= room {
+                self.0.push_str(s);
+                return Ok(());
+            }
+            let end = (0..=room).rev().find(|&i| s.is_char_boundary(i));
+            self.0.push_str(&s[..end.unwrap_or(0)]);
+            Err(std::fmt::Error)
+        }
+    }
+    let mut out = Capped(String::new());
+    if write!(out, "{what}").is_err() {
+        out.0.push_str("...");
+    }
+    out.0
 }
 
 // === reading replies ===
@@ -273,6 +303,17 @@ impl<'a> About<'a> {
     }
 }
 
+/// Another attempt's idempotency key, as a script names it in an error:
+/// one a request could have had, or a reply atmost cannot read.
+fn stored_key(f: &mut Fields) -> Result<String, Error> {
+    let key = f.string()?;
+    if valid_key(&key) {
+        Ok(key)
+    } else {
+        Err(malformed("an idempotency key that is not one"))
+    }
+}
+
 fn given<T>(value: Option<T>, what: &str) -> Result<T, Error> {
     value.ok_or_else(|| malformed(format!("a reason about the request's {what}")))
 }
@@ -336,11 +377,11 @@ fn script_error(reason: Reason, f: &mut Fields, about: &About) -> Result<Error, 
         },
         Reason::ToolHeld => Error::ToolHeld {
             tool: tool()?,
-            uncertain_key: f.string()?,
+            uncertain_key: stored_key(f)?,
         },
         Reason::DuplicateSuspected => Error::DuplicateSuspected {
             tool: tool()?,
-            earlier_key: f.string()?,
+            earlier_key: stored_key(f)?,
         },
         Reason::AttemptNotFound => Error::AttemptNotFound {
             idempotency_key: key()?,
@@ -352,13 +393,13 @@ fn script_error(reason: Reason, f: &mut Fields, about: &About) -> Result<Error, 
             state: decode_state(f.int()?)?,
         },
         Reason::InvalidRequest => {
-            let field = f.string()?;
-            invalid(&field, f.string()?)
+            let field = capped(f.string()?);
+            invalid(&field, capped(f.string()?))
         }
         Reason::StoreUnavailable => {
             // A script that would not decide (an unreadable record): the
             // operator must hear of it, as of any reply not understood.
-            let why = f.string()?;
+            let why = capped(f.string()?);
             tracing::error!(%why, "a store script refused to decide");
             Error::StoreUnavailable(why)
         }
@@ -432,10 +473,13 @@ mod tests {
 
     proptest::proptest! {
         /// Whatever bytes Redis (or something pretending to be it) sends,
-        /// decoding answers a value or an error, never a panic.
+        /// decoding answers a value or STORE_UNAVAILABLE, never a panic
+        /// (src/store/redis/fuzz.rs goes further).
         #[test]
         fn any_reply_decodes_or_is_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
-            let _ = unpack_reply(&bytes);
+            if let Err(e) = unpack_reply(&bytes) {
+                proptest::prop_assert!(matches!(e, Error::StoreUnavailable(_)), "{e:?}");
+            }
         }
     }
 
@@ -553,5 +597,35 @@ mod tests {
             open_ok(reply(&["DISPATCH"]), &about()).err().unwrap()
         ));
         assert!(open_ok(reply(&["OK"]), &about()).is_ok());
+    }
+
+    /// Found by fuzzing: a reply that was not understood was echoed whole
+    /// into the client's error (megabytes for a long string where a number
+    /// was due), and so were a script error's texts and keys.
+    #[test]
+    fn a_huge_reply_makes_a_small_error() {
+        let huge = "\0".repeat(1 << 20);
+        let small = |e: Error| matches!(&e, Error::StoreUnavailable(m) if m.len() < 400);
+        let errors = [
+            error_of(&["ERR", &huge], &about()),
+            error_of(&["ERR", "STORE_UNAVAILABLE", &huge], &about()),
+            error_of(&["ERR", "TOOL_HELD_UNCERTAIN", &huge], &about()),
+            error_of(&["ERR", "DUPLICATE_REQUEST_SUSPECTED", "k\n"], &about()),
+            open_ok(reply(&[&huge]), &about())
+                .err()
+                .expect("a verdict no script gives"),
+        ];
+        for error in errors {
+            assert!(small(error.clone()), "{:.100}", error.to_string());
+        }
+        let Error::InvalidRequest(v) =
+            error_of(&["ERR", "INVALID_REQUEST", &huge, &huge], &about())
+        else {
+            panic!("INVALID_REQUEST");
+        };
+        assert!(v[0].field.len() < 300 && v[0].description.len() < 300);
+        let nested = vec![Value::Array(vec![Value::BulkString(vec![0; 1 << 20])])];
+        let error = open(nested, &about()).err().expect("not a verdict");
+        assert!(small(error));
     }
 }
