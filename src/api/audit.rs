@@ -27,19 +27,30 @@ pub struct Audit {
     /// nothing is copied or formatted for it.
     enabled: bool,
     caller: Option<Arc<Identity>>,
-    /// What the request is about, for the event of a cancelled request.
+    /// What the request is about ([`clean`]ed), for the event of a
+    /// cancelled request.
     about: Option<(String, String, String)>,
 }
 
-/// A caller's value, percent-encoded outside `[A-Za-z0-9._:/-]`.
+/// The most bytes of one caller's value an event writes: every valid
+/// value (a key is at most 255 bytes) fits; a longer, invalid one is cut
+/// and its length given, so no request makes a long log line.
+const MAX_LOGGED: usize = 256;
+
+/// A caller's value, percent-encoded outside `[A-Za-z0-9._:/-]`, at most
+/// [`MAX_LOGGED`] bytes of it.
 fn clean(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
+    let shown = &value.as_bytes()[..value.len().min(MAX_LOGGED)];
+    let mut out = String::with_capacity(shown.len() + 16);
+    for &b in shown {
         if b.is_ascii_alphanumeric() || b"._:/-".contains(&b) {
             out.push(char::from(b));
         } else {
             let _ = write!(out, "%{b:02X}");
         }
+    }
+    if value.len() > MAX_LOGGED {
+        let _ = write!(out, "...({}%20bytes)", value.len());
     }
     out
 }
@@ -60,11 +71,7 @@ impl Audit {
         if !self.enabled {
             return;
         }
-        self.about = Some((
-            permit_id.to_owned(),
-            tool.to_owned(),
-            idempotency_key.to_owned(),
-        ));
+        self.about = Some((clean(permit_id), clean(tool), clean(idempotency_key)));
     }
 
     /// Records the RPC's answer: `outcome` is the decision, the attempt's
@@ -78,15 +85,25 @@ impl Audit {
         attempt_id: &str,
     ) {
         self.about = None;
-        self.emit(permit_id, tool, idempotency_key, outcome, attempt_id);
+        if !self.enabled {
+            return;
+        }
+        self.emit(
+            &clean(permit_id),
+            &clean(tool),
+            &clean(idempotency_key),
+            outcome,
+            attempt_id,
+        );
     }
 
     /// Records a call about one attempt (Commit, MarkUncertain, Resolve):
     /// its state, or the reason it was refused.
     pub fn attempt(self, permit_id: &str, idempotency_key: &str, result: Result<&Attempt, &Error>) {
         match result {
+            // The permit's id as atmost wrote it, however the caller did.
             Ok(a) => self.record(
-                permit_id,
+                &a.permit_id,
                 &a.tool,
                 idempotency_key,
                 a.state.as_str(),
@@ -96,6 +113,7 @@ impl Audit {
         }
     }
 
+    /// Writes the event; the caller's values already [`clean`]ed.
     fn emit(
         &self,
         permit_id: &str,
@@ -113,9 +131,9 @@ impl Audit {
             rpc = self.rpc,
             key_id,
             tenant,
-            permit_id = %clean(permit_id),
-            tool = %clean(tool),
-            idempotency_key = %clean(idempotency_key),
+            permit_id,
+            tool,
+            idempotency_key,
             outcome,
             attempt_id,
             "audit"
@@ -143,5 +161,15 @@ mod tests {
             "k%20outcome%3DREPLAY%20%22x%22%0A"
         );
         assert_eq!(clean("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn a_long_value_is_cut_and_its_length_given() {
+        let long = "x".repeat(1 << 20);
+        let logged = clean(&long);
+        assert_eq!(logged, format!("{}...(1048576%20bytes)", "x".repeat(256)));
+        // Every valid key is written whole.
+        let key = "~".repeat(255);
+        assert_eq!(clean(&key), "%7E".repeat(255));
     }
 }
