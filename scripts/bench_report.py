@@ -85,12 +85,11 @@ def mark(ok):
     return "ok " if ok else "MISS"
 
 
-def summary(path, clk_tck):
-    runs, m = load(path)
+def ceilings(runs, m, clk_tck):
+    """The ceilings, the scenarios and their targets (a full run only)."""
     redis_ceiling = float(m["redis_evalsha_rps"])
     health = find(runs, "memory", "health")
     grpc_ceiling = health["throughput_rps"]
-    print()
     steal = m.get("cpu_steal_percent")
     if steal is not None:
         print(f"CPU stolen by the hypervisor during the run: {steal}%")
@@ -154,6 +153,13 @@ def summary(path, clk_tck):
         beyond = per_attempt - 16
         print(f"  {mark(beyond <= 300)} Redis memory per finished attempt: {per_attempt} B, "
               f"{beyond} B beyond its 16-byte result (target <= 300)")
+
+
+def summary(path, clk_tck):
+    runs, m = load(path)
+    print()
+    if "redis_evalsha_rps" in m and find(runs, "memory", "health"):
+        ceilings(runs, m, clk_tck)
     conns = [r for r in runs if r["label"] == "redis-connections"]
     if conns:
         print()

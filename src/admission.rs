@@ -119,6 +119,33 @@ pub struct Admitted<S> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
+/// Reads what a shed request's body has left, up to [`MAX_DRAINED`] bytes
+/// and [`DRAIN_WAIT`], before it is answered. Answered with its body unread,
+/// HTTP/2 would reset the stream (RST_STREAM NO_ERROR), and h2 counts such
+/// resets against `--h2-max-local-resets`: a client shed a thousand times
+/// on one connection would lose it, every RPC on it with it, to GOAWAY
+/// ENHANCE_YOUR_CALM. A request's body has usually arrived with it.
+async fn drain<B: http_body::Body>(body: B) {
+    let mut body = std::pin::pin!(body);
+    let mut read = 0usize;
+    let _ = tokio::time::timeout(DRAIN_WAIT, async {
+        while read <= MAX_DRAINED {
+            match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+                Some(Ok(frame)) => {
+                    read += frame.data_ref().map_or(0, bytes::Buf::remaining);
+                }
+                _ => return,
+            }
+        }
+    })
+    .await;
+}
+
+/// The most of a shed request's body [`drain`] reads (a valid request is
+/// at most about 70 KiB), and how long it waits for it.
+const MAX_DRAINED: usize = 128 * 1024;
+const DRAIN_WAIT: Duration = Duration::from_millis(5);
+
 impl<S, B> tower::Service<http::Request<B>> for Admitted<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
@@ -126,7 +153,9 @@ where
         + Send
         + 'static,
     S::Future: Send + 'static,
-    B: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Send,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -152,7 +181,10 @@ where
                     drop(slot);
                     response
                 }
-                Err(e) => Ok(to_status(e).into_http()),
+                Err(e) => {
+                    drain(request.into_body()).await;
+                    Ok(to_status(e).into_http())
+                }
             }
         })
     }

@@ -7,6 +7,7 @@
 //! speed.
 
 use crate::support::*;
+use prost::Message;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -45,6 +46,7 @@ on_both_stores!(
     old_connections_get_goaway_then_close_after_the_grace,
     oversized_headers_and_messages_are_refused,
     a_stalled_tls_handshake_is_closed,
+    a_client_shed_thousands_of_times_keeps_its_connection,
 );
 
 /// An `atmost serve` process on `kind`'s store with `flags`.
@@ -725,4 +727,96 @@ async fn a_stalled_tls_handshake_is_closed(kind: Kind) {
         "a stalled TLS handshake stayed open"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client shed again and again on one connection keeps it. A request
+/// shed before its body was read would be answered with the body unread,
+/// and HTTP/2 then resets the stream (RST_STREAM NO_ERROR): h2 counts such
+/// resets against --h2-max-local-resets, so the 1025th shed cost the
+/// client its connection (GOAWAY ENHANCE_YOUR_CALM) and every RPC on it,
+/// under exactly the overload that sheds. Admission reads the body first.
+async fn a_client_shed_thousands_of_times_keeps_its_connection(kind: Kind) {
+    // The slot is held longer than the sheds take (not cut at 10 s).
+    let served = serve(
+        kind,
+        &[
+            "--max-in-flight",
+            "1",
+            "--max-queue-wait",
+            "0s",
+            "--request-timeout",
+            "60s",
+        ],
+    );
+    let mut h2 = h2_client(served.addr()).await;
+    let request = pb::GetPermitRequest {
+        permit_id: uuid::Uuid::now_v7().to_string(),
+    };
+    let call = |h2: h2::client::SendRequest<bytes::Bytes>| {
+        let body = bytes::Bytes::from(grpc_message(
+            request.encoded_len() as u32,
+            &request.encode_to_vec(),
+        ));
+        async move {
+            let mut h2 = h2.ready().await.expect("the connection is still open");
+            let (response, mut send) = h2
+                .send_request(
+                    http::Request::post("http://atmost/atmost.v1.Permits/GetPermit")
+                        .header("content-type", "application/grpc")
+                        .header("te", "trailers")
+                        .body(())
+                        .expect("request"),
+                    false,
+                )
+                .expect("send");
+            send.send_data(body, true).expect("send the message");
+            grpc_status(response).await
+        }
+    };
+    // The one slot, held by a request whose body never ends (sent again if
+    // a probe took the slot first and it was shed).
+    let mut holder = h2_client(served.addr()).await;
+    let mut held = Vec::new();
+    'held: for _ in 0..20 {
+        held.push(
+            stalled_call(
+                &mut holder,
+                "/atmost.v1.Permits/CreatePermit",
+                grpc_message(100, b"x"),
+                &[],
+            )
+            .await,
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if call(h2.clone()).await == tonic::Code::Unavailable {
+            break 'held;
+        }
+    }
+    assert_eq!(
+        call(h2.clone()).await,
+        tonic::Code::Unavailable,
+        "the slot is held"
+    );
+    for i in 0..1500 {
+        assert_eq!(call(h2.clone()).await, tonic::Code::Unavailable, "call {i}");
+    }
+    h2 = h2
+        .ready()
+        .await
+        .expect("the connection survived 1500 sheds");
+    // The held request, reset, gives its slot back.
+    drop((h2, held, holder));
+    let client = atmost_client::Client::connect(format!("http://{}", served.addr()))
+        .await
+        .expect("connect");
+    let started = std::time::Instant::now();
+    while client
+        .get_permit(&request.permit_id)
+        .await
+        .is_err_and(|e| e.code() == tonic::Code::Unavailable)
+    {
+        assert!(started.elapsed() < GUARD, "the slot never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    served.still_serves().await;
 }
