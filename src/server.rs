@@ -22,7 +22,7 @@ use tonic_health::server::HealthReporter;
 /// Default admission limit: atmost RPCs running at once. Past peak, an
 /// admitted request waits about this many / throughput for the store
 /// (Little's law): see docs/performance.md, "Admission".
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 
 /// Default longest wait for an admission slot ([`crate::admission`]).
 pub const DEFAULT_MAX_QUEUE_WAIT: Duration = Duration::from_millis(10);
