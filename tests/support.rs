@@ -22,6 +22,32 @@ use tonic::Code;
 
 pub const DAY_MS: i64 = 24 * 3_600_000;
 
+/// Runs each `async fn name(kind: Kind)` once per store, as
+/// `memory::name` and `redis::name`, sharing the machine.
+macro_rules! on_each_store {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let _machine = crate::support::shared().await;
+                    super::$name(crate::support::Kind::Memory).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let _machine = crate::support::shared().await;
+                    super::$name(crate::support::Kind::Redis).await;
+                }
+            )*
+        }
+    };
+}
+pub(crate) use on_each_store;
+
 // === the machine ===
 
 /// One test binary runs every topic, as many tests at a time as the machine

@@ -12,30 +12,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let _machine = super::shared().await;
-                    super::$name(super::Kind::Memory).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let _machine = super::shared().await;
-                    super::$name(super::Kind::Redis).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_stores!(
+on_each_store!(
     streams_past_the_limit_are_refused,
     stalled_bodies_cost_bounded_memory_and_are_cut_by_the_request_timeout,
     connections_without_a_preface_are_closed,

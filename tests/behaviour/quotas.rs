@@ -5,31 +5,7 @@
 use super::*;
 use atmost::domain::Quotas;
 
-/// Runs each test once per store, on a harness with the quotas it sets.
-macro_rules! on_both_stores_with {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let _machine = crate::support::shared().await;
-                    super::$name(crate::support::Kind::Memory).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let _machine = crate::support::shared().await;
-                    super::$name(crate::support::Kind::Redis).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_stores_with!(
+on_each_store!(
     a_permit_may_not_outlive_the_lifetime_quota,
     open_attempts_past_the_quota_wait_for_a_settle,
     keys_past_the_quota_need_a_new_permit,
