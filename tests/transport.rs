@@ -24,6 +24,7 @@ on_each_store!(
     oversized_headers_and_messages_are_refused,
     a_stalled_tls_handshake_is_closed,
     a_client_shed_thousands_of_times_keeps_its_connection,
+    a_peer_that_does_not_answer_pings_is_disconnected,
 );
 
 /// An `atmost serve` process on `kind`'s store with `flags`.
@@ -103,6 +104,7 @@ const DATA: u8 = 0;
 const HEADERS: u8 = 1;
 const RST_STREAM: u8 = 3;
 const SETTINGS: u8 = 4;
+const PING: u8 = 6;
 const GOAWAY: u8 = 7;
 const END_STREAM: u8 = 1;
 const END_HEADERS: u8 = 4;
@@ -795,5 +797,32 @@ async fn a_client_shed_thousands_of_times_keeps_its_connection(kind: Kind) {
         assert!(started.elapsed() < GUARD, "the slot never came back");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    served.still_serves().await;
+}
+
+/// A peer that stops answering HTTP/2 PINGs (a crashed client, a dropped
+/// NAT entry) is disconnected --keepalive-timeout after a PING, even with
+/// an RPC open, so a dead peer gives its connection slot back.
+async fn a_peer_that_does_not_answer_pings_is_disconnected(kind: Kind) {
+    let served = serve(
+        kind,
+        &[
+            "--keepalive-interval",
+            "1s",
+            "--keepalive-timeout",
+            "1s",
+            "--idle-timeout",
+            "1h",
+        ],
+    );
+    let mut raw = Raw::connect(served.addr()).await;
+    // An open watch: the idle timeout cannot be what closes it.
+    raw.open(1, "/grpc.health.v1.Health/Watch", false).await;
+    raw.send(&frame(DATA, END_STREAM, 1, &grpc_message(0, &[])))
+        .await;
+    // This peer reads, and never answers a PING.
+    let (_, ping) = raw.until(|f| f.kind == PING).await;
+    assert_eq!(ping.flags & ACK, 0, "{ping:?}");
+    raw.until_closed().await;
     served.still_serves().await;
 }
