@@ -1,5 +1,11 @@
-//! Admission: how much store-bound work the server takes on at once, decided
-//! before a request's body is read, so refusing the excess costs little.
+//! Admission: how much store-bound work the server takes on at once.
+//!
+//! Two steps. Before a request's body is read ([`AdmissionLayer`]), a
+//! request that is already late, or that arrives while a standing queue is
+//! being shed, is refused: refusing the excess there costs little. Once
+//! the request is decoded ([`Admission::admit`], from `api::Ctx::call`), it
+//! takes a slot for its store call: a body that trickles in never holds
+//! one.
 //!
 //! At most `max_in_flight` atmost RPCs (Gate and Permits) run at once. One
 //! that finds them all busy waits for a slot, first come first served, but
@@ -41,6 +47,9 @@ pub struct Admission {
     /// Until when (ns from `base`) a request without a free slot is
     /// refused at once.
     shed_until_ns: AtomicU64,
+    /// Since when (ns from `base`) every request has come late; 0: the
+    /// last one was in time.
+    late_since_ns: AtomicU64,
     base: Instant,
 }
 
@@ -52,6 +61,7 @@ impl Admission {
             max_in_flight,
             max_wait,
             shed_until_ns: AtomicU64::new(0),
+            late_since_ns: AtomicU64::new(0),
             base: Instant::now(),
         }
     }
@@ -66,26 +76,33 @@ impl Admission {
         }
     }
 
-    /// A slot, held until the returned permit is dropped; or OVERLOADED.
-    /// `arrived`: when the request reached the server. Its wait so far (for
-    /// a CPU, before this was first polled) counts against `max_wait` too:
-    /// past peak on a saturated machine the queue is the runtime's, ahead
-    /// of any slot, and a request already late is refused at once, cheaply,
-    /// instead of adding its work to the lateness of the rest.
-    pub async fn admit(&self, arrived: Instant) -> Result<OwnedSemaphorePermit, Error> {
-        let waited = arrived.elapsed();
-        if waited > self.max_wait.max(MIN_SOJOURN) {
+    /// Before the request's body is read: refuses, cheaply, a request
+    /// already later than `max_wait` (it waited that long for a CPU before
+    /// this was first polled: past peak on a saturated machine the queue is
+    /// the runtime's, ahead of any slot), and, while a standing queue is
+    /// being shed, one that would find no free slot.
+    pub fn precheck(&self, arrived: Instant) -> Result<(), Error> {
+        if self.late(arrived) {
             self.dropping();
             return Err(self.overloaded());
         }
+        if self.slots.available_permits() == 0 && self.shedding() {
+            return Err(self.overloaded());
+        }
+        Ok(())
+    }
+
+    /// A slot for one store call, held until the permit is dropped; or
+    /// OVERLOADED after waiting `max_wait` for one. Taken once the request
+    /// is decoded, so a body that trickles in never holds a slot.
+    pub async fn admit(&self) -> Result<OwnedSemaphorePermit, Error> {
         if let Ok(slot) = self.slots.clone().try_acquire_owned() {
             return Ok(slot);
         }
-        if self.now_ns() < self.shed_until_ns.load(Ordering::Relaxed) || self.max_wait.is_zero() {
+        if self.shedding() || self.max_wait.is_zero() {
             return Err(self.overloaded());
         }
-        let left = self.max_wait.saturating_sub(waited);
-        match tokio::time::timeout(left, self.slots.clone().acquire_owned()).await {
+        match tokio::time::timeout(self.max_wait, self.slots.clone().acquire_owned()).await {
             Ok(Ok(slot)) => Ok(slot),
             // Closed (never: the semaphore lives as long as this), or the
             // whole wait passed: a standing queue.
@@ -94,6 +111,30 @@ impl Admission {
                 Err(self.overloaded())
             }
         }
+    }
+
+    /// Whether a request that arrived at `arrived` is late, CoDel's way:
+    /// it waited longer than `max_wait`, and so has every request since
+    /// the first late one at least [`INTERVAL`] ago. One slow moment (a
+    /// busy machine, a pause) refuses nothing; a standing queue does.
+    fn late(&self, arrived: Instant) -> bool {
+        if arrived.elapsed() <= self.max_wait.max(MIN_SOJOURN) {
+            self.late_since_ns.store(0, Ordering::Relaxed);
+            return false;
+        }
+        // 0 means "not late": the first late moment is stored as 1 or more.
+        let now = self.now_ns().max(1);
+        match self
+            .late_since_ns
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => false,
+            Err(since) => now.saturating_sub(since) >= INTERVAL.as_nanos() as u64,
+        }
+    }
+
+    fn shedding(&self) -> bool {
+        self.now_ns() < self.shed_until_ns.load(Ordering::Relaxed)
     }
 
     /// A request waited the whole `max_wait`: for [`INTERVAL`], one that
@@ -145,13 +186,13 @@ pub struct Admitted<S> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Reads what a shed request's body has left, up to [`MAX_DRAINED`] bytes
+/// Reads what a refused request's body has left, up to [`MAX_DRAINED`] bytes
 /// and [`DRAIN_WAIT`], before it is answered. Answered with its body unread,
 /// HTTP/2 would reset the stream (RST_STREAM NO_ERROR), and h2 counts such
 /// resets against `--h2-max-local-resets`: a client shed a thousand times
 /// on one connection would lose it, every RPC on it with it, to GOAWAY
 /// ENHANCE_YOUR_CALM. A request's body has usually arrived with it.
-async fn drain<B: http_body::Body>(body: B) {
+pub(crate) async fn drain<B: http_body::Body>(body: B) {
     let mut body = std::pin::pin!(body);
     let mut read = 0usize;
     let _ = tokio::time::timeout(DRAIN_WAIT, async {
@@ -204,12 +245,8 @@ where
         let arrived = Instant::now();
         let admission = self.admission.clone();
         Box::pin(async move {
-            match admission.admit(arrived).await {
-                Ok(slot) => {
-                    let response = inner.call(request).await;
-                    drop(slot);
-                    response
-                }
+            match admission.precheck(arrived) {
+                Ok(()) => inner.call(request).await,
                 Err(e) => {
                     drain(request.into_body()).await;
                     Ok(to_status(e).into_http())
@@ -226,48 +263,54 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_waits_at_most_max_wait_then_sheds_at_once_for_an_interval() {
         let admission = Admission::new(1, Duration::from_millis(10));
-        let held = admission
-            .admit(tokio::time::Instant::now())
-            .await
-            .expect("a free slot");
+        let held = admission.admit().await.expect("a free slot");
         // No slot: waits the whole 10 ms, then is refused.
-        let started = tokio::time::Instant::now();
-        assert!(admission.admit(tokio::time::Instant::now()).await.is_err());
+        let started = Instant::now();
+        assert!(admission.admit().await.is_err());
         assert_eq!(started.elapsed(), Duration::from_millis(10));
-        // A standing queue: refused at once for the interval.
-        let started = tokio::time::Instant::now();
-        assert!(admission.admit(tokio::time::Instant::now()).await.is_err());
+        // A standing queue: refused at once for the interval, before the
+        // body too.
+        let started = Instant::now();
+        assert!(admission.admit().await.is_err());
         assert_eq!(started.elapsed(), Duration::ZERO);
+        assert!(admission.precheck(Instant::now()).is_err());
         // A free slot is taken even then.
         drop(held);
-        let held = admission
-            .admit(tokio::time::Instant::now())
-            .await
-            .expect("a free slot");
+        assert!(admission.precheck(Instant::now()).is_ok());
+        let held = admission.admit().await.expect("a free slot");
         drop(held);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_request_already_late_is_refused_at_once_with_slots_free() {
+    async fn requests_late_for_an_interval_are_refused_before_their_body() {
         let admission = Admission::new(4, Duration::from_millis(10));
-        let arrived = Instant::now();
-        tokio::time::advance(Duration::from_millis(11)).await;
-        assert!(admission.admit(arrived).await.is_err(), "11 ms late");
-        let arrived = Instant::now();
-        tokio::time::advance(Duration::from_millis(9)).await;
-        assert!(admission.admit(arrived).await.is_ok(), "9 ms: in time");
+        // A request that waited 11 ms before its first poll.
+        async fn late(admission: &Admission) -> Result<(), Error> {
+            let arrived = Instant::now();
+            tokio::time::advance(Duration::from_millis(11)).await;
+            admission.precheck(arrived)
+        }
+        // One late request, or a run of them shorter than the interval:
+        // a slow moment, refused nothing.
+        // (The first is seen 11 ms in; the tenth 99 ms after it.)
+        for _ in 0..10 {
+            assert!(late(&admission).await.is_ok());
+        }
+        // Late for the whole interval: a standing queue, refused.
+        assert!(late(&admission).await.is_err(), "late for 110 ms");
+        // One in time ends it.
+        assert!(admission.precheck(Instant::now()).is_ok());
+        tokio::time::advance(INTERVAL).await;
+        assert!(late(&admission).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_slot_freed_within_the_wait_admits_the_waiter() {
         let admission = Arc::new(Admission::new(1, Duration::from_millis(10)));
-        let held = admission
-            .admit(tokio::time::Instant::now())
-            .await
-            .expect("a free slot");
+        let held = admission.admit().await.expect("a free slot");
         let waiter = tokio::spawn({
             let admission = admission.clone();
-            async move { admission.admit(tokio::time::Instant::now()).await.map(drop) }
+            async move { admission.admit().await.map(drop) }
         });
         tokio::time::sleep(Duration::from_millis(5)).await;
         drop(held);

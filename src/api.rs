@@ -30,6 +30,8 @@ pub struct Ctx {
     /// same idempotency key then sees it (REPLAY or IN_PROGRESS), never a
     /// second DISPATCH.
     pub store_timeout: Duration,
+    /// Slots for store calls ([`crate::admission`]).
+    pub admission: Arc<crate::admission::Admission>,
     /// Signs the receipts answers carry; `None`: unsigned.
     pub receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
 }
@@ -37,14 +39,19 @@ pub struct Ctx {
 impl Ctx {
     /// Runs one store call under the store deadline, if the caller still
     /// waits for it; refuses it (changing nothing) if not. `fut` is not
-    /// polled when refused, so no store transition starts. (Admission, the
-    /// room for it, was decided before the request was read:
-    /// [`crate::admission`].)
+    /// polled when refused, so no store transition starts. It waits up to
+    /// `--max-queue-wait` for an admission slot ([`crate::admission`]),
+    /// held for the store call only.
     pub async fn call<T>(
         &self,
         deadline: Deadline,
         fut: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
+        if deadline.passed() {
+            return Err(Error::DeadlineExceeded);
+        }
+        let _slot = self.admission.admit().await?;
+        // The wait for a slot may have outlasted the caller.
         if deadline.passed() {
             return Err(Error::DeadlineExceeded);
         }

@@ -492,7 +492,9 @@ where
         + Send
         + 'static,
     S::Future: Send + 'static,
-    B: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Send,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -523,7 +525,13 @@ where
                         "audit"
                     );
                     let response = to_status(e).into_http();
-                    return Box::pin(async move { Ok(response) });
+                    // Answered with its body unread, the stream would be
+                    // reset, and h2 closes a connection after 1024 of those
+                    // (crate::admission::drain).
+                    return Box::pin(async move {
+                        crate::admission::drain(request.into_body()).await;
+                        Ok(response)
+                    });
                 }
             }
         }

@@ -152,9 +152,8 @@ struct ServeArgs {
     /// most 1h).
     #[arg(long, env = "ATMOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = shutdown_grace)]
     shutdown_grace: Duration,
-    /// atmost RPCs running at once; more wait for a slot, up to
-    /// --max-queue-wait, then are refused with UNAVAILABLE / OVERLOADED,
-    /// before their body is read.
+    /// Store calls running at once; more wait for a slot, up to
+    /// --max-queue-wait, then are refused with UNAVAILABLE / OVERLOADED.
     #[arg(long, env = "ATMOST_MAX_IN_FLIGHT", default_value_t = atmost::server::DEFAULT_MAX_IN_FLIGHT)]
     max_in_flight: usize,
     /// The longest a request waits for an admission slot (0s to 10s; 0s:
@@ -257,7 +256,7 @@ struct ServeArgs {
     /// closed (0s to 1h).
     #[arg(long, env = "ATMOST_MAX_CONNECTION_AGE_GRACE", default_value = "30s", value_parser = shutdown_grace)]
     max_connection_age_grace: Duration,
-    /// The TLS handshake and the HTTP/2 preface must arrive within this
+    /// The HTTP/2 preface (plaintext) or the TLS handshake must arrive within this
     /// (100ms to 60s).
     #[arg(long, env = "ATMOST_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = handshake_timeout)]
     handshake_timeout: Duration,

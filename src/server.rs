@@ -165,7 +165,9 @@ pub async fn run(
     app: App,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let admission = Arc::new(Admission::new(app.max_in_flight, app.max_queue_wait));
     let ctx = Ctx {
+        admission: admission.clone(),
         store: app.store.clone(),
         clock: app.clock.clone(),
         store_timeout: app.store_timeout,
@@ -227,10 +229,7 @@ pub async fn run(
     let serve = builder
         .layer(Track)
         .layer(AuthLayer::new(app.auth.clone()))
-        .layer(AdmissionLayer::new(Arc::new(Admission::new(
-            app.max_in_flight,
-            app.max_queue_wait,
-        ))))
+        .layer(AdmissionLayer::new(admission))
         .add_service(sized!(health_service))
         .add_optional_service(reflection_v1.map(|s| sized!(s)))
         .add_optional_service(reflection_v1alpha.map(|s| sized!(s)))

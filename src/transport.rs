@@ -54,7 +54,9 @@ pub struct Limits {
     /// over replicas; closed `max_connection_age_grace` later.
     pub max_connection_age: Duration,
     pub max_connection_age_grace: Duration,
-    /// The TLS handshake and the HTTP/2 preface must arrive within this.
+    /// The TLS handshake (over TLS) or the HTTP/2 preface (in plaintext)
+    /// must arrive within this. [`Conn`] sits under TLS and counts the
+    /// preface on the bytes it reads, so over TLS it is the handshake's.
     pub handshake_timeout: Duration,
     /// One RPC's handler, body reading included, may take this long
     /// (tonic answers CANCELLED past it).
@@ -81,7 +83,9 @@ impl Limits {
     /// The defaults (`serve`'s flags show them).
     pub const DEFAULT: Self = Self {
         max_connections: 4096,
-        max_concurrent_streams: 100,
+        // A client queues the RPCs past it on its own side, out of
+        // admission's sight (docs/performance.md, "Overload").
+        max_concurrent_streams: 1024,
         // The largest valid request is about 70 KiB (a CreatePermit at
         // every bound, or a Commit with a 64 KiB result).
         max_request_bytes: 128 * 1024,

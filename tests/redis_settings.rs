@@ -322,6 +322,7 @@ pub fn atmost_acl(user: &str, password: &str, prefix: &str) -> Vec<String> {
         "+zadd",
         "+zrangebylex",
         "+zlexcount",
+        "+zscore",
         "+zrem",
         "+sadd",
         "+smembers",

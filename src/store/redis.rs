@@ -157,13 +157,13 @@ impl RedisStore {
             .arg(scope.agent.as_deref().unwrap_or_default());
     }
 
-    /// The scripts' ARGV[1]: "" (Redis's clock) or the caller's `now`.
     /// Enforces these quotas (the default ones otherwise).
     pub fn with_quotas(mut self, quotas: Quotas) -> Self {
         self.quotas = quotas;
         self
     }
 
+    /// The scripts' ARGV[1]: "" (Redis's clock) or the caller's `now`.
     fn now_arg(&self, now: Millis) -> String {
         match self.time {
             Time::Redis => String::new(),
@@ -272,23 +272,32 @@ impl Store for RedisStore {
         // ListUncertain see an indexed permit with no hash yet and tidy it
         // away for good.) If this fails the caller gets UNAVAILABLE and an
         // unknown, unused permit expires with its retention.
-        // The tenant's quota is counted and the index added to in one
-        // script; a permit refused there is deleted again.
-        let mut inv = Lua::IndexPermit.prepare_invoke();
-        inv.key(self.index_key(&permit.tenant))
-            .key(&k.permit)
-            .arg(self.now_arg(permit.created_at))
-            .arg(self.quotas.max_permits_per_tenant)
-            .arg(index_member(permit.expires_at, &permit.permit_id));
-        open_ok(self.run(&inv).await?, &About::permit(&permit.permit_id))?;
+        // The tenants set first (idempotent), so the sweep finds every
+        // index; then the tenant's quota is counted and the index added to
+        // in one script on the index alone (one key: one Cluster slot).
+        let mut conn = self.conn().await?;
         if !permit.tenant.is_empty() {
-            let mut conn = self.conn().await?;
             redis::cmd("SADD")
                 .arg(self.tenants_key())
                 .arg(&permit.tenant)
                 .exec_async(&mut conn)
                 .await
                 .map_err(|e| self.lost(e))?;
+        }
+        let mut inv = Lua::IndexPermit.prepare_invoke();
+        inv.key(self.index_key(&permit.tenant))
+            .arg(self.now_arg(permit.created_at))
+            .arg(self.quotas.max_permits_per_tenant)
+            .arg(index_member(permit.expires_at, &permit.permit_id));
+        if let Err(refused) = open_ok(self.run(&inv).await?, &About::permit(&permit.permit_id)) {
+            // Refused: nobody knows the permit's id, so its record goes
+            // (or, if this fails, expires with its retention).
+            redis::cmd("DEL")
+                .arg(&k.permit)
+                .exec_async(&mut conn)
+                .await
+                .map_err(|e| self.lost(e))?;
+            return Err(refused);
         }
         Ok(permit)
     }
