@@ -265,10 +265,14 @@ async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<Str
                             key_index = new_key(&mut keys, permit, tool);
                         }
                     }
+                    // Refusals that change nothing. The quotas are reached
+                    // under faults: dropped answers leave attempts open.
                     "PERMIT_MAX_CALLS_EXCEEDED"
                     | "PERMIT_BUDGET_EXCEEDED"
                     | "PERMIT_EXPIRED"
-                    | "DUPLICATE_REQUEST_SUSPECTED" => break,
+                    | "DUPLICATE_REQUEST_SUSPECTED"
+                    | "QUOTA_OPEN_ATTEMPTS"
+                    | "QUOTA_ATTEMPTS" => break,
                     other => {
                         violations.push(format!("{key}: Authorize answered {other}: {status:?}"));
                         break;
