@@ -46,7 +46,9 @@ for _ in $(seq 100); do grep -q '^atmost listening on' "$work/stdout" 2>/dev/nul
 addr=$(sed -n 's/^atmost listening on //p' "$work/stdout")
 [ -n "$addr" ] || fail "atmost did not start: $(cat "$work/stderr")"
 
-permit=$(grpcurl -plaintext -d '{"permit": {"tools": ["payments.charge"], "expires_at": "2099-01-01T00:00:00Z"}}' \
+# An hour from now: a permit may live 30 days at most (--max-permit-lifetime).
+expires=$(date -u -d '+1 hour' +%Y-%m-%dT%H:%M:%SZ)
+permit=$(grpcurl -plaintext -d "{\"permit\": {\"tools\": [\"payments.charge\"], \"expires_at\": \"$expires\"}}" \
   "$addr" atmost.v1.Permits/CreatePermit | jq -r .permitId)
 fp=$(printf 'the canonical request' | base64)
 attempt=$(grpcurl -plaintext -d "{\"permit_id\": \"$permit\", \"tool\": \"payments.charge\", \"idempotency_key\": \"order-42\", \"request_fingerprint\": \"$fp\", \"cost\": 250}" \
