@@ -187,7 +187,8 @@ pub struct Admitted<S> {
     admission: Arc<Admission>,
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+/// The future of a boxed tower service (the admission and auth layers).
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Reads what a refused request's body has left, up to [`MAX_DRAINED`] bytes
 /// and [`DRAIN_WAIT`], before it is answered. Answered with its body unread,
@@ -195,7 +196,7 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// resets against `--h2-max-local-resets`: a client shed a thousand times
 /// on one connection would lose it, every RPC on it with it, to GOAWAY
 /// ENHANCE_YOUR_CALM. A request's body has usually arrived with it.
-pub(crate) async fn drain<B: http_body::Body>(body: B) {
+async fn drain<B: http_body::Body>(body: B) {
     let mut body = std::pin::pin!(body);
     let mut read = 0usize;
     let _ = tokio::time::timeout(DRAIN_WAIT, async {
@@ -209,6 +210,16 @@ pub(crate) async fn drain<B: http_body::Body>(body: B) {
         }
     })
     .await;
+}
+
+/// The answer to a request refused before its service ran (by admission,
+/// or by the auth layer): its error, once its body is [`drain`]ed.
+pub(crate) async fn refuse<B: http_body::Body>(
+    body: B,
+    error: Error,
+) -> http::Response<tonic::body::Body> {
+    drain(body).await;
+    to_status(error).into_http()
 }
 
 /// The most of a shed request's body [`drain`] reads (a valid request is
@@ -250,10 +261,7 @@ where
         Box::pin(async move {
             match admission.precheck(arrived) {
                 Ok(()) => inner.call(request).await,
-                Err(e) => {
-                    drain(request.into_body()).await;
-                    Ok(to_status(e).into_http())
-                }
+                Err(e) => Ok(refuse(request.into_body(), e).await),
             }
         })
     }

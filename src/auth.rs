@@ -33,14 +33,12 @@
 //! The file is read again on SIGHUP and whenever it changes (the server's file watch: [`Authenticator::refresh`]); a
 //! file that does not parse keeps the keys in force and logs why.
 
-use crate::api::status::to_status;
+use crate::admission::BoxFuture;
 use crate::domain::{Error, valid_name};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::SystemTime;
@@ -483,8 +481,6 @@ fn rpc_name(path: &str) -> String {
     format!("{}...", &name[..end.unwrap_or(0)])
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
 impl<S, B> tower::Service<http::Request<B>> for AuthService<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
@@ -524,13 +520,9 @@ where
                         outcome = e.reason().as_str(),
                         "audit"
                     );
-                    let response = to_status(e).into_http();
-                    // Answered with its body unread, the stream would be
-                    // reset, and h2 closes a connection after 1024 of those
-                    // (crate::admission::drain).
+                    // After its body is read (crate::admission::refuse).
                     return Box::pin(async move {
-                        crate::admission::drain(request.into_body()).await;
-                        Ok(response)
+                        Ok(crate::admission::refuse(request.into_body(), e).await)
                     });
                 }
             }

@@ -70,7 +70,7 @@ impl Served {
 
     async fn still_serves_on(&self, client: &atmost_client::Client) {
         let permit = client
-            .create_permit(an_hour(&["wallet.charge"]))
+            .create_permit(NewPermit::new(["wallet.charge"]))
             .await
             .expect("a well-behaved client is served");
         let authorized = client
@@ -85,17 +85,6 @@ impl Served {
             .expect("authorize");
         assert_eq!(authorized.decision(), pb::Decision::Dispatch);
     }
-}
-
-/// A permit over `tools` that expires in an hour of the system clock.
-fn an_hour(tools: &[&str]) -> pb::Permit {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    NewPermit::new(tools.iter().copied())
-        .expires_at_ms(now_ms + 3_600_000)
-        .build()
 }
 
 // === raw HTTP/2 ===
@@ -644,7 +633,10 @@ async fn oversized_headers_and_messages_are_refused(kind: Kind) {
     assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
 
     // A Commit whose answer (the 64 KiB result) is past the response limit.
-    let permit = client.create_permit(an_hour(&["t"])).await.expect("create");
+    let permit = client
+        .create_permit(NewPermit::new(["t"]))
+        .await
+        .expect("create");
     let attempt = client
         .authorize(pb::AuthorizeRequest {
             permit_id: permit.permit_id.clone(),

@@ -107,6 +107,8 @@ impl MemoryStore {
             .ok_or_else(not_found)?
             .0
             .clone();
+        // Whether the store is full, read before the ledger is borrowed.
+        let full = self.full(inner);
         let ledger = inner.ledgers.get_mut(&id).expect("just found");
         let before = self.place(ledger);
         if let Place::Forget(at) = before
@@ -125,8 +127,6 @@ impl MemoryStore {
             return Err(not_found());
         }
         let tenant: Arc<str> = Arc::from(ledger.permit().tenant.as_str());
-        let full = self.full(inner);
-        let ledger = inner.ledgers.get_mut(&id).expect("just found");
         let bytes = ledger.approx_bytes();
         let out = f(ledger, full);
         inner.bytes = inner.bytes - bytes + ledger.approx_bytes();
