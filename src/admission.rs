@@ -223,7 +223,7 @@ pub(crate) async fn refuse<B: http_body::Body>(
 }
 
 /// The most of a shed request's body [`drain`] reads (a valid request is
-/// at most about 70 KiB), and how long it waits for it.
+/// at most 75 939 bytes), and how long it waits for it.
 const MAX_DRAINED: usize = 128 * 1024;
 const DRAIN_WAIT: Duration = Duration::from_millis(100);
 

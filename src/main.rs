@@ -223,13 +223,13 @@ struct ServeArgs {
     #[arg(long, env = "ATMOST_MAX_CONCURRENT_STREAMS", default_value_t = LIMITS.max_concurrent_streams,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     max_concurrent_streams: u32,
-    /// Largest request message, in bytes (the largest valid request is about
-    /// 70 KiB); larger ones answer OUT_OF_RANGE before their body is read.
+    /// Largest request message, in bytes (the largest valid request is 75 939
+    /// bytes); larger ones answer OUT_OF_RANGE before their body is read.
     #[arg(long, env = "ATMOST_MAX_REQUEST_BYTES", default_value_t = LIMITS.max_request_bytes,
           value_parser = clap::value_parser!(u32).range(80_000..=64 * 1024 * 1024).map(|n| n as usize))]
     max_request_bytes: usize,
     /// Largest response message, in bytes (a ListUncertain page of 1000 is
-    /// under 1 MiB; a smaller limit fails the RPCs whose answer is larger).
+    /// up to 1.6 MiB; a smaller limit fails the RPCs whose answer is larger).
     #[arg(long, env = "ATMOST_MAX_RESPONSE_BYTES", default_value_t = LIMITS.max_response_bytes,
           value_parser = clap::value_parser!(u32).range(64 * 1024..=64 * 1024 * 1024).map(|n| n as usize))]
     max_response_bytes: usize,

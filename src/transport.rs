@@ -86,10 +86,10 @@ impl Limits {
         // A client queues the RPCs past it on its own side, out of
         // admission's sight (docs/performance.md, "Overload").
         max_concurrent_streams: 1024,
-        // The largest valid request is about 70 KiB (a CreatePermit at
+        // The largest valid request is 75 939 bytes (a CreatePermit at
         // every bound, or a Commit with a 64 KiB result).
         max_request_bytes: 128 * 1024,
-        // A ListUncertain page of 1000 attempts is under 1 MiB; 4 MiB
+        // A ListUncertain page of 1000 attempts is at most 1.6 MiB; 4 MiB
         // is what gRPC clients accept by default.
         max_response_bytes: 4 * 1024 * 1024,
         max_header_list_bytes: 16 * 1024,
@@ -432,5 +432,76 @@ impl http_body::Body for Held {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Limits;
+    use crate::domain::{MAX_AGENTS, MAX_KEY_LEN, MAX_RESULT_BYTES, MAX_TEXT_LEN, MAX_TOOLS};
+    use crate::pb;
+    use prost::Message;
+
+    /// The default message limits fit the largest valid messages, sized
+    /// from the field limits: a CreatePermit at every bound, a Commit of a
+    /// 64 KiB result with the longest key, and a ListUncertain page of 1000
+    /// attempts at every bound.
+    #[test]
+    fn the_largest_valid_requests_fit_the_default_limit() {
+        let tools: Vec<String> = (0..MAX_TOOLS).map(|i| format!("{i:0>128}")).collect();
+        let create = pb::CreatePermitRequest {
+            permit: Some(pb::Permit {
+                subject: "s".repeat(MAX_TEXT_LEN),
+                currency: "c".repeat(16),
+                max_calls_per_tool: tools.iter().map(|t| (t.clone(), u64::MAX)).collect(),
+                tools,
+                budget: Some(i64::MAX),
+                agents: (0..MAX_AGENTS).map(|i| format!("{i:0>64}")).collect(),
+                ..Default::default()
+            }),
+        };
+        let commit = pb::CommitRequest {
+            permit_id: uuid::Uuid::nil().to_string(),
+            idempotency_key: "k".repeat(MAX_KEY_LEN),
+            attempt_id: uuid::Uuid::nil().to_string(),
+            outcome: Some(pb::commit_request::Outcome::Succeeded(pb::Succeeded {
+                result: vec![0xff; MAX_RESULT_BYTES],
+                actual_cost: Some(i64::MAX),
+            })),
+        };
+        let ts = Some(prost_types::Timestamp {
+            seconds: i64::MAX,
+            nanos: 999_999_999,
+        });
+        let attempt = pb::Attempt {
+            attempt_id: uuid::Uuid::nil().to_string(),
+            permit_id: uuid::Uuid::nil().to_string(),
+            tool: "t".repeat(128),
+            idempotency_key: "k".repeat(MAX_KEY_LEN),
+            request_fingerprint: vec![0xff; 64],
+            state: i32::MAX,
+            cost: i64::MAX,
+            created_at: ts,
+            lease_expires_at: ts,
+            uncertain_reason: "r".repeat(MAX_TEXT_LEN),
+            uncertain_since: ts,
+            ..Default::default()
+        };
+        let page = pb::ListUncertainResponse {
+            attempts: vec![attempt; crate::api::permits::MAX_PAGE_SIZE],
+            next_page_token: "p".repeat(512),
+        };
+        let answer = page.encoded_len();
+        let most = Limits::DEFAULT.max_response_bytes;
+        println!("largest ListUncertain page: {answer} bytes (limit {most})");
+        assert!(answer < most, "{answer} bytes");
+        let limit = Limits::DEFAULT.max_request_bytes;
+        for (rpc, size) in [
+            ("CreatePermit", create.encoded_len()),
+            ("Commit", commit.encoded_len()),
+        ] {
+            println!("largest valid {rpc}: {size} bytes (limit {limit})");
+            assert!(size < limit, "{rpc}: {size} bytes");
+        }
     }
 }
