@@ -6,7 +6,7 @@ use atmost::domain::Millis;
 use atmost::store::{
     Backend,
     memory::MemoryStore,
-    redis::{self, EvictionPolicy, RedisConfig, RedisStore, Time},
+    redis::{self, Durability, EvictionPolicy, Mode, RedisConfig, RedisStore, Time},
 };
 use atmost::{App, run};
 use clap::builder::TypedValueParser;
@@ -107,6 +107,24 @@ enum StoreKind {
     Redis,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RedisMode {
+    /// One Redis server.
+    Standalone,
+    /// A Redis Cluster: --redis-url lists seed nodes.
+    Cluster,
+    /// The primary Sentinel names: --redis-url lists the Sentinels.
+    Sentinel,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DurabilityArg {
+    /// The primary acknowledged it.
+    None,
+    /// A replica acknowledged it too.
+    Replica,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
@@ -121,13 +139,31 @@ struct ServeArgs {
     /// Where permits and attempts live.
     #[arg(long, env = "ATMOST_STORE", value_enum, default_value = "memory")]
     store: StoreKind,
-    /// Redis URL (with --store redis).
+    /// Redis URL (with --store redis); with --redis-mode cluster or
+    /// sentinel, a comma-separated list of seed nodes or of Sentinels.
     #[arg(
         long,
         env = "ATMOST_REDIS_URL",
         default_value = "redis://127.0.0.1:6379"
     )]
     redis_url: String,
+    /// What --redis-url names: one server, a Redis Cluster, or Sentinels.
+    #[arg(
+        long,
+        env = "ATMOST_REDIS_MODE",
+        value_enum,
+        default_value = "standalone"
+    )]
+    redis_mode: RedisMode,
+    /// With --redis-mode sentinel: the name the Sentinels know the primary
+    /// by (their `sentinel monitor <name> ...`).
+    #[arg(long, env = "ATMOST_REDIS_SENTINEL_MASTER", value_name = "NAME")]
+    redis_sentinel_master: Option<String>,
+    /// What a state change waits for before atmost answers: `none`, the
+    /// primary (a failover may lose the last writes); `replica`, a replica
+    /// too (WAIT 1; none in time answers UNAVAILABLE).
+    #[arg(long, env = "ATMOST_DURABILITY", value_enum, default_value = "none")]
+    durability: DurabilityArg,
     /// For a rediss:// URL: the CA certificate (PEM) that signed Redis's,
     /// instead of the system's trust store.
     #[arg(long, env = "ATMOST_REDIS_TLS_CA", value_name = "FILE")]
@@ -342,8 +378,22 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
                 .with_max_bytes(args.memory_max_bytes),
         ),
         StoreKind::Redis => {
+            if args.redis_sentinel_master.is_some() && args.redis_mode != RedisMode::Sentinel {
+                return Err("--redis-sentinel-master is for --redis-mode sentinel".into());
+            }
             let store = RedisStore::connect(&RedisConfig {
                 url: args.redis_url.clone(),
+                mode: match args.redis_mode {
+                    RedisMode::Standalone => Mode::Standalone,
+                    RedisMode::Cluster => Mode::Cluster,
+                    RedisMode::Sentinel => Mode::Sentinel {
+                        master: args.redis_sentinel_master.clone().unwrap_or_default(),
+                    },
+                },
+                durability: match args.durability {
+                    DurabilityArg::None => Durability::None,
+                    DurabilityArg::Replica => Durability::Replica,
+                },
                 prefix: args.redis_prefix.clone(),
                 retention_ms,
                 timeout: args.store_timeout,

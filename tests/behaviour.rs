@@ -1,5 +1,6 @@
 //! The behavioural suite: every test runs over real gRPC on a loopback port,
-//! once against the memory store and once against a real Redis.
+//! against the memory store, a real Redis, and a real Redis Cluster (3
+//! primaries, 3 replicas: permits land on all three shards).
 
 use crate::support::*;
 use pb::{AttemptState, Decision};
@@ -22,6 +23,15 @@ macro_rules! on_both_stores {
                 async fn $name() {
                     let _machine = super::shared().await;
                     super::$name(super::Harness::start(super::Kind::Redis).await).await;
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let _machine = super::shared().await;
+                    super::$name(super::Harness::start(super::Kind::Cluster).await).await;
                 }
             )*
         }

@@ -201,6 +201,7 @@ async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
         allow_eviction: false,
         time: atmost::store::redis::Time::Caller,
         tls_ca: None,
+        ..atmost::store::redis::RedisConfig::new("", "")
     })
     .expect("the longest retention is accepted")
     // A permit lifetime no flag allows (the library's own bounds).
@@ -236,6 +237,7 @@ async fn the_longest_retention_on_the_latest_expiry_deletes_nothing() {
         allow_eviction: false,
         time: atmost::store::redis::Time::Caller,
         tls_ca: None,
+        ..atmost::store::redis::RedisConfig::new("", "")
     });
     assert!(too_long.is_err(), "a retention past the bound is refused");
 }

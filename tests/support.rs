@@ -94,6 +94,7 @@ pub fn redis_store_with(
         allow_eviction: false,
         time: atmost::store::redis::Time::Caller,
         tls_ca: None,
+        ..atmost::store::redis::RedisConfig::new("", "")
     })
     .expect("redis store")
 }
@@ -151,6 +152,41 @@ pub fn run_to_exit<S: AsRef<str>>(args: &[S]) -> (std::process::ExitStatus, Stri
 pub enum Kind {
     Memory,
     Redis,
+    /// The Redis Cluster this test binary shares ([`shared_cluster`]), with
+    /// a key prefix of the test's own.
+    Cluster,
+}
+
+/// The 3-primary, 3-replica Redis Cluster the tests of this binary share
+/// (each under a key prefix of its own), started by the first that asks;
+/// or the one `REDIS_CLUSTER_URLS` names (comma-separated seed URLs). Its
+/// processes are tethered to this one and end with it.
+pub fn shared_cluster() -> &'static str {
+    static CLUSTER: std::sync::OnceLock<(String, Option<atmost_testkit::topology::RedisCluster>)> =
+        std::sync::OnceLock::new();
+    let (urls, _) = CLUSTER.get_or_init(|| match std::env::var("REDIS_CLUSTER_URLS") {
+        Ok(urls) => (urls, None),
+        Err(_) => {
+            let cluster = atmost_testkit::topology::RedisCluster::start(3, 1, &[])
+                .unwrap_or_else(|e| panic!("start a Redis Cluster: {e}"));
+            (cluster.urls(), Some(cluster))
+        }
+    });
+    urls
+}
+
+/// A Redis store on the Cluster at `urls` under `prefix`, like
+/// [`redis_store`].
+pub fn cluster_store(urls: &str, prefix: &str, timeout: Duration) -> RedisStore {
+    RedisStore::connect(&RedisConfig {
+        url: urls.to_owned(),
+        mode: atmost::store::redis::Mode::Cluster,
+        timeout,
+        retention_ms: DAY_MS,
+        time: atmost::store::redis::Time::Caller,
+        ..RedisConfig::new("", prefix)
+    })
+    .expect("cluster store")
 }
 
 /// The real server, in process on a loopback port, with a manual clock.
@@ -177,6 +213,13 @@ impl Harness {
     ) -> Self {
         let redis = (kind == Kind::Redis).then(Redis::start);
         let backend = match (kind, &redis) {
+            (Kind::Cluster, _) => {
+                let urls = tokio::task::block_in_place(shared_cluster);
+                let prefix = format!("t{}", uuid::Uuid::now_v7().simple());
+                Backend::Redis(
+                    cluster_store(urls, &prefix, Duration::from_secs(2)).with_quotas(quotas),
+                )
+            }
             (Kind::Memory, _) => Backend::Memory(
                 MemoryStore::new(DAY_MS)
                     .with_quotas(quotas)

@@ -8,12 +8,16 @@
 //! ([`script_text`]). All keys of a permit carry the hash tag `{permit_id}`
 //! and are passed in KEYS, so a permit lives in one Cluster slot.
 //!
-//! The connection is one multiplexed [`ConnectionManager`]: requests from
-//! all tasks are pipelined on it, a dropped (timed out) request cannot
-//! desynchronise it, and it reconnects in the background after Redis
-//! returns. It never re-sends a command on its own: a reply lost to a broken
-//! connection is an error here (UNAVAILABLE to the caller), and the caller's
-//! retry with the same key is answered from what the first run recorded.
+//! The connection (`conn`) is one multiplexed connection per Redis server:
+//! to one server, to each Cluster node, or to the primary Sentinel names.
+//! Requests from all tasks are pipelined on it, and a dropped (timed out)
+//! request cannot desynchronise it. Nothing re-sends a command whose reply
+//! was lost: that is an error here (UNAVAILABLE to the caller), and the
+//! caller's retry with the same key is answered from what the first run
+//! recorded. Only replies that say the script did not run (MOVED, READONLY,
+//! NOSCRIPT, ...) are retried, within the store deadline. With
+//! `--durability replica`, each writing script is followed on the same
+//! connection by `WAIT 1`, and atmost answers once a replica has it.
 //!
 //! This file holds the operations: each builds its script invocation, runs
 //! it and decodes the reply. Beside it, in `redis/`: `conn` (configuration
@@ -29,7 +33,7 @@ mod fuzz;
 mod reply;
 mod scripts;
 
-pub use conn::{RedisConfig, Time, connection_info};
+pub use conn::{Durability, Mode, RedisConfig, Time, connection_info};
 pub use eviction::{Policy as EvictionPolicy, refusal as eviction_refusal};
 pub use reply::unpack_reply;
 pub use scripts::{script_body, script_text};
@@ -42,11 +46,10 @@ use crate::domain::{
     invalid,
 };
 use codec::{decode_permit, encode_permit, id_bytes};
-use conn::unavailable;
+use conn::{Conn, Handle, broken, not_run, unavailable};
 use redis::Value;
-use redis::aio::ConnectionManager;
 use reply::{About, decode_attempt, decode_usage, malformed, open, open_ok};
-use scripts::Lua;
+use scripts::{Invocation, Lua};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -60,10 +63,19 @@ const LIST_BATCH: usize = 64;
 /// SLOWLOG (docs/performance.md, "ListUncertain at scale").
 const LIST_CHUNK: usize = 200;
 
-/// The Redis store: one multiplexed connection and the key prefix.
+/// Most runs of a script that Redis refused before it ran (MOVED, READONLY,
+/// ...): the first, then retries after 10, 20, 40, ... ms, about 1.3 s in
+/// all, cut short by the store deadline.
+const NOT_RUN_TRIES: u32 = 8;
+
+/// The Redis store: its connection and the key prefix.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Handle,
+    durability: conn::Durability,
+    /// How long `WAIT` waits for a replica: half the store timeout, so a
+    /// shortfall is answered before the caller's deadline.
+    wait_ms: u64,
     prefix: String,
     retention_ms: Millis,
     /// How long one cross-permit ListUncertain page may scan: half the
@@ -98,7 +110,7 @@ struct PermitKeys {
 
 impl PermitKeys {
     /// The five keys of authorize, settle and mark_uncertain, in order.
-    fn all(&self, inv: &mut redis::ScriptInvocation<'_>) {
+    fn all(&self, inv: &mut Invocation) {
         inv.key(&self.permit)
             .key(&self.attempts)
             .key(&self.open)
@@ -139,7 +151,11 @@ impl RedisStore {
             return Err(invalid("retention", "must be within 0 and 10 years"));
         }
         Ok(Self {
-            conn: conn::manager(config)?,
+            conn: Handle::new(config)?,
+            durability: config.durability,
+            wait_ms: u64::try_from(config.timeout.as_millis() / 2)
+                .unwrap_or(u64::MAX)
+                .max(1),
             prefix: config.prefix.clone(),
             retention_ms: config.retention_ms,
             scan_budget: config.timeout / 2,
@@ -152,7 +168,7 @@ impl RedisStore {
 
     /// The scripts' last two ARGV: the caller's tenant and its agent key id
     /// ("" when not limited).
-    fn scope_args(inv: &mut redis::ScriptInvocation<'_>, scope: &Scope) {
+    fn scope_args(inv: &mut Invocation, scope: &Scope) {
         inv.arg(&scope.tenant)
             .arg(scope.agent.as_deref().unwrap_or_default());
     }
@@ -175,20 +191,25 @@ impl RedisStore {
     /// evicting Redis before serving; the store also reads it before its
     /// first operation and with every health check).
     pub async fn eviction_policy(&self) -> Result<EvictionPolicy, Error> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get().await?;
         self.eviction.check(&mut conn).await
     }
 
-    /// Redis's version (major, minor), from `INFO server`: atmost's scripts
-    /// need 7.0 or later.
+    /// Redis's version (major, minor), from `INFO server` (the oldest of a
+    /// Cluster's primaries): atmost's scripts need 7.0 or later.
     pub async fn server_version(&self) -> Result<(u32, u32), Error> {
-        let mut conn = self.conn.clone();
-        let info: String = redis::cmd("INFO")
-            .arg("server")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.lost(e))?;
-        parse_version(&info).ok_or_else(|| malformed("INFO server without a redis_version"))
+        let mut conn = self.conn.get().await?;
+        let infos = conn.info("server").await.map_err(|e| self.lost(e))?;
+        infos
+            .iter()
+            .map(|info| {
+                parse_version(info).ok_or_else(|| malformed("INFO server without a redis_version"))
+            })
+            .try_fold(None::<(u32, u32)>, |oldest, v| {
+                let v = v?;
+                Ok(Some(oldest.map_or(v, |o| o.min(v))))
+            })?
+            .ok_or_else(|| malformed("INFO server answered nothing"))
     }
 
     /// A Redis error as the caller sees it (UNAVAILABLE). A broken or
@@ -196,15 +217,23 @@ impl RedisStore {
     /// after a failover, whose eviction policy nobody has read: the policy is
     /// read again before the next operation.
     fn lost(&self, e: redis::RedisError) -> Error {
-        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-            self.eviction.forget();
-        }
+        self.noticed(&e);
         unavailable(e)
     }
 
+    /// What an error tells of the connection (see [`Self::lost`]); in
+    /// sentinel mode, a broken connection or a demoted primary sends the
+    /// next call to the Sentinels.
+    fn noticed(&self, e: &redis::RedisError) {
+        if broken(e) || e.kind() == redis::ServerErrorKind::ReadOnly.into() {
+            self.eviction.forget();
+        }
+        self.conn.failed(e);
+    }
+
     /// The connection, once Redis is known not to evict (see [`eviction`]).
-    async fn conn(&self) -> Result<ConnectionManager, Error> {
-        let mut conn = self.conn.clone();
+    async fn conn(&self) -> Result<Conn, Error> {
+        let mut conn = self.conn.get().await?;
         self.eviction.admit(&mut conn).await?;
         Ok(conn)
     }
@@ -243,13 +272,69 @@ impl RedisStore {
 
     /// Runs a script and unpacks its msgpack reply (see [`script_text`]),
     /// for [`open`] to read.
-    async fn run(&self, inv: &redis::ScriptInvocation<'_>) -> Result<Vec<Value>, Error> {
-        let mut conn = self.conn().await?;
-        let packed: Vec<u8> = inv
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.lost(e))?;
-        unpack_reply(&packed)
+    ///
+    /// A reply that says the script did not run (MOVED, READONLY, ...) is
+    /// retried on a fresh connection, with a backoff; any other error,
+    /// and a lost reply above all, answers UNAVAILABLE.
+    async fn run(&self, inv: &Invocation) -> Result<Vec<Value>, Error> {
+        let mut backoff = Duration::from_millis(10);
+        let mut tries = 1;
+        loop {
+            let mut conn = self.conn().await?;
+            match self.run_once(&mut conn, inv).await {
+                Ok(packed) => return unpack_reply(&packed),
+                Err(e) if not_run(&e) && tries < NOT_RUN_TRIES => {
+                    self.noticed(&e);
+                    tracing::debug!(error = %e, "script not run; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                    tries += 1;
+                }
+                Err(e) => return Err(self.lost(e)),
+            }
+        }
+    }
+
+    /// One `EVALSHA` (loading the script where it answers NOSCRIPT, which
+    /// means it did not run), followed on the same connection by `WAIT 1`
+    /// with `--durability replica` when the script may write.
+    async fn run_once(&self, conn: &mut Conn, inv: &Invocation) -> redis::RedisResult<Vec<u8>> {
+        let wait = self.durability == conn::Durability::Replica && inv.lua.writes();
+        let mut loaded = false;
+        loop {
+            let result = if wait {
+                // One pipeline: the two go out together on one connection,
+                // so WAIT counts the replicas that have this script's writes.
+                let mut pipe = redis::pipe();
+                pipe.add_command(inv.evalsha())
+                    .cmd("WAIT")
+                    .arg(1)
+                    .arg(self.wait_ms);
+                pipe.query_async::<(Vec<u8>, i64)>(conn)
+                    .await
+                    .and_then(|(packed, replicas)| match replicas {
+                        0 => Err(redis::RedisError::from((
+                            redis::ErrorKind::Client,
+                            "no replica acknowledged the write in time",
+                            format!(
+                                "WAIT 1 {} answered 0: the outcome is unknown after a failover; \
+                                 retry with the same key",
+                                self.wait_ms
+                            ),
+                        ))),
+                        _ => Ok(packed),
+                    })
+            } else {
+                inv.evalsha().query_async(conn).await
+            };
+            match result {
+                Err(e) if e.kind() == redis::ServerErrorKind::NoScript.into() && !loaded => {
+                    conn.load_script(inv.lua.text(), inv.slot_key()).await?;
+                    loaded = true;
+                }
+                other => return other,
+            }
+        }
     }
 }
 
@@ -547,11 +632,9 @@ impl Store for RedisStore {
     /// Redis answers, and (read afresh: CONFIG SET or a failover can change
     /// it) does not evict.
     async fn ping(&self) -> Result<(), Error> {
-        let mut conn = self.conn.clone();
-        redis::cmd("PING")
-            .exec_async(&mut conn)
-            .await
-            .map_err(|e| self.lost(e))?;
+        self.conn.check_primary().await?;
+        let mut conn = self.conn.get().await?;
+        conn.ping().await.map_err(|e| self.lost(e))?;
         self.eviction.check(&mut conn).await?;
         self.eviction.admit(&mut conn).await
     }
@@ -675,7 +758,7 @@ impl RedisStore {
     /// One tenant's batch of [`Store::sweep`].
     async fn sweep_tenant(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         tenant: &str,
         now: Millis,
     ) -> Result<usize, Error> {
@@ -727,12 +810,7 @@ impl RedisStore {
     }
 
     /// Drops an index member (after its permit was closed, or is gone).
-    async fn unindex(
-        &self,
-        conn: &mut ConnectionManager,
-        tenant: &str,
-        member: &str,
-    ) -> Result<(), Error> {
+    async fn unindex(&self, conn: &mut Conn, tenant: &str, member: &str) -> Result<(), Error> {
         redis::cmd("ZREM")
             .arg(self.index_key(tenant))
             .arg(member)

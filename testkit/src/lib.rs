@@ -10,12 +10,15 @@
 //! - [`Redis`]: the Redis of one test: its own [`RedisServer`], or the one
 //!   `REDIS_URL` names, with a key prefix of the test's own.
 //! - [`AtmostProcess`]: the real `atmost serve` binary, killed on drop.
+//! - [`topology::RedisCluster`], [`topology::RedisSentinel`]: a Redis
+//!   Cluster, and a primary with a replica and three Sentinels.
 //! - [`proxy::Proxy`]: a loopback TCP proxy that delays or loses Redis's
 //!   replies while the commands still run.
 
 mod process;
 pub mod proxy;
 mod redis;
+pub mod topology;
 
-pub use process::{AtmostProcess, RedisServer};
+pub use process::{AtmostProcess, RedisServer, Tethered};
 pub use redis::{Redis, flush_scripts};

@@ -9,7 +9,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// A free TCP port on 127.0.0.1 (free when asked; callers retry on a clash).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind a loopback port")
@@ -27,7 +27,7 @@ fn ping(port: u16) -> bool {
 
 /// A `redis-server` of our own on a loopback port, killed on drop.
 pub struct RedisServer {
-    child: Option<Child>,
+    child: Option<Tethered>,
     port: u16,
     extra: Vec<String>,
 }
@@ -41,10 +41,17 @@ impl RedisServer {
     /// Starts `redis-server` with extra arguments (e.g. `--appendonly yes`)
     /// on a free port, trying a few ports if one is taken meanwhile.
     pub fn start_with(extra: &[&str]) -> std::io::Result<Self> {
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Self::start_on(|_| extra.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// Starts `redis-server` with the arguments `extra` gives for the port
+    /// chosen (a Cluster node names its bus port and config file by it),
+    /// trying a few ports if one is taken meanwhile.
+    pub fn start_on(extra: impl Fn(u16) -> Vec<String>) -> std::io::Result<Self> {
         let mut last = None;
         for _ in 0..5 {
             let port = free_port();
+            let extra = extra(port);
             match spawn_redis(port, &extra) {
                 Ok(child) => {
                     return Ok(Self {
@@ -69,10 +76,14 @@ impl RedisServer {
 
     /// Kills the process (SIGKILL); what it held in memory is gone.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            child.kill();
         }
+    }
+
+    /// Whether the process is running (not killed, not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(Tethered::is_running)
     }
 
     /// Starts it again on the same port, with the same arguments.
@@ -96,41 +107,108 @@ impl Drop for RedisServer {
     }
 }
 
+/// A `redis-server` run under a small shell that SIGKILLs it when its
+/// standard input closes: when [`Tethered::kill`] closes it, and when this
+/// process ends in any way (a panic, a `static` fixture never dropped, a
+/// SIGKILL from a CI timeout), so no test leaves a server behind.
+pub struct Tethered {
+    shell: Child,
+}
+
+impl Tethered {
+    /// Runs `redis-server <args>` tethered to this process.
+    pub fn spawn(args: &[String]) -> std::io::Result<Self> {
+        let shell = Command::new("sh")
+            .arg("-c")
+            // The shell ends when the server does; the reader, when the
+            // input closes (killing the server if it still runs). A
+            // background job's input is /dev/null unless redirected, so the
+            // reader reads the pipe through fd 3.
+            .arg(concat!(
+                r#"exec 3<&0; redis-server "$@" </dev/null & r=$!; "#,
+                r#"{ read _ignored <&3; kill -9 $r 2>/dev/null; } & wait $r"#
+            ))
+            .arg("sh")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        Ok(Self { shell })
+    }
+
+    /// SIGKILLs the server and waits until it is gone.
+    pub fn kill(mut self) {
+        drop(self.shell.stdin.take());
+        let _ = self.shell.wait();
+    }
+
+    fn is_running(&mut self) -> bool {
+        matches!(self.shell.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Tethered {
+    fn drop(&mut self) {
+        drop(self.shell.stdin.take());
+        let _ = self.shell.wait();
+    }
+}
+
 /// Spawns `redis-server` on `port` and waits until it answers PING.
-fn spawn_redis(port: u16, extra: &[String]) -> std::io::Result<Child> {
-    let mut child = Command::new("redis-server")
-        .args(["--port", &port.to_string()])
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(["--daemonize", "no", "--loglevel", "warning"])
-        .arg("--dir")
-        .arg(std::env::temp_dir())
-        .args(extra)
+fn spawn_redis(port: u16, extra: &[String]) -> std::io::Result<Tethered> {
+    if Command::new("redis-server")
+        .arg("--version")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot run redis-server ({e}): install it (scripts/test.sh does) \
-                     or set REDIS_URL to a Redis to use"
-                ),
-            )
-        })?;
+        .status()
+        .is_err()
+    {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "cannot run redis-server: install it (scripts/test.sh does) \
+             or set REDIS_URL to a Redis to use",
+        ));
+    }
+    // A configuration file (a Sentinel's) must come first.
+    let (file, extra) = match extra.split_first() {
+        Some((first, rest)) if !first.starts_with("--") => (vec![first.clone()], rest),
+        _ => (Vec::new(), extra),
+    };
+    let mut args: Vec<String> = file;
+    args.extend(
+        [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            "--dir",
+        ]
+        .map(String::from),
+    );
+    args.push(std::env::temp_dir().to_string_lossy().into_owned());
+    args.extend(extra.iter().cloned());
+    let mut child = Tethered::spawn(&args)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if ping(port) {
             return Ok(child);
         }
-        if let Ok(Some(status)) = child.try_wait() {
+        if !child.is_running() {
             return Err(std::io::Error::other(format!(
-                "redis-server on port {port} exited: {status}"
+                "redis-server on port {port} exited"
             )));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    child.kill();
     Err(std::io::Error::other(format!(
         "redis-server on port {port} did not answer PING within 10 s"
     )))

@@ -1,15 +1,41 @@
-//! How the Redis store connects: its configuration, the connection address
-//! and the one multiplexed [`ConnectionManager`].
+//! How the Redis store connects: its configuration, the deployment it
+//! talks to (one server, a Cluster, or a primary found through Sentinel),
+//! and the connection every operation runs on.
+//!
+//! Nothing here re-sends a command whose reply was lost: redis-rs's own
+//! retries are off in every mode, so a script that may have run is never run
+//! again behind the caller's back. The store retries only the replies that
+//! say the script did *not* run ([`not_run`]: MOVED, ASK, TRYAGAIN,
+//! CLUSTERDOWN, READONLY, LOADING, NOSCRIPT); a broken connection answers
+//! UNAVAILABLE, and the caller's retry with the same key is answered from
+//! what the first run recorded.
 
 use crate::domain::{Error, Millis, invalid};
-use redis::IntoConnectionInfo;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, ServerErrorKind,
+    Value,
+};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::OnceCell;
 
 /// How the Redis store connects and names its keys.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
+    /// One URL in standalone mode; in cluster and sentinel modes, a
+    /// comma-separated list of seed nodes or Sentinels.
     pub url: String,
+    pub mode: Mode,
+    /// Whether a state change must reach a replica before atmost answers.
+    pub durability: Durability,
     /// Prepended to every key (`<prefix>:{permit_id}:...`), so several
     /// deployments or test runs can share one Redis.
     pub prefix: String,
@@ -26,6 +52,50 @@ pub struct RedisConfig {
     /// For a `rediss://` URL: the CA (PEM) that signed Redis's certificate,
     /// instead of the system's trust store.
     pub tls_ca: Option<Vec<u8>>,
+}
+
+impl RedisConfig {
+    /// One standalone Redis at `url` under `prefix`: durability `none`,
+    /// 24 h retention, a 2 s timeout, Redis's clock, no eviction allowed.
+    pub fn new(url: impl Into<String>, prefix: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            mode: Mode::Standalone,
+            durability: Durability::None,
+            prefix: prefix.into(),
+            retention_ms: 24 * 3600 * 1000,
+            timeout: Duration::from_secs(2),
+            allow_eviction: false,
+            time: Time::Redis,
+            tls_ca: None,
+        }
+    }
+}
+
+/// Which Redis deployment the URLs name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// One Redis server (a primary, or a proxy in front of one).
+    #[default]
+    Standalone,
+    /// A Redis Cluster, found from any of its nodes. A permit's keys share
+    /// one hash tag, so each script runs on one shard.
+    Cluster,
+    /// The primary that these Sentinels name `master`, found again after a
+    /// failover.
+    Sentinel { master: String },
+}
+
+/// What a state change waits for before atmost answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// The primary's acknowledgement: a failover may lose the last writes
+    /// (docs/guarantees.md, "Durability").
+    #[default]
+    None,
+    /// The primary's and at least one replica's (`WAIT 1`); a replica that
+    /// does not acknowledge in time answers UNAVAILABLE.
+    Replica,
 }
 
 /// Whose clock the scripts decide on.
@@ -47,35 +117,376 @@ pub enum Time {
 /// ms with it, 1.6-2.1 ms without; docs/performance.md).
 pub fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
     let info = url
+        .trim()
         .into_connection_info()
         .map_err(|e| invalid("redis_url", e.to_string()))?;
     let nodelay = info.tcp_settings().clone().set_nodelay(true);
     Ok(info.set_tcp_settings(nodelay))
 }
 
-/// The store's one connection, made lazily: a Redis that is down at
-/// start-up is reported by the first request and by health checks, and
-/// picked up when it comes. Redis Cluster and Sentinel connections land here
-/// next.
-pub(super) fn manager(config: &RedisConfig) -> Result<ConnectionManager, Error> {
-    let info = connection_info(&config.url)?;
-    let client = match &config.tls_ca {
-        Some(ca) => redis::Client::build_with_tls(
-            info,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(ca.clone()),
-            },
-        ),
-        None => redis::Client::open(info),
+/// The URLs of a comma-separated list, each read as [`connection_info`].
+fn connection_infos(urls: &str) -> Result<Vec<redis::ConnectionInfo>, Error> {
+    let infos = urls
+        .split(',')
+        .filter(|u| !u.trim().is_empty())
+        .map(connection_info)
+        .collect::<Result<Vec<_>, _>>()?;
+    if infos.is_empty() {
+        return Err(invalid("redis_url", "names no Redis"));
     }
-    .map_err(|e| invalid("redis_url", e.to_string()))?;
-    let manager_config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(config.timeout))
-        .set_response_timeout(Some(config.timeout))
-        .set_number_of_retries(1)
-        .set_max_delay(Duration::from_millis(500));
-    ConnectionManager::new_lazy_with_config(client, manager_config).map_err(unavailable)
+    Ok(infos)
+}
+
+/// The store's way to Redis, made lazily: a Redis that is down at start-up
+/// is reported by the first request and by health checks, and picked up
+/// when it comes.
+#[derive(Clone)]
+pub(super) enum Handle {
+    /// One multiplexed connection, reconnected in the background.
+    Single(ConnectionManager),
+    /// redis-rs's cluster connection (one multiplexed connection per node,
+    /// slots refreshed on MOVED), made on first use.
+    Cluster(Arc<LazyCluster>),
+    /// A connection to the primary the Sentinels name, found again after
+    /// a broken connection or a READONLY reply.
+    Sentinel(Arc<SentinelPrimary>),
+}
+
+pub(super) struct LazyCluster {
+    client: redis::cluster::ClusterClient,
+    conn: OnceCell<ClusterConnection>,
+}
+
+pub(super) struct SentinelPrimary {
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    master: String,
+    config: redis::AsyncConnectionConfig,
+    /// The primary's connection and address, until it fails.
+    current: Mutex<Option<(MultiplexedConnection, String)>>,
+}
+
+impl Handle {
+    pub(super) fn new(config: &RedisConfig) -> Result<Self, Error> {
+        let certs = || redis::TlsCertificates {
+            client_tls: None,
+            root_cert: config.tls_ca.clone(),
+        };
+        match &config.mode {
+            Mode::Standalone => {
+                if config.url.contains(',') {
+                    return Err(invalid(
+                        "redis_url",
+                        "one URL in standalone mode (a list needs --redis-mode cluster or sentinel)",
+                    ));
+                }
+                let info = connection_info(&config.url)?;
+                let client = match &config.tls_ca {
+                    Some(_) => redis::Client::build_with_tls(info, certs()),
+                    None => redis::Client::open(info),
+                }
+                .map_err(|e| invalid("redis_url", e.to_string()))?;
+                let manager_config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(config.timeout))
+                    .set_response_timeout(Some(config.timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                ConnectionManager::new_lazy_with_config(client, manager_config)
+                    .map(Handle::Single)
+                    .map_err(unavailable)
+            }
+            Mode::Cluster => {
+                let infos = connection_infos(&config.url)?;
+                let nodelay = infos[0].tcp_settings().clone();
+                let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
+                    // No retry of a command whose reply was lost: the store
+                    // retries only what did not run (see the module docs).
+                    .retries(0)
+                    .connection_timeout(config.timeout)
+                    .response_timeout(config.timeout)
+                    .tcp_settings(nodelay);
+                if config.tls_ca.is_some() {
+                    builder = builder.certs(certs());
+                }
+                let client = builder
+                    .build()
+                    .map_err(|e| invalid("redis_url", e.to_string()))?;
+                Ok(Handle::Cluster(Arc::new(LazyCluster {
+                    client,
+                    conn: OnceCell::new(),
+                })))
+            }
+            Mode::Sentinel { master } => {
+                if master.is_empty() {
+                    return Err(invalid(
+                        "redis_sentinel_master",
+                        "sentinel mode needs the primary's name (--redis-sentinel-master)",
+                    ));
+                }
+                let infos = connection_infos(&config.url)?;
+                // The first URL's credentials, database and TLS are the
+                // primary's (and the Sentinels', which are asked first).
+                let first = &infos[0];
+                let tls = matches!(first.addr(), ConnectionAddr::TcpTls { .. });
+                let settings = first.redis_settings();
+                let mut builder = SentinelClientBuilder::new(
+                    infos.iter().map(|i| i.addr().clone()),
+                    master,
+                    SentinelServerType::Master,
+                )
+                .map_err(|e| invalid("redis_url", e.to_string()))?
+                .set_client_to_redis_db(settings.db())
+                .set_client_to_redis_tcp_settings(first.tcp_settings().clone())
+                .set_client_to_sentinel_tcp_settings(first.tcp_settings().clone());
+                if let Some(user) = settings.username() {
+                    builder = builder
+                        .set_client_to_redis_username(user)
+                        .set_client_to_sentinel_username(user);
+                }
+                if let Some(password) = settings.password() {
+                    builder = builder
+                        .set_client_to_redis_password(password)
+                        .set_client_to_sentinel_password(password);
+                }
+                if tls {
+                    builder = builder
+                        .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                        .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+                    if config.tls_ca.is_some() {
+                        builder = builder
+                            .set_client_to_redis_certificates(certs())
+                            .set_client_to_sentinel_certificates(certs());
+                    }
+                }
+                let sentinels = builder
+                    .build()
+                    .map_err(|e| invalid("redis_url", e.to_string()))?;
+                Ok(Handle::Sentinel(Arc::new(SentinelPrimary {
+                    sentinels: tokio::sync::Mutex::new(sentinels),
+                    master: master.clone(),
+                    config: redis::AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(config.timeout))
+                        .set_response_timeout(Some(config.timeout)),
+                    current: Mutex::new(None),
+                })))
+            }
+        }
+    }
+
+    /// A connection to run commands on (made now if it was not yet).
+    pub(super) async fn get(&self) -> Result<Conn, Error> {
+        match self {
+            Handle::Single(m) => Ok(Conn::Single(m.clone())),
+            Handle::Cluster(lazy) => lazy
+                .conn
+                .get_or_try_init(|| lazy.client.get_async_connection())
+                .await
+                .cloned()
+                .map(Conn::Cluster)
+                .map_err(unavailable),
+            Handle::Sentinel(s) => s.get().await.map(Conn::Primary),
+        }
+    }
+
+    /// What `e` says of the connection: in sentinel mode, a broken
+    /// connection or a READONLY reply (the primary was demoted) makes the
+    /// next call ask the Sentinels again.
+    pub(super) fn failed(&self, e: &RedisError) {
+        if let Handle::Sentinel(s) = self
+            && (broken(e) || e.kind() == ServerErrorKind::ReadOnly.into())
+        {
+            s.forget();
+        }
+    }
+
+    /// In sentinel mode: whether the Sentinels still name the primary this
+    /// store writes to; if not (a failover it has not noticed), the next
+    /// call connects to the new one. Elsewhere, nothing to check.
+    pub(super) async fn check_primary(&self) -> Result<(), Error> {
+        let Handle::Sentinel(s) = self else {
+            return Ok(());
+        };
+        let current = s.address();
+        let Some(current) = current else {
+            return Ok(());
+        };
+        let named = s.discover().await?;
+        if named.addr().to_string() != current {
+            tracing::warn!(
+                old = %current,
+                new = %named.addr(),
+                "Sentinel names a new primary: reconnecting"
+            );
+            s.forget();
+        }
+        Ok(())
+    }
+}
+
+impl SentinelPrimary {
+    async fn get(&self) -> Result<MultiplexedConnection, Error> {
+        if let Some((conn, _)) = &*self.current.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Ok(conn.clone());
+        }
+        let info = self.discover().await?;
+        let addr = info.addr().to_string();
+        let conn = redis::Client::open(info)
+            .map_err(unavailable)?
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+            .map_err(unavailable)?;
+        tracing::info!(primary = %addr, master = %self.master, "connected to the primary Sentinel names");
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(current.get_or_insert((conn, addr)).0.clone())
+    }
+
+    /// The primary's address as the Sentinels name it now, once it
+    /// confirms (ROLE) that it is the primary.
+    async fn discover(&self) -> Result<redis::ConnectionInfo, Error> {
+        let mut sentinels = self.sentinels.lock().await;
+        let client = sentinels.async_get_client().await.map_err(unavailable)?;
+        Ok(client.get_connection_info().clone())
+    }
+
+    fn address(&self) -> Option<String> {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current.as_ref().map(|(_, addr)| addr.clone())
+    }
+
+    fn forget(&self) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// A connection to run commands on: `redis::aio::ConnectionLike`, so every
+/// command and script runs on it unchanged in each mode.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    Primary(MultiplexedConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Primary(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Primary(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Primary(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// `SCRIPT LOAD` where `key`'s script runs: on a Cluster, the primary
+    /// of its slot (so NOSCRIPT is answered per node, and a node that is
+    /// down elsewhere does not fail the load).
+    pub(super) async fn load_script(&mut self, text: &str, key: &[u8]) -> Result<(), RedisError> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(text);
+        match self {
+            Conn::Cluster(c) => c.route_command(load, primary_of(key)).await.map(|_| ()),
+            other => load.exec_async(other).await,
+        }
+    }
+
+    /// `INFO <section>` of every primary: one on a single server, each
+    /// shard's on a Cluster.
+    pub(super) async fn info(&mut self, section: &str) -> Result<Vec<String>, RedisError> {
+        let mut info = redis::cmd("INFO");
+        info.arg(section);
+        let reply = match self {
+            Conn::Cluster(c) => {
+                c.route_command(
+                    info,
+                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                )
+                .await?
+            }
+            other => info.query_async(other).await?,
+        };
+        let texts = match reply {
+            Value::Map(nodes) => nodes.into_iter().map(|(_, v)| v).collect(),
+            one => vec![one],
+        };
+        texts
+            .into_iter()
+            .map(|v| redis::from_redis_value::<String>(v).map_err(RedisError::from))
+            .collect()
+    }
+
+    /// `PING` to every primary.
+    pub(super) async fn ping(&mut self) -> Result<(), RedisError> {
+        let ping = redis::cmd("PING");
+        match self {
+            Conn::Cluster(c) => c
+                .route_command(
+                    ping,
+                    RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::AllSucceeded),
+                    )),
+                )
+                .await
+                .map(|_| ()),
+            other => ping.exec_async(other).await,
+        }
+    }
+}
+
+/// The primary of `key`'s slot.
+fn primary_of(key: &[u8]) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+        key,
+        SlotAddr::Master,
+    )))
+}
+
+/// The connection broke or was refused: whatever answers next may be
+/// another server (a restarted Redis, a promoted replica).
+pub(super) fn broken(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+}
+
+/// Replies that say the command did not run (the script was refused before
+/// its first line): retried by the store, within the store deadline.
+/// MOVED and ASK (the slot is elsewhere: a resharding or a failover; the
+/// cluster connection refreshes its slots on MOVED), TRYAGAIN (keys split
+/// during a migration), CLUSTERDOWN, READONLY (a demoted primary),
+/// MASTERDOWN and LOADING (a replica or a restart catching up).
+pub(super) fn not_run(e: &RedisError) -> bool {
+    use ServerErrorKind as K;
+    [
+        K::Moved,
+        K::Ask,
+        K::TryAgain,
+        K::ClusterDown,
+        K::ReadOnly,
+        K::MasterDown,
+        K::BusyLoading,
+    ]
+    .into_iter()
+    .any(|k| e.kind() == k.into())
 }
 
 /// A Redis that did not answer (or whose answer was lost): UNAVAILABLE.
@@ -85,7 +496,7 @@ pub(super) fn unavailable(e: redis::RedisError) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{Error, connection_info};
+    use super::{Error, Handle, Mode, RedisConfig, connection_info, connection_infos};
 
     #[test]
     fn connects_without_nagle_to_the_address_given() {
@@ -97,5 +508,37 @@ mod tests {
             Err(Error::InvalidRequest(v)) => assert_eq!(v[0].field, "redis_url"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_list_of_urls_is_read_whole_or_refused() {
+        let infos = connection_infos("redis://127.0.0.1:7000, redis://127.0.0.1:7001,").unwrap();
+        assert_eq!(infos.len(), 2);
+        assert_eq!(infos[1].addr().to_string(), "127.0.0.1:7001");
+        assert!(infos.iter().all(|i| i.tcp_settings().nodelay()));
+        for bad in ["", " , ", "redis://127.0.0.1:7000,http://x"] {
+            match connection_infos(bad) {
+                Err(Error::InvalidRequest(v)) => assert_eq!(v[0].field, "redis_url"),
+                _ => panic!("{bad:?} accepted"),
+            }
+        }
+    }
+
+    #[test]
+    fn each_mode_refuses_what_it_cannot_use() {
+        let mut config = RedisConfig::new("redis://127.0.0.1:1,redis://127.0.0.1:2", "t");
+        match Handle::new(&config) {
+            Err(Error::InvalidRequest(v)) => assert_eq!(v[0].field, "redis_url"),
+            _ => panic!("a list accepted in standalone mode"),
+        }
+        config.mode = Mode::Sentinel {
+            master: String::new(),
+        };
+        match Handle::new(&config) {
+            Err(Error::InvalidRequest(v)) => assert_eq!(v[0].field, "redis_sentinel_master"),
+            _ => panic!("sentinel mode without a master name accepted"),
+        }
+        config.mode = Mode::Cluster;
+        assert!(Handle::new(&config).is_ok(), "cluster: made lazily");
     }
 }

@@ -16,9 +16,9 @@
 //! services often disable CONFIG); where neither answers, the policy cannot
 //! be read: it serves and says so loudly.
 
+use super::conn::Conn;
 use super::conn::unavailable;
 use crate::domain::Error;
-use redis::aio::ConnectionManager;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -60,7 +60,7 @@ impl Guard {
 
     /// Reads the policy and records whether the store may serve on it,
     /// logging each change. Redis unreachable: UNAVAILABLE, nothing recorded.
-    pub(super) async fn check(&self, conn: &mut ConnectionManager) -> Result<Policy, Error> {
+    pub(super) async fn check(&self, conn: &mut Conn) -> Result<Policy, Error> {
         let policy = read(conn).await?;
         let serve = match &policy {
             Policy::NoEviction | Policy::Unknown(_) => true,
@@ -101,7 +101,7 @@ impl Guard {
 
     /// Ok when the store may serve. Until the policy has been read once,
     /// reads it first: nothing runs on a Redis not yet known to keep keys.
-    pub(super) async fn admit(&self, conn: &mut ConnectionManager) -> Result<(), Error> {
+    pub(super) async fn admit(&self, conn: &mut Conn) -> Result<(), Error> {
         if self.state.load(Ordering::Relaxed) == UNCHECKED {
             self.check(conn).await?;
         }
@@ -134,15 +134,16 @@ pub fn refusal(policy: &str) -> String {
 /// else from `CONFIG GET maxmemory-policy`. A server that answers both with
 /// an error (disabled, no permission) gives [`Policy::Unknown`]; one that
 /// does not answer, UNAVAILABLE.
-async fn read(conn: &mut ConnectionManager) -> Result<Policy, Error> {
-    let info: Result<String, redis::RedisError> =
-        redis::cmd("INFO").arg("memory").query_async(conn).await;
-    match info {
-        Ok(text) => {
-            if let Some(name) = info_policy(&text) {
-                return Ok(match name {
-                    "noeviction" => Policy::NoEviction,
-                    name => Policy::Evicts(name.to_owned()),
+async fn read(conn: &mut Conn) -> Result<Policy, Error> {
+    match conn.info("memory").await {
+        Ok(texts) => {
+            // Each primary's (a Cluster's shards each have their own): one
+            // that evicts decides.
+            let names: Option<Vec<&str>> = texts.iter().map(|t| info_policy(t)).collect();
+            if let Some(names) = names.filter(|n| !n.is_empty()) {
+                return Ok(match names.into_iter().find(|name| *name != "noeviction") {
+                    None => Policy::NoEviction,
+                    Some(name) => Policy::Evicts(name.to_owned()),
                 });
             }
         }
@@ -161,7 +162,7 @@ fn info_policy(info: &str) -> Option<&str> {
 }
 
 /// `CONFIG GET maxmemory-policy`.
-async fn read_config(conn: &mut ConnectionManager) -> Result<Policy, Error> {
+async fn read_config(conn: &mut Conn) -> Result<Policy, Error> {
     let reply: Result<redis::Value, redis::RedisError> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")

@@ -5,7 +5,7 @@
 //! `lua/lib.lua` is prepended to each, and each answers one msgpack string
 //! ([`script_text`]).
 
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, Script, ToRedisArgs};
 use std::sync::LazyLock;
 
 const LIB: &str = include_str!("lua/lib.lua");
@@ -67,18 +67,73 @@ scripts! {
     IndexPermit => "index_permit",
 }
 
-/// Each script of [`TABLE`] with `lib.lua`, its SHA-1 computed once.
-static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
+/// Each script of [`TABLE`] as sent (with `lib.lua`), and its SHA-1,
+/// computed once.
+static SCRIPTS: LazyLock<Vec<(String, String)>> = LazyLock::new(|| {
     TABLE
         .iter()
-        .map(|(_, body)| Script::new(&script_text(body)))
+        .map(|(_, body)| {
+            let text = script_text(body);
+            let sha = Script::new(&text).get_hash().to_owned();
+            (text, sha)
+        })
         .collect()
 });
 
 impl Lua {
-    /// A fresh invocation of this script (EVALSHA, reloaded on NOSCRIPT).
-    pub(super) fn prepare_invoke(self) -> ScriptInvocation<'static> {
-        SCRIPTS[self as usize].prepare_invoke()
+    /// A fresh invocation of this script, to add its keys and arguments to.
+    pub(super) fn prepare_invoke(self) -> Invocation {
+        Invocation {
+            lua: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    /// The script as sent to Redis (`SCRIPT LOAD`).
+    pub(super) fn text(self) -> &'static str {
+        &SCRIPTS[self as usize].0
+    }
+
+    /// Whether the script may write (it is not `flags=no-writes`).
+    pub(super) fn writes(self) -> bool {
+        !TABLE[self as usize].1.starts_with("#!lua flags=no-writes")
+    }
+}
+
+/// One run of a script: its keys and arguments, sent as `EVALSHA` (and
+/// loaded where Redis answers NOSCRIPT, by the store).
+pub(super) struct Invocation {
+    pub(super) lua: Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Invocation {
+    pub(super) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// The first key: it names the slot (every key of a run shares its
+    /// hash tag).
+    pub(super) fn slot_key(&self) -> &[u8] {
+        self.keys.first().map_or(&[], Vec::as_slice)
+    }
+
+    /// `EVALSHA <sha> <numkeys> <keys...> <args...>`.
+    pub(super) fn evalsha(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&SCRIPTS[self.lua as usize].1)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
     }
 }
 
@@ -99,6 +154,8 @@ mod tests {
         }
         assert_eq!(script_body("lib"), None);
         assert_eq!(TABLE[Lua::Settle as usize].0, "settle");
+        assert!(Lua::Authorize.writes() && Lua::IndexPermit.writes());
+        assert!(!Lua::GetPermit.writes() && !Lua::ListUncertain.writes());
     }
 
     /// Every `{'ERR', 'NAME', ...}` a script can return names a domain

@@ -359,6 +359,7 @@ impl RedisSide {
             allow_eviction: false,
             time,
             tls_ca: None,
+            ..RedisConfig::new("", "")
         })?
         // A million open attempts on one permit: far past the quotas.
         .with_quotas(atmost::domain::Quotas::UNLIMITED))
