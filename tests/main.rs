@@ -13,6 +13,10 @@
 //! - `model`: the Redis scripts against the reference state machine,
 //!   random sequences (proptest).
 //! - `replicas`: several processes on one Redis.
+//! - `scale_out`: Redis Cluster (permits on every shard, moved slots,
+//!   flushed scripts), `--durability replica` against a primary whose
+//!   replica is gone, Sentinel through a failover, and the failover
+//!   report under load from three replicas.
 //! - `clock_skew`: two processes on one Redis whose own clocks disagree by
 //!   16 s (libfaketime): leases and expiry follow Redis's clock.
 //! - `faults`: Redis killed, a replica killed, replies slow or lost,
@@ -45,5 +49,6 @@ mod receipts;
 mod redis_keys;
 mod redis_settings;
 mod replicas;
+mod scale_out;
 mod tools;
 mod transport;

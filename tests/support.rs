@@ -153,7 +153,7 @@ pub enum Kind {
     Memory,
     Redis,
     /// The Redis Cluster this test binary shares ([`shared_cluster`]), with
-    /// a key prefix of the test's own.
+    /// a key prefix of the test's own and `--durability replica`.
     Cluster,
 }
 
@@ -176,11 +176,13 @@ pub fn shared_cluster() -> &'static str {
 }
 
 /// A Redis store on the Cluster at `urls` under `prefix`, like
-/// [`redis_store`].
+/// [`redis_store`], with `--durability replica`: every state change is on a
+/// replica before it is answered.
 pub fn cluster_store(urls: &str, prefix: &str, timeout: Duration) -> RedisStore {
     RedisStore::connect(&RedisConfig {
         url: urls.to_owned(),
         mode: atmost::store::redis::Mode::Cluster,
+        durability: atmost::store::redis::Durability::Replica,
         timeout,
         retention_ms: DAY_MS,
         time: atmost::store::redis::Time::Caller,

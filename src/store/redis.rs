@@ -46,7 +46,7 @@ use crate::domain::{
     invalid,
 };
 use codec::{decode_permit, encode_permit, id_bytes};
-use conn::{Conn, Handle, broken, not_run, unavailable};
+use conn::{Conn, DurablePool, Handle, broken, not_run, unavailable};
 use redis::Value;
 use reply::{About, decode_attempt, decode_usage, malformed, open, open_ok};
 use scripts::{Invocation, Lua};
@@ -72,7 +72,9 @@ const NOT_RUN_TRIES: u32 = 8;
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Handle,
-    durability: conn::Durability,
+    /// With `--durability replica`: the connections writing scripts and
+    /// their `WAIT` run on.
+    durable: Option<Arc<DurablePool>>,
     /// How long `WAIT` waits for a replica: half the store timeout, so a
     /// shortfall is answered before the caller's deadline.
     wait_ms: u64,
@@ -152,7 +154,10 @@ impl RedisStore {
         }
         Ok(Self {
             conn: Handle::new(config)?,
-            durability: config.durability,
+            durable: match config.durability {
+                conn::Durability::None => None,
+                conn::Durability::Replica => Some(Arc::new(DurablePool::new(config)?)),
+            },
             wait_ms: u64::try_from(config.timeout.as_millis() / 2)
                 .unwrap_or(u64::MAX)
                 .max(1),
@@ -281,7 +286,19 @@ impl RedisStore {
         let mut tries = 1;
         loop {
             let mut conn = self.conn().await?;
-            match self.run_once(&mut conn, inv).await {
+            let result = match &self.durable {
+                Some(pool) if inv.lua.writes() => {
+                    let lease = pool.lease().await;
+                    let mut conn = lease.handle().get().await?;
+                    let result = self.run_once(&mut conn, inv, true).await;
+                    if let Err(e) = &result {
+                        lease.handle().failed(e);
+                    }
+                    result
+                }
+                _ => self.run_once(&mut conn, inv, false).await,
+            };
+            match result {
                 Ok(packed) => return unpack_reply(&packed),
                 Err(e) if not_run(&e) && tries < NOT_RUN_TRIES => {
                     self.noticed(&e);
@@ -297,9 +314,13 @@ impl RedisStore {
 
     /// One `EVALSHA` (loading the script where it answers NOSCRIPT, which
     /// means it did not run), followed on the same connection by `WAIT 1`
-    /// with `--durability replica` when the script may write.
-    async fn run_once(&self, conn: &mut Conn, inv: &Invocation) -> redis::RedisResult<Vec<u8>> {
-        let wait = self.durability == conn::Durability::Replica && inv.lua.writes();
+    /// if `wait`.
+    async fn run_once(
+        &self,
+        conn: &mut Conn,
+        inv: &Invocation,
+        wait: bool,
+    ) -> redis::RedisResult<Vec<u8>> {
         let mut loaded = false;
         loop {
             let result = if wait {

@@ -35,6 +35,17 @@ fn wait_until(within: Duration, what: &str, mut check: impl FnMut() -> bool) -> 
     Err(format!("{what}: not within {within:?}"))
 }
 
+/// Waits until the primary on `port` has `n` replicas in sync (`state=online`:
+/// the first full copy done; until then `WAIT` counts none of them).
+pub fn wait_replicas_online(port: u16, n: usize) -> Result<(), String> {
+    wait_until(Duration::from_secs(30), "replicas in sync", || {
+        redis_cli(port, &["info", "replication"]).is_ok_and(|i| {
+            i.contains(&format!("connected_slaves:{n}\r\n"))
+                && i.matches("state=online").count() == n
+        })
+    })
+}
+
 /// A data directory of its own, removed on drop.
 struct Dir(PathBuf);
 
@@ -84,6 +95,9 @@ impl RedisCluster {
                     format!("nodes-{port}.conf"),
                     "--cluster-node-timeout".into(),
                     "1000".into(),
+                    // The first copy to a replica at once, not after 5 s.
+                    "--repl-diskless-sync-delay".into(),
+                    "0".into(),
                     "--dir".into(),
                     dir_arg.clone(),
                 ];
@@ -114,6 +128,9 @@ impl RedisCluster {
         }
         let cluster = Self { nodes, _dir: dir };
         cluster.wait_ok(Duration::from_secs(30))?;
+        for primary in cluster.primaries() {
+            wait_replicas_online(primary, replicas)?;
+        }
         Ok(cluster)
     }
 
@@ -216,6 +233,7 @@ impl RedisSentinel {
         let master = "atmost-primary".to_owned();
         let data = |args: Vec<String>| {
             let mut all = args;
+            all.extend(["--repl-diskless-sync-delay".into(), "0".into()]);
             all.extend(extra.iter().map(|s| s.to_string()));
             all
         };
@@ -247,6 +265,7 @@ impl RedisSentinel {
             .map_err(|e| e.to_string())?;
             sentinels.push(sentinel);
         }
+        wait_replicas_online(primary.port(), 1)?;
         let s = Self {
             primary,
             replica,

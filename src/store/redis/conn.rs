@@ -25,7 +25,6 @@ use redis::{
 };
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::OnceCell;
 
 /// How the Redis store connects and names its keys.
 #[derive(Debug, Clone)]
@@ -145,16 +144,56 @@ pub(super) enum Handle {
     /// One multiplexed connection, reconnected in the background.
     Single(ConnectionManager),
     /// redis-rs's cluster connection (one multiplexed connection per node,
-    /// slots refreshed on MOVED), made on first use.
+    /// slots refreshed on MOVED), made on first use and made afresh from
+    /// the seeds after a broken connection (see [`LazyCluster`]).
     Cluster(Arc<LazyCluster>),
     /// A connection to the primary the Sentinels name, found again after
     /// a broken connection or a READONLY reply.
     Sentinel(Arc<SentinelPrimary>),
 }
 
+/// redis-rs refreshes its slot map on MOVED, but not when a primary stops
+/// answering: requests for its slots would go on failing against the dead
+/// address after a replica took over. So a broken connection drops the
+/// whole cluster connection, and the next call makes one afresh from the
+/// seeds, reading the topology as the cluster sees it now (at most every
+/// [`CLUSTER_RECONNECT`]).
 pub(super) struct LazyCluster {
     client: redis::cluster::ClusterClient,
-    conn: OnceCell<ClusterConnection>,
+    /// The connection, and when it was made.
+    conn: Mutex<Option<(ClusterConnection, std::time::Instant)>>,
+}
+
+/// The least time between two cluster connections made afresh.
+const CLUSTER_RECONNECT: Duration = Duration::from_millis(250);
+
+impl LazyCluster {
+    async fn get(&self) -> Result<ClusterConnection, Error> {
+        if let Some((conn, _)) = &*self.conn.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Ok(conn.clone());
+        }
+        let conn = self
+            .client
+            .get_async_connection()
+            .await
+            .map_err(unavailable)?;
+        let mut current = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(current
+            .get_or_insert((conn, std::time::Instant::now()))
+            .0
+            .clone())
+    }
+
+    fn forget(&self) {
+        let mut current = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if current
+            .as_ref()
+            .is_some_and(|(_, made)| made.elapsed() >= CLUSTER_RECONNECT)
+        {
+            tracing::warn!("a Redis Cluster node did not answer: reading the topology afresh");
+            *current = None;
+        }
+    }
 }
 
 pub(super) struct SentinelPrimary {
@@ -212,7 +251,7 @@ impl Handle {
                     .map_err(|e| invalid("redis_url", e.to_string()))?;
                 Ok(Handle::Cluster(Arc::new(LazyCluster {
                     client,
-                    conn: OnceCell::new(),
+                    conn: Mutex::new(None),
                 })))
             }
             Mode::Sentinel { master } => {
@@ -276,25 +315,22 @@ impl Handle {
     pub(super) async fn get(&self) -> Result<Conn, Error> {
         match self {
             Handle::Single(m) => Ok(Conn::Single(m.clone())),
-            Handle::Cluster(lazy) => lazy
-                .conn
-                .get_or_try_init(|| lazy.client.get_async_connection())
-                .await
-                .cloned()
-                .map(Conn::Cluster)
-                .map_err(unavailable),
+            Handle::Cluster(lazy) => lazy.get().await.map(Conn::Cluster),
             Handle::Sentinel(s) => s.get().await.map(Conn::Primary),
         }
     }
 
-    /// What `e` says of the connection: in sentinel mode, a broken
-    /// connection or a READONLY reply (the primary was demoted) makes the
-    /// next call ask the Sentinels again.
+    /// What `e` says of the connection: a broken connection or a READONLY
+    /// reply (the primary was demoted) makes the next call ask the
+    /// Sentinels again, or read the Cluster's topology afresh.
     pub(super) fn failed(&self, e: &RedisError) {
-        if let Handle::Sentinel(s) = self
-            && (broken(e) || e.kind() == ServerErrorKind::ReadOnly.into())
-        {
-            s.forget();
+        if !(broken(e) || e.kind() == ServerErrorKind::ReadOnly.into()) {
+            return;
+        }
+        match self {
+            Handle::Single(_) => {}
+            Handle::Cluster(c) => c.forget(),
+            Handle::Sentinel(s) => s.forget(),
         }
     }
 
@@ -354,6 +390,79 @@ impl SentinelPrimary {
 
     fn forget(&self) {
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// Connections for `--durability replica`, each lent to one script run
+/// at a time. `WAIT` blocks the connection it runs on until a replica
+/// acknowledges or the timeout passes, and everything pipelined behind it
+/// waits too: on the shared multiplexed connection one slow acknowledgement
+/// would hold up every request. Here a script and its `WAIT` hold one
+/// connection of [`DURABLE_CONNECTIONS`], and the rest go on.
+pub(super) struct DurablePool {
+    handles: Vec<Handle>,
+    free: Mutex<Vec<usize>>,
+    slots: tokio::sync::Semaphore,
+}
+
+/// Connections of a [`DurablePool`] (per node on a Cluster): as many
+/// acknowledged writes in flight at once.
+pub(super) const DURABLE_CONNECTIONS: usize = 32;
+
+impl DurablePool {
+    pub(super) fn new(config: &RedisConfig) -> Result<Self, Error> {
+        let handles = (0..DURABLE_CONNECTIONS)
+            .map(|_| Handle::new(config))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            free: Mutex::new((0..handles.len()).collect()),
+            slots: tokio::sync::Semaphore::new(handles.len()),
+            handles,
+        })
+    }
+
+    /// A connection of its own until the lease is dropped (waiting for one
+    /// to be free: bounded by the store deadline).
+    pub(super) async fn lease(&self) -> Lease<'_> {
+        let permit = self
+            .slots
+            .acquire()
+            .await
+            .expect("the semaphore is never closed");
+        let index = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .expect("a permit means a free connection");
+        Lease {
+            pool: self,
+            index,
+            _permit: permit,
+        }
+    }
+}
+
+/// One connection of a [`DurablePool`], given back on drop.
+pub(super) struct Lease<'a> {
+    pool: &'a DurablePool,
+    index: usize,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Lease<'_> {
+    pub(super) fn handle(&self) -> &Handle {
+        &self.pool.handles[self.index]
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        self.pool
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.index);
     }
 }
 

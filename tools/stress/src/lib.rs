@@ -16,6 +16,7 @@
 //! ```
 
 use atmost_client::{Client, Error, NewPermit, pb};
+use atmost_testkit::topology::RedisCluster;
 use atmost_testkit::{AtmostProcess, RedisServer};
 use clap::Parser;
 use pb::{Decision, commit_request::Outcome};
@@ -56,9 +57,23 @@ pub struct Args {
     /// Seed of the agents' choices (default: from the clock; printed).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Use this Redis instead of starting a redis-server (keys get a fresh prefix).
+    /// Use this Redis instead of starting a redis-server (keys get a fresh
+    /// prefix); with --redis-mode cluster, a comma-separated list of nodes.
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
+    /// `standalone`, or `cluster`: without --redis-url, a Redis Cluster of
+    /// its own (3 primaries, 3 replicas) is started.
+    #[arg(long, default_value = "standalone")]
+    pub redis_mode: String,
+    /// The replicas' `--durability` (`none` or `replica`).
+    #[arg(long, default_value = "none")]
+    pub durability: String,
+    /// With a Cluster of its own: SIGKILL the primary that holds the first
+    /// permit this long into the load, restart it once its replica is
+    /// promoted (it rejoins as the new primary's replica), and report the
+    /// failover (0: never).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub failover_after: Duration,
     /// The atmost binary (default: next to this one).
     #[arg(long)]
     pub atmost_bin: Option<PathBuf>,
@@ -115,6 +130,17 @@ struct Counters {
     dispatches: AtomicU64,
     /// Errors that did not come from atmost (no ErrorInfo).
     transport: AtomicU64,
+    /// Answers that were errors (transport or UNAVAILABLE) after the
+    /// failover's kill, and when the last came.
+    failover: std::sync::Mutex<Option<FailoverWatch>>,
+}
+
+/// What the agents saw after a primary was killed.
+struct FailoverWatch {
+    killed_at: Instant,
+    promoted_at: Option<Instant>,
+    failed: u64,
+    last_failure: Option<Instant>,
 }
 
 struct Ctx {
@@ -149,7 +175,21 @@ async fn call<T>(
     } else {
         Duration::from_secs(5)
     };
-    match tokio::time::timeout(limit, rpc).await {
+    let answer = tokio::time::timeout(limit, rpc).await;
+    if let Ok(Err(e)) = &answer
+        && (e.reason().is_none() || e.is_retryable())
+    {
+        let mut watch = ctx
+            .counters
+            .failover
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = watch.as_mut() {
+            w.failed += 1;
+            w.last_failure = Some(Instant::now());
+        }
+    }
+    match answer {
         Err(_) => {
             ctx.counters.dropped.fetch_add(1, Ordering::Relaxed);
             None
@@ -716,14 +756,28 @@ pub struct Summary {
     /// RPCs that failed in transport (killed replicas, HTTP/2 GOAWAY),
     /// counted as lost answers.
     pub transport_failures: u64,
+    /// With --failover-after: the failover as the agents saw it.
+    pub failover: Option<FailoverReport>,
     pub violations: Vec<String>,
+}
+
+/// A killed primary, as the agents saw it.
+#[derive(Debug, Clone)]
+pub struct FailoverReport {
+    /// RPCs answered with an error (UNAVAILABLE, or no answer from the
+    /// replica) from the kill on.
+    pub failed_requests: u64,
+    /// From the kill until the cluster named the replica primary.
+    pub promoted_after: Duration,
+    /// From the kill to the last such error: service resumed after it.
+    pub resumed_after: Duration,
 }
 
 impl std::fmt::Display for Summary {
     /// One line; `, 0 violations` is what a clean run says.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    fn fmt(&self, f_: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
-            f,
+            f_,
             "stress: {} replicas, {} clients, {} ops, {} dispatches ({} redelivered), {} faults injected ({} dropped responses, {} replica kills), {} violations (seed {})",
             self.replicas,
             self.clients,
@@ -735,7 +789,17 @@ impl std::fmt::Display for Summary {
             self.replica_kills,
             self.violations.len(),
             self.seed,
-        )
+        )?;
+        if let Some(f) = &self.failover {
+            write!(
+                f_,
+                "; failover: {} requests failed, replica promoted {:.2} s and service resumed {:.2} s after the kill",
+                f.failed_requests,
+                f.promoted_after.as_secs_f64(),
+                f.resumed_after.as_secs_f64()
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -756,20 +820,36 @@ pub async fn run(
         Some(b) => b,
         None => std::env::current_exe()?.with_file_name("atmost"),
     };
-    let (_redis, url) = match &args.redis_url {
-        Some(url) => (None, url.clone()),
-        None => {
+    let cluster_mode = args.redis_mode == "cluster";
+    let (_redis, cluster, url) = match (&args.redis_url, cluster_mode) {
+        (Some(url), _) => (None, None, url.clone()),
+        (None, false) => {
             let r = RedisServer::start()?;
             let url = r.url();
-            (Some(r), url)
+            (Some(r), None, url)
+        }
+        (None, true) => {
+            let c = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1, &[])).await??;
+            let url = c.urls();
+            (None, Some(c), url)
         }
     };
+    if !args.failover_after.is_zero() && cluster.is_none() {
+        return Err(
+            "--failover-after needs a Cluster of its own (--redis-mode cluster, no --redis-url)"
+                .into(),
+        );
+    }
     let prefix = format!("stress{}", uuid::Uuid::now_v7().simple());
     let replica_args = [
         "--store",
         "redis",
         "--redis-url",
         &url,
+        "--redis-mode",
+        &args.redis_mode,
+        "--durability",
+        &args.durability,
         "--redis-prefix",
         &prefix,
         "--store-timeout",
@@ -851,6 +931,57 @@ pub async fn run(
         })
     });
 
+    // The failover: SIGKILL the primary that holds the first permit.
+    let cluster = Arc::new(std::sync::Mutex::new(cluster));
+    let failover = (!args.failover_after.is_zero()).then(|| {
+        let (ctx, cluster, after) = (ctx.clone(), cluster.clone(), args.failover_after);
+        let key = format!("{prefix}:{{{}}}:permit", permits[0]);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            tokio::task::spawn_blocking(move || {
+                let mut cluster = cluster.lock().unwrap_or_else(|e| e.into_inner());
+                let cluster = cluster.as_mut().expect("a cluster of its own");
+                let seed = cluster.nodes[0].port();
+                let slot = atmost_testkit::topology::redis_cli(seed, &["cluster", "keyslot", &key])
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .expect("CLUSTER KEYSLOT");
+                let primary = cluster.primary_of_slot(slot).expect("the slot's primary");
+                let watch = || {
+                    ctx.counters
+                        .failover
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                };
+                *watch() = Some(FailoverWatch {
+                    killed_at: Instant::now(),
+                    promoted_at: None,
+                    failed: 0,
+                    last_failure: None,
+                });
+                cluster.node(primary).kill();
+                eprintln!("stress: killed the primary on port {primary} (slot {slot})");
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while cluster.primary_of_slot(slot).is_none_or(|p| p == primary) {
+                    if Instant::now() > deadline {
+                        eprintln!("stress: no replica promoted within 60 s");
+                        ctx.stop.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                if let Some(w) = watch().as_mut() {
+                    w.promoted_at = Some(Instant::now());
+                }
+                if let Err(e) = cluster.node(primary).restart() {
+                    eprintln!("stress: could not restart the old primary: {e}");
+                    ctx.stop.store(true, Ordering::Relaxed);
+                }
+            })
+            .await
+        })
+    });
+
     let mut keys: Vec<(String, KeyHistory)> = Vec::new();
     for (i, a) in agents.into_iter().enumerate() {
         let (histories, mut agent_violations) = a.await?;
@@ -864,6 +995,9 @@ pub async fn run(
     }
     if let Some(killer) = killer {
         killer.await?;
+    }
+    if let Some(failover) = failover {
+        failover.await??;
     }
     // Let every lease pass: each open attempt is then UNCERTAIN, and listed.
     // (plus the replicas' store deadline, so a late script run has landed).
@@ -881,6 +1015,16 @@ pub async fn run(
         dropped_responses: c.dropped.load(Ordering::Relaxed),
         replica_kills: c.kills.load(Ordering::Relaxed),
         transport_failures: c.transport.load(Ordering::Relaxed),
+        failover: c
+            .failover
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|w| FailoverReport {
+                failed_requests: w.failed,
+                promoted_after: w.promoted_at.map_or(Duration::ZERO, |t| t - w.killed_at),
+                resumed_after: w.last_failure.map_or(Duration::ZERO, |t| t - w.killed_at),
+            }),
         violations,
     })
 }

@@ -1,0 +1,379 @@
+//! Scale-out on real replicated Redis: a Redis Cluster (3 primaries, 3
+//! replicas), a primary with a replica, and Sentinel (1 primary, 1 replica,
+//! 3 Sentinels), all `redis-server` processes on free loopback ports,
+//! tethered to this process. The behavioural suite itself also runs on the
+//! shared Cluster (`behaviour::*::cluster`).
+
+use crate::support::*;
+use atmost::store::Backend;
+use atmost::store::redis::{Durability, Mode, RedisConfig, RedisStore, Time};
+use atmost_testkit::RedisServer;
+use atmost_testkit::topology::{RedisCluster, RedisSentinel, redis_cli};
+use pb::Decision;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+use tonic::Code;
+
+/// A store on `url` in `mode`, deciding on the caller's clock (the
+/// harness's), under a fresh prefix.
+fn store(url: &str, mode: Mode, durability: Durability, timeout: Duration) -> RedisStore {
+    RedisStore::connect(&RedisConfig {
+        url: url.to_owned(),
+        mode,
+        durability,
+        timeout,
+        retention_ms: DAY_MS,
+        time: Time::Caller,
+        ..RedisConfig::new("", format!("t{}", uuid::Uuid::now_v7().simple()))
+    })
+    .expect("store")
+}
+
+/// The slot of a permit's keys.
+fn slot_of(port: u16, permit_id: &str) -> u16 {
+    redis_cli(port, &["cluster", "keyslot", &format!("{{{permit_id}}}")])
+        .expect("CLUSTER KEYSLOT")
+        .trim()
+        .parse()
+        .expect("a slot")
+}
+
+/// `calls=` of `cmdstat_<name>` in a node's `INFO commandstats`.
+fn calls(port: u16, name: &str) -> u64 {
+    let info = redis_cli(port, &["info", "commandstats"]).expect("INFO commandstats");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn poll_until(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Permits land on every shard (their ids are random, their keys share
+/// one hash tag), each shard answers for its own, and the cross-permit
+/// listing, which walks the tenant's index on one shard and reads each
+/// permit on its own, finds every uncertain attempt on all three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_spread_over_every_primary_and_are_listed_across_them() {
+    let _machine = shared().await;
+    let h = Harness::start(Kind::Cluster).await;
+    let seed: u16 = shared_cluster()
+        .split(',')
+        .next()
+        .and_then(|u| u.rsplit(':').next()?.parse().ok())
+        .expect("a seed port");
+    let mut shards = HashSet::new();
+    let mut marked = HashSet::new();
+    for i in 0..24 {
+        let permit = h.create_with(&["t"], &[], None).await;
+        let a = h.dispatch(&permit, "t", &format!("k{i}"), b"fp", 1).await;
+        h.mark_uncertain(&a, "timeout").await.expect("mark");
+        marked.insert((permit.clone(), a.idempotency_key.clone()));
+        let out = redis_cli(seed, &["cluster", "shards"]).expect("CLUSTER SHARDS");
+        let slot = slot_of(seed, &permit);
+        // The shard: which slot range of CLUSTER SHARDS holds it.
+        let ranges: Vec<(u16, u16)> = out
+            .lines()
+            .collect::<Vec<_>>()
+            .windows(3)
+            .filter(|w| w[0] == "slots")
+            .filter_map(|w| Some((w[1].parse().ok()?, w[2].parse().ok()?)))
+            .collect();
+        let shard = ranges
+            .iter()
+            .position(|(a, b)| (*a..=*b).contains(&slot))
+            .unwrap_or(usize::MAX);
+        shards.insert(shard);
+    }
+    assert_eq!(shards.len(), 3, "24 permits landed on {shards:?}");
+    let listed: HashSet<(String, String)> = h
+        .client
+        .list_all_uncertain("", 5)
+        .await
+        .expect("list across permits")
+        .into_iter()
+        .map(|a| (a.permit_id, a.idempotency_key))
+        .collect();
+    assert_eq!(listed, marked, "the listing across shards");
+}
+
+/// Each cluster started here is its own (these tests kill and move things).
+fn own_cluster() -> RedisCluster {
+    RedisCluster::start(3, 1, &[]).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A slot moved to another primary under a live permit: the store's next
+/// script meets MOVED (it did not run), follows it, and the key replays;
+/// a shard that lost its script cache (NOSCRIPT: it did not run) is sent the
+/// script and answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moved_slots_and_flushed_scripts_are_followed_not_guessed() {
+    let _machine = shared().await;
+    let cluster = own_cluster();
+    let h = Harness::serve(
+        Backend::Redis(store(
+            &cluster.urls(),
+            Mode::Cluster,
+            Durability::None,
+            Duration::from_secs(2),
+        )),
+        None,
+        |app| app,
+    )
+    .await;
+    let permit = h.create_with(&["t"], &[("t", 1)], None).await;
+    let a = h.dispatch(&permit, "t", "k", b"fp", 1).await;
+    h.commit(&a, succeeded(b"ok", None)).await.expect("commit");
+    let seed = cluster.nodes[0].port();
+    let slot = slot_of(seed, &permit);
+    let from = cluster.primary_of_slot(slot).expect("the slot's primary");
+    let to = cluster
+        .primaries()
+        .into_iter()
+        .find(|p| *p != from)
+        .expect("another primary");
+    let id = |port: u16| {
+        redis_cli(port, &["cluster", "myid"])
+            .expect("CLUSTER MYID")
+            .trim()
+            .to_owned()
+    };
+    let (from_id, to_id) = (id(from), id(to));
+    let slot_arg = slot.to_string();
+    redis_cli(
+        to,
+        &["cluster", "setslot", &slot_arg, "importing", &from_id],
+    )
+    .expect("importing");
+    redis_cli(
+        from,
+        &["cluster", "setslot", &slot_arg, "migrating", &to_id],
+    )
+    .expect("migrating");
+    let keys = redis_cli(from, &["cluster", "getkeysinslot", &slot_arg, "100"]).expect("keys");
+    let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+    assert!(keys.len() >= 3, "the permit's keys: {keys:?}");
+    let to_arg = to.to_string();
+    let mut migrate = vec!["migrate", "127.0.0.1", &to_arg, "", "0", "5000", "keys"];
+    migrate.extend(keys.iter().copied());
+    redis_cli(from, &migrate).expect("MIGRATE");
+    for p in cluster.primaries() {
+        redis_cli(p, &["cluster", "setslot", &slot_arg, "node", &to_id]).expect("setslot node");
+    }
+    assert_eq!(cluster.primary_of_slot(slot), Some(to), "the slot moved");
+
+    let before = calls(to, "evalsha");
+    let replay = h
+        .authorize(&permit, "t", "k", b"fp", 1)
+        .await
+        .expect("the key after its slot moved");
+    assert_eq!(replay.decision(), Decision::Replay, "{replay:?}");
+    assert_eq!(replay.attempt.expect("a").attempt_id, a.attempt_id);
+    assert!(
+        calls(to, "evalsha") > before,
+        "the script ran on the new primary"
+    );
+    let refused = h.authorize(&permit, "t", "k2", b"fp", 1).await.unwrap_err();
+    assert_eq!(refused.reason_name(), Some("PERMIT_MAX_CALLS_EXCEEDED"));
+
+    // Every primary forgets its scripts: each permit's shard is sent them.
+    for p in cluster.primaries() {
+        redis_cli(p, &["script", "flush"]).expect("SCRIPT FLUSH");
+    }
+    let primaries = cluster.primaries();
+    let mut i = 0;
+    while !primaries.iter().all(|p| calls(*p, "script|load") > 0) {
+        assert!(i < 60, "60 permits and a shard never had a script sent");
+        let p = h.create_with(&["t"], &[], None).await;
+        h.dispatch(&p, "t", &format!("n{i}"), b"fp", 1).await;
+        i += 1;
+    }
+}
+
+/// `--durability replica`: a write no replica acknowledges answers
+/// UNAVAILABLE (the outcome is unknown: the primary has it), and the
+/// same-key retry, once a replica is back, is answered from what the
+/// primary recorded: one reservation, never two. `none` answers from the
+/// primary alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durability_replica_waits_for_a_replica_and_a_same_key_retry_resolves_a_shortfall() {
+    let _machine = shared().await;
+    let primary = RedisServer::start().expect("primary");
+    let replica_args = || {
+        vec![
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            primary.port().to_string(),
+        ]
+    };
+    let mut replica = RedisServer::start_on(|_| replica_args()).expect("replica");
+    let synced = |port: u16| {
+        redis_cli(port, &["info", "replication"])
+            .is_ok_and(|i| i.contains("connected_slaves:1") && i.contains("state=online"))
+    };
+    poll_until(Duration::from_secs(10), "replica in sync", || {
+        synced(primary.port())
+    })
+    .await;
+
+    let durable = Harness::serve(
+        Backend::Redis(store(
+            &primary.url(),
+            Mode::Standalone,
+            Durability::Replica,
+            Duration::from_secs(1),
+        )),
+        None,
+        |app| app,
+    )
+    .await;
+    let permit = durable.create_with(&["t"], &[("t", 2)], None).await;
+    let a = durable.dispatch(&permit, "t", "k1", b"fp", 1).await;
+    durable
+        .commit(&a, succeeded(b"ok", None))
+        .await
+        .expect("commit, acknowledged by the replica");
+
+    // No replica: the write lands on the primary, unacknowledged.
+    replica.kill();
+    poll_until(Duration::from_secs(10), "primary sees no replica", || {
+        redis_cli(primary.port(), &["info", "replication"])
+            .is_ok_and(|i| i.contains("connected_slaves:0"))
+    })
+    .await;
+    let started = Instant::now();
+    let e = durable
+        .authorize(&permit, "t", "k2", b"fp", 0)
+        .await
+        .expect_err("no replica acknowledged it");
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert_eq!(e.reason_name(), Some("STORE_UNAVAILABLE"), "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "answered after WAIT's timeout (half the store timeout), not the caller's deadline: {:?}",
+        started.elapsed()
+    );
+
+    replica = RedisServer::start_on(|_| replica_args()).expect("replica back");
+    poll_until(Duration::from_secs(10), "replica in sync again", || {
+        synced(primary.port())
+    })
+    .await;
+    // The same key: the reservation the primary recorded (in flight), not
+    // a second one.
+    let retry = durable
+        .authorize(&permit, "t", "k2", b"fp", 0)
+        .await
+        .expect_err("k2 is reserved");
+    assert_eq!(
+        retry.reason_name(),
+        Some("IDEMPOTENCY_IN_PROGRESS"),
+        "{retry:?}"
+    );
+    let refused = durable.authorize(&permit, "t", "k3", b"fp", 0).await;
+    assert_eq!(
+        refused.unwrap_err().reason_name(),
+        Some("PERMIT_MAX_CALLS_EXCEEDED"),
+        "k1 and k2 hold the two calls"
+    );
+
+    // `none` does not wait for the replica.
+    replica.kill();
+    let fast = Harness::serve(
+        Backend::Redis(store(
+            &primary.url(),
+            Mode::Standalone,
+            Durability::None,
+            Duration::from_secs(1),
+        )),
+        None,
+        |app| app,
+    )
+    .await;
+    let p = fast.create_with(&["t"], &[], None).await;
+    fast.dispatch(&p, "t", "k", b"fp", 0).await;
+}
+
+/// Sentinel: the store asks the Sentinels for the primary, and after the
+/// primary dies and a replica is promoted, finds the new one. With
+/// `--durability replica` every answered write is on the promoted replica
+/// (the key replays after the failover), and writes wait until the new
+/// primary has a replica again: the old one, restarted empty, which
+/// Sentinel turns into its replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_finds_the_primary_and_follows_a_failover() {
+    let _machine = shared().await;
+    let mut topology = RedisSentinel::start(&[]).unwrap_or_else(|e| panic!("{e}"));
+    let h = Harness::serve(
+        Backend::Redis(store(
+            &topology.urls(),
+            Mode::Sentinel {
+                master: topology.master.clone(),
+            },
+            Durability::Replica,
+            Duration::from_secs(2),
+        )),
+        None,
+        |app| app,
+    )
+    .await;
+    let permit = h.create_with(&["t"], &[("t", 2)], None).await;
+    let a = h.dispatch(&permit, "t", "k1", b"fp", 1).await;
+    h.commit(&a, succeeded(b"ok", None)).await.expect("commit");
+    assert!(
+        calls(topology.primary.port(), "evalsha") > 0,
+        "ran on the primary"
+    );
+
+    let old = topology.primary.port();
+    topology.primary.kill();
+    let killed = Instant::now();
+    poll_until(
+        Duration::from_secs(30),
+        "Sentinel promotes the replica",
+        || topology.named_primary() == Some(topology.replica.port()),
+    )
+    .await;
+    // No replica yet: a write cannot be acknowledged.
+    let e = h.authorize(&permit, "t", "k1", b"fp", 1).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    topology.primary.restart().expect("the old primary, back");
+    // Requests fail (UNAVAILABLE) until then; after, they reach the new one.
+    let mut answered = None;
+    while answered.is_none() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(40),
+            "no service after the failover"
+        );
+        match h.authorize(&permit, "t", "k1", b"fp", 1).await {
+            Ok(r) => answered = Some(r),
+            Err(e) => {
+                assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let replay = answered.expect("answered");
+    assert_eq!(
+        replay.decision(),
+        Decision::Replay,
+        "k1 survived the failover"
+    );
+    assert_eq!(replay.attempt.expect("a").attempt_id, a.attempt_id);
+    assert!(
+        redis_cli(topology.replica.port(), &["info", "replication"])
+            .is_ok_and(|i| i.contains("role:master") && i.contains("connected_slaves:1")),
+        "the old primary serves as the new one's replica"
+    );
+    h.dispatch(&permit, "t", "k2", b"fp", 1).await;
+    assert!(
+        calls(topology.replica.port(), "evalsha") > 0,
+        "ran on the promoted replica, not on {old}"
+    );
+}
