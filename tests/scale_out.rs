@@ -377,3 +377,191 @@ async fn sentinel_finds_the_primary_and_follows_a_failover() {
         "ran on the promoted replica, not on {old}"
     );
 }
+
+/// The failover report: three atmost replicas under load from 32 agent
+/// loops on a Cluster of the stress checker's own; 6 s in, the primary that
+/// holds a permit is SIGKILLed, its replica promoted, and it rejoins as the
+/// new primary's replica. Once with each `--durability`; the history check
+/// then looks for over-admissions and lost keys. docs/guarantees.md,
+/// "Durability and failover", reports these figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_report_under_load_for_each_durability() {
+    let _alone = exclusive().await;
+    use clap::Parser;
+    for durability in ["none", "replica"] {
+        let args = atmost_stress::Args::parse_from([
+            "atmost-stress",
+            "--atmost-bin",
+            env!("CARGO_BIN_EXE_atmost"),
+            "--replicas",
+            "3",
+            "--clients",
+            "32",
+            "--duration",
+            "20s",
+            "--drop-rate",
+            "0",
+            "--redis-mode",
+            "cluster",
+            "--durability",
+            durability,
+            "--failover-after",
+            "6s",
+        ]);
+        let summary = atmost_stress::run(args, std::future::pending())
+            .await
+            .expect("the stress run");
+        println!("failover, --durability {durability}: {summary}");
+        for v in &summary.violations {
+            println!("  violation: {v}");
+        }
+        let failover = summary.failover.clone().expect("a failover report");
+        assert!(
+            failover.promoted_after > Duration::ZERO,
+            "a replica was promoted: {summary}"
+        );
+        assert!(
+            failover.resumed_after < Duration::from_secs(14),
+            "service resumed before the load ended: {summary}"
+        );
+        assert!(summary.dispatches > 500, "{summary}");
+        if durability == "replica" {
+            assert!(
+                summary.violations.is_empty(),
+                "{summary}\n{:#?}",
+                summary.violations
+            );
+        }
+    }
+}
+
+/// The pid of the `redis-server` on `port`.
+fn redis_pid(port: u16) -> String {
+    redis_cli(port, &["info", "server"])
+        .expect("INFO server")
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .expect("process_id")
+        .trim()
+        .to_owned()
+}
+
+fn signal(pid: &str, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, pid])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// What each `--durability` promises across a failover, shown on the
+/// write it is about: the replica is frozen (SIGSTOP) and its link cut so it
+/// misses it, the primary dies, the replica wakes and Sentinel promotes it.
+///
+/// - `none`: the write was answered DISPATCH from the primary alone; the
+///   promoted replica never had it, so the same key is dispatched again. Two
+///   DISPATCHes for one key: what asynchronous replication can cost.
+/// - `replica`: no replica acknowledged the write, so it was answered
+///   UNAVAILABLE; the caller did not dispatch, and its same-key retry after
+///   the failover is the first DISPATCH it is given (with its holder token:
+///   tries answered UNAVAILABLE while the new primary had no replica yet
+///   reserved the key, and the one acknowledged redelivers it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_loses_an_unreplicated_write_and_only_replica_durability_never_answered_it() {
+    let _machine = shared().await;
+    for durability in [Durability::None, Durability::Replica] {
+        let mut topology = RedisSentinel::start(&[]).unwrap_or_else(|e| panic!("{e}"));
+        let h = Harness::serve(
+            Backend::Redis(store(
+                &topology.urls(),
+                Mode::Sentinel {
+                    master: topology.master.clone(),
+                },
+                durability,
+                Duration::from_secs(1),
+            )),
+            None,
+            |app| app,
+        )
+        .await;
+        let permit = h.create_with(&["t"], &[("t", 5)], None).await;
+        h.dispatch(&permit, "t", "before", b"fp", 1).await;
+
+        // Frozen, with its link cut (the primary's socket to it closed), so
+        // nothing the primary writes next reaches it.
+        let replica_pid = redis_pid(topology.replica.port());
+        signal(&replica_pid, "-STOP");
+        redis_cli(
+            topology.primary.port(),
+            &["client", "kill", "type", "replica"],
+        )
+        .expect("CLIENT KILL TYPE replica");
+        // One logical call, its holder token sent with each try: a try
+        // whose DISPATCH was not acknowledged is answered DISPATCH again on
+        // the next (redelivered), not IN_PROGRESS.
+        let call = || {
+            h.client.authorize(pb::AuthorizeRequest {
+                permit_id: permit.clone(),
+                tool: "t".into(),
+                idempotency_key: "k".into(),
+                request_fingerprint: b"fp".to_vec(),
+                cost: 1,
+                holder_token: b"the one call".to_vec(),
+            })
+        };
+        let first = call().await;
+        topology.primary.kill();
+        signal(&replica_pid, "-CONT");
+        poll_until(
+            Duration::from_secs(30),
+            "Sentinel promotes the replica",
+            || topology.named_primary() == Some(topology.replica.port()),
+        )
+        .await;
+        // The old primary comes back empty and becomes the new one's
+        // replica, so `replica` durability can acknowledge again.
+        topology.primary.restart().expect("the old primary, back");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let second = loop {
+            match call().await {
+                Err(e) if e.code() == Code::Unavailable && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => break other.expect("the same key after the failover"),
+            }
+        };
+        // What was acknowledged before the freeze survives either way.
+        let before = h.authorize(&permit, "t", "before", b"fp", 1).await;
+        assert_eq!(
+            before
+                .map(|r| r.decision())
+                .map_err(|e| e.reason_name().map(str::to_owned)),
+            Err(Some("IDEMPOTENCY_IN_PROGRESS".to_owned())),
+            "{durability:?}: the key reserved before the freeze is still held"
+        );
+        match durability {
+            Durability::None => {
+                let first = first.expect("answered by the primary alone");
+                assert_eq!(first.decision(), Decision::Dispatch);
+                assert_eq!(
+                    second.decision(),
+                    Decision::Dispatch,
+                    "none: the promoted replica never had k, so k is dispatched again"
+                );
+                assert_ne!(
+                    second.attempt.expect("a").attempt_id,
+                    first.attempt.expect("a").attempt_id
+                );
+            }
+            Durability::Replica => {
+                let e = first.expect_err("no replica acknowledged it");
+                assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+                assert_eq!(
+                    second.decision(),
+                    Decision::Dispatch,
+                    "replica: the first DISPATCH k ever got"
+                );
+            }
+        }
+    }
+}

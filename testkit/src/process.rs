@@ -30,6 +30,10 @@ pub struct RedisServer {
     child: Option<Tethered>,
     port: u16,
     extra: Vec<String>,
+    /// Its working directory, its own: a replica writes the copy it
+    /// receives there (`dump.rdb`), and a server loads what it finds there
+    /// when it starts, so two servers must never share one. Removed on drop.
+    dir: PathBuf,
 }
 
 impl RedisServer {
@@ -49,20 +53,25 @@ impl RedisServer {
     /// trying a few ports if one is taken meanwhile.
     pub fn start_on(extra: impl Fn(u16) -> Vec<String>) -> std::io::Result<Self> {
         let mut last = None;
+        let dir =
+            std::env::temp_dir().join(format!("atmost-redis-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir)?;
         for _ in 0..5 {
             let port = free_port();
             let extra = extra(port);
-            match spawn_redis(port, &extra) {
+            match spawn_redis(port, &dir, &extra) {
                 Ok(child) => {
                     return Ok(Self {
                         child: Some(child),
                         port,
                         extra,
+                        dir,
                     });
                 }
                 Err(e) => last = Some(e),
             }
         }
+        let _ = std::fs::remove_dir_all(&dir);
         Err(last.unwrap_or_else(|| std::io::Error::other("redis-server did not start")))
     }
 
@@ -89,7 +98,7 @@ impl RedisServer {
     /// Starts it again on the same port, with the same arguments.
     pub fn restart(&mut self) -> std::io::Result<()> {
         self.kill();
-        self.child = Some(spawn_redis(self.port, &self.extra)?);
+        self.child = Some(spawn_redis(self.port, &self.dir, &self.extra)?);
         Ok(())
     }
 
@@ -104,6 +113,7 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -156,7 +166,7 @@ impl Drop for Tethered {
 }
 
 /// Spawns `redis-server` on `port` and waits until it answers PING.
-fn spawn_redis(port: u16, extra: &[String]) -> std::io::Result<Tethered> {
+fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> std::io::Result<Tethered> {
     if Command::new("redis-server")
         .arg("--version")
         .stdout(Stdio::null())
@@ -193,7 +203,7 @@ fn spawn_redis(port: u16, extra: &[String]) -> std::io::Result<Tethered> {
         ]
         .map(String::from),
     );
-    args.push(std::env::temp_dir().to_string_lossy().into_owned());
+    args.push(dir.to_string_lossy().into_owned());
     args.extend(extra.iter().cloned());
     let mut child = Tethered::spawn(&args)?;
     let deadline = Instant::now() + Duration::from_secs(10);
