@@ -188,6 +188,12 @@ struct ServeArgs {
     /// most 1h).
     #[arg(long, env = "ATMOST_SHUTDOWN_GRACE", default_value = "10s", value_parser = shutdown_grace)]
     shutdown_grace: Duration,
+    /// On SIGTERM or Ctrl-C, how long to keep serving (and accepting) with
+    /// health NOT_SERVING before --shutdown-grace begins, so load balancers
+    /// and readiness probes stop sending first; a second signal cuts it
+    /// short (at most 1h).
+    #[arg(long, env = "ATMOST_DRAIN_DELAY", default_value = "0s", value_parser = shutdown_grace)]
+    drain_delay: Duration,
     /// Store calls running at once; more wait for a slot, up to
     /// --max-queue-wait, then are refused with UNAVAILABLE / OVERLOADED.
     #[arg(long, env = "ATMOST_MAX_IN_FLIGHT", default_value_t = atmost::server::DEFAULT_MAX_IN_FLIGHT)]
@@ -415,6 +421,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
     let mut app = App::new(store)
         .with_store_timeout(args.store_timeout)
         .with_shutdown_grace(args.shutdown_grace)
+        .with_drain_delay(args.drain_delay)
         .with_max_in_flight(args.max_in_flight)
         .with_max_queue_wait(args.max_queue_wait)
         .with_reflection(args.reflection)
@@ -484,12 +491,22 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
         }
     }
 
+    // Listening for signals before the port is announced.
+    let signals = signals();
     let listener = TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     // One line on stdout, so scripts and tests learn the port of --listen :0.
     println!("atmost listening on {addr}");
     tracing::info!(%addr, store = ?args.store_name(), "serving");
-    run(listener, app, shutdown_signal()).await
+    let mut second = signals.clone();
+    let app = app.with_drain_interrupt(async move {
+        let _ = second.wait_for(|n| *n >= 2).await;
+    });
+    let mut first = signals;
+    run(listener, app, async move {
+        let _ = first.wait_for(|n| *n >= 1).await;
+    })
+    .await
 }
 
 /// Refuses to start on a Redis that may evict keys (unless allowed). A Redis
@@ -615,26 +632,38 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// Completes on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Counts SIGTERMs and Ctrl-Cs: the first starts the shutdown, a second cuts
+/// the drain delay short.
+fn signals() -> tokio::sync::watch::Receiver<u32> {
+    let (count, signals) = tokio::sync::watch::channel(0u32);
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::spawn(async move {
+        loop {
+            #[cfg(unix)]
+            let term_once = async {
+                match term.as_mut() {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let term_once = std::future::pending::<()>();
+            let ctrl_c = async {
+                if tokio::signal::ctrl_c().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = ctrl_c => {}
+                () = term_once => {}
             }
-            Err(_) => std::future::pending().await,
+            count.send_modify(|n| *n += 1);
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
+    });
+    signals
 }
 
 /// Turns transparent huge pages off for this process (inherited by its

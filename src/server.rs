@@ -34,6 +34,9 @@ pub struct App {
     store_timeout: Duration,
     health_interval: Duration,
     shutdown_grace: Duration,
+    drain_delay: Duration,
+    /// Cuts the drain delay short when it completes (a second SIGTERM).
+    drain_interrupt: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
     max_in_flight: usize,
     max_queue_wait: Duration,
     sweep_interval: Duration,
@@ -51,8 +54,8 @@ const SWEEP_ROUNDS: usize = 16;
 
 impl App {
     /// The defaults: system clock, 2 s store deadline, store health checked
-    /// every second, 10 s to drain on shutdown, 512 requests in flight, the
-    /// store swept every second.
+    /// every second, no drain delay and 10 s to drain on shutdown, 512
+    /// requests in flight, the store swept every second.
     pub fn new(store: Backend) -> Self {
         Self {
             store: Arc::new(store),
@@ -60,6 +63,8 @@ impl App {
             store_timeout: Duration::from_secs(2),
             health_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
+            drain_delay: Duration::ZERO,
+            drain_interrupt: None,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             max_queue_wait: DEFAULT_MAX_QUEUE_WAIT,
             sweep_interval: Duration::from_secs(1),
@@ -154,12 +159,32 @@ impl App {
         self.shutdown_grace = grace;
         self
     }
+
+    /// How long the server keeps serving, and accepting connections, after
+    /// shutdown begins and health reports NOT_SERVING: the time load
+    /// balancers and readiness probes need to see it and stop sending new
+    /// requests here. Then it stops accepting and drains within the
+    /// shutdown grace. Zero (the default) stops accepting at once.
+    pub fn with_drain_delay(mut self, delay: Duration) -> Self {
+        self.drain_delay = delay;
+        self
+    }
+
+    /// Ends the drain delay early when `interrupt` completes (`main` passes
+    /// a second SIGTERM or Ctrl-C).
+    pub fn with_drain_interrupt(
+        mut self,
+        interrupt: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        self.drain_interrupt = Some(Box::pin(interrupt));
+        self
+    }
 }
 
 /// Serves `atmost.v1.Gate`, `atmost.v1.Permits`, `grpc.health.v1.Health`
 /// and server reflection on `listener` until `shutdown` completes; then
-/// reports NOT_SERVING, stops accepting, and lets in-flight RPCs finish
-/// within the shutdown grace.
+/// reports NOT_SERVING, goes on serving for the drain delay, stops
+/// accepting, and lets in-flight RPCs finish within the shutdown grace.
 pub async fn run(
     listener: TcpListener,
     app: App,
@@ -191,6 +216,7 @@ pub async fn run(
         (None, None)
     };
 
+    let drain_interrupt = app.drain_interrupt;
     let stop = CancellationToken::new();
     let watch_stop = CancellationToken::new();
     let mut health_task = tokio::spawn(watch_store(
@@ -250,19 +276,45 @@ pub async fn run(
     let result = tokio::select! {
         result = &mut serve => result.map_err(Into::into),
         () = shutdown => {
-            tracing::info!("shutting down: NOT_SERVING, draining in-flight requests");
             // Health first (with the store watcher stopped, so it cannot
             // flip it back; aborted, so a slow store ping cannot delay
-            // this), then stop accepting and drain.
+            // this), then serve on for the drain delay while load
+            // balancers and readiness probes see NOT_SERVING and stop
+            // sending, then stop accepting and drain.
             health_task.abort();
             let _ = (&mut health_task).await;
             set_all(&reporter, ServingStatus::NotServing).await;
-            stop.cancel();
-            match tokio::time::timeout(app.shutdown_grace, &mut serve).await {
-                Ok(result) => result.map_err(Into::into),
-                Err(_) => {
-                    tracing::warn!(grace = ?app.shutdown_grace, "drain timed out; closing");
-                    Ok(())
+            let interrupt = async move {
+                match drain_interrupt {
+                    Some(interrupt) => interrupt.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let ended = if app.drain_delay.is_zero() {
+                None
+            } else {
+                tracing::info!(delay = ?app.drain_delay, "shutting down: NOT_SERVING, still serving for the drain delay");
+                tokio::select! {
+                    result = &mut serve => Some(result),
+                    () = tokio::time::sleep(app.drain_delay) => None,
+                    () = interrupt => {
+                        tracing::info!("drain delay cut short");
+                        None
+                    }
+                }
+            };
+            match ended {
+                Some(result) => result.map_err(Into::into),
+                None => {
+                    tracing::info!(grace = ?app.shutdown_grace, "shutting down: no longer accepting, draining in-flight requests");
+                    stop.cancel();
+                    match tokio::time::timeout(app.shutdown_grace, &mut serve).await {
+                        Ok(result) => result.map_err(Into::into),
+                        Err(_) => {
+                            tracing::warn!(grace = ?app.shutdown_grace, "drain timed out; closing");
+                            Ok(())
+                        }
+                    }
                 }
             }
         }

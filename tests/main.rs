@@ -19,6 +19,9 @@
 //!   report under load from three replicas.
 //! - `clock_skew`: two processes on one Redis whose own clocks disagree by
 //!   16 s (libfaketime): leases and expiry follow Redis's clock.
+//! - `deploy`: the manifests of `deploy/` (Dockerfile, compose,
+//!   Kubernetes) parsed and checked against the binary, which must serve
+//!   with their configuration.
 //! - `faults`: Redis killed, a replica killed, replies slow or lost,
 //!   SIGTERM mid-flight, load shedding.
 //! - `operations`: health, reflection, failing closed, script reloads,
@@ -42,6 +45,7 @@ mod auth;
 mod behaviour;
 mod campaign;
 mod clock_skew;
+mod deploy;
 mod faults;
 mod model;
 mod operations;

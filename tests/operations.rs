@@ -178,6 +178,142 @@ async fn sigterm_exits_zero() {
     assert!(status.success(), "{status:?}");
 }
 
+/// Sends SIGTERM to the process and returns at once.
+fn sigterm(process: &AtmostProcess) {
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &process.pid().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(sent.success(), "kill -TERM: {sent:?}");
+}
+
+/// Polls the process's exit for at most `within`.
+async fn exited(process: &mut AtmostProcess, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = process.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A rollout's drain (docs/deploy.md, "Rollouts"): on SIGTERM health turns
+/// NOT_SERVING at once, and for `--drain-delay` atmost still accepts new
+/// connections and serves them, so load balancers and readiness probes
+/// see NOT_SERVING before the replica stops answering; then it refuses new
+/// connections, drains within `--shutdown-grace` (an open Health/Watch
+/// holds it that long) and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_serves_not_serving_for_the_drain_delay_then_drains() {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let _machine = shared().await;
+    let delay = Duration::from_secs(3);
+    let grace = Duration::from_secs(2);
+    let mut process = spawn_atmost(&["--drain-delay", "3s", "--shutdown-grace", "2s"]);
+    let addr = process.addr();
+    let client = process.client().await;
+    let mut watch = HealthClient::new(client.channel())
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = watch.message().await.expect("watch").expect("a status");
+    assert_eq!(first.status(), ServingStatus::Serving);
+
+    sigterm(&process);
+    let signalled = Instant::now();
+    let turned = tokio::time::timeout(Duration::from_secs(1), watch.message())
+        .await
+        .expect("NOT_SERVING within a second of SIGTERM")
+        .expect("watch")
+        .expect("a status");
+    assert_eq!(turned.status(), ServingStatus::NotServing);
+
+    // Within the delay: a new connection is accepted and served.
+    let fresh = Client::connect(format!("http://{addr}"))
+        .await
+        .expect("a new connection during the drain delay");
+    assert_eq!(
+        health(&fresh, "").await.expect("health"),
+        ServingStatus::NotServing
+    );
+    let permit = fresh
+        .create_permit(
+            NewPermit::new(["t"])
+                .subject("drain")
+                .currency("EUR")
+                .build(),
+        )
+        .await
+        .expect("CreatePermit during the drain delay")
+        .permit_id;
+    let answer = fresh
+        .authorize(pb::AuthorizeRequest {
+            permit_id: permit,
+            tool: "t".into(),
+            idempotency_key: "k".into(),
+            request_fingerprint: b"fp".to_vec(),
+            cost: 0,
+            holder_token: Vec::new(),
+        })
+        .await
+        .expect("Authorize during the drain delay");
+    assert_eq!(answer.decision(), Decision::Dispatch);
+    assert!(
+        signalled.elapsed() < delay,
+        "the checks took {:?}, past the drain delay: they prove nothing",
+        signalled.elapsed()
+    );
+
+    // Past the delay: no new connection, while the open watch keeps the
+    // process draining.
+    tokio::time::sleep((delay + Duration::from_millis(500)).saturating_sub(signalled.elapsed()))
+        .await;
+    assert!(process.try_wait().is_none(), "exited before the grace");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "a new connection was accepted after the drain delay"
+    );
+    let status = exited(&mut process, delay + grace + Duration::from_secs(3))
+        .await
+        .expect("exited");
+    assert!(status.success(), "{status:?}");
+    let took = signalled.elapsed();
+    assert!(
+        took >= delay && took < delay + grace + Duration::from_secs(2),
+        "exited {took:?} after SIGTERM (drain delay {delay:?}, grace {grace:?})"
+    );
+}
+
+/// A second SIGTERM (or Ctrl-C) during the drain delay cuts it short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_cuts_the_drain_delay_short() {
+    let _machine = shared().await;
+    let mut process = spawn_atmost(&["--drain-delay", "1h"]);
+    let client = process.client().await;
+    assert_eq!(
+        health(&client, "").await.expect("health"),
+        ServingStatus::Serving
+    );
+    sigterm(&process);
+    wait_health(&client, ServingStatus::NotServing).await;
+    assert!(
+        process.try_wait().is_none(),
+        "exited within the drain delay"
+    );
+    sigterm(&process);
+    let status = exited(&mut process, Duration::from_secs(10))
+        .await
+        .expect("exited within 10 s of the second SIGTERM");
+    assert!(status.success(), "{status:?}");
+}
+
 /// The server turns transparent huge pages off for itself, whatever the
 /// machine's THP mode: the first touch of one stalled a worker for about
 /// 5 ms on the benchmark machine (docs/performance.md, "Huge pages").
@@ -213,6 +349,7 @@ async fn durations_out_of_range_refuse_to_start() {
         ("--store-timeout", "0s"),
         ("--store-timeout", "2m"),
         ("--shutdown-grace", "2h"),
+        ("--drain-delay", "2h"),
         ("--keepalive-interval", "0s"),
         ("--keepalive-timeout", "3h"),
         ("--idle-timeout", "25h"),

@@ -1,0 +1,1235 @@
+//! The deployment files (`deploy/`) against the binary they deploy. Nothing
+//! here runs Docker or Kubernetes (neither is on the machines that run
+//! this suite): every manifest is parsed, checked against `atmost serve
+//! --help` and against each other, and its configuration is given to the
+//! real binary, on a real redis-server, which must serve with it.
+//!
+//! - every `ATMOST_*` variable is one the binary reads, and every value
+//!   parses: the binary starts with the ConfigMap's, the compose file's
+//!   and the Dockerfile's environment, and serves health SERVING;
+//! - the ports agree (container, Service, probes, listen address,
+//!   EXPOSE, compose's mapping, NetworkPolicy);
+//! - every health probe asks for a service atmost reports, over TLS when
+//!   atmost serves TLS;
+//! - Kubernetes waits for the drain: terminationGracePeriodSeconds (and
+//!   compose's stop_grace_period) cover --drain-delay + --shutdown-grace
+//!   (+ any preStop sleep);
+//! - the pod runs restricted, as the image's non-root user;
+//! - the Service's, PDB's, HPA's and NetworkPolicy's selectors and target
+//!   match the Deployment;
+//! - every Secret and key the Deployment reads is in docs/deploy.md, and
+//!   every file atmost is told to read is in a mounted volume.
+
+use crate::support::*;
+use saphyr::{LoadableYamlNode, ScalarOwned, YamlOwned};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The health service names atmost reports (src/server.rs, `set_all`);
+/// each is also checked against the running server below.
+const HEALTH_SERVICES: [&str; 3] = ["", "atmost.v1.Gate", "atmost.v1.Permits"];
+
+/// Where the image puts the probe (deploy/Dockerfile's COPY).
+const PROBE: &str = "/usr/local/bin/grpc-health-probe";
+
+// === reading the files ===
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(Path::new(ROOT).join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every YAML document of a file, as JSON values.
+fn yaml(path: &str) -> Vec<Value> {
+    let text = read(path);
+    YamlOwned::load_from_str(&text)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .iter()
+        .map(|doc| to_json(doc, path))
+        .collect()
+}
+
+fn to_json(node: &YamlOwned, path: &str) -> Value {
+    match node {
+        YamlOwned::Value(scalar) => match scalar {
+            ScalarOwned::Null => Value::Null,
+            ScalarOwned::Boolean(b) => Value::Bool(*b),
+            ScalarOwned::Integer(i) => Value::from(*i),
+            ScalarOwned::FloatingPoint(f) => Value::from(f.into_inner()),
+            ScalarOwned::String(s) => Value::String(s.clone()),
+        },
+        YamlOwned::Sequence(items) => {
+            Value::Array(items.iter().map(|i| to_json(i, path)).collect())
+        }
+        YamlOwned::Mapping(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let key = match to_json(k, path) {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    (key, to_json(v, path))
+                })
+                .collect(),
+        ),
+        YamlOwned::Tagged(_, inner) => to_json(inner, path),
+        other => panic!("{path}: a YAML node this test does not read: {other:?}"),
+    }
+}
+
+/// A scalar as the text a program would read from it.
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => panic!("not a scalar: {other}"),
+    }
+}
+
+/// `v[pointer]`, which must be there.
+#[track_caller]
+fn at<'a>(v: &'a Value, pointer: &str) -> &'a Value {
+    v.pointer(pointer)
+        .unwrap_or_else(|| panic!("no {pointer} in {v}"))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(text)
+        .collect()
+}
+
+fn duration(value: &str) -> Duration {
+    humantime::parse_duration(value).unwrap_or_else(|e| panic!("{value:?}: {e}"))
+}
+
+/// The port of `host:port`.
+fn port_of(addr: &str) -> u16 {
+    let addr: std::net::SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
+    addr.port()
+}
+
+// === the binary ===
+
+/// One flag of `atmost serve --help`.
+#[derive(Debug, Clone)]
+struct Flag {
+    name: String,
+    default: Option<String>,
+    /// `<FILE>`: a path the binary reads.
+    file: bool,
+}
+
+/// The flags of `atmost serve`, by environment variable.
+fn serve_flags() -> BTreeMap<String, Flag> {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("atmost serve --help");
+    let help = String::from_utf8(help.stdout).expect("utf-8 help");
+    let mut flags = BTreeMap::new();
+    for block in help.split("\n      --").skip(1) {
+        let mut head = block.lines().next().expect("a line").split_whitespace();
+        let name = format!("--{}", head.next().expect("a name"));
+        if name == "--help" {
+            continue;
+        }
+        let field = |label: &str| {
+            block
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(label))
+                .map(|v| v.trim_end_matches(']').to_owned())
+        };
+        let env = field("[env: ")
+            .and_then(|v| v.split('=').next().map(str::to_owned))
+            .unwrap_or_else(|| panic!("{name} reads no variable"));
+        let flag = Flag {
+            name,
+            default: field("[default: "),
+            file: head.next() == Some("<FILE>"),
+        };
+        flags.insert(env, flag);
+    }
+    assert!(flags.len() >= 30, "read {} flags from --help", flags.len());
+    flags
+}
+
+/// The value a configuration gives `var`: its own, or the flag's default.
+fn effective(env: &BTreeMap<String, String>, flags: &BTreeMap<String, Flag>, var: &str) -> String {
+    env.get(var).cloned().unwrap_or_else(|| {
+        flags[var]
+            .default
+            .clone()
+            .unwrap_or_else(|| panic!("{} ({var}) has no default", flags[var].name))
+    })
+}
+
+#[track_caller]
+fn assert_read_by_the_binary<'a>(
+    source: &str,
+    names: impl IntoIterator<Item = &'a String>,
+    flags: &BTreeMap<String, Flag>,
+) {
+    for name in names {
+        assert!(
+            name.starts_with("ATMOST_") || name == "RUST_LOG",
+            "{source}: {name} is no variable of atmost's"
+        );
+        if name.starts_with("ATMOST_") {
+            assert!(
+                flags.contains_key(name),
+                "{source}: {name} is read by no flag of `atmost serve` (it would be ignored)"
+            );
+        }
+    }
+}
+
+// === Kubernetes ===
+
+/// deploy/kubernetes: one object per file, by kind.
+fn kubernetes() -> BTreeMap<String, Value> {
+    let kustomization = yaml("deploy/kubernetes/kustomization.yaml").remove(0);
+    let listed: BTreeSet<String> = strings(at(&kustomization, "/resources"))
+        .into_iter()
+        .collect();
+    let files: BTreeSet<String> = std::fs::read_dir(Path::new(ROOT).join("deploy/kubernetes"))
+        .expect("deploy/kubernetes")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|f| f != "kustomization.yaml")
+        .collect();
+    assert_eq!(
+        listed, files,
+        "kustomization.yaml's resources are not the files of deploy/kubernetes"
+    );
+    let mut objects = BTreeMap::new();
+    for file in files {
+        for object in yaml(&format!("deploy/kubernetes/{file}")) {
+            let kind = text(at(&object, "/kind"));
+            assert!(
+                objects.insert(kind.clone(), object).is_none(),
+                "two objects of kind {kind}"
+            );
+        }
+    }
+    for kind in [
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+        "NetworkPolicy",
+    ] {
+        assert!(objects.contains_key(kind), "no {kind} in deploy/kubernetes");
+    }
+    let image = text(at(&kustomization, "/images/0/name"));
+    let container = atmost_container(&objects["Deployment"]);
+    assert_eq!(
+        text(at(container, "/image")),
+        image,
+        "kustomization.yaml sets the image of another container"
+    );
+    objects
+}
+
+fn atmost_container(deployment: &Value) -> &Value {
+    let containers = at(deployment, "/spec/template/spec/containers")
+        .as_array()
+        .expect("containers");
+    assert_eq!(containers.len(), 1, "one container: atmost");
+    &containers[0]
+}
+
+/// The container's environment: the ConfigMaps of its envFrom, then its
+/// own `env`. A value from a Secret is `None`.
+fn pod_env(k8s: &BTreeMap<String, Value>) -> BTreeMap<String, Option<String>> {
+    let container = atmost_container(&k8s["Deployment"]);
+    let mut env = BTreeMap::new();
+    for source in container
+        .get("envFrom")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let name = text(
+            source
+                .pointer("/configMapRef/name")
+                .expect("envFrom reads ConfigMaps only (the secrets are named one by one)"),
+        );
+        let map = &k8s["ConfigMap"];
+        assert_eq!(
+            text(at(map, "/metadata/name")),
+            name,
+            "envFrom names a ConfigMap deploy/kubernetes does not define"
+        );
+        for (k, v) in at(map, "/data").as_object().expect("data") {
+            env.insert(k.clone(), Some(text(v)));
+        }
+    }
+    for var in container
+        .get("env")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let name = text(at(var, "/name"));
+        env.insert(name, var.get("value").map(text));
+    }
+    env
+}
+
+/// What the pod mounts where: (mount path, the volume's object).
+fn mounts(deployment: &Value) -> Vec<(String, Value)> {
+    let volumes = at(deployment, "/spec/template/spec/volumes")
+        .as_array()
+        .expect("volumes");
+    strings_of_mounts(atmost_container(deployment))
+        .into_iter()
+        .map(|(name, path)| {
+            let volume = volumes
+                .iter()
+                .find(|v| text(at(v, "/name")) == name)
+                .unwrap_or_else(|| panic!("volumeMount {name} names no volume"));
+            (path, volume.clone())
+        })
+        .collect()
+}
+
+fn strings_of_mounts(container: &Value) -> Vec<(String, String)> {
+    at(container, "/volumeMounts")
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .map(|m| {
+            if let Some(sub) = m.get("subPath") {
+                panic!(
+                    "subPath {sub}: a Secret mounted by subPath never sees an update, \
+                     and atmost re-reads its key files when they change"
+                );
+            }
+            (text(at(m, "/name")), text(at(m, "/mountPath")))
+        })
+        .collect()
+}
+
+/// The Secret (name, key) a file path of the pod comes from; fails for a
+/// path in no mounted Secret.
+fn secret_file(deployment: &Value, path: &str) -> (String, String) {
+    for (mount, volume) in mounts(deployment) {
+        let Some(file) = path.strip_prefix(&format!("{mount}/")) else {
+            continue;
+        };
+        let secret = volume
+            .get("secret")
+            .unwrap_or_else(|| panic!("{path}: in volume {volume}, which is no Secret"));
+        let name = text(at(secret, "/secretName"));
+        let key = match secret.get("items").and_then(Value::as_array) {
+            // Only the listed keys are there, each at its path.
+            Some(items) => items
+                .iter()
+                .find(|i| text(at(i, "/path")) == file)
+                .map(|i| text(at(i, "/key")))
+                .unwrap_or_else(|| panic!("{path}: {file} is not among the items of {name}")),
+            None => file.to_owned(),
+        };
+        return (name, key);
+    }
+    panic!("{path} is in no volume the container mounts")
+}
+
+// === probes ===
+
+/// A grpc-health-probe invocation.
+#[derive(Debug)]
+struct Probe {
+    source: String,
+    addr: String,
+    service: String,
+    tls: bool,
+    ca: Option<String>,
+}
+
+fn probe(source: &str, command: &[String]) -> Probe {
+    assert_eq!(
+        command.first().map(String::as_str),
+        Some(PROBE),
+        "{source}: not the image's grpc-health-probe: {command:?}"
+    );
+    let mut p = Probe {
+        source: source.to_owned(),
+        addr: String::new(),
+        service: String::new(),
+        tls: false,
+        ca: None,
+    };
+    for arg in &command[1..] {
+        let (flag, value) = arg.split_once('=').unwrap_or((arg, ""));
+        match flag {
+            "-addr" => p.addr = value.to_owned(),
+            "-service" => p.service = value.to_owned(),
+            "-tls" => p.tls = true,
+            "-tls-ca-cert" => p.ca = Some(value.to_owned()),
+            "-tls-server-name" | "-connect-timeout" | "-rpc-timeout" => {}
+            other => panic!("{source}: a probe flag this test does not know: {other}"),
+        }
+    }
+    assert!(!p.addr.is_empty(), "{source}: no -addr");
+    p
+}
+
+// === compose ===
+
+fn compose() -> Value {
+    yaml("deploy/compose.yaml").remove(0)
+}
+
+/// The atmost services of the compose file: the ones built from
+/// deploy/Dockerfile.
+fn compose_atmost(compose: &Value) -> Vec<(String, Value)> {
+    let services: Vec<(String, Value)> = at(compose, "/services")
+        .as_object()
+        .expect("services")
+        .iter()
+        .filter(|(_, s)| s.get("build").is_some())
+        .map(|(n, s)| (n.clone(), s.clone()))
+        .collect();
+    assert!(services.len() >= 2, "two atmost replicas in compose");
+    for (name, service) in &services {
+        assert_eq!(
+            text(at(service, "/build/dockerfile")),
+            "deploy/Dockerfile",
+            "{name}"
+        );
+    }
+    services
+}
+
+fn compose_env(service: &Value) -> BTreeMap<String, String> {
+    match at(service, "/environment") {
+        Value::Object(map) => map.iter().map(|(k, v)| (k.clone(), text(v))).collect(),
+        Value::Array(list) => list
+            .iter()
+            .map(|entry| {
+                let entry = text(entry);
+                let (k, v) = entry.split_once('=').expect("NAME=value");
+                (k.to_owned(), v.to_owned())
+            })
+            .collect(),
+        other => panic!("environment: {other}"),
+    }
+}
+
+/// The healthcheck's command, without its CMD.
+fn compose_probe(name: &str, service: &Value) -> Probe {
+    let test = strings(at(service, "/healthcheck/test"));
+    assert_eq!(
+        test[0], "CMD",
+        "{name}: the image has no shell for CMD-SHELL"
+    );
+    probe(&format!("compose {name}"), &test[1..])
+}
+
+// === the Dockerfile ===
+
+/// The Dockerfile's instructions: (INSTRUCTION, arguments), continuation
+/// lines joined and comments dropped.
+fn dockerfile() -> Vec<(String, String)> {
+    let mut instructions = Vec::new();
+    let mut current = String::new();
+    for line in read("deploy/Dockerfile").lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(part) => {
+                current.push_str(part);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                let (op, args) = current.split_once(' ').unwrap_or((&current, ""));
+                instructions.push((op.to_uppercase(), args.trim().to_owned()));
+                current.clear();
+            }
+        }
+    }
+    instructions
+}
+
+/// The final stage's instructions.
+fn runtime_stage() -> Vec<(String, String)> {
+    let all = dockerfile();
+    let last = all.iter().rposition(|(op, _)| op == "FROM").expect("FROM");
+    all[last..].to_vec()
+}
+
+fn dockerfile_env() -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for (op, args) in runtime_stage() {
+        if op == "ENV" {
+            for pair in args.split_whitespace() {
+                let (k, v) = pair.split_once('=').expect("ENV NAME=value");
+                env.insert(k.to_owned(), v.trim_matches('"').to_owned());
+            }
+        }
+    }
+    env
+}
+
+fn dockerfile_probe() -> Probe {
+    let (_, args) = runtime_stage()
+        .into_iter()
+        .find(|(op, _)| op == "HEALTHCHECK")
+        .expect("a HEALTHCHECK");
+    let (_, cmd) = args.split_once("CMD ").expect("HEALTHCHECK ... CMD [...]");
+    let cmd: Vec<String> = serde_json::from_str(cmd).expect("CMD in exec form (no shell)");
+    probe("Dockerfile HEALTHCHECK", &cmd)
+}
+
+fn dockerfile_expose() -> Vec<u16> {
+    runtime_stage()
+        .into_iter()
+        .filter(|(op, _)| op == "EXPOSE")
+        .flat_map(|(_, args)| {
+            args.split_whitespace()
+                .map(|p| p.trim_end_matches("/tcp").parse::<u16>().expect("a port"))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+// === the tests ===
+
+#[test]
+fn every_atmost_variable_in_deploy_is_one_the_binary_reads() {
+    let flags = serve_flags();
+    let k8s = kubernetes();
+    assert_read_by_the_binary("kubernetes", pod_env(&k8s).keys(), &flags);
+    assert_read_by_the_binary(
+        "configmap.yaml",
+        at(&k8s["ConfigMap"], "/data")
+            .as_object()
+            .expect("data")
+            .keys(),
+        &flags,
+    );
+    for (name, service) in compose_atmost(&compose()) {
+        assert_read_by_the_binary(
+            &format!("compose {name}"),
+            compose_env(&service).keys(),
+            &flags,
+        );
+    }
+    assert_read_by_the_binary("Dockerfile", dockerfile_env().keys(), &flags);
+    // The one way in: the image runs `atmost serve`, configured by its
+    // environment.
+    let entrypoint = runtime_stage()
+        .into_iter()
+        .find(|(op, _)| op == "ENTRYPOINT")
+        .expect("ENTRYPOINT")
+        .1;
+    let entrypoint: Vec<String> = serde_json::from_str(&entrypoint).expect("exec form");
+    assert_eq!(entrypoint, ["/usr/local/bin/atmost", "serve"]);
+    let container = atmost_container(&k8s["Deployment"]);
+    assert!(
+        container.get("command").is_none() && container.get("args").is_none(),
+        "the Deployment configures atmost through its environment only"
+    );
+}
+
+#[test]
+fn the_ports_agree() {
+    let k8s = kubernetes();
+    let deployment = &k8s["Deployment"];
+    let container = atmost_container(deployment);
+    let ports = at(container, "/ports").as_array().expect("ports");
+    assert_eq!(ports.len(), 1, "one port: gRPC");
+    let port_name = text(at(&ports[0], "/name"));
+    let port = at(&ports[0], "/containerPort").as_u64().expect("a number") as u16;
+    // A port named or numbered, as Kubernetes resolves it.
+    let resolve = |v: &Value| match v {
+        Value::Number(n) => n.as_u64().expect("a port") as u16,
+        Value::String(name) if *name == port_name => port,
+        other => panic!("port {other} is not the container's ({port_name}, {port})"),
+    };
+    let env = pod_env(&k8s);
+    let listen = env["ATMOST_LISTEN"]
+        .clone()
+        .expect("ATMOST_LISTEN in the ConfigMap");
+    assert_eq!(port_of(&listen), port, "ATMOST_LISTEN");
+    assert!(
+        listen
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .ip()
+            .is_unspecified(),
+        "ATMOST_LISTEN={listen}: the kubelet and the Service reach the pod's own address"
+    );
+    let service = &k8s["Service"];
+    for p in at(service, "/spec/ports").as_array().expect("ports") {
+        assert_eq!(resolve(at(p, "/targetPort")), port, "Service targetPort");
+    }
+    for kind in ["readinessProbe", "livenessProbe", "startupProbe"] {
+        let Some(p) = container.get(kind) else {
+            continue;
+        };
+        if let Some(command) = p.pointer("/exec/command") {
+            let probe = probe(kind, &strings(command));
+            assert_eq!(port_of(&probe.addr), port, "{kind} -addr");
+        }
+        for native in ["/tcpSocket/port", "/grpc/port", "/httpGet/port"] {
+            if let Some(v) = p.pointer(native) {
+                assert_eq!(resolve(v), port, "{kind} {native}");
+            }
+        }
+    }
+    let policy = &k8s["NetworkPolicy"];
+    for rule in at(policy, "/spec/ingress").as_array().expect("ingress") {
+        for p in at(rule, "/ports").as_array().expect("ports") {
+            assert_eq!(resolve(at(p, "/port")), port, "NetworkPolicy ingress");
+        }
+    }
+
+    // The image.
+    let exposed = dockerfile_expose();
+    assert_eq!(exposed, [port], "Dockerfile EXPOSE");
+    let image_env = dockerfile_env();
+    assert_eq!(
+        port_of(&image_env["ATMOST_LISTEN"]),
+        port,
+        "Dockerfile ATMOST_LISTEN"
+    );
+    assert_eq!(
+        port_of(&dockerfile_probe().addr),
+        port,
+        "Dockerfile HEALTHCHECK"
+    );
+
+    // Compose: the container's side of each mapping.
+    let compose = compose();
+    let mut host_ports = BTreeSet::new();
+    for (name, service) in compose_atmost(&compose) {
+        let env = compose_env(&service);
+        assert_eq!(port_of(&env["ATMOST_LISTEN"]), port, "{name} ATMOST_LISTEN");
+        assert_eq!(
+            port_of(&compose_probe(&name, &service).addr),
+            port,
+            "{name} healthcheck"
+        );
+        for mapping in at(&service, "/ports").as_array().expect("ports") {
+            let (host, container) = match mapping {
+                Value::Object(m) => (text(&m["published"]), text(&m["target"])),
+                other => {
+                    let spec = text(other);
+                    let mut parts: Vec<&str> = spec.rsplitn(3, ':').collect();
+                    parts.reverse();
+                    assert_eq!(parts.len(), 3, "{name}: publish on an address: {spec}");
+                    assert_eq!(
+                        parts[0], "127.0.0.1",
+                        "{name}: dev keys, loopback only: {spec}"
+                    );
+                    (parts[1].to_owned(), parts[2].to_owned())
+                }
+            };
+            assert_eq!(
+                container.parse::<u16>().ok(),
+                Some(port),
+                "{name}: {mapping}"
+            );
+            assert!(
+                host_ports.insert(host.clone()),
+                "{name}: host port {host} taken twice"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_probe_asks_for_a_service_atmost_reports() {
+    let k8s = kubernetes();
+    let env = pod_env(&k8s);
+    let deployment = &k8s["Deployment"];
+    let container = atmost_container(deployment);
+    let tls = env.contains_key("ATMOST_TLS_CERT");
+    let mut probes = Vec::new();
+    let mut readiness_on_health = false;
+    for kind in ["readinessProbe", "livenessProbe", "startupProbe"] {
+        let Some(p) = container.get(kind) else {
+            continue;
+        };
+        assert!(
+            p.get("grpc").is_none() || !tls,
+            "{kind}: the kubelet's own gRPC probe speaks no TLS, and atmost serves TLS"
+        );
+        if let Some(service) = p.pointer("/grpc/service") {
+            assert!(
+                HEALTH_SERVICES.contains(&text(service).as_str()),
+                "{kind}: {service}"
+            );
+        }
+        if let Some(command) = p.pointer("/exec/command") {
+            let probe = probe(&format!("kubernetes {kind}"), &strings(command));
+            readiness_on_health |= kind == "readinessProbe";
+            probes.push((probe, tls));
+        }
+    }
+    assert!(readiness_on_health, "the readiness probe asks gRPC health");
+    for (name, service) in compose_atmost(&compose()) {
+        let env = compose_env(&service);
+        probes.push((
+            compose_probe(&name, &service),
+            env.contains_key("ATMOST_TLS_CERT"),
+        ));
+    }
+    probes.push((
+        dockerfile_probe(),
+        dockerfile_env().contains_key("ATMOST_TLS_CERT"),
+    ));
+    for (probe, tls) in probes {
+        assert!(
+            HEALTH_SERVICES.contains(&probe.service.as_str()),
+            "{}: atmost reports no health for {:?}",
+            probe.source,
+            probe.service
+        );
+        assert_eq!(
+            probe.tls,
+            tls,
+            "{}: -tls where atmost serves {}",
+            probe.source,
+            if tls { "TLS" } else { "plaintext" }
+        );
+        let host = probe
+            .addr
+            .parse::<std::net::SocketAddr>()
+            .expect("-addr")
+            .ip();
+        assert!(
+            host.is_loopback(),
+            "{}: the probe runs in the container",
+            probe.source
+        );
+        if let Some(ca) = &probe.ca {
+            // In a mounted Secret, which docs/deploy.md lists (below).
+            secret_file(deployment, ca);
+        }
+    }
+}
+
+#[test]
+fn the_drain_fits_in_the_termination_grace() {
+    let flags = serve_flags();
+    let k8s = kubernetes();
+    let env: BTreeMap<String, String> = pod_env(&k8s)
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect();
+    let delay = duration(&effective(&env, &flags, "ATMOST_DRAIN_DELAY"));
+    let grace = duration(&effective(&env, &flags, "ATMOST_SHUTDOWN_GRACE"));
+    assert!(
+        delay >= Duration::from_secs(2),
+        "a drain delay of {delay:?}: too short for endpoints to see the pod go"
+    );
+    let spec = at(&k8s["Deployment"], "/spec/template/spec");
+    let container = atmost_container(&k8s["Deployment"]);
+    let pre_stop = match container.pointer("/lifecycle/preStop") {
+        None => Duration::ZERO,
+        Some(hook) => match hook.pointer("/sleep/seconds") {
+            Some(s) => Duration::from_secs(s.as_u64().expect("seconds")),
+            None => panic!("a preStop hook this test cannot time: {hook}"),
+        },
+    };
+    let period = Duration::from_secs(
+        at(spec, "/terminationGracePeriodSeconds")
+            .as_u64()
+            .expect("seconds"),
+    );
+    assert!(
+        period >= pre_stop + delay + grace,
+        "terminationGracePeriodSeconds {period:?} < preStop {pre_stop:?} + drain delay {delay:?} \
+         + shutdown grace {grace:?}: the kubelet kills atmost mid-drain"
+    );
+    // The readiness probe sees NOT_SERVING within the delay.
+    let readiness = at(container, "/readinessProbe");
+    let seen = Duration::from_secs(
+        at(readiness, "/periodSeconds").as_u64().unwrap_or(10)
+            * readiness
+                .get("failureThreshold")
+                .and_then(Value::as_u64)
+                .unwrap_or(3),
+    );
+    assert!(
+        seen <= delay,
+        "readiness needs {seen:?} to see NOT_SERVING, longer than the drain delay {delay:?}"
+    );
+
+    for (name, service) in compose_atmost(&compose()) {
+        let env = compose_env(&service);
+        let delay = duration(&effective(&env, &flags, "ATMOST_DRAIN_DELAY"));
+        let grace = duration(&effective(&env, &flags, "ATMOST_SHUTDOWN_GRACE"));
+        let stop = service
+            .get("stop_grace_period")
+            .map_or(Duration::from_secs(10), |v| duration(&text(v)));
+        assert!(
+            stop >= delay + grace,
+            "{name}: stop_grace_period {stop:?} < {delay:?} + {grace:?}"
+        );
+    }
+}
+
+#[test]
+fn the_pod_runs_restricted_as_the_images_user() {
+    let k8s = kubernetes();
+    let spec = at(&k8s["Deployment"], "/spec/template/spec");
+    let pod = at(spec, "/securityContext");
+    assert_eq!(
+        pod.get("runAsNonRoot"),
+        Some(&Value::Bool(true)),
+        "pod runAsNonRoot"
+    );
+    assert_eq!(
+        pod.pointer("/seccompProfile/type").map(text).as_deref(),
+        Some("RuntimeDefault"),
+        "pod seccompProfile"
+    );
+    for host in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert_ne!(spec.get(host), Some(&Value::Bool(true)), "{host}");
+    }
+    let container = atmost_container(&k8s["Deployment"]);
+    let ctx = at(container, "/securityContext");
+    assert_eq!(
+        ctx.get("allowPrivilegeEscalation"),
+        Some(&Value::Bool(false))
+    );
+    assert_eq!(ctx.get("readOnlyRootFilesystem"), Some(&Value::Bool(true)));
+    assert_ne!(ctx.get("privileged"), Some(&Value::Bool(true)));
+    assert_eq!(strings(at(ctx, "/capabilities/drop")), ["ALL"]);
+    assert!(
+        ctx.pointer("/capabilities/add").is_none(),
+        "no capability added"
+    );
+    if let Some(seccomp) = ctx.pointer("/seccompProfile/type") {
+        assert_eq!(text(seccomp), "RuntimeDefault");
+    }
+    let user = ctx
+        .get("runAsUser")
+        .or_else(|| pod.get("runAsUser"))
+        .map(|u| u.as_u64().expect("a uid"));
+    // The image's own user, not root.
+    let (_, image_user) = runtime_stage()
+        .into_iter()
+        .rev()
+        .find(|(op, _)| op == "USER")
+        .expect("USER in the final stage");
+    let image_uid: u64 = image_user
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("a numeric USER (runAsNonRoot checks numbers)");
+    assert_ne!(image_uid, 0, "the image runs as root");
+    if let Some(user) = user {
+        assert_eq!(user, image_uid, "runAsUser is not the image's user");
+    }
+    assert!(
+        at(container, "/resources/requests").get("cpu").is_some()
+            && at(container, "/resources/requests").get("memory").is_some()
+            && at(container, "/resources/limits").get("memory").is_some(),
+        "CPU and memory requests, a memory limit"
+    );
+    assert_eq!(
+        spec.get("automountServiceAccountToken"),
+        Some(&Value::Bool(false)),
+        "atmost calls no Kubernetes API"
+    );
+}
+
+#[test]
+fn selectors_and_targets_match_the_deployment() {
+    let k8s = kubernetes();
+    let deployment = &k8s["Deployment"];
+    let name = text(at(deployment, "/metadata/name"));
+    let labels = at(deployment, "/spec/template/metadata/labels")
+        .as_object()
+        .expect("labels")
+        .clone();
+    let matches = |what: &str, selector: &Value| {
+        let selector = selector.as_object().expect("a label map");
+        assert!(
+            !selector.is_empty(),
+            "{what}: an empty selector selects every pod"
+        );
+        for (k, v) in selector {
+            assert_eq!(
+                labels.get(k),
+                Some(v),
+                "{what}: {k}={v} is not the pods' label"
+            );
+        }
+    };
+    matches("Deployment", at(deployment, "/spec/selector/matchLabels"));
+    matches("Service", at(&k8s["Service"], "/spec/selector"));
+    matches(
+        "PodDisruptionBudget",
+        at(&k8s["PodDisruptionBudget"], "/spec/selector/matchLabels"),
+    );
+    matches(
+        "NetworkPolicy",
+        at(&k8s["NetworkPolicy"], "/spec/podSelector/matchLabels"),
+    );
+    for c in at(deployment, "/spec/template/spec/topologySpreadConstraints")
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        matches(
+            "topologySpreadConstraints",
+            at(c, "/labelSelector/matchLabels"),
+        );
+    }
+
+    let hpa = &k8s["HorizontalPodAutoscaler"];
+    assert_eq!(text(at(hpa, "/apiVersion")), "autoscaling/v2");
+    assert_eq!(text(at(hpa, "/spec/scaleTargetRef/kind")), "Deployment");
+    assert_eq!(text(at(hpa, "/spec/scaleTargetRef/name")), name);
+    assert!(
+        at(hpa, "/spec/metrics")
+            .as_array()
+            .expect("metrics")
+            .iter()
+            .any(|m| m.pointer("/resource/name").map(text).as_deref() == Some("cpu")),
+        "the HPA scales on CPU"
+    );
+    let min = at(hpa, "/spec/minReplicas").as_u64().expect("minReplicas");
+    let max = at(hpa, "/spec/maxReplicas").as_u64().expect("maxReplicas");
+    assert!(
+        min >= 2 && max >= min,
+        "minReplicas {min}, maxReplicas {max}"
+    );
+    // The budget lets a drain proceed, and never takes every replica.
+    let pdb = at(&k8s["PodDisruptionBudget"], "/spec");
+    match (pdb.get("maxUnavailable"), pdb.get("minAvailable")) {
+        (Some(n), None) => {
+            let n = n.as_u64().expect("a number");
+            assert!(n >= 1 && n < min, "maxUnavailable {n} with {min} replicas");
+        }
+        (None, Some(n)) => {
+            let n = n.as_u64().expect("a number");
+            assert!(
+                n < min,
+                "minAvailable {n} blocks every drain at {min} replicas"
+            );
+        }
+        other => panic!("the PDB sets one of maxUnavailable, minAvailable: {other:?}"),
+    }
+
+    // The NetworkPolicy lets atmost reach DNS and Redis, nothing more.
+    let policy = at(&k8s["NetworkPolicy"], "/spec");
+    assert_eq!(strings(at(policy, "/policyTypes")), ["Ingress", "Egress"]);
+    let egress_ports: BTreeSet<(u64, String)> = at(policy, "/egress")
+        .as_array()
+        .expect("egress")
+        .iter()
+        .flat_map(|rule| at(rule, "/ports").as_array().expect("ports").clone())
+        .map(|p| {
+            (
+                at(&p, "/port").as_u64().expect("a numbered port"),
+                p.get("protocol").map_or("TCP".into(), text),
+            )
+        })
+        .collect();
+    assert!(
+        egress_ports.contains(&(53, "UDP".into())),
+        "DNS over UDP: {egress_ports:?}"
+    );
+    assert!(
+        egress_ports.contains(&(53, "TCP".into())),
+        "DNS over TCP: {egress_ports:?}"
+    );
+    assert_eq!(
+        egress_ports.len(),
+        3,
+        "DNS and Redis only: {egress_ports:?}"
+    );
+}
+
+#[test]
+fn every_secret_and_config_map_is_documented_and_mounted() {
+    let flags = serve_flags();
+    let k8s = kubernetes();
+    let deployment = &k8s["Deployment"];
+    let docs = read("docs/deploy.md");
+    let section = docs
+        .split("\n## Secrets")
+        .nth(1)
+        .expect("docs/deploy.md has a \"## Secrets\" section")
+        .split("\n## ")
+        .next()
+        .expect("the section");
+    // Every (Secret, key) the pod reads.
+    let mut needed: BTreeSet<(String, String)> = BTreeSet::new();
+    let container = atmost_container(deployment);
+    for var in container
+        .get("env")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(secret) = var.pointer("/valueFrom/secretKeyRef") {
+            needed.insert((text(at(secret, "/name")), text(at(secret, "/key"))));
+        }
+    }
+    for (_, volume) in mounts(deployment) {
+        if let Some(secret) = volume.get("secret") {
+            let name = text(at(secret, "/secretName"));
+            for item in secret
+                .get("items")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                needed.insert((name.clone(), text(at(item, "/key"))));
+            }
+        }
+    }
+    // Every file a flag names is in a mounted Secret.
+    for (var, value) in pod_env(&k8s) {
+        let (Some(flag), Some(path)) = (flags.get(&var), value) else {
+            continue;
+        };
+        if flag.file {
+            needed.insert(secret_file(deployment, &path));
+        }
+    }
+    if let Some(command) = container.pointer("/readinessProbe/exec/command")
+        && let Some(ca) = probe("readiness", &strings(command)).ca
+    {
+        needed.insert(secret_file(deployment, &ca));
+    }
+    let secrets: BTreeSet<&String> = needed.iter().map(|(s, _)| s).collect();
+    assert!(secrets.len() >= 3, "read {secrets:?}");
+    for (secret, key) in &needed {
+        let row = section
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{secret}`")))
+            .unwrap_or_else(|| panic!("Secret {secret} has no row in docs/deploy.md, \"Secrets\""));
+        let keys = row.split(" | ").nth(1).expect("| Secret | keys | what |");
+        assert!(
+            keys.split(", ").any(|k| k == format!("`{key}`")),
+            "Secret {secret}: key {key} is not in its keys in docs/deploy.md: {row}"
+        );
+    }
+    // No Secret documented that nothing reads (a renamed one).
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let name = line[3..].split('`').next().expect("a name");
+        assert!(
+            secrets.contains(&name.to_owned()),
+            "docs/deploy.md documents Secret {name}, which the Deployment does not read"
+        );
+    }
+    let config = text(at(&k8s["ConfigMap"], "/metadata/name"));
+    assert!(
+        docs.contains(&format!("`{config}`")),
+        "docs/deploy.md names {config}"
+    );
+}
+
+/// What a configuration's environment gives the binary here: loopback
+/// address (AtmostProcess's `--listen 127.0.0.1:0`, which wins over
+/// ATMOST_LISTEN), the test's Redis, and `files` for the paths that exist
+/// only in the container.
+fn start_with(env: &BTreeMap<String, String>) -> AtmostProcess {
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    spawn_atmost_with_env::<&str>(&[], &pairs)
+}
+
+/// Every health service the probes ask for is SERVING.
+async fn assert_serving(client: &Client) {
+    for service in HEALTH_SERVICES {
+        assert_eq!(
+            health(client, service).await.expect("health"),
+            ServingStatus::Serving,
+            "{service:?}"
+        );
+    }
+}
+
+/// The ConfigMap's values, given to the binary on a real Redis: every one
+/// parses (a value out of range or misspelt stops atmost at start-up).
+/// The files only the pod has (keys, certificates) are left out; the test
+/// above checks each is in a mounted Secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_with_the_kubernetes_configuration() {
+    let _machine = shared().await;
+    let flags = serve_flags();
+    let k8s = kubernetes();
+    let redis = Redis::start_owned();
+    let mut env: BTreeMap<String, String> = pod_env(&k8s)
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
+        .filter(|(k, _)| !flags.get(k).is_some_and(|f| f.file))
+        .collect();
+    assert_eq!(env.get("ATMOST_STORE").map(String::as_str), Some("redis"));
+    // The atmost-redis Secret's URL, here.
+    env.insert("ATMOST_REDIS_URL".into(), redis.url.clone());
+    let process = start_with(&env);
+    assert_serving(&process.client().await).await;
+}
+
+/// compose.yaml's environment and key file, on a redis-server started with
+/// compose's Redis command (atmost refuses an evicting Redis): it serves,
+/// and the development keys docs/deploy.md gives are the file's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_with_the_compose_configuration() {
+    use sha2::Digest;
+    let _machine = shared().await;
+    let compose = compose();
+    let command = strings(at(&compose, "/services/redis/command"));
+    assert_eq!(command[0], "redis-server");
+    let settings: BTreeMap<&str, &str> = command[1..]
+        .chunks(2)
+        .map(|pair| (pair[0].as_str(), pair[1].as_str()))
+        .collect();
+    assert_eq!(settings.get("--appendonly"), Some(&"yes"));
+    assert_eq!(settings.get("--appendfsync"), Some(&"everysec"));
+    assert_eq!(settings.get("--maxmemory-policy"), Some(&"noeviction"));
+    // Its append-only file in a directory of its own.
+    let dir =
+        std::env::temp_dir().join(format!("atmost-compose-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir).expect("a data directory");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let mut args: Vec<&str> = command[1..].iter().map(String::as_str).collect();
+    args.extend(["--dir", &dir_arg]);
+    let redis = Redis::start_owned_with(&args);
+
+    let (name, service) = compose_atmost(&compose).remove(0);
+    let mut env = compose_env(&service);
+    assert_eq!(env.get("ATMOST_STORE").map(String::as_str), Some("redis"));
+    env.insert("ATMOST_REDIS_URL".into(), redis.url.clone());
+    // The files compose mounts, from deploy/ here.
+    let volumes = strings(at(&service, "/volumes"));
+    for value in env.values_mut() {
+        if !value.starts_with('/') {
+            continue;
+        }
+        let host = volumes
+            .iter()
+            .find_map(|v| {
+                let mut parts = v.split(':');
+                let (host, inside) = (parts.next()?, parts.next()?);
+                (inside == value.as_str()).then(|| Path::new(ROOT).join("deploy").join(host))
+            })
+            .unwrap_or_else(|| panic!("{name}: {value} is in no volume"));
+        *value = host.to_string_lossy().into_owned();
+    }
+    let keys_file = PathBuf::from(env.get("ATMOST_AUTH_KEYS").expect("compose runs with keys"));
+    let process = start_with(&env);
+    let client = process.client().await;
+    assert_serving(&client).await;
+
+    // Each key of the file: its comment's plaintext hashes to its digest,
+    // docs/deploy.md gives it, and it works.
+    let file = std::fs::read_to_string(&keys_file).expect("the key file");
+    let docs = read("docs/deploy.md");
+    let mut keys = BTreeMap::new();
+    let mut plaintext = None;
+    for line in file.lines() {
+        if let Some(rest) = line.strip_prefix("# printf %s ") {
+            plaintext = rest.split_whitespace().next().map(str::to_owned);
+        }
+        if let Some(digest) = line.strip_prefix("sha256 = ") {
+            let key = plaintext.take().expect("each digest follows its plaintext");
+            assert_eq!(
+                hex(&sha2::Sha256::digest(key.as_bytes())),
+                digest.trim_matches('"'),
+                "{key}"
+            );
+            assert!(
+                docs.contains(&format!("`{key}`")),
+                "docs/deploy.md gives {key}"
+            );
+            keys.insert(
+                key.clone(),
+                client.clone().with_api_key(&key).expect("a key"),
+            );
+        }
+    }
+    let admin = &keys["atmost-dev-admin-key"];
+    let agent = &keys["atmost-dev-agent-key"];
+    let permit = admin
+        .create_permit(NewPermit::new(["t"]).subject("compose").build())
+        .await
+        .expect("CreatePermit with the dev admin key")
+        .permit_id;
+    let answer = agent
+        .authorize(pb::AuthorizeRequest {
+            permit_id: permit,
+            tool: "t".into(),
+            idempotency_key: "k".into(),
+            request_fingerprint: b"fp".to_vec(),
+            cost: 0,
+            holder_token: Vec::new(),
+        })
+        .await
+        .expect("Authorize with the dev agent key");
+    assert_eq!(answer.decision(), pb::Decision::Dispatch);
+    drop(process);
+    drop(redis);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The image's own environment starts the binary (dev mode here: on a
+/// non-loopback address atmost wants keys, which the image leaves to its
+/// deployment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_with_the_images_environment() {
+    let _machine = shared().await;
+    let env = dockerfile_env();
+    assert!(
+        port_of(&env["ATMOST_LISTEN"]) > 0
+            && env["ATMOST_LISTEN"]
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .ip()
+                .is_unspecified(),
+        "the image listens on every interface of its container"
+    );
+    let process = start_with(&env);
+    assert_serving(&process.client().await).await;
+    // The same environment on its real address, without keys: refused.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+        .arg("serve")
+        .envs(&env)
+        .env("ATMOST_LISTEN", "0.0.0.0:0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run atmost");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the image's environment served on 0.0.0.0 without keys");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert!(!status.success(), "served without keys on 0.0.0.0");
+    assert!(stderr.contains("without authentication"), "{stderr}");
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
