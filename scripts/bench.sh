@@ -13,7 +13,10 @@
 #       Redis memory per finished attempt; a latency-vs-throughput sweep,
 #       and the health check's latency at the same rates beside it;
 #   ListUncertain with 1k, 100k and 1M open attempts in one permit, on
-#       both stores, and Redis's SLOWLOG meanwhile (tools/bench list_scale).
+#       both stores, and Redis's SLOWLOG meanwhile (tools/bench list_scale);
+#   (d) Redis Cluster (3 primaries, 3 replicas) beside one standalone Redis:
+#       authorize through atmost with --durability none and replica, and
+#       Redis's own CPU per authorize script from INFO commandstats.
 #
 # Usage: scripts/bench.sh            (DURATION=10s CONCURRENCY=64 by default)
 #        DURATION=2s scripts/bench.sh   (a quick smoke run)
@@ -21,6 +24,9 @@
 #        SWEEP_ONLY=1 scripts/bench.sh   (the Redis store's peak and the
 #            overload sweep alone, about 2 minutes: docs/performance.md,
 #            "Overload")
+#        CLUSTER_ONLY=1 scripts/bench.sh   (Redis Cluster beside
+#            standalone alone, about 2 minutes: docs/performance.md,
+#            "Redis Cluster")
 # Results: target/bench/<time>/results.jsonl and summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -101,7 +107,8 @@ echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/10485
 # touch of new memory costs: a transparent huge page is zeroed whole on it.
 python3 scripts/bench_report.py wakeups 5 >>"$RESULTS"
 python3 scripts/bench_report.py first_touch >>"$RESULTS"
-full() { [ -z "${SWEEP_ONLY:-}" ]; }
+full() { [ -z "${SWEEP_ONLY:-}${CLUSTER_ONLY:-}" ]; }
+sweep() { [ -z "${CLUSTER_ONLY:-}" ]; }
 if full; then
 echo "== (a) Redis ceiling: EVALSHA of authorize.lua, c=$CONCURRENCY"
 # The script exactly as atmost sends it (lib.lua, authorize.lua, the packing),
@@ -164,6 +171,7 @@ stop_atmost
 
 fi
 
+if sweep; then
 echo "== (c) the Redis store"
 start_atmost --store redis --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-prefix bench
 if full; then
@@ -202,6 +210,62 @@ rcli FLUSHALL >/dev/null
 "$BIN/list_scale" --redis-url "redis://127.0.0.1:$REDIS_PORT" --sizes "$LIST_SIZES" \
   --json "$RESULTS" | tee "$OUT/list-scale.txt"
 rcli FLUSHALL >/dev/null
+fi
+fi
+
+if full || [ -n "${CLUSTER_ONLY:-}" ]; then
+echo "== (d) Redis Cluster (3 primaries, 3 replicas) beside one standalone Redis"
+# Redis's own CPU per script: usec_per_call of cmdstat_evalsha, summed over
+# the primaries' calls, after CONFIG RESETSTAT.
+evalsha_stats() { # ports... -> "calls usec"
+  for port in "$@"; do redis-cli -p "$port" INFO commandstats; done |
+    awk -F'[=,:]' '/^cmdstat_evalsha:/ { c += $3; u += $5 } END { print c + 0, u + 0 }'
+}
+cluster_run() { # label ports-of-primaries... ; atmost already started
+  local label=$1; shift
+  for port in "$@"; do redis-cli -p "$port" CONFIG RESETSTAT >/dev/null; done
+  bench "$label" authorize
+  read -r calls usec < <(evalsha_stats "$@")
+  record "${label}_evalsha_calls" "$calls"
+  record "${label}_evalsha_usec_per_call" "$(awk -v c="$calls" -v u="$usec" 'BEGIN { printf "%.2f", (c > 0 ? u / c : 0) }')"
+}
+CLUSTER_PORTS=()
+for _ in 1 2 3 4 5 6; do
+  port=$(free_port)
+  mkdir -p "$OUT/cluster-$port"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
+    --loglevel warning --dir "$OUT/cluster-$port" --cluster-enabled yes \
+    --cluster-port "$(free_port)" --cluster-config-file nodes.conf \
+    --repl-diskless-sync-delay 0 >/dev/null &
+  PIDS+=($!)
+  CLUSTER_PORTS+=("$port")
+done
+for port in "${CLUSTER_PORTS[@]}"; do
+  until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+done
+redis-cli --cluster create $(printf '127.0.0.1:%s ' "${CLUSTER_PORTS[@]}") \
+  --cluster-replicas 1 --cluster-yes >"$OUT/cluster-create.txt"
+until redis-cli -p "${CLUSTER_PORTS[0]}" --cluster check "127.0.0.1:${CLUSTER_PORTS[0]}" 2>/dev/null |
+  grep -q 'All 16384 slots covered'; do sleep 0.2; done
+PRIMARIES=()
+for port in "${CLUSTER_PORTS[@]}"; do
+  if redis-cli -p "$port" INFO replication | grep -q '^role:master'; then PRIMARIES+=("$port"); fi
+done
+for port in "${PRIMARIES[@]}"; do
+  until [ "$(redis-cli -p "$port" INFO replication | grep -c 'state=online')" = 1 ]; do sleep 0.1; done
+done
+SEEDS=$(printf 'redis://127.0.0.1:%s,' "${CLUSTER_PORTS[@]}")
+SEEDS=${SEEDS%,}
+rcli FLUSHALL >/dev/null
+start_atmost --store redis --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-prefix bench
+cluster_run standalone "$REDIS_PORT"
+stop_atmost
+for durability in none replica; do
+  start_atmost --store redis --redis-mode cluster --redis-url "$SEEDS" --durability "$durability" \
+    --redis-prefix "bench-$durability"
+  cluster_run "cluster-$durability" "${PRIMARIES[@]}"
+  stop_atmost
+done
 fi
 
 read -r CPU_TOTAL1 CPU_STEAL1 < <(cpu_totals)

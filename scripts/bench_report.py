@@ -193,6 +193,25 @@ def summary(path, clk_tck):
                   f"p99 at 150% / p99 at 50% = {tail:.1f} (target <= 4, {mark(tail <= 4)}); "
                   f"shed at 80%: {shed80} (target 0, {mark(shed80 == 0)})")
     list_scale(runs)
+    cluster(runs, m)
+
+
+def cluster(runs, m):
+    """Redis Cluster beside one standalone Redis: authorize through atmost,
+    and Redis's own CPU per authorize script (INFO commandstats)."""
+    rows = [(label, find(runs, label, "authorize")) for label in ("standalone", "cluster-none", "cluster-replica")]
+    rows = [(label, r) for label, r in rows if r]
+    if not rows:
+        return
+    base = rows[0][1]["throughput_rps"] if rows[0][0] == "standalone" else None
+    print()
+    print("Redis Cluster (3 primaries, 3 replicas) beside one standalone Redis, authorize, closed loop:")
+    for label, r in rows:
+        usec = m.get(f"{label}_evalsha_usec_per_call")
+        ratio = f" ({r['throughput_rps'] / base:.2f} of standalone)" if base else ""
+        print(f"  {label:<16} {r['throughput_rps']:>8.0f}/s{ratio}  p50 {r['p50_us']:>6}us p99 {r['p99_us']:>6}us  "
+              f"Redis CPU per authorize script {usec} us")
+
 
 def list_scale(runs):
     """The ListUncertain-at-scale block: per page, listing and scope, the

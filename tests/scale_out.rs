@@ -565,3 +565,122 @@ async fn a_failover_loses_an_unreplicated_write_and_only_replica_durability_neve
         }
     }
 }
+
+/// No blind retry on a Cluster: a script whose reply is lost (the commands
+/// reach Redis and run; the answers never come back) is sent once, answered
+/// UNAVAILABLE, and never re-sent by the cluster client behind the caller's
+/// back. The caller's same-key retry is answered from what it recorded.
+/// (The primary announces a fault proxy's port, so every client reaches it
+/// through the proxy.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_on_a_cluster_is_unavailable_and_never_resent() {
+    let _machine = shared().await;
+    let cluster = own_cluster();
+    let seed = cluster.nodes[0].port();
+    let permit = uuid::Uuid::now_v7().to_string();
+    // The permit's primary, behind a proxy it announces.
+    let primary = cluster
+        .primary_of_slot(slot_of(seed, &permit))
+        .expect("a primary");
+    let proxy = proxy::Proxy::start(([127, 0, 0, 1], primary).into()).await;
+    let proxy_port = proxy.addr().port().to_string();
+    redis_cli(
+        primary,
+        &["config", "set", "cluster-announce-port", &proxy_port],
+    )
+    .expect("announce the proxy");
+    let announced = format!("127.0.0.1:{proxy_port}@");
+    poll_until(
+        Duration::from_secs(20),
+        "every node sees the proxy's port",
+        || {
+            cluster.nodes.iter().all(|n| {
+                redis_cli(n.port(), &["cluster", "nodes"]).is_ok_and(|o| o.contains(&announced))
+            })
+        },
+    )
+    .await;
+    let h = Harness::serve(
+        Backend::Redis(store(
+            &cluster.urls(),
+            Mode::Cluster,
+            Durability::None,
+            Duration::from_secs(1),
+        )),
+        None,
+        |app| app,
+    )
+    .await;
+    // Permits until one lands behind the proxy.
+    let mut permit = String::new();
+    for _ in 0..60 {
+        let p = h.create_with(&["t"], &[("t", 3)], None).await;
+        // (CLUSTER NODES names it by the port it announces.)
+        if cluster.primary_of_slot(slot_of(seed, &p)) == Some(proxy.addr().port()) {
+            permit = p;
+            break;
+        }
+    }
+    assert!(!permit.is_empty(), "no permit on the proxied primary in 60");
+    let request = || pb::AuthorizeRequest {
+        permit_id: permit.clone(),
+        tool: "t".into(),
+        idempotency_key: "lost-reply-key".into(),
+        request_fingerprint: b"fp".to_vec(),
+        cost: 1,
+        holder_token: b"holder".to_vec(),
+    };
+    // The node has the authorize script loaded (a NOSCRIPT lost would
+    // prove nothing).
+    h.dispatch(&permit, "t", "warm-up", b"fp", 1).await;
+    // The reply is swallowed, then the connection breaks (the proxy closes
+    // a connection that lost a reply when the mode changes): what a client
+    // with retries would answer by reconnecting and sending it again.
+    proxy.set_mode(proxy::Mode::DropReplies);
+    let (client, first) = (h.client.clone(), request());
+    let pending = tokio::spawn(async move { client.authorize(first).await });
+    poll_until(Duration::from_secs(5), "the script reached Redis", || {
+        proxy.count_command("EVALSHA", "lost-reply-key") == 1
+    })
+    .await;
+    proxy.set_mode(proxy::Mode::Pass);
+    let e = pending
+        .await
+        .expect("the call")
+        .expect_err("the reply was lost");
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    // Long enough for any retry redis-rs might make to have been sent.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        proxy.count_command("EVALSHA", "lost-reply-key"),
+        1,
+        "the script was sent once: {:?}",
+        proxy.commands().len()
+    );
+    let again = loop {
+        match h.client.authorize(request()).await {
+            Err(e) if e.code() == Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => break other.expect("the same-key retry"),
+        }
+    };
+    // It ran the first time: the same holder is handed the same attempt.
+    assert_eq!(again.decision(), Decision::Dispatch, "{again:?}");
+    assert!(again.redelivered, "{again:?}");
+    assert_eq!(
+        usage_calls(&h, &permit).await,
+        2,
+        "warm-up and one reservation, not two"
+    );
+}
+
+async fn usage_calls(h: &Harness, permit: &str) -> u64 {
+    h.get(permit)
+        .await
+        .expect("get")
+        .usage
+        .into_iter()
+        .find(|u| u.tool == "t")
+        .map_or(0, |u| u.calls_made)
+}
