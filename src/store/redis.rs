@@ -46,7 +46,7 @@ use crate::domain::{
     invalid,
 };
 use codec::{decode_permit, encode_permit, id_bytes};
-use conn::{Conn, DurablePool, Handle, broken, not_run, unavailable};
+use conn::{Conn, DurablePool, Handle, broken, demoted, not_run, unavailable};
 use redis::Value;
 use reply::{About, decode_attempt, decode_usage, malformed, open, open_ok};
 use scripts::{Invocation, Lua};
@@ -67,6 +67,10 @@ const LIST_CHUNK: usize = 200;
 /// ...): the first, then retries after 10, 20, 40, ... ms, about 1.3 s in
 /// all, cut short by the store deadline.
 const NOT_RUN_TRIES: u32 = 8;
+
+/// How long the key written after each durable script lives (see
+/// `RedisStore::run_once`): only its write matters.
+const SYNC_KEY_MS: u64 = 10_000;
 
 /// The Redis store: its connection and the key prefix.
 #[derive(Clone)]
@@ -230,7 +234,7 @@ impl RedisStore {
     /// sentinel mode, a broken connection or a demoted primary sends the
     /// next call to the Sentinels.
     fn noticed(&self, e: &redis::RedisError) {
-        if broken(e) || e.kind() == redis::ServerErrorKind::ReadOnly.into() {
+        if broken(e) || demoted(e) {
             self.eviction.forget();
         }
         self.conn.failed(e);
@@ -239,8 +243,33 @@ impl RedisStore {
     /// The connection, once Redis is known not to evict (see [`eviction`]).
     async fn conn(&self) -> Result<Conn, Error> {
         let mut conn = self.conn.get().await?;
-        self.eviction.admit(&mut conn).await?;
+        if let Err(e) = self.eviction.admit(&mut conn).await {
+            // The policy could not be read (or refuses): perhaps from a
+            // server that is gone; the next call connects afresh.
+            self.conn.reset();
+            return Err(e);
+        }
         Ok(conn)
+    }
+
+    /// `<prefix>:sync:{tag}`: in the slot of `key` (its hash tag, or the
+    /// whole key when it has none), written after each durable script.
+    /// atmost's keys have braces only around their tag (prefixes may not
+    /// hold them, tenants are `[A-Za-z0-9._-]`, permit ids UUIDs).
+    fn sync_key(&self, key: &[u8]) -> Vec<u8> {
+        let tag = key
+            .iter()
+            .position(|b| *b == b'{')
+            .and_then(|open| {
+                let rest = &key[open + 1..];
+                let close = rest.iter().position(|b| *b == b'}')?;
+                (close > 0).then(|| &rest[..close])
+            })
+            .unwrap_or(key);
+        let mut sync = format!("{}:sync:{{", self.prefix).into_bytes();
+        sync.extend_from_slice(tag);
+        sync.push(b'}');
+        sync
     }
 
     fn keys(&self, permit_id: &str) -> PermitKeys {
@@ -324,10 +353,20 @@ impl RedisStore {
         let mut loaded = false;
         loop {
             let result = if wait {
-                // One pipeline: the two go out together on one connection,
-                // so WAIT counts the replicas that have this script's writes.
+                // One pipeline: the three go out together on one
+                // connection. WAIT waits for what this connection last
+                // wrote; a script that wrote nothing (a replay) may have read
+                // what another connection wrote and no replica has yet, so a
+                // write always follows it (in its slot), and WAIT then covers
+                // everything the script could have seen.
                 let mut pipe = redis::pipe();
                 pipe.add_command(inv.evalsha())
+                    .cmd("SET")
+                    .arg(self.sync_key(inv.slot_key()))
+                    .arg(1)
+                    .arg("PX")
+                    .arg(SYNC_KEY_MS)
+                    .ignore()
                     .cmd("WAIT")
                     .arg(1)
                     .arg(self.wait_ms);
@@ -653,7 +692,14 @@ impl Store for RedisStore {
     /// Redis answers, and (read afresh: CONFIG SET or a failover can change
     /// it) does not evict.
     async fn ping(&self) -> Result<(), Error> {
-        self.conn.check_primary().await?;
+        // Sentinel mode: every connection, the durable ones included, to the
+        // primary the Sentinels name now.
+        if let Some(named) = self.conn.named_primary().await? {
+            self.conn.forget_unless(&named);
+            for handle in self.durable.iter().flat_map(|pool| pool.handles()) {
+                handle.forget_unless(&named);
+            }
+        }
         let mut conn = self.conn.get().await?;
         conn.ping().await.map_err(|e| self.lost(e))?;
         self.eviction.check(&mut conn).await?;
@@ -872,7 +918,25 @@ fn parse_version(info: &str) -> Option<(u32, u32)> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_version;
+    use super::{RedisConfig, RedisStore, parse_version};
+
+    /// The key written after a durable script shares its slot: the permit's
+    /// hash tag, or for a key without one (a tenant's index) the whole key.
+    #[tokio::test]
+    async fn the_sync_key_is_in_the_slot_of_the_script() {
+        use redis::cluster_routing::Slot;
+        let store = RedisStore::connect(&RedisConfig::new("redis://127.0.0.1:1", "p")).unwrap();
+        let slot = |k: &[u8]| Slot::for_key(k);
+        for key in [
+            &b"p:{0190-abc}:permit"[..],
+            b"p:permits:tenant-a",
+            b"p:permits",
+        ] {
+            let sync = store.sync_key(key);
+            assert!(sync.starts_with(b"p:sync:{"), "{sync:?}");
+            assert_eq!(slot(&sync), slot(key), "{}", String::from_utf8_lossy(key));
+        }
+    }
 
     #[test]
     fn reads_the_version_from_info_server() {

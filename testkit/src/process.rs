@@ -90,6 +90,11 @@ impl RedisServer {
         }
     }
 
+    /// Whether it was started and not killed since (it may have exited).
+    pub fn is_running_now(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// Whether the process is running (not killed, not exited).
     pub fn is_running(&mut self) -> bool {
         self.child.as_mut().is_some_and(Tethered::is_running)

@@ -56,10 +56,6 @@ impl Dir {
         std::fs::create_dir_all(&dir).expect("create a Redis data directory");
         Self(dir)
     }
-
-    fn arg(&self) -> String {
-        self.0.to_string_lossy().into_owned()
-    }
 }
 
 impl Drop for Dir {
@@ -72,8 +68,6 @@ impl Drop for Dir {
 pub struct RedisCluster {
     /// Every node, by port (killed ones stay, not running).
     pub nodes: Vec<RedisServer>,
-    // Dropped after the nodes (fields drop in order).
-    _dir: Dir,
 }
 
 impl RedisCluster {
@@ -81,10 +75,10 @@ impl RedisCluster {
     /// `redis-cli --cluster create`, and waits until every node reports
     /// the cluster ok and agrees on all 16384 slots.
     pub fn start(primaries: usize, replicas: usize, extra: &[&str]) -> Result<Self, String> {
-        let dir = Dir::new("cluster");
         let mut nodes = Vec::new();
         for _ in 0..primaries * (1 + replicas) {
-            let dir_arg = dir.arg();
+            // Each in its own directory (RedisServer's): nodes.conf, and a
+            // replica's copy, which a restarted node loads.
             let node = RedisServer::start_on(|port| {
                 let mut args: Vec<String> = vec![
                     "--cluster-enabled".into(),
@@ -98,8 +92,6 @@ impl RedisCluster {
                     // The first copy to a replica at once, not after 5 s.
                     "--repl-diskless-sync-delay".into(),
                     "0".into(),
-                    "--dir".into(),
-                    dir_arg.clone(),
                 ];
                 args.extend(extra.iter().map(|s| s.to_string()));
                 args
@@ -126,7 +118,7 @@ impl RedisCluster {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        let cluster = Self { nodes, _dir: dir };
+        let cluster = Self { nodes };
         cluster.wait_ok(Duration::from_secs(30))?;
         for primary in cluster.primaries() {
             wait_replicas_online(primary, replicas)?;
@@ -159,7 +151,11 @@ impl RedisCluster {
     }
 
     fn running_ports(&self) -> Vec<u16> {
-        self.nodes.iter().map(RedisServer::port).collect()
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running_now())
+            .map(RedisServer::port)
+            .collect()
     }
 
     /// The ports of the nodes that are primaries now (from `CLUSTER

@@ -16,7 +16,7 @@ use redis::aio::{
 };
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
@@ -162,6 +162,9 @@ pub(super) struct LazyCluster {
     client: redis::cluster::ClusterClient,
     /// The connection, and when it was made.
     conn: Mutex<Option<(ClusterConnection, std::time::Instant)>>,
+    /// Held while one is made, so the callers waiting meanwhile share it
+    /// rather than each making their own.
+    connecting: tokio::sync::Mutex<()>,
 }
 
 /// The least time between two cluster connections made afresh.
@@ -169,8 +172,12 @@ const CLUSTER_RECONNECT: Duration = Duration::from_millis(250);
 
 impl LazyCluster {
     async fn get(&self) -> Result<ClusterConnection, Error> {
-        if let Some((conn, _)) = &*self.conn.lock().unwrap_or_else(|e| e.into_inner()) {
-            return Ok(conn.clone());
+        if let Some(conn) = self.current() {
+            return Ok(conn);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(conn) = self.current() {
+            return Ok(conn);
         }
         let conn = self
             .client
@@ -182,6 +189,11 @@ impl LazyCluster {
             .get_or_insert((conn, std::time::Instant::now()))
             .0
             .clone())
+    }
+
+    fn current(&self) -> Option<ClusterConnection> {
+        let current = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        current.as_ref().map(|(conn, _)| conn.clone())
     }
 
     fn forget(&self) {
@@ -252,6 +264,7 @@ impl Handle {
                 Ok(Handle::Cluster(Arc::new(LazyCluster {
                     client,
                     conn: Mutex::new(None),
+                    connecting: tokio::sync::Mutex::new(()),
                 })))
             }
             Mode::Sentinel { master } => {
@@ -324,9 +337,14 @@ impl Handle {
     /// reply (the primary was demoted) makes the next call ask the
     /// Sentinels again, or read the Cluster's topology afresh.
     pub(super) fn failed(&self, e: &RedisError) {
-        if !(broken(e) || e.kind() == ServerErrorKind::ReadOnly.into()) {
-            return;
+        if broken(e) || demoted(e) {
+            self.reset();
         }
+    }
+
+    /// The next call asks the Sentinels again, or reads the Cluster's
+    /// topology afresh (a single server's connection reconnects itself).
+    pub(super) fn reset(&self) {
         match self {
             Handle::Single(_) => {}
             Handle::Cluster(c) => c.forget(),
@@ -334,36 +352,41 @@ impl Handle {
         }
     }
 
-    /// In sentinel mode: whether the Sentinels still name the primary this
-    /// store writes to; if not (a failover it has not noticed), the next
-    /// call connects to the new one. Elsewhere, nothing to check.
-    pub(super) async fn check_primary(&self) -> Result<(), Error> {
-        let Handle::Sentinel(s) = self else {
-            return Ok(());
-        };
-        let current = s.address();
-        let Some(current) = current else {
-            return Ok(());
-        };
-        let named = s.discover().await?;
-        if named.addr().to_string() != current {
-            tracing::warn!(
-                old = %current,
-                new = %named.addr(),
-                "Sentinel names a new primary: reconnecting"
-            );
+    /// In sentinel mode, the primary the Sentinels name now (its address);
+    /// elsewhere none.
+    pub(super) async fn named_primary(&self) -> Result<Option<String>, Error> {
+        match self {
+            Handle::Sentinel(s) => Ok(Some(s.discover().await?.addr().to_string())),
+            _ => Ok(None),
+        }
+    }
+
+    /// In sentinel mode: a connection to another server than `named` (a
+    /// failover it has not noticed) is dropped, and the next call connects
+    /// to the primary the Sentinels name.
+    pub(super) fn forget_unless(&self, named: &str) {
+        if let Handle::Sentinel(s) = self
+            && let Some(current) = s.address()
+            && current != named
+        {
+            tracing::warn!(old = %current, new = %named, "Sentinel names a new primary: reconnecting");
             s.forget();
         }
-        Ok(())
     }
 }
 
 impl SentinelPrimary {
     async fn get(&self) -> Result<MultiplexedConnection, Error> {
-        if let Some((conn, _)) = &*self.current.lock().unwrap_or_else(|e| e.into_inner()) {
-            return Ok(conn.clone());
+        if let Some(conn) = self.connection() {
+            return Ok(conn);
         }
-        let info = self.discover().await?;
+        // One discovery at a time; those who waited use its connection.
+        let mut sentinels = self.sentinels.lock().await;
+        if let Some(conn) = self.connection() {
+            return Ok(conn);
+        }
+        let info = Self::ask(&mut sentinels).await?;
+        drop(sentinels);
         let addr = info.addr().to_string();
         let conn = redis::Client::open(info)
             .map_err(unavailable)?
@@ -378,9 +401,19 @@ impl SentinelPrimary {
     /// The primary's address as the Sentinels name it now, once it
     /// confirms (ROLE) that it is the primary.
     async fn discover(&self) -> Result<redis::ConnectionInfo, Error> {
-        let mut sentinels = self.sentinels.lock().await;
+        Self::ask(&mut *self.sentinels.lock().await).await
+    }
+
+    /// Asks the Sentinels (redis-rs checks with ROLE that the server they
+    /// name is a primary).
+    async fn ask(sentinels: &mut SentinelClient) -> Result<redis::ConnectionInfo, Error> {
         let client = sentinels.async_get_client().await.map_err(unavailable)?;
         Ok(client.get_connection_info().clone())
+    }
+
+    fn connection(&self) -> Option<MultiplexedConnection> {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current.as_ref().map(|(conn, _)| conn.clone())
     }
 
     fn address(&self) -> Option<String> {
@@ -419,6 +452,11 @@ impl DurablePool {
             slots: tokio::sync::Semaphore::new(handles.len()),
             handles,
         })
+    }
+
+    /// Every connection's handle.
+    pub(super) fn handles(&self) -> &[Handle] {
+        &self.handles
     }
 
     /// A connection of its own until the lease is dropped (waiting for one
@@ -524,21 +562,8 @@ impl Conn {
     pub(super) async fn info(&mut self, section: &str) -> Result<Vec<String>, RedisError> {
         let mut info = redis::cmd("INFO");
         info.arg(section);
-        let reply = match self {
-            Conn::Cluster(c) => {
-                c.route_command(
-                    info,
-                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
-                )
-                .await?
-            }
-            other => info.query_async(other).await?,
-        };
-        let texts = match reply {
-            Value::Map(nodes) => nodes.into_iter().map(|(_, v)| v).collect(),
-            one => vec![one],
-        };
-        texts
+        self.on_every_primary(info)
+            .await?
             .into_iter()
             .map(|v| redis::from_redis_value::<String>(v).map_err(RedisError::from))
             .collect()
@@ -546,21 +571,71 @@ impl Conn {
 
     /// `PING` to every primary.
     pub(super) async fn ping(&mut self) -> Result<(), RedisError> {
-        let ping = redis::cmd("PING");
-        match self {
-            Conn::Cluster(c) => c
-                .route_command(
-                    ping,
-                    RoutingInfo::MultiNode((
-                        MultipleNodeRoutingInfo::AllMasters,
-                        Some(ResponsePolicy::AllSucceeded),
-                    )),
-                )
-                .await
-                .map(|_| ()),
-            other => ping.exec_async(other).await,
-        }
+        self.on_every_primary(redis::cmd("PING")).await.map(|_| ())
     }
+
+    /// `cmd`'s reply from every primary: the one server's, or each Cluster
+    /// shard's. redis-rs sends a command for all primaries only to those
+    /// it has a connection to, and leaves the others out silently: a
+    /// primary missing from the replies (counted in `CLUSTER SLOTS`) or
+    /// answering an error fails the whole.
+    async fn on_every_primary(&mut self, cmd: Cmd) -> Result<Vec<Value>, RedisError> {
+        let Conn::Cluster(c) = self else {
+            return Ok(vec![cmd.query_async(self).await?]);
+        };
+        let slots: Value = c
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await?;
+        let primaries = primaries_in(&slots);
+        let reply = c
+            .route_command(
+                cmd,
+                RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+            )
+            .await?;
+        let replies: Vec<Value> = match reply {
+            Value::Map(nodes) => nodes.into_iter().map(|(_, v)| v).collect(),
+            one => vec![one],
+        };
+        if let Some(e) = replies.iter().find_map(|v| match v {
+            Value::ServerError(e) => Some(e.clone()),
+            _ => None,
+        }) {
+            return Err(e.into());
+        }
+        if replies.len() < primaries {
+            return Err(RedisError::from((
+                redis::ErrorKind::ClusterConnectionNotFound,
+                "a Cluster primary did not answer",
+                format!("{} of {primaries} answered", replies.len()),
+            )));
+        }
+        Ok(replies)
+    }
+}
+
+/// The number of distinct primaries in a `CLUSTER SLOTS` reply (each slot
+/// range: start, end, then the primary as [host, port, ...]).
+fn primaries_in(slots: &Value) -> usize {
+    let Value::Array(ranges) = slots else {
+        return 0;
+    };
+    let mut primaries: Vec<String> = ranges
+        .iter()
+        .filter_map(|range| match range {
+            Value::Array(fields) => match fields.get(2) {
+                Some(Value::Array(node)) => Some(format!("{:?}:{:?}", node.first(), node.get(1))),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    primaries.sort();
+    primaries.dedup();
+    primaries.len()
 }
 
 /// The primary of `key`'s slot.
@@ -571,10 +646,23 @@ fn primary_of(key: &[u8]) -> RoutingInfo {
     )))
 }
 
+/// The server is no primary (any more), or not ready: READONLY, MASTERDOWN,
+/// LOADING. The one to write to may now be another.
+pub(super) fn demoted(e: &RedisError) -> bool {
+    use ServerErrorKind as K;
+    [K::ReadOnly, K::MasterDown, K::BusyLoading]
+        .into_iter()
+        .any(|k| e.kind() == k.into())
+}
+
 /// The connection broke or was refused: whatever answers next may be
 /// another server (a restarted Redis, a promoted replica).
 pub(super) fn broken(e: &RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
 }
 
 /// Replies that say the command did not run (the script was refused before
@@ -631,6 +719,33 @@ mod tests {
                 _ => panic!("{bad:?} accepted"),
             }
         }
+    }
+
+    #[test]
+    fn the_primaries_are_counted_from_cluster_slots() {
+        use redis::Value;
+        let node = |port: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |a, b, primary, replica| {
+            Value::Array(vec![
+                Value::Int(a),
+                Value::Int(b),
+                node(primary),
+                node(replica),
+            ])
+        };
+        let slots = Value::Array(vec![
+            range(0, 100, 7000, 7003),
+            range(101, 200, 7001, 7004),
+            range(201, 300, 7000, 7003),
+        ]);
+        assert_eq!(super::primaries_in(&slots), 2);
+        assert_eq!(super::primaries_in(&Value::Nil), 0);
     }
 
     #[test]

@@ -58,17 +58,21 @@ pub struct Args {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Use this Redis instead of starting a redis-server (keys get a fresh
-    /// prefix); with --redis-mode cluster, a comma-separated list of nodes.
+    /// prefix).
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
-    /// `standalone`, or `cluster`: without --redis-url, a Redis Cluster of
-    /// its own (3 primaries, 3 replicas) is started.
+    /// With --redis-mode cluster: use this Redis Cluster (comma-separated
+    /// seed URLs) instead of starting one.
+    #[arg(long, env = "REDIS_CLUSTER_URLS")]
+    pub redis_cluster_urls: Option<String>,
+    /// `standalone`, or `cluster`: a Redis Cluster (3 primaries, 3
+    /// replicas) of its own unless --redis-cluster-urls names one.
     #[arg(long, default_value = "standalone")]
     pub redis_mode: String,
     /// The replicas' `--durability` (`none` or `replica`).
     #[arg(long, default_value = "none")]
     pub durability: String,
-    /// With a Cluster of its own: SIGKILL the primary that holds the first
+    /// On a Cluster of its own (always, then): SIGKILL the primary that holds the first
     /// permit this long into the load, restart it once its replica is
     /// promoted (it rejoins as the new primary's replica), and report the
     /// failover (0: never).
@@ -175,18 +179,26 @@ async fn call<T>(
     } else {
         Duration::from_secs(5)
     };
+    let sent = Instant::now();
     let answer = tokio::time::timeout(limit, rpc).await;
-    if let Ok(Err(e)) = &answer
-        && (e.reason().is_none() || e.is_retryable())
-    {
+    // A failure of the store, for the failover report: UNAVAILABLE from the
+    // store, no answer from the replica, or none within the 5 s limit (not
+    // a drop the client chose, nor a request shed or past its deadline).
+    let store_failed = match &answer {
+        Ok(Err(e)) => e.reason().is_none() || e.reason_name() == Some("STORE_UNAVAILABLE"),
+        Err(_) => limit == Duration::from_secs(5),
+        Ok(Ok(_)) => false,
+    };
+    if store_failed {
         let mut watch = ctx
             .counters
             .failover
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if let Some(w) = watch.as_mut() {
+        // Counted from when it was sent: the service had not resumed then.
+        if let Some(w) = watch.as_mut().filter(|w| sent >= w.killed_at) {
             w.failed += 1;
-            w.last_failure = Some(Instant::now());
+            w.last_failure = Some(w.last_failure.map_or(sent, |t| t.max(sent)));
         }
     }
     match answer {
@@ -764,12 +776,13 @@ pub struct Summary {
 /// A killed primary, as the agents saw it.
 #[derive(Debug, Clone)]
 pub struct FailoverReport {
-    /// RPCs answered with an error (UNAVAILABLE, or no answer from the
-    /// replica) from the kill on.
+    /// RPCs sent from the kill on that the store failed: UNAVAILABLE from
+    /// the store, no answer from the replica, or none within 5 s.
     pub failed_requests: u64,
     /// From the kill until the cluster named the replica primary.
     pub promoted_after: Duration,
-    /// From the kill to the last such error: service resumed after it.
+    /// From the kill to the sending of the last request that failed so:
+    /// service resumed after it.
     pub resumed_after: Duration,
 }
 
@@ -821,8 +834,17 @@ pub async fn run(
         None => std::env::current_exe()?.with_file_name("atmost"),
     };
     let cluster_mode = args.redis_mode == "cluster";
-    let (_redis, cluster, url) = match (&args.redis_url, cluster_mode) {
-        (Some(url), _) => (None, None, url.clone()),
+    let failover = !args.failover_after.is_zero();
+    if failover && !cluster_mode {
+        return Err("--failover-after needs --redis-mode cluster".into());
+    }
+    let given = if cluster_mode {
+        args.redis_cluster_urls.clone().filter(|_| !failover)
+    } else {
+        args.redis_url.clone()
+    };
+    let (_redis, cluster, url) = match (given, cluster_mode) {
+        (Some(url), _) => (None, None, url),
         (None, false) => {
             let r = RedisServer::start()?;
             let url = r.url();
@@ -834,12 +856,6 @@ pub async fn run(
             (None, Some(c), url)
         }
     };
-    if !args.failover_after.is_zero() && cluster.is_none() {
-        return Err(
-            "--failover-after needs a Cluster of its own (--redis-mode cluster, no --redis-url)"
-                .into(),
-        );
-    }
     let prefix = format!("stress{}", uuid::Uuid::now_v7().simple());
     let replica_args = [
         "--store",
