@@ -574,22 +574,17 @@ impl Conn {
         self.on_every_primary(redis::cmd("PING")).await.map(|_| ())
     }
 
-    /// `cmd`'s reply from every primary: the one server's, or each Cluster
-    /// shard's. redis-rs sends a command for all primaries only to those
-    /// it has a connection to, and leaves the others out silently: a
-    /// primary missing from the replies (counted in `CLUSTER SLOTS`) or
-    /// answering an error fails the whole.
+    /// `cmd`'s reply from every primary it can reach: the one server's, or
+    /// each Cluster shard's. redis-rs leaves out a primary it has no
+    /// connection to (one that died, until its replica is promoted): that
+    /// shard's requests fail on their own, and the others go on, their
+    /// policies read; the promoted replica is read once it is connected (the
+    /// health check reads the policy every second). A primary that answers
+    /// an error fails the whole.
     async fn on_every_primary(&mut self, cmd: Cmd) -> Result<Vec<Value>, RedisError> {
         let Conn::Cluster(c) = self else {
             return Ok(vec![cmd.query_async(self).await?]);
         };
-        let slots: Value = c
-            .route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            )
-            .await?;
-        let primaries = primaries_in(&slots);
         let reply = c
             .route_command(
                 cmd,
@@ -606,36 +601,14 @@ impl Conn {
         }) {
             return Err(e.into());
         }
-        if replies.len() < primaries {
+        if replies.is_empty() {
             return Err(RedisError::from((
                 redis::ErrorKind::ClusterConnectionNotFound,
-                "a Cluster primary did not answer",
-                format!("{} of {primaries} answered", replies.len()),
+                "no Cluster primary answered",
             )));
         }
         Ok(replies)
     }
-}
-
-/// The number of distinct primaries in a `CLUSTER SLOTS` reply (each slot
-/// range: start, end, then the primary as [host, port, ...]).
-fn primaries_in(slots: &Value) -> usize {
-    let Value::Array(ranges) = slots else {
-        return 0;
-    };
-    let mut primaries: Vec<String> = ranges
-        .iter()
-        .filter_map(|range| match range {
-            Value::Array(fields) => match fields.get(2) {
-                Some(Value::Array(node)) => Some(format!("{:?}:{:?}", node.first(), node.get(1))),
-                _ => None,
-            },
-            _ => None,
-        })
-        .collect();
-    primaries.sort();
-    primaries.dedup();
-    primaries.len()
 }
 
 /// The primary of `key`'s slot.
@@ -719,33 +692,6 @@ mod tests {
                 _ => panic!("{bad:?} accepted"),
             }
         }
-    }
-
-    #[test]
-    fn the_primaries_are_counted_from_cluster_slots() {
-        use redis::Value;
-        let node = |port: i64| {
-            Value::Array(vec![
-                Value::BulkString(b"127.0.0.1".to_vec()),
-                Value::Int(port),
-                Value::BulkString(b"id".to_vec()),
-            ])
-        };
-        let range = |a, b, primary, replica| {
-            Value::Array(vec![
-                Value::Int(a),
-                Value::Int(b),
-                node(primary),
-                node(replica),
-            ])
-        };
-        let slots = Value::Array(vec![
-            range(0, 100, 7000, 7003),
-            range(101, 200, 7001, 7004),
-            range(201, 300, 7000, 7003),
-        ]);
-        assert_eq!(super::primaries_in(&slots), 2);
-        assert_eq!(super::primaries_in(&Value::Nil), 0);
     }
 
     #[test]

@@ -144,7 +144,8 @@ struct FailoverWatch {
     killed_at: Instant,
     promoted_at: Option<Instant>,
     failed: u64,
-    last_failure: Option<Instant>,
+    /// The last failed request: when it was sent, and answered.
+    last_failure: Option<(Instant, Instant)>,
 }
 
 struct Ctx {
@@ -195,10 +196,14 @@ async fn call<T>(
             .failover
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        // Counted from when it was sent: the service had not resumed then.
+        // Those sent from the kill on.
         if let Some(w) = watch.as_mut().filter(|w| sent >= w.killed_at) {
             w.failed += 1;
-            w.last_failure = Some(w.last_failure.map_or(sent, |t| t.max(sent)));
+            let now = Instant::now();
+            w.last_failure = Some(
+                w.last_failure
+                    .map_or((sent, now), |(s, a)| (s.max(sent), a.max(now))),
+            );
         }
     }
     match answer {
@@ -782,8 +787,11 @@ pub struct FailoverReport {
     /// From the kill until the cluster named the replica primary.
     pub promoted_after: Duration,
     /// From the kill to the sending of the last request that failed so:
-    /// service resumed after it.
+    /// requests sent after it were served.
     pub resumed_after: Duration,
+    /// From the kill to the last failure's answer (a request can wait up to
+    /// the store timeout for it).
+    pub last_failure_answered_after: Duration,
 }
 
 impl std::fmt::Display for Summary {
@@ -806,10 +814,12 @@ impl std::fmt::Display for Summary {
         if let Some(f) = &self.failover {
             write!(
                 f_,
-                "; failover: {} requests failed, replica promoted {:.2} s and service resumed {:.2} s after the kill",
+                "; failover: {} requests failed, replica promoted {:.2} s after the kill, \
+                 requests sent from {:.2} s on served (the last failure answered at {:.2} s)",
                 f.failed_requests,
                 f.promoted_after.as_secs_f64(),
-                f.resumed_after.as_secs_f64()
+                f.resumed_after.as_secs_f64(),
+                f.last_failure_answered_after.as_secs_f64()
             )?;
         }
         Ok(())
@@ -1039,7 +1049,12 @@ pub async fn run(
             .map(|w| FailoverReport {
                 failed_requests: w.failed,
                 promoted_after: w.promoted_at.map_or(Duration::ZERO, |t| t - w.killed_at),
-                resumed_after: w.last_failure.map_or(Duration::ZERO, |t| t - w.killed_at),
+                resumed_after: w
+                    .last_failure
+                    .map_or(Duration::ZERO, |(sent, _)| sent - w.killed_at),
+                last_failure_answered_after: w
+                    .last_failure
+                    .map_or(Duration::ZERO, |(_, answered)| answered - w.killed_at),
             }),
         violations,
     })
