@@ -1167,17 +1167,7 @@ async fn the_binary_serves_with_the_compose_configuration() {
         .await
         .expect("CreatePermit with the dev admin key")
         .permit_id;
-    let answer = agent
-        .authorize(pb::AuthorizeRequest {
-            permit_id: permit,
-            tool: "t".into(),
-            idempotency_key: "k".into(),
-            request_fingerprint: b"fp".to_vec(),
-            cost: 0,
-            holder_token: Vec::new(),
-        })
-        .await
-        .expect("Authorize with the dev agent key");
+    let answer = authorize_new_key(agent, permit).await;
     assert_eq!(answer.decision(), pb::Decision::Dispatch);
     drop(process);
     drop(redis);
@@ -1203,29 +1193,9 @@ async fn the_binary_serves_with_the_images_environment() {
     let process = start_with(&env);
     assert_serving(&process.client().await).await;
     // The same environment on its real address, without keys: refused.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
-        .arg("serve")
-        .envs(&env)
-        .env("ATMOST_LISTEN", "0.0.0.0:0")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run atmost");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the image's environment served on 0.0.0.0 without keys");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
-        .expect("stderr");
+    let mut on_all = env.clone();
+    on_all.insert("ATMOST_LISTEN".into(), "0.0.0.0:0".into());
+    let (status, stderr) = run_to_exit_with_env(&[], &on_all);
     assert!(!status.success(), "served without keys on 0.0.0.0");
     assert!(stderr.contains("without authentication"), "{stderr}");
 }

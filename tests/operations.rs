@@ -253,17 +253,7 @@ async fn sigterm_serves_not_serving_for_the_drain_delay_then_drains() {
         .await
         .expect("CreatePermit during the drain delay")
         .permit_id;
-    let answer = fresh
-        .authorize(pb::AuthorizeRequest {
-            permit_id: permit,
-            tool: "t".into(),
-            idempotency_key: "k".into(),
-            request_fingerprint: b"fp".to_vec(),
-            cost: 0,
-            holder_token: Vec::new(),
-        })
-        .await
-        .expect("Authorize during the drain delay");
+    let answer = authorize_new_key(&fresh, permit).await;
     assert_eq!(answer.decision(), Decision::Dispatch);
     assert!(
         signalled.elapsed() < delay,

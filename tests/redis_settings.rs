@@ -38,17 +38,7 @@ async fn dispatches(client: &Client) {
         .await
         .expect("create permit")
         .permit_id;
-    let r = client
-        .authorize(pb::AuthorizeRequest {
-            permit_id: permit,
-            tool: "t".into(),
-            idempotency_key: "k".into(),
-            request_fingerprint: b"fp".to_vec(),
-            cost: 0,
-            holder_token: Vec::new(),
-        })
-        .await
-        .expect("authorize");
+    let r = authorize_new_key(client, permit).await;
     assert_eq!(r.decision(), Decision::Dispatch);
 }
 

@@ -41,6 +41,11 @@ fn store_under(
     .expect("store")
 }
 
+/// The real server, in process, on `store`.
+async fn serve(store: RedisStore) -> Harness {
+    Harness::serve(Backend::Redis(store), None, |app| app).await
+}
+
 /// The slot of a permit's keys.
 fn slot_of(port: u16, permit_id: &str) -> u16 {
     redis_cli(port, &["cluster", "keyslot", &format!("{{{permit_id}}}")])
@@ -128,16 +133,12 @@ fn own_cluster() -> RedisCluster {
 async fn moved_slots_and_flushed_scripts_are_followed_not_guessed() {
     let _machine = shared().await;
     let cluster = own_cluster();
-    let h = Harness::serve(
-        Backend::Redis(store(
-            &cluster.urls(),
-            Mode::Cluster,
-            Durability::None,
-            Duration::from_secs(2),
-        )),
-        None,
-        |app| app,
-    )
+    let h = serve(store(
+        &cluster.urls(),
+        Mode::Cluster,
+        Durability::None,
+        Duration::from_secs(2),
+    ))
     .await;
     let permit = h.create_with(&["t"], &[("t", 1)], None).await;
     let a = h.dispatch(&permit, "t", "k", b"fp", 1).await;
@@ -239,16 +240,12 @@ async fn durability_replica_waits_for_a_replica_and_a_same_key_retry_resolves_a_
     })
     .await;
 
-    let durable = Harness::serve(
-        Backend::Redis(store(
-            &primary.url(),
-            Mode::Standalone,
-            Durability::Replica,
-            Duration::from_secs(1),
-        )),
-        None,
-        |app| app,
-    )
+    let durable = serve(store(
+        &primary.url(),
+        Mode::Standalone,
+        Durability::Replica,
+        Duration::from_secs(1),
+    ))
     .await;
     let permit = durable.create_with(&["t"], &[("t", 2)], None).await;
     let a = durable.dispatch(&permit, "t", "k1", b"fp", 1).await;
@@ -306,16 +303,12 @@ async fn durability_replica_waits_for_a_replica_and_a_same_key_retry_resolves_a_
 
     // `none` does not wait for the replica.
     replica.kill();
-    let fast = Harness::serve(
-        Backend::Redis(store(
-            &primary.url(),
-            Mode::Standalone,
-            Durability::None,
-            Duration::from_secs(1),
-        )),
-        None,
-        |app| app,
-    )
+    let fast = serve(store(
+        &primary.url(),
+        Mode::Standalone,
+        Durability::None,
+        Duration::from_secs(1),
+    ))
     .await;
     let p = fast.create_with(&["t"], &[], None).await;
     fast.dispatch(&p, "t", "k", b"fp", 0).await;
@@ -331,18 +324,14 @@ async fn durability_replica_waits_for_a_replica_and_a_same_key_retry_resolves_a_
 async fn sentinel_finds_the_primary_and_follows_a_failover() {
     let _machine = shared().await;
     let mut topology = RedisSentinel::start(&[]).unwrap_or_else(|e| panic!("{e}"));
-    let h = Harness::serve(
-        Backend::Redis(store(
-            &topology.urls(),
-            Mode::Sentinel {
-                master: topology.master.clone(),
-            },
-            Durability::Replica,
-            Duration::from_secs(2),
-        )),
-        None,
-        |app| app,
-    )
+    let h = serve(store(
+        &topology.urls(),
+        Mode::Sentinel {
+            master: topology.master.clone(),
+        },
+        Durability::Replica,
+        Duration::from_secs(2),
+    ))
     .await;
     let permit = h.create_with(&["t"], &[("t", 2)], None).await;
     let a = h.dispatch(&permit, "t", "k1", b"fp", 1).await;
@@ -505,18 +494,14 @@ async fn a_failover_loses_an_unreplicated_write_and_only_replica_durability_neve
     let _machine = shared().await;
     for durability in [Durability::None, Durability::Replica] {
         let mut topology = RedisSentinel::start(&[]).unwrap_or_else(|e| panic!("{e}"));
-        let h = Harness::serve(
-            Backend::Redis(store(
-                &topology.urls(),
-                Mode::Sentinel {
-                    master: topology.master.clone(),
-                },
-                durability,
-                Duration::from_secs(1),
-            )),
-            None,
-            |app| app,
-        )
+        let h = serve(store(
+            &topology.urls(),
+            Mode::Sentinel {
+                master: topology.master.clone(),
+            },
+            durability,
+            Duration::from_secs(1),
+        ))
         .await;
         let permit = h.create_with(&["t"], &[("t", 5)], None).await;
         h.dispatch(&permit, "t", "before", b"fp", 1).await;
@@ -643,16 +628,12 @@ async fn a_lost_reply_on_a_cluster_is_unavailable_and_never_resent() {
         },
     )
     .await;
-    let h = Harness::serve(
-        Backend::Redis(store(
-            &cluster.urls(),
-            Mode::Cluster,
-            Durability::None,
-            Duration::from_secs(1),
-        )),
-        None,
-        |app| app,
-    )
+    let h = serve(store(
+        &cluster.urls(),
+        Mode::Cluster,
+        Durability::None,
+        Duration::from_secs(1),
+    ))
     .await;
     // Permits until one lands behind the proxy.
     let mut permit = String::new();
@@ -755,21 +736,17 @@ async fn a_redelivery_is_acknowledged_only_once_a_replica_has_the_reservation() 
     .expect("replica");
     atmost_testkit::topology::wait_replicas_online(primary.port(), 1).expect("in sync");
     let prefix = format!("t{}", uuid::Uuid::now_v7().simple());
-    let serve = || async {
-        Harness::serve(
-            Backend::Redis(store_under(
-                &prefix,
-                &primary.url(),
-                Mode::Standalone,
-                Durability::Replica,
-                Duration::from_secs(1),
-            )),
-            None,
-            |app| app,
-        )
+    let start = || async {
+        serve(store_under(
+            &prefix,
+            &primary.url(),
+            Mode::Standalone,
+            Durability::Replica,
+            Duration::from_secs(1),
+        ))
         .await
     };
-    let (a, b) = (serve().await, serve().await);
+    let (a, b) = (start().await, start().await);
     let permit = a.create_with(&["t"], &[], None).await;
     let request = || pb::AuthorizeRequest {
         permit_id: permit.clone(),

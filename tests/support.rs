@@ -116,11 +116,22 @@ pub fn spawn_atmost_with_env<S: AsRef<str>>(args: &[S], env: &[(&str, &str)]) ->
 /// start, and returns its exit status and stderr; fails if it is still
 /// running after 15 s.
 pub fn run_to_exit<S: AsRef<str>>(args: &[S]) -> (std::process::ExitStatus, String) {
+    let mut all = vec!["--listen", "127.0.0.1:0"];
+    all.extend(args.iter().map(AsRef::as_ref));
+    run_to_exit_with_env(&all, std::iter::empty::<(&str, &str)>())
+}
+
+/// `atmost serve <args>` with these environment variables, expected to
+/// refuse to start: its exit status and stderr (fails after 15 s).
+pub fn run_to_exit_with_env<K: AsRef<std::ffi::OsStr>, V: AsRef<std::ffi::OsStr>>(
+    args: &[&str],
+    env: impl IntoIterator<Item = (K, V)>,
+) -> (std::process::ExitStatus, String) {
     use std::io::Read;
-    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(&args)
+        .arg("serve")
+        .args(args)
+        .envs(env)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -144,6 +155,21 @@ pub fn run_to_exit<S: AsRef<str>>(args: &[S]) -> (std::process::ExitStatus, Stri
         .read_to_string(&mut stderr)
         .expect("read stderr");
     (status, stderr)
+}
+
+/// Authorizes a new key ("k", cost 0) on `permit_id`: the answer.
+pub async fn authorize_new_key(client: &Client, permit_id: String) -> pb::AuthorizeResponse {
+    client
+        .authorize(pb::AuthorizeRequest {
+            permit_id,
+            tool: "t".into(),
+            idempotency_key: "k".into(),
+            request_fingerprint: b"fp".to_vec(),
+            cost: 0,
+            holder_token: Vec::new(),
+        })
+        .await
+        .expect("authorize")
 }
 
 // === the server ===
