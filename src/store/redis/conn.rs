@@ -386,7 +386,6 @@ impl SentinelPrimary {
             return Ok(conn);
         }
         let info = Self::ask(&mut sentinels).await?;
-        drop(sentinels);
         let addr = info.addr().to_string();
         let conn = redis::Client::open(info)
             .map_err(unavailable)?
@@ -395,7 +394,10 @@ impl SentinelPrimary {
             .map_err(unavailable)?;
         tracing::info!(primary = %addr, master = %self.master, "connected to the primary Sentinel names");
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(current.get_or_insert((conn, addr)).0.clone())
+        let conn = current.get_or_insert((conn, addr)).0.clone();
+        // Held until the connection is stored, so those waiting use it.
+        drop(sentinels);
+        Ok(conn)
     }
 
     /// The primary's address as the Sentinels name it now, once it
