@@ -285,10 +285,19 @@ async fn durability_replica_waits_for_a_replica_and_a_same_key_retry_resolves_a_
     .await;
     // The same key: the reservation the primary recorded (in flight), not
     // a second one.
-    let retry = durable
-        .authorize(&permit, "t", "k2", b"fp", 0)
-        .await
-        .expect_err("k2 is reserved");
+    // (A replica just back may still miss WAIT's 500 ms on a busy machine:
+    // UNAVAILABLE, and the caller retries, as callers do.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let retry = loop {
+        let e = durable
+            .authorize(&permit, "t", "k2", b"fp", 0)
+            .await
+            .expect_err("k2 is reserved");
+        if e.code() != Code::Unavailable || Instant::now() > deadline {
+            break e;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(
         retry.reason_name(),
         Some("IDEMPOTENCY_IN_PROGRESS"),

@@ -209,15 +209,14 @@ impl RedisStore {
     pub async fn server_version(&self) -> Result<(u32, u32), Error> {
         let mut conn = self.conn.get().await?;
         let infos = conn.info("server").await.map_err(|e| self.lost(e))?;
-        infos
+        let versions = infos
             .iter()
-            .map(|info| {
-                parse_version(info).ok_or_else(|| malformed("INFO server without a redis_version"))
-            })
-            .try_fold(None::<(u32, u32)>, |oldest, v| {
-                let v = v?;
-                Ok(Some(oldest.map_or(v, |o| o.min(v))))
-            })?
+            .map(|info| parse_version(info))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| malformed("INFO server without a redis_version"))?;
+        versions
+            .into_iter()
+            .min()
             .ok_or_else(|| malformed("INFO server answered nothing"))
     }
 
@@ -230,9 +229,10 @@ impl RedisStore {
         unavailable(e)
     }
 
-    /// What an error tells of the connection (see [`Self::lost`]); in
-    /// sentinel mode, a broken connection or a demoted primary sends the
-    /// next call to the Sentinels.
+    /// What an error tells of the connection (see [`Self::lost`]): after a
+    /// broken connection or a demoted primary the eviction policy is read
+    /// again, and the next call goes to the Sentinels or reads the Cluster's
+    /// topology afresh ([`Handle::failed`]).
     fn noticed(&self, e: &redis::RedisError) {
         if broken(e) || demoted(e) {
             self.eviction.forget();

@@ -161,6 +161,24 @@ impl RedisCluster {
     /// The ports of the nodes that are primaries now (from `CLUSTER
     /// NODES`, as the first running node sees it), with slots.
     pub fn primaries(&self) -> Vec<u16> {
+        self.primary_slots()
+            .into_iter()
+            .map(|(port, _)| port)
+            .collect()
+    }
+
+    /// The primary that holds `slot` now.
+    pub fn primary_of_slot(&self, slot: u16) -> Option<u16> {
+        self.primary_slots()
+            .into_iter()
+            .find(|(_, ranges)| ranges.iter().any(|r| r.contains(&slot)))
+            .map(|(port, _)| port)
+    }
+
+    /// Each live primary's port and slot ranges, from `CLUSTER NODES` as
+    /// the first running node sees it (`<id> <ip:port@bus> <flags> ...`,
+    /// slot ranges from the ninth field on).
+    fn primary_slots(&self) -> Vec<(u16, Vec<std::ops::RangeInclusive<u16>>)> {
         let nodes = self
             .running_ports()
             .into_iter()
@@ -168,38 +186,23 @@ impl RedisCluster {
             .unwrap_or_default();
         nodes
             .lines()
-            .filter(|l| {
-                let f: Vec<&str> = l.split(' ').collect();
-                f.len() > 8 && f[2].contains("master") && !f[2].contains("fail")
-            })
             .filter_map(|l| {
-                let addr = l.split(' ').nth(1)?;
-                addr.split('@').next()?.rsplit(':').next()?.parse().ok()
+                let f: Vec<&str> = l.split(' ').collect();
+                if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
+                    return None;
+                }
+                let port = f[1].split('@').next()?.rsplit(':').next()?.parse().ok()?;
+                let ranges = f[8..]
+                    .iter()
+                    .filter_map(|range| {
+                        let mut ends = range.split('-').map(|n| n.parse::<u16>().ok());
+                        let first = ends.next()??;
+                        Some(first..=ends.next().map_or(Some(first), |e| e)?)
+                    })
+                    .collect();
+                Some((port, ranges))
             })
             .collect()
-    }
-
-    /// The primary that holds `slot` now.
-    pub fn primary_of_slot(&self, slot: u16) -> Option<u16> {
-        let nodes = self
-            .running_ports()
-            .into_iter()
-            .find_map(|p| redis_cli(p, &["cluster", "nodes"]).ok())?;
-        nodes.lines().find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
-                return None;
-            }
-            let covers = f[8..].iter().any(|range| {
-                let mut ends = range.split('-').map(|n| n.parse::<u16>());
-                match (ends.next(), ends.next()) {
-                    (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
-                    (Some(Ok(a)), None) => a == slot,
-                    _ => false,
-                }
-            });
-            covers.then(|| f[1].split('@').next()?.rsplit(':').next()?.parse().ok())?
-        })
     }
 
     /// The node on `port`.
