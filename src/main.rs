@@ -337,6 +337,15 @@ struct ServeArgs {
     /// 0: no limit.
     #[arg(long, env = "ATMOST_MEMORY_MAX_BYTES", default_value_t = 1 << 30)]
     memory_max_bytes: u64,
+    /// Serve Prometheus metrics (GET /metrics, plaintext HTTP) on this
+    /// address. Traces and OTLP metrics are set by the OTEL_* variables
+    /// (docs/telemetry.md).
+    #[arg(long, env = "ATMOST_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// While metrics are exported: time between the end of one census of
+    /// UNCERTAIN attempts and the start of the next (1s to 1h).
+    #[arg(long, env = "ATMOST_UNCERTAIN_CENSUS_INTERVAL", default_value = "10s", value_parser = census_interval)]
+    uncertain_census_interval: Duration,
     /// Log format (logs go to stderr; filter with RUST_LOG).
     #[arg(long, env = "ATMOST_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -349,14 +358,22 @@ fn main() -> std::process::ExitCode {
             return receipt_verify(&keys, &attempt);
         }
     };
-    init_logging(args.log_format);
-    no_huge_pages();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.worker_threads {
         runtime.worker_threads(n.max(1));
     }
     let served = match runtime.enable_all().build() {
-        Ok(runtime) => runtime.block_on(serve(args)),
+        Ok(runtime) => match init_logging(&runtime, &args) {
+            Ok(telemetry) => {
+                no_huge_pages();
+                let served = runtime.block_on(serve(args, telemetry.clone()));
+                // Flushes the spans and metrics, while the runtime the
+                // exporters' channels run on is still there.
+                telemetry.shutdown();
+                served
+            }
+            Err(e) => Err(e.into()),
+        },
         Err(e) => Err(e.into()),
     };
     match served {
@@ -369,7 +386,10 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn serve(
+    args: ServeArgs,
+    telemetry: atmost::telemetry::Telemetry,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let retention_ms = Millis::try_from(args.retention.as_millis())?;
     let quotas = atmost::domain::Quotas {
         max_permit_lifetime_ms: Millis::try_from(args.max_permit_lifetime.as_millis())?,
@@ -425,6 +445,8 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
         .with_max_in_flight(args.max_in_flight)
         .with_max_queue_wait(args.max_queue_wait)
         .with_reflection(args.reflection)
+        .with_telemetry(telemetry)
+        .with_census_interval(args.uncertain_census_interval)
         .with_limits(atmost::transport::Limits {
             max_connections: args.max_connections,
             max_concurrent_streams: args.max_concurrent_streams,
@@ -489,6 +511,14 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send +
             )
             .into());
         }
+    }
+
+    if let Some(addr) = args.metrics_listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
+        tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
+        app = app.with_metrics_listener(listener);
     }
 
     // Listening for signals before the port is announced.
@@ -620,16 +650,22 @@ fn request_timeout(text: &str) -> Result<Duration, String> {
     bounded(text, Duration::from_millis(10), Duration::from_secs(3600))
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+fn census_interval(text: &str) -> Result<Duration, String> {
+    bounded(text, Duration::from_secs(1), Duration::from_secs(3600))
+}
+
+/// Logs, and the traces and metrics the OTEL_* variables and
+/// --metrics-listen ask for (inside the runtime, which the OTLP exporters
+/// run on).
+fn init_logging(
+    runtime: &tokio::runtime::Runtime,
+    args: &ServeArgs,
+) -> Result<atmost::telemetry::Telemetry, String> {
+    let _runtime = runtime.enter();
+    atmost::telemetry::Telemetry::init(atmost::telemetry::Config {
+        json_logs: matches!(args.log_format, LogFormat::Json),
+        prometheus: args.metrics_listen.is_some(),
+    })
 }
 
 /// Counts SIGTERMs and Ctrl-Cs: the first starts the shutdown, a second cuts

@@ -10,6 +10,7 @@ use crate::auth::{AuthLayer, Authenticator};
 use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
+use crate::telemetry::{RpcLayer, Telemetry};
 use crate::transport::{Limits, Track};
 use std::future::Future;
 use std::sync::Arc;
@@ -47,10 +48,18 @@ pub struct App {
     tls: Option<tonic::transport::ServerTlsConfig>,
     receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
     limits: Limits,
+    telemetry: Telemetry,
+    /// Where `GET /metrics` is served (`--metrics-listen`).
+    metrics_listener: Option<TcpListener>,
+    census_interval: Duration,
 }
 
 /// Most sweep batches run back to back before the sweeper sleeps again.
 const SWEEP_ROUNDS: usize = 16;
+
+/// Default time between the end of one uncertain census pass and the start
+/// of the next ([`crate::telemetry::census`]).
+pub const DEFAULT_CENSUS_INTERVAL: Duration = Duration::from_secs(10);
 
 impl App {
     /// The defaults: system clock, 2 s store deadline, store health checked
@@ -74,7 +83,30 @@ impl App {
             tls: None,
             receipts: None,
             limits: Limits::default(),
+            telemetry: Telemetry::off(),
+            metrics_listener: None,
+            census_interval: DEFAULT_CENSUS_INTERVAL,
         }
+    }
+
+    /// Records spans and metrics through this handle
+    /// ([`Telemetry::init`] or [`Telemetry::build`]); off by default.
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
+    }
+
+    /// Serves `GET /metrics` (Prometheus text) on this listener; the
+    /// telemetry must have been built with Prometheus on.
+    pub fn with_metrics_listener(mut self, listener: TcpListener) -> Self {
+        self.metrics_listener = Some(listener);
+        self
+    }
+
+    /// Time between uncertain census passes (while metrics are exported).
+    pub fn with_census_interval(mut self, interval: Duration) -> Self {
+        self.census_interval = interval;
+        self
     }
 
     /// The transport limits ([`Limits`]; its defaults otherwise).
@@ -232,6 +264,24 @@ pub async fn run(
         watch_stop.clone(),
     ));
 
+    let telemetry = app.telemetry.clone();
+    telemetry.observe_admission(&admission);
+    let census_task = telemetry.metrics().then(|| {
+        tokio::spawn(census_store(
+            ctx.clone(),
+            telemetry.clone(),
+            app.census_interval,
+            watch_stop.clone(),
+        ))
+    });
+    let metrics_task = app.metrics_listener.map(|listener| {
+        tokio::spawn(crate::telemetry::prometheus::serve(
+            listener,
+            telemetry.clone(),
+            watch_stop.clone(),
+        ))
+    });
+
     let files_task = tokio::spawn(watch_files(
         app.auth.clone(),
         app.receipts.clone(),
@@ -253,6 +303,7 @@ pub async fn run(
         };
     }
     let serve = builder
+        .layer(RpcLayer::new(&telemetry))
         .layer(Track)
         .layer(AuthLayer::new(app.auth.clone()))
         .layer(AdmissionLayer::new(admission))
@@ -327,7 +378,52 @@ pub async fn run(
     let _ = (&mut sweep_task).await;
     files_task.abort();
     let _ = files_task.await;
+    for task in census_task.into_iter().chain(metrics_task) {
+        task.abort();
+        let _ = task.await;
+    }
     result
+}
+
+/// Runs the uncertain census while metrics are exported
+/// ([`crate::telemetry::census`]): a pass at once, then one `interval`
+/// after each pass ends, until `stop`. A pass is batches back to back,
+/// each under the store deadline (no admission slot: like the sweep, it is
+/// the server's own work); a failed batch abandons the pass, and the last
+/// figures stay, growing older.
+async fn census_store(ctx: Ctx, telemetry: Telemetry, interval: Duration, stop: CancellationToken) {
+    let Some(census) = telemetry.census() else {
+        return;
+    };
+    loop {
+        let mut tally = crate::telemetry::census::Tally::default();
+        let mut after = None;
+        let complete = loop {
+            match ctx
+                .deadline(ctx.store.census(after.as_ref(), ctx.clock.now()))
+                .await
+            {
+                Ok(batch) => {
+                    tally.add(&batch);
+                    match batch.next {
+                        Some(next) => after = Some(next),
+                        None => break true,
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "uncertain census failed; retried next interval");
+                    break false;
+                }
+            }
+        };
+        if complete {
+            census.publish(tally.uncertain, tally.oldest_age);
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
 }
 
 /// Re-reads the key files (API keys, receipt keys) on SIGHUP, and every
