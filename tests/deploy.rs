@@ -18,7 +18,11 @@
 //! - the Service's, PDB's, HPA's and NetworkPolicy's selectors and target
 //!   match the Deployment;
 //! - every Secret and key the Deployment reads is in docs/deploy.md, and
-//!   every file atmost is told to read is in a mounted volume.
+//!   every file atmost is told to read is in a mounted volume;
+//! - every metric the Prometheus alert rules (`deploy/prometheus/`) and the
+//!   Grafana dashboard (`deploy/grafana/`) read is one a live server
+//!   exports, and the rules cover UNCERTAIN age and count, store errors,
+//!   shedding and a replica that cannot be scraped.
 
 use crate::support::*;
 use saphyr::{LoadableYamlNode, ScalarOwned, YamlOwned};
@@ -1202,4 +1206,197 @@ async fn the_binary_serves_with_the_images_environment() {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+// === the alert rules and the dashboard ===
+
+/// The metric names a PromQL expression reads: every identifier that is
+/// not a function (followed by `(`), an aggregation or keyword, or inside
+/// label matchers (`{...}`), a range (`[...]`), a string, or a
+/// `by`/`without`/`on`/`ignoring`/`group_*` label list.
+fn promql_metrics(expr: &str) -> BTreeSet<String> {
+    // Binary operators, modifiers, and the aggregations (which may be
+    // followed by `by (...)` rather than by their parenthesis).
+    const KEYWORDS: [&str; 21] = [
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "group_left",
+        "group_right",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "count",
+        "stddev",
+        "stdvar",
+        "topk",
+        "bottomk",
+        "quantile",
+        "count_values",
+        "group",
+        "limitk",
+        "limit_ratio",
+    ];
+    const LABEL_LISTS: [&str; 6] = [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    let chars: Vec<char> = expr.chars().collect();
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    let skip_to = |from: usize, close: char| -> usize {
+        let mut j = from;
+        let mut quoted = None;
+        while j < chars.len() {
+            match (quoted, chars[j]) {
+                (Some(q), c) if c == q => quoted = None,
+                (Some(_), '\\') => j += 1,
+                (None, '"' | '\'' | '`') => quoted = Some(chars[j]),
+                (None, c) if c == close => return j + 1,
+                _ => {}
+            }
+            j += 1;
+        }
+        j
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '{' => i = skip_to(i + 1, '}'),
+            '[' => i = skip_to(i + 1, ']'),
+            '"' | '\'' | '`' => i = skip_to(i + 1, c),
+            c if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
+                let start = i;
+                while i < chars.len()
+                    && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+                {
+                    i += 1;
+                }
+                let word: String = chars[start..i].iter().collect();
+                let mut next = i;
+                while next < chars.len() && chars[next].is_whitespace() {
+                    next += 1;
+                }
+                let called = chars.get(next) == Some(&'(');
+                if called && LABEL_LISTS.contains(&word.as_str()) {
+                    i = skip_to(next + 1, ')');
+                } else if !called && !KEYWORDS.contains(&word.as_str()) {
+                    names.insert(word);
+                }
+            }
+            // A number (with its exponent or unit letters) is not a name.
+            c if c.is_ascii_digit() || c == '.' => {
+                while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                    i += 1;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    names
+}
+
+#[test]
+fn promql_names_are_read_from_expressions() {
+    assert_eq!(
+        promql_metrics(
+            r#"histogram_quantile(0.99, sum by (le, rpc_method) (rate(x_bucket{a="b{c}"}[5m]))) / on (i) group_left y > 1e3 and z"#
+        ),
+        ["x_bucket", "y", "z"].map(String::from).into()
+    );
+}
+
+/// Every PromQL expression of the alert rules (with the alert's name) and
+/// of the dashboard.
+fn rule_and_dashboard_exprs() -> Vec<(String, String)> {
+    let mut exprs = Vec::new();
+    for doc in yaml("deploy/prometheus/alerts.yaml") {
+        for group in at(&doc, "/groups").as_array().expect("groups") {
+            for rule in at(group, "/rules").as_array().expect("rules") {
+                exprs.push((text(at(rule, "/alert")), text(at(rule, "/expr"))));
+            }
+        }
+    }
+    fn walk(v: &Value, out: &mut Vec<(String, String)>) {
+        match v {
+            Value::Object(map) => {
+                if let Some(Value::String(expr)) = map.get("expr") {
+                    out.push(("dashboard".into(), expr.clone()));
+                }
+                map.values().for_each(|v| walk(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let dashboard: Value =
+        serde_json::from_str(&read("deploy/grafana/atmost.json")).expect("dashboard JSON");
+    walk(&dashboard, &mut exprs);
+    exprs
+}
+
+/// Every metric the alert rules and the dashboard read is one a live
+/// server exports (`up` is Prometheus's own), and the rules cover what an
+/// operator must hear of: UNCERTAIN age and count, store errors, shedding,
+/// a replica that cannot be scraped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_rules_and_the_dashboard_read_is_exported() {
+    let _machine = shared().await;
+    let exported = crate::telemetry::exported_metric_names().await;
+    let exprs = rule_and_dashboard_exprs();
+    let mut read = BTreeSet::new();
+    let mut unknown = Vec::new();
+    for (source, expr) in &exprs {
+        for name in promql_metrics(expr) {
+            if name != "up" && !exported.contains(&name) {
+                unknown.push(format!("{source}: {name}"));
+            }
+            read.insert(name);
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "not exported: {unknown:#?}\nexported: {exported:#?}"
+    );
+    let alert = |name: &str| -> &str {
+        exprs
+            .iter()
+            .find(|(source, _)| source == name)
+            .map(|(_, expr)| expr.as_str())
+            .unwrap_or_else(|| panic!("no alert {name}"))
+    };
+    for (name, needs) in [
+        (
+            "AtmostUncertainAttemptOld",
+            "atmost_uncertain_oldest_age_seconds",
+        ),
+        ("AtmostUncertainAttemptsPiling", "atmost_uncertain_attempts"),
+        (
+            "AtmostUncertainCensusStale",
+            "atmost_uncertain_census_age_seconds",
+        ),
+        ("AtmostStoreUnavailable", "STORE_UNAVAILABLE"),
+        ("AtmostShedding", "atmost_admission_shed_total"),
+        ("AtmostScrapeDown", "up{"),
+    ] {
+        assert!(alert(name).contains(needs), "{name}: {}", alert(name));
+    }
+    // The dashboard shows the signals that matter.
+    for name in [
+        "atmost_uncertain_attempts",
+        "atmost_decisions_total",
+        "atmost_errors_total",
+        "rpc_server_call_duration_seconds_bucket",
+        "atmost_store_duration_seconds_bucket",
+        "atmost_admission_shed_total",
+    ] {
+        assert!(read.contains(name), "nothing reads {name}");
+    }
 }

@@ -739,3 +739,46 @@ fn an_otel_setting_atmost_cannot_honour_stops_it_at_start_up() {
         "{stderr}"
     );
 }
+
+/// The metric names a live server exports once every instrument has a
+/// sample (a decision, an error, a duplicate dispatched, a store call, a
+/// census pass), read from its `/metrics`: what deploy/'s rules and
+/// dashboard may use (tests/deploy.rs).
+pub async fn exported_metric_names() -> std::collections::BTreeSet<String> {
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let args = [
+        "--metrics-listen".to_owned(),
+        metrics.to_string(),
+        "--uncertain-census-interval".to_owned(),
+        "1s".to_owned(),
+    ];
+    let server = spawn_atmost_with_env::<String>(&args, &[]);
+    let client = server.client().await;
+    let permit = client
+        .create_permit(
+            NewPermit::new(["t"])
+                .expires_at_ms(now_ms() + 3_600_000)
+                .duplicate_guard(pb::DuplicateGuardMode::Log, None),
+        )
+        .await
+        .expect("create");
+    for key in ["k1", "k2"] {
+        client
+            .authorize(authorize(&permit.permit_id, key, b"fp"))
+            .await
+            .expect("dispatch");
+    }
+    client
+        .authorize(authorize("", "k", b"fp"))
+        .await
+        .expect_err("invalid");
+    let samples = scrape_until(metrics, "a census pass", |s| {
+        s.contains_key("atmost_uncertain_attempts")
+            && s.contains_key(r#"atmost_duplicate_guard_hits_total{action="dispatched"}"#)
+    })
+    .await;
+    samples
+        .keys()
+        .map(|series| series.split('{').next().expect("a name").to_owned())
+        .collect()
+}
