@@ -275,19 +275,29 @@ where
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+    /// The inner service's own future when nothing is observed: with
+    /// telemetry off (and for health and reflection) this layer costs a
+    /// branch, no allocation.
+    type Future =
+        tokio_util::either::Either<S::Future, BoxFuture<Result<Self::Response, Self::Error>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (Some(shared), Some(method)) = (&self.shared, Method::of(request.uri().path())) else {
-            return Box::pin(inner.call(request));
+        use tokio_util::either::Either;
+        let Some(shared) = &self.shared else {
+            return Either::Left(self.inner.call(request));
+        };
+        let Some(method) = Method::of(request.uri().path()) else {
+            return Either::Left(self.inner.call(request));
         };
         let shared = shared.clone();
+        // The service that was polled ready serves this request; a clone
+        // takes its place for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         let span = if shared.traces {
             let span = tracing::info_span!(
                 target: SPAN_TARGET,
@@ -323,7 +333,7 @@ where
             outcome: Cell::new(Outcome::default()),
             shared,
         };
-        Box::pin(CURRENT.scope(current, async move {
+        Either::Right(Box::pin(CURRENT.scope(current, async move {
             let response = inner.call(request).instrument(span).await;
             finish.outcome = CURRENT.with(|c| c.outcome.get());
             let response = response?;
@@ -336,7 +346,7 @@ where
                 return Ok(response);
             }
             Ok(response.map(|body| tonic::body::Body::new(Timed { body, finish })))
-        }))
+        })))
     }
 }
 
