@@ -456,7 +456,10 @@ async fn dev_mode_is_loopback_only_and_a_bad_key_file_stops_start_up() {
         "--insecure-no-auth",
     ]);
     assert!(!status.success());
-    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    assert!(
+        stderr.contains("--insecure-no-auth and --auth-keys contradict each other"),
+        "{stderr}"
+    );
 
     // Open on purpose: it serves (reached here over loopback).
     let open = spawn_atmost(&["--insecure-no-auth"]);
