@@ -95,3 +95,10 @@ def test_a_plaintext_client_cannot_talk_to_the_tls_server(tls_server, keys):
 def test_mtls_needs_both_halves():
     with pytest.raises(ValueError):
         Client("127.0.0.1:1", certificate_chain=b"-----BEGIN CERTIFICATE-----")
+
+
+def test_certificates_that_are_not_pem_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="root_certificates is not PEM"):
+        Client("127.0.0.1:1", root_certificates=b"garbage")
+    with pytest.raises(ValueError, match="cannot read"):
+        Client("127.0.0.1:1", root_certificates=str(tmp_path / "missing.pem"))

@@ -143,7 +143,7 @@ def test_a_lost_response_ends_uncertain_and_is_never_sent_again(client):
 
     def hangs(attempt_id: str) -> Any:
         sent.append(attempt_id)
-        release.wait()  # the response that never comes back
+        release.wait(30)  # the response that never comes back (30 s: a broken deadline fails, never hangs)
         return {"tx": "late"}
 
     try:
@@ -173,7 +173,7 @@ def test_an_explicit_dispatch_timeout_and_a_raising_dispatch_end_uncertain(clien
     release = threading.Event()
     try:
         with pytest.raises(OutcomeUncertain):
-            client.call_guarded(permit, TOOL, "slow", lambda _: release.wait(), request=1, dispatch_timeout=0.2)
+            client.call_guarded(permit, TOOL, "slow", lambda _: release.wait(30), request=1, dispatch_timeout=0.2)
 
         def reset(attempt_id: str) -> Any:
             raise ConnectionResetError("reset after sending")
@@ -186,6 +186,14 @@ def test_an_explicit_dispatch_timeout_and_a_raising_dispatch_end_uncertain(clien
         assert "ConnectionResetError: reset after sending" in attempts["reset"].uncertain_reason
     finally:
         release.set()
+
+
+def test_a_lease_too_short_to_send_in_gives_the_slot_back(client):
+    permit = new_permit(client, cap=1, lease=0.5)  # less than the 1 s margin
+    with pytest.raises(NotSent) as caught:
+        client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST)
+    assert caught.value.attempt_id
+    assert client.get_permit(permit).usage[0].calls_made == 0
 
 
 def test_a_lost_dispatch_is_redelivered_to_its_holder_only(client):
@@ -246,6 +254,7 @@ def test_context_manager_dispatch_then_replay(client):
     tool = Tool()
     with client.guard(permit, TOOL, "charge-1", request=REQUEST, cost=5) as call:
         assert not call.replayed
+        assert call.timeout == 29.0  # the 30 s lease less the 1 s margin
         assert 0 < call.time_left() <= 29.0
         outcome = call.succeeded(tool(call.attempt_id))
     assert outcome.result == {"tx": 981}
@@ -295,6 +304,15 @@ def test_replayed_failure_and_uncertainty_do_not_enter_the_block(client):
 # === the decorator ===
 
 
+def test_decorator_arguments_must_be_json_or_a_request_given(client):
+    @client.guarded(permit_id=new_permit(client), tool=TOOL, key="k")
+    def send(handle: object, *, attempt_id: str) -> None:
+        raise AssertionError("dispatched")
+
+    with pytest.raises(ValueError):
+        send(object())
+
+
 def test_decorator(client):
     permit = new_permit(client)
     sent: List[tuple] = []
@@ -320,13 +338,23 @@ def test_decorator(client):
 
 
 class Relay:
-    """A loopback TCP relay started on demand: the "server" that comes up
-    late on a fixed port. It copies bytes both ways, unchanged, to a real
-    atmost (the permit has to exist before the first try)."""
+    """A loopback TCP relay between a client and a real atmost, started when
+    the test says: the "server" that comes up late on a fixed port (the
+    permit has to exist before the first try, so atmost itself is up).
 
-    def __init__(self, port: int, upstream: str) -> None:
+    It copies bytes unchanged, reading the server's side as HTTP/2 frames so
+    that it can lose one answer: with ``lose_response=n``, the connection is
+    cut just before the first DATA frame of the n-th response (counted
+    across connections), after atmost has applied and answered the request.
+    """
+
+    def __init__(self, port: int, upstream: str, lose_response: int = 0) -> None:
         host, _, up_port = upstream.rpartition(":")
         self.upstream = (host, int(up_port))
+        self.lose_response = lose_response
+        self.responses = 0
+        self.lost = threading.Event()
+        self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", port))
         self.sockets: List[socket.socket] = [self.listener]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -339,8 +367,8 @@ class Relay:
                 return
             up = socket.create_connection(self.upstream)
             self.sockets += [conn, up]
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._pump, args=(conn, up), daemon=True).start()
+            threading.Thread(target=self._frames, args=(up, conn), daemon=True).start()
 
     @staticmethod
     def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -353,38 +381,110 @@ class Relay:
         except OSError:
             pass
         finally:
-            try:
-                dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+            Relay._shut(dst)
+
+    def _frames(self, src: socket.socket, dst: socket.socket) -> None:
+        """Server to client, frame by frame: 9 bytes of header (length 3,
+        type 1, flags 1, stream id 4), then the payload; type 0 is DATA."""
+        buffer, streams = b"", set()
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                buffer += data
+                out = b""
+                while len(buffer) >= 9:
+                    size = 9 + int.from_bytes(buffer[:3], "big")
+                    if len(buffer) < size:
+                        break
+                    stream = int.from_bytes(buffer[5:9], "big") & 0x7FFFFFFF
+                    if buffer[3] == 0 and stream and stream not in streams:
+                        streams.add(stream)
+                        with self.lock:
+                            self.responses += 1
+                            lose = self.responses == self.lose_response
+                        if lose:
+                            dst.sendall(out)
+                            self.lost.set()
+                            self._shut(src)
+                            return
+                    out, buffer = out + buffer[:size], buffer[size:]
+                dst.sendall(out)
+        except OSError:
+            pass
+        finally:
+            self._shut(dst)
+
+    @staticmethod
+    def _shut(s: socket.socket) -> None:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def close(self) -> None:
         for s in self.sockets:
+            self._shut(s)
             s.close()
 
 
-def test_authorize_is_retried_until_the_server_is_up(client, server):
+@pytest.fixture
+def relays():
+    started: List[Relay] = []
+    yield started
+    for relay in started:
+        relay.close()
+
+
+def test_authorize_is_retried_until_the_server_is_up(client, server, relays):
     permit = new_permit(client)
     port = free_port()
-    relays: List[Relay] = []
-    failures: List[Unavailable] = []
+    failures: List[Any] = []
 
     def on_retry(rpc: str, error: Any, delay: float) -> None:
         failures.append(error)
         if not relays:  # the first try was refused: now the server comes up on that port
             relays.append(Relay(port, server.address))
 
-    late = Client(f"127.0.0.1:{port}", retry=Retry(max_tries=50, max_time=60, on_retry=on_retry))
-    try:
+    # The default limits (5 tries, 10 s): the channel's reconnect backoff must fit in them.
+    with Client(f"127.0.0.1:{port}", retry=Retry(on_retry=on_retry)) as late:
         tool = Tool()
         outcome = late.call_guarded(permit, TOOL, "charge-1", tool, request=REQUEST)
-        assert not outcome.replayed and len(tool.sent) == 1
-        assert failures and all(isinstance(e, Unavailable) for e in failures)
-        assert failures[0].code == grpc.StatusCode.UNAVAILABLE and failures[0].reason is None
-    finally:
-        late.close()
-        for relay in relays:
-            relay.close()
+    assert not outcome.replayed and len(tool.sent) == 1
+    assert failures and all(isinstance(e, Unavailable) for e in failures)
+    assert failures[0].code == grpc.StatusCode.UNAVAILABLE and failures[0].reason is None
+
+
+def test_a_lost_authorize_answer_is_retried_with_the_same_holder_token(client, server, relays):
+    permit = new_permit(client)
+    relay = Relay(free_port(), server.address, lose_response=1)
+    relays.append(relay)
+    retried: List[str] = []
+    port = relay.listener.getsockname()[1]
+    with Client(f"127.0.0.1:{port}", retry=Retry(on_retry=lambda rpc, e, d: retried.append(rpc))) as c:
+        tool = Tool()
+        outcome = c.call_guarded(permit, TOOL, "charge-1", tool, request=REQUEST, cost=5)
+    assert relay.lost.is_set() and retried == ["Authorize"]
+    # The retry carried the first try's token: the same DISPATCH, told again.
+    assert outcome.redelivered and not outcome.replayed
+    assert len(tool.sent) == 1
+    assert client.get_permit(permit).usage[0].calls_made == 1
+
+
+def test_a_lost_commit_answer_is_retried_and_answered_the_same(client, server, relays):
+    permit = new_permit(client)
+    relay = Relay(free_port(), server.address, lose_response=2)
+    relays.append(relay)
+    retried: List[str] = []
+    port = relay.listener.getsockname()[1]
+    with Client(f"127.0.0.1:{port}", retry=Retry(on_retry=lambda rpc, e, d: retried.append(rpc))) as c:
+        tool = Tool()
+        outcome = c.call_guarded(permit, TOOL, "charge-1", tool, request=REQUEST)
+    assert relay.lost.is_set() and retried == ["Commit"]
+    assert outcome.attempt.state == pb.ATTEMPT_STATE_SUCCEEDED and len(tool.sent) == 1
+    replay = client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST)
+    assert replay.receipt.receipt_id == outcome.receipt.receipt_id
 
 
 def test_a_commit_that_cannot_be_recorded_says_so(start_server):

@@ -74,14 +74,20 @@ def _pem(value: Optional[PemSource], what: str) -> Optional[bytes]:
     if value is None:
         return None
     if isinstance(value, bytes):
-        return value
-    if isinstance(value, (str, os.PathLike)):
+        data = value
+    elif isinstance(value, (str, os.PathLike)):
         try:
             with open(value, "rb") as f:
-                return f.read()
+                data = f.read()
         except OSError as e:
             raise ValueError(f"{what}: cannot read {value!s}: {e.strerror}") from e
-    raise TypeError(f"{what} must be PEM bytes or a file path, not {type(value).__name__}")
+    else:
+        raise TypeError(f"{what} must be PEM bytes or a file path, not {type(value).__name__}")
+    # grpc takes anything and fails each connection later with a log line:
+    # a file that is not PEM at all is refused here, with its name.
+    if b"-----BEGIN " not in data:
+        raise ValueError(f"{what} is not PEM (no -----BEGIN line)")
+    return data
 
 
 def _seconds(value: Union[float, int, datetime.timedelta], what: str) -> float:
