@@ -39,9 +39,16 @@ def generate(out_dir: pathlib.Path) -> None:
         sys.exit(f"generate_stubs.py: no .proto files under {PROTO_ROOT}")
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}",
-             f"--python_out={tmp}", f"--pyi_out={tmp}", f"--grpc_python_out={tmp}",
-             *[str(p) for p in protos]],
+            [
+                sys.executable,
+                "-m",
+                "grpc_tools.protoc",
+                f"-I{PROTO_ROOT}",
+                f"--python_out={tmp}",
+                f"--pyi_out={tmp}",
+                f"--grpc_python_out={tmp}",
+                *[str(p) for p in protos],
+            ],
             check=True,
         )
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -47,10 +47,14 @@ def atmost_bin() -> pathlib.Path:
 class Server:
     """One `atmost serve` process."""
 
-    def __init__(self, args: List[str], listen: str = "127.0.0.1:0", tmp: Optional[pathlib.Path] = None) -> None:
+    def __init__(
+        self, args: List[str], listen: str = "127.0.0.1:0", tmp: Optional[pathlib.Path] = None
+    ) -> None:
         # atmost reads every flag from ATMOST_* too: none of the caller's may leak in.
         env = {k: v for k, v in os.environ.items() if not k.startswith("ATMOST_")}
-        self.stderr_path = (tmp or pathlib.Path(os.environ.get("TMPDIR", "/tmp"))) / f"atmost-{secrets.token_hex(4)}.stderr"
+        self.stderr_path = (
+            tmp or pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
+        ) / f"atmost-{secrets.token_hex(4)}.stderr"
         self._stderr = open(self.stderr_path, "wb")
         self.process = subprocess.Popen(
             [str(atmost_bin()), "serve", "--listen", listen, *args],
@@ -69,7 +73,7 @@ class Server:
         if not line.startswith(prefix):
             self.stop()
             raise RuntimeError(f"atmost did not start (stdout {line!r}): {self.stderr()}")
-        self.address = line[len(prefix):]
+        self.address = line[len(prefix) :]
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")[-4000:]
@@ -164,10 +168,14 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA, keys: K
     (tmp / "keys.toml").write_text(keys.toml())
     s = Server(
         [
-            "--tls-cert", str(tmp / "server.pem"),
-            "--tls-key", str(tmp / "server.key"),
-            "--tls-client-ca", str(tmp / "ca.pem"),
-            "--auth-keys", str(tmp / "keys.toml"),
+            "--tls-cert",
+            str(tmp / "server.pem"),
+            "--tls-key",
+            str(tmp / "server.key"),
+            "--tls-client-ca",
+            str(tmp / "ca.pem"),
+            "--auth-keys",
+            str(tmp / "keys.toml"),
         ],
         tmp=tmp,
     )

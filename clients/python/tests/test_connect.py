@@ -14,9 +14,10 @@ TOOL = "wallet.charge"
 
 
 def test_the_right_key_works_and_roles_apply(auth_server, keys):
-    with Client(auth_server.address, api_key=keys.admin) as admin, Client(
-        auth_server.address, api_key=keys.agent
-    ) as agent:
+    with (
+        Client(auth_server.address, api_key=keys.admin) as admin,
+        Client(auth_server.address, api_key=keys.agent) as agent,
+    ):
         permit = admin.create_permit([TOOL]).permit_id
         sent: List[str] = []
         outcome = agent.call_guarded(permit, TOOL, "k1", lambda a: sent.append(a) or "ok", request={"n": 1})
@@ -32,7 +33,9 @@ def test_a_wrong_or_missing_key_is_unauthenticated_and_never_retried(auth_server
     with Client(auth_server.address, api_key=keys.admin) as admin:
         permit = admin.create_permit([TOOL]).permit_id
     retries: List[Any] = []
-    with Client(auth_server.address, api_key=api_key, retry=Retry(on_retry=lambda *a: retries.append(a))) as wrong:
+    with Client(
+        auth_server.address, api_key=api_key, retry=Retry(on_retry=lambda *a: retries.append(a))
+    ) as wrong:
         with pytest.raises(Unauthenticated) as caught:
             wrong.get_permit(permit)
         assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED

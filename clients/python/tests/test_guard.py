@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any, Callable, List
+from typing import Any, List
 
 import grpc
 import pytest
 from conftest import free_port
 
-import atmost_client
 from atmost_client import (
     Client,
     CommitNotRecorded,
@@ -121,6 +120,24 @@ def test_tool_failed_is_recorded_failed_and_replayed_as_such(client):
     assert replay.value.attempt_id == caught.value.attempt_id
 
 
+def test_long_reasons_are_cut_to_what_atmost_keeps(client):
+    permit = new_permit(client)
+
+    def declined(attempt_id: str) -> Any:
+        raise ToolFailed("é" * 600)  # 1200 bytes of UTF-8
+
+    with pytest.raises(ToolFailed) as caught:
+        client.call_guarded(permit, TOOL, "failed", declined, request=1)
+    assert caught.value.attempt.failure_reason == "é" * 512
+
+    def reset(attempt_id: str) -> Any:
+        raise ConnectionResetError("ü" * 2000)
+
+    with pytest.raises(OutcomeUncertain) as uncertain:
+        client.call_guarded(permit, TOOL, "reset", reset, request=2)
+    assert len(uncertain.value.attempt.uncertain_reason.encode()) == 1024
+
+
 def test_not_sent_gives_the_slot_back(client):
     permit = new_permit(client, cap=1)
 
@@ -173,7 +190,9 @@ def test_an_explicit_dispatch_timeout_and_a_raising_dispatch_end_uncertain(clien
     release = threading.Event()
     try:
         with pytest.raises(OutcomeUncertain):
-            client.call_guarded(permit, TOOL, "slow", lambda _: release.wait(30), request=1, dispatch_timeout=0.2)
+            client.call_guarded(
+                permit, TOOL, "slow", lambda _: release.wait(30), request=1, dispatch_timeout=0.2
+            )
 
         def reset(attempt_id: str) -> Any:
             raise ConnectionResetError("reset after sending")
@@ -208,14 +227,23 @@ def test_a_lost_dispatch_is_redelivered_to_its_holder_only(client):
     with pytest.raises(InProgress) as caught:
         # Another holder: the lease (30 s) is past the retry budget (10 s), so it is not waited for.
         client.call_guarded(
-            permit, TOOL, "charge-1", never, request=REQUEST, cost=500, holder_token=os.urandom(16), retry=other
+            permit,
+            TOOL,
+            "charge-1",
+            never,
+            request=REQUEST,
+            cost=500,
+            holder_token=os.urandom(16),
+            retry=other,
         )
     assert caught.value.reason == "IDEMPOTENCY_IN_PROGRESS"
     assert caught.value.retry_after is not None and caught.value.retry_after > 10
     assert retries == []
 
     tool = Tool()
-    outcome = client.call_guarded(permit, TOOL, "charge-1", tool, request=REQUEST, cost=500, holder_token=token)
+    outcome = client.call_guarded(
+        permit, TOOL, "charge-1", tool, request=REQUEST, cost=500, holder_token=token
+    )
     assert outcome.redelivered and not outcome.replayed
     assert tool.sent == [lost.attempt.attempt_id]
     replay = client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST, cost=500)
@@ -317,7 +345,12 @@ def test_decorator(client):
     permit = new_permit(client)
     sent: List[tuple] = []
 
-    @client.guarded(permit_id=permit, tool=TOOL, key=lambda order, amount: f"order-{order}", cost=lambda order, amount: amount)
+    @client.guarded(
+        permit_id=permit,
+        tool=TOOL,
+        key=lambda order, amount: f"order-{order}",
+        cost=lambda order, amount: amount,
+    )
     def charge(order: int, amount: int, *, attempt_id: str) -> Any:
         sent.append((order, amount, attempt_id))
         return {"charged": amount}
@@ -507,9 +540,7 @@ def test_refusals_are_not_retried(client):
     retries: List[Any] = []
     retry = Retry(on_retry=lambda *a: retries.append(a))
     with pytest.raises(Denied) as caught:
-        client.call_guarded(
-            "0190a5b2-0000-7000-8000-000000000000", TOOL, "k", never, request=1, retry=retry
-        )
+        client.call_guarded("0190a5b2-0000-7000-8000-000000000000", TOOL, "k", never, request=1, retry=retry)
     assert caught.value.reason == "PERMIT_NOT_FOUND"
     with pytest.raises(InvalidRequest) as invalid:
         client.call_guarded("not-a-uuid", TOOL, "k", never, request=1, retry=retry)

@@ -218,7 +218,9 @@ class Client:
         """Reports the outcome: exactly one of ``result`` (Succeeded, with an
         optional ``actual_cost``), ``failed`` (the tool's reason) or
         ``not_sent=True``."""
-        request = pb.CommitRequest(permit_id=permit_id, idempotency_key=idempotency_key, attempt_id=attempt_id)
+        request = pb.CommitRequest(
+            permit_id=permit_id, idempotency_key=idempotency_key, attempt_id=attempt_id
+        )
         _outcome(request, result, actual_cost, failed, not_sent)
         return self._call(self._gate.Commit, request, timeout)
 
@@ -281,7 +283,7 @@ class Client:
             if lease is not None:
                 permit.lease.FromNanoseconds(round(_seconds(lease, "lease") * 1e9))
             if uncertain_policy is not None:
-                permit.uncertain_policy = uncertain_policy
+                permit.uncertain_policy = uncertain_policy  # type: ignore[assignment]
             if duplicate_guard is not None:
                 permit.duplicate_guard.CopyFrom(duplicate_guard)
         return self._call(self._permits.CreatePermit, pb.CreatePermitRequest(permit=permit), timeout)
@@ -334,7 +336,9 @@ class Client:
         """Settles an UNCERTAIN attempt after asking the tool what happened:
         exactly one of ``result``, ``failed`` or ``not_sent=True`` (which
         needs ``attempt_id``)."""
-        request = pb.ResolveRequest(permit_id=permit_id, idempotency_key=idempotency_key, attempt_id=attempt_id)
+        request = pb.ResolveRequest(
+            permit_id=permit_id, idempotency_key=idempotency_key, attempt_id=attempt_id
+        )
         _outcome(request, result, actual_cost, failed, not_sent)
         return self._call(self._permits.Resolve, request, timeout)
 
@@ -362,7 +366,9 @@ class Client:
 
     # === retrying (used by the guarded call) ===
 
-    def _retrying(self, rpc: str, send: Callable[[float], Any], retry: Retry, *, in_progress: bool = False) -> Any:
+    def _retrying(
+        self, rpc: str, send: Callable[[float], Any], retry: Retry, *, in_progress: bool = False
+    ) -> Any:
         """``send(timeout)`` until it answers, per :class:`Retry`. Only
         failures that leave the request safe to send again as it is are
         retried: UNAVAILABLE (nothing decided, or shed), DEADLINE_EXCEEDED,
@@ -387,7 +393,9 @@ class Client:
                 time.sleep(delay)
 
 
-def _outcome(request: Any, result: Optional[bytes], actual_cost: Optional[int], failed: Optional[str], not_sent: bool) -> None:
+def _outcome(
+    request: Any, result: Optional[bytes], actual_cost: Optional[int], failed: Optional[str], not_sent: bool
+) -> None:
     chosen = (result is not None) + (failed is not None) + bool(not_sent)
     if chosen != 1:
         raise ValueError("give exactly one outcome: result=..., failed=... or not_sent=True")
@@ -401,4 +409,3 @@ def _outcome(request: Any, result: Optional[bytes], actual_cost: Optional[int], 
         request.failed.reason = failed
     else:
         request.not_sent.SetInParent()
-

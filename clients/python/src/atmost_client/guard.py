@@ -24,7 +24,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 from . import pb
 from .errors import AtmostError, CommitNotRecorded, NotSent, OutcomeUncertain, ToolFailed
@@ -90,6 +90,17 @@ def encode_result(result: Any) -> bytes:
     return data
 
 
+#: atmost keeps a reason of at most this many UTF-8 bytes (docs/api.md, "Limits").
+MAX_REASON_BYTES = 1024
+
+
+def clip_reason(text: str) -> str:
+    """``text`` cut to :data:`MAX_REASON_BYTES` of UTF-8, on a character
+    boundary: a longer reason would be refused, leaving the outcome
+    unrecorded."""
+    return text.encode("utf-8")[:MAX_REASON_BYTES].decode("utf-8", "ignore")
+
+
 def _seconds(ts: Any) -> float:
     return ts.seconds + ts.nanos / 1e9
 
@@ -143,9 +154,13 @@ class GuardedCall:
             raise TypeError(f"fingerprint must be bytes, not {type(fingerprint).__name__}")
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
             raise ValueError(f"cost must be an int >= 0, not {cost!r}")
-        if holder_token is not None and (not isinstance(holder_token, bytes) or not 1 <= len(holder_token) <= 64):
+        if holder_token is not None and (
+            not isinstance(holder_token, bytes) or not 1 <= len(holder_token) <= 64
+        ):
             raise ValueError("holder_token must be 1 to 64 bytes")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self._client = client
         self.permit_id = permit_id
@@ -234,7 +249,9 @@ class GuardedCall:
                     replayed=True,
                     attempt=attempt,
                 )
-            raise AtmostError(f"atmost replayed an attempt in state {attempt.state}, which this client does not know")
+            raise AtmostError(
+                f"atmost replayed an attempt in state {attempt.state}, which this client does not know"
+            )
         if answer.decision != pb.DECISION_DISPATCH:
             raise AtmostError(f"atmost answered decision {answer.decision}, which this client does not know")
         self._state = "dispatch"
@@ -247,7 +264,10 @@ class GuardedCall:
         self.deadline = arrived + self.timeout
         if self.timeout <= 0:
             self.not_sent(
-                NotSent(f"the lease leaves no time to send ({self.timeout + LEASE_MARGIN:.3g} s, {LEASE_MARGIN} s margin)")
+                NotSent(
+                    f"the lease leaves no time to send ({self.timeout + LEASE_MARGIN:.3g} s,"
+                    f" {LEASE_MARGIN} s margin)"
+                )
             )
         return self
 
@@ -265,10 +285,11 @@ class GuardedCall:
         return self.outcome
 
     def failed(self, error: ToolFailed) -> None:
-        """The tool refused: Commit Failed, then raise ``error``."""
+        """The tool refused: Commit Failed (its reason cut to 1024 bytes),
+        then raise ``error``."""
         self._require_dispatch()
         self._state = "settling"
-        self.attempt = self._commit("FAILED", failed=error.failure_reason, cause=error).attempt
+        self.attempt = self._commit("FAILED", failed=clip_reason(error.failure_reason), cause=error).attempt
         self._state = "settled"
         error.attempt_id, error.attempt = self.attempt_id, self.attempt
         raise error
@@ -293,14 +314,19 @@ class GuardedCall:
             answer = client._retrying(
                 "MarkUncertain",
                 lambda timeout: client.mark_uncertain(
-                    self.permit_id, self.idempotency_key, self.attempt_id, reason[:1024], timeout=timeout
+                    self.permit_id,
+                    self.idempotency_key,
+                    self.attempt_id,
+                    clip_reason(reason),
+                    timeout=timeout,
                 ),
                 self.retry,
             )
         except AtmostError as error:
             self._state = "settled"
             raise CommitNotRecorded(
-                f"could not mark attempt {self.attempt_id} UNCERTAIN ({error}); it becomes UNCERTAIN at its lease",
+                f"could not mark attempt {self.attempt_id} UNCERTAIN ({error});"
+                " it becomes UNCERTAIN at its lease",
                 attempt_id=self.attempt_id,
                 outcome="UNCERTAIN",
             ) from error
@@ -317,13 +343,11 @@ class GuardedCall:
     def __enter__(self) -> "GuardedCall":
         return self.authorize()
 
-    def __exit__(self, kind: Any, error: Optional[BaseException], tb: Any) -> bool:
+    def __exit__(self, kind: Any, error: Optional[BaseException], tb: Any) -> Literal[False]:
         if self._state != "dispatch":
             return False  # a replay, or settled (or settling failed): nothing to record
         if error is None:
-            raise self.uncertain(
-                "the guarded block ended without settling the call", None
-            ) from RuntimeError(
+            raise self.uncertain("the guarded block ended without settling the call", None) from RuntimeError(
                 "leave the block by call.succeeded(result), raise ToolFailed(reason) or raise NotSent()"
             )
         if isinstance(error, ToolFailed):
@@ -341,10 +365,16 @@ class GuardedCall:
         if self._state != "dispatch":
             raise RuntimeError(
                 "this guarded call holds no DISPATCH to settle"
-                + (" (it is a REPLAY: send nothing)" if self._state == "replay" else f" (state {self._state})")
+                + (
+                    " (it is a REPLAY: send nothing)"
+                    if self._state == "replay"
+                    else f" (state {self._state})"
+                )
             )
 
-    def _commit(self, outcome: str, *, cause: Optional[BaseException] = None, value: Any = None, **kw: Any) -> Any:
+    def _commit(
+        self, outcome: str, *, cause: Optional[BaseException] = None, value: Any = None, **kw: Any
+    ) -> Any:
         client = self._client
         try:
             return client._retrying(
