@@ -289,7 +289,7 @@ class GuardedCall:
         then raise ``error``."""
         self._require_dispatch()
         self._state = "settling"
-        self.attempt = self._commit("FAILED", failed=clip_reason(error.failure_reason), cause=error).attempt
+        self.attempt = self._commit("FAILED", failed=clip_reason(error.failure_reason)).attempt
         self._state = "settled"
         error.attempt_id, error.attempt = self.attempt_id, self.attempt
         raise error
@@ -299,12 +299,12 @@ class GuardedCall:
         back), then raise ``error``."""
         self._require_dispatch()
         self._state = "settling"
-        self.attempt = self._commit("NOT_SENT", not_sent=True, cause=error).attempt
+        self.attempt = self._commit("NOT_SENT", not_sent=True).attempt
         self._state = "settled"
         error.attempt_id = self.attempt_id
         raise error
 
-    def uncertain(self, reason: str, cause: Optional[BaseException]) -> OutcomeUncertain:
+    def uncertain(self, reason: str) -> OutcomeUncertain:
         """The call may have gone out and nobody knows its outcome:
         MarkUncertain(reason) and return the OutcomeUncertain to raise."""
         self._require_dispatch()
@@ -347,14 +347,14 @@ class GuardedCall:
         if self._state != "dispatch":
             return False  # a replay, or settled (or settling failed): nothing to record
         if error is None:
-            raise self.uncertain("the guarded block ended without settling the call", None) from RuntimeError(
+            raise self.uncertain("the guarded block ended without settling the call") from RuntimeError(
                 "leave the block by call.succeeded(result), raise ToolFailed(reason) or raise NotSent()"
             )
         if isinstance(error, ToolFailed):
             self.failed(error)
         if isinstance(error, NotSent):
             self.not_sent(error)
-        uncertain = self.uncertain(_describe(error), error)
+        uncertain = self.uncertain(_describe(error))
         if not isinstance(error, Exception):
             return False  # KeyboardInterrupt, SystemExit: recorded, and let through as they are
         raise uncertain from error
@@ -372,9 +372,7 @@ class GuardedCall:
                 )
             )
 
-    def _commit(
-        self, outcome: str, *, cause: Optional[BaseException] = None, value: Any = None, **kw: Any
-    ) -> Any:
+    def _commit(self, outcome: str, *, value: Any = None, **kw: Any) -> Any:
         client = self._client
         try:
             return client._retrying(
@@ -447,7 +445,7 @@ def call_guarded(
     worker.start()
     if not done.wait(call.time_left()):
         raise call.uncertain(
-            f"dispatch did not return within its deadline of {call.timeout:.3g} s", None
+            f"dispatch did not return within its deadline of {call.timeout:.3g} s"
         ) from TimeoutError(f"dispatch still running after {call.timeout:.3g} s")
     error = box.get("error")
     if error is None:
@@ -461,7 +459,7 @@ def call_guarded(
         call.failed(error)
     if isinstance(error, NotSent):
         call.not_sent(error)
-    raise call.uncertain(_describe(error), error) from error
+    raise call.uncertain(_describe(error)) from error
 
 
 def guarded(
