@@ -101,10 +101,6 @@ def clip_reason(text: str) -> str:
     return text.encode("utf-8")[:MAX_REASON_BYTES].decode("utf-8", "ignore")
 
 
-def _seconds(ts: Any) -> float:
-    return ts.seconds + ts.nanos / 1e9
-
-
 class GuardedCall:
     """One guarded call; also the context manager ``client.guard()`` returns.
 
@@ -259,7 +255,9 @@ class GuardedCall:
         if self._timeout is not None:
             self.timeout = float(self._timeout)
         else:
-            lease = _seconds(attempt.lease_expires_at) - _seconds(attempt.created_at)
+            expires, created = attempt.lease_expires_at, attempt.created_at
+            # In whole seconds and nanoseconds: exact, where two epoch floats would round.
+            lease = (expires.seconds - created.seconds) + (expires.nanos - created.nanos) / 1e9
             self.timeout = lease - LEASE_MARGIN
         self.deadline = arrived + self.timeout
         if self.timeout <= 0:
