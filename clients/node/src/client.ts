@@ -37,6 +37,12 @@ export interface TlsOptions {
   cert?: Buffer | string;
   /** mTLS: the private key (PEM) of `cert`. */
   key?: Buffer | string;
+  /**
+   * The name atmost's certificate is checked against (and sent as SNI),
+   * when it is not the host in `address`: e.g. `localhost` for a
+   * certificate issued to it, reached as 127.0.0.1.
+   */
+  serverName?: string;
 }
 
 export interface ClientOptions {
@@ -94,7 +100,14 @@ export class Client {
     }
     this.deadlineMs = checkDeadline(options.deadlineMs ?? DEFAULT_DEADLINE_MS, "deadlineMs");
     const credentials = channelCredentials(options.tls);
-    const channelOptions = { ...DEFAULT_CHANNEL_OPTIONS, ...options.channelOptions };
+    const channelOptions: grpc.ChannelOptions = { ...DEFAULT_CHANNEL_OPTIONS };
+    if (options.tls?.serverName !== undefined) {
+      if (typeof options.tls.serverName !== "string" || options.tls.serverName === "") {
+        throw new TypeError("tls.serverName must be a non-empty string");
+      }
+      channelOptions["grpc.ssl_target_name_override"] = options.tls.serverName;
+    }
+    Object.assign(channelOptions, options.channelOptions);
     this.gate = new atmostV1.Gate(options.address, credentials, channelOptions);
     // One channel (one HTTP/2 connection) for the three services.
     const shared = { ...channelOptions, channelOverride: this.gate.getChannel() };
