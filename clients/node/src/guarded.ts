@@ -46,7 +46,7 @@ export interface GuardedCall {
   dispatchTimeoutMs?: number;
   /** How long Authorize, Commit and MarkUncertain are each retried (default 5 tries, 10 s). */
   retry?: RetryPolicy;
-  /** Told before each retry's wait (logging, metrics). */
+  /** Told before each retry's wait (logging, metrics); what it throws is ignored. */
   onRetry?: (event: RetryEvent) => void;
 }
 

@@ -90,7 +90,11 @@ export async function withRetries<T>(
       if (!(error instanceof AtmostError) || !retryable(error) || tryNumber >= policy.maxTries) throw error;
       const delayMs = error.retryAfterMs ?? backoffMs(tryNumber);
       if (performance.now() - start + delayMs > policy.maxTotalMs) throw error;
-      onRetry?.({ rpc, tryNumber, error, delayMs });
+      try {
+        onRetry?.({ rpc, tryNumber, error, delayMs });
+      } catch {
+        // A broken logging hook must not stop a Commit from being recorded.
+      }
       await sleep(delayMs);
     }
   }
