@@ -410,6 +410,46 @@ describe("guarded call, with atmost going away or coming late", { timeout: 120_0
       await atmost.stop();
     }
   });
+
+  test("retries on UNAVAILABLE reach an atmost started a moment later on the same port", async () => {
+    // The memory store starts empty, so the permit is unknown to the new
+    // process: its PERMIT_NOT_FOUND, after the refused first try, proves
+    // the retry reached it.
+    const port = await freePort();
+    let started: Promise<Atmost> | undefined;
+    const client = new Client({ address: `127.0.0.1:${port}` });
+    try {
+      const tool = new FakeTool();
+      const retries: RetryEvent[] = [];
+      const error = await rejection(
+        client.guarded(
+          {
+            permitId: "01a22f97-50b2-7dfa-9a32-7b58c1d65b82",
+            tool: TOOL,
+            idempotencyKey: key("late-server"),
+            request: CHARGE,
+            retry: { maxTries: 20, maxTotalMs: 30_000 },
+            onRetry: (event) => {
+              retries.push(event);
+              if (started === undefined) {
+                started = Atmost.start([], `127.0.0.1:${port}`);
+                started.catch(() => {}); // a failed start is raised by the await below
+              }
+            },
+          },
+          async (attemptId) => tool.hit(attemptId),
+        ),
+      );
+      assert.ok(started, "the first try failed and was retried");
+      assert.ok(error instanceof Denied, String(error));
+      assert.equal(error.reason, "PERMIT_NOT_FOUND");
+      assert.ok(retries.every((r) => r.rpc === "Authorize" && r.error instanceof Unavailable && r.error.reason === undefined));
+      assert.equal(tool.calls.length, 0);
+    } finally {
+      client.close();
+      await (await started)?.stop();
+    }
+  });
 });
 
 /** The error a promise rejects with (failing the test if it resolves). */
