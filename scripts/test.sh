@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine. Installs what it needs when it is
-# missing (redis-server, jq and libfaketime from the system packages; grpcio
+# missing (redis-server, jq, openssl and libfaketime from the system packages; grpcio
 # and cryptography for the README check and the receipt example, in a
 # virtualenv under target/; each client's own packages, by its
 # clients/*/test.sh), then runs every test
@@ -15,6 +15,8 @@ missing=()
 # Even with REDIS_URL set, the tests that kill Redis start their own.
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v jq >/dev/null 2>&1 || missing+=(jq)
+# The clients' TLS tests make throwaway certificates with it.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 # The clock-skew test runs replicas under libfaketime (LD_PRELOAD).
 compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null \
