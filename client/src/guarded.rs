@@ -19,6 +19,11 @@
 //! RESERVED until its lease passes and then reads UNCERTAIN, as atmost
 //! promises for any holder that goes away.
 
+// A GuardError is made at most once per tool call, beside several network
+// round trips: its size is nothing, and boxing what it carries would only
+// make every caller's match read through one more indirection.
+#![allow(clippy::result_large_err)]
+
 use crate::{Client, Error, Reason, pb};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -554,7 +559,8 @@ impl Client {
                         from + lease_of(&attempt)?.saturating_sub(LEASE_MARGIN)
                     }
                 };
-                self.dispatch_once(&call, attempt, deadline, dispatch).await
+                self.dispatch_once(&call, attempt, arrived, deadline, dispatch)
+                    .await
             }
             other => Err(broken(&format!("Authorize answered decision {other:?}"))),
         }
@@ -564,6 +570,7 @@ impl Client {
         &self,
         call: &GuardedCall,
         attempt: pb::Attempt,
+        arrived: Instant,
         deadline: Instant,
         dispatch: F,
     ) -> Result<Outcome, GuardError>
@@ -622,7 +629,10 @@ impl Client {
                 self.uncertain(call, &attempt, reason, error).await
             }
             Err(elapsed) => {
-                let reason = format!("dispatch still running after {time:?}: dropped");
+                let granted = deadline.saturating_duration_since(arrived);
+                let reason = format!(
+                    "dispatch still running at its deadline, {granted:?} after the DISPATCH: dropped"
+                );
                 self.uncertain(call, &attempt, reason, Box::new(elapsed))
                     .await
             }
