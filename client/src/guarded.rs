@@ -543,11 +543,12 @@ impl Client {
         match answer.decision() {
             pb::Decision::Replay => replay(attempt),
             pb::Decision::Dispatch => {
-                // Without a timeout, the lease (its length by the server's
-                // clock) counted from when the reservation can have been
-                // made at the earliest: when the DISPATCH arrived, or, for
-                // a redelivery to this call's own token, when its first
-                // Authorize was sent.
+                // Without a timeout: the lease's length (by the server's
+                // clock) less the margin, counted from when the DISPATCH
+                // arrived. A redelivery to this call's own random token
+                // repeats a reservation one of its earlier tries made, so
+                // its lease began after the first try was sent: counted
+                // from there, it cannot be overestimated.
                 let deadline = match call.dispatch_timeout {
                     Some(timeout) => arrived + timeout,
                     None => {

@@ -7,6 +7,22 @@
 //! own tools and tests use it, so the helpers every caller needs (connect,
 //! create a permit, read a reason, list every page) exist once.
 //!
+//! For agents and gateways, [`Client::guarded`] wraps one side-effecting
+//! call with atmost: Authorize (retried safely), the call dispatched at most
+//! once under a deadline, its outcome committed or marked uncertain, typed
+//! errors ([`GuardError`]). The crate's README (client/README.md) walks
+//! through it step by step.
+//!
+//! ## Layout
+//!
+//! - `lib.rs`: [`Client`] and its RPCs, [`Error`], [`NewPermit`], time helpers.
+//! - `connect.rs`: [`Client::builder`]: address, API key, TLS and mTLS.
+//! - `guarded.rs`: [`Client::guarded`], [`GuardedCall`], [`DispatchError`],
+//!   [`Outcome`], [`GuardError`].
+//! - `fingerprint.rs`: [`fingerprint`], SHA-256 of RFC 8785 canonical JSON.
+//!
+//! The RPCs one by one:
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use atmost_client::{Client, NewPermit, Reason, pb};
@@ -537,3 +553,8 @@ pub fn duration(d: Duration) -> prost_types::Duration {
 
 #[cfg(test)]
 mod tests;
+
+/// The README's examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
