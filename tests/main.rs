@@ -7,6 +7,8 @@
 //! - `auth`: API keys, roles, tenants, TLS and mTLS, the audit trail,
 //!   reloading the key file, dev mode.
 //! - `behaviour`: every behaviour case, once on each store.
+//! - `cli`: the operator CLI and `atmost demo`, the binary run against a
+//!   live server: tables, `--json`, exit codes, API keys, TLS.
 //! - `campaign`: hostile input, one table of requests through the server
 //!   on each store: exact codes and reasons, bounded errors, the store
 //!   read back unchanged.
@@ -44,6 +46,7 @@ mod attacks;
 mod auth;
 mod behaviour;
 mod campaign;
+mod cli;
 mod clock_skew;
 mod deploy;
 mod faults;
