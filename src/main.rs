@@ -1,5 +1,8 @@
 #![forbid(unsafe_code)]
-//! The `atmost` binary: `atmost serve` runs the gRPC service.
+//! The `atmost` binary: `atmost serve` runs the gRPC service; `permit`,
+//! `uncertain`, `attempt` and `demo` are its operator CLI ([`cli`]).
+
+mod cli;
 
 use atmost::auth::Authenticator;
 use atmost::config::{self, FileSettings};
@@ -44,6 +47,15 @@ enum Command {
     /// Work with receipts.
     #[command(subcommand)]
     Receipt(ReceiptCommand),
+    /// Create, show and revoke permits on a running atmost (docs/cli.md).
+    Permit(cli::permit::PermitArgs),
+    /// List and resolve the attempts whose outcome is unknown.
+    Uncertain(cli::uncertain::UncertainArgs),
+    /// Show one idempotency key's attempt.
+    Attempt(cli::attempt::AttemptArgs),
+    /// Play the story of a timeout, then a retry with a new key, against an
+    /// atmost in this process (or --server), narrating each decision.
+    Demo(cli::demo::DemoArgs),
     /// Check a configuration without serving.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -360,6 +372,12 @@ fn main() -> std::process::ExitCode {
         Command::Receipt(ReceiptCommand::Verify { keys, attempt }) => {
             return receipt_verify(&keys, &attempt);
         }
+        Command::Permit(args) => return cli::run(args.connection.json, cli::permit::run(args)),
+        Command::Uncertain(args) => {
+            return cli::run(args.connection.json, cli::uncertain::run(args));
+        }
+        Command::Attempt(args) => return cli::run(args.connection.json, cli::attempt::run(args)),
+        Command::Demo(args) => return cli::run(args.json, cli::demo::run(args)),
         Command::Config(ConfigCommand::Check(args)) => {
             return config_check(&args, &matches, file.as_ref());
         }

@@ -10,6 +10,8 @@
 //! - `clients`: the Rust client's guarded call on each store: dispatch,
 //!   replay, refusals, the lost response and the lost DISPATCH, a server
 //!   not up yet, outcomes that cannot be recorded, keys, TLS and mTLS.
+//! - `cli`: the operator CLI and `atmost demo`, the binary run against a
+//!   live server: tables, `--json`, exit codes, API keys, TLS.
 //! - `campaign`: hostile input, one table of requests through the server
 //!   on each store: exact codes and reasons, bounded errors, the store
 //!   read back unchanged.
@@ -47,6 +49,7 @@ mod attacks;
 mod auth;
 mod behaviour;
 mod campaign;
+mod cli;
 mod clients;
 mod clock_skew;
 mod deploy;

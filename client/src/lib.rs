@@ -231,6 +231,20 @@ impl Client {
         answer(self.permits.clone().get_permit(request).await)
     }
 
+    /// One idempotency key's attempt as atmost sees it now (a RESERVED one
+    /// past its lease reads UNCERTAIN). Reads only.
+    pub async fn get_attempt(
+        &self,
+        permit_id: &str,
+        idempotency_key: &str,
+    ) -> Result<pb::GetAttemptResponse, Error> {
+        let request = self.request(pb::GetAttemptRequest {
+            permit_id: permit_id.into(),
+            idempotency_key: idempotency_key.into(),
+        });
+        answer(self.permits.clone().get_attempt(request).await)
+    }
+
     pub async fn revoke_permit(&self, permit_id: &str) -> Result<pb::Permit, Error> {
         let request = self.request(pb::RevokePermitRequest {
             permit_id: permit_id.into(),
