@@ -10,6 +10,10 @@
 #   grpcurl      run as written against that server, with bash -euo
 #                pipefail: every command must succeed, the health check must
 #                say SERVING and the Authorize must answer DECISION_DISPATCH.
+#   try-it       run as written in the repository (the release binary the
+#                quick-start built): `atmost demo` against its own server,
+#                which must exit 0 and say every step got the answer the
+#                story expects.
 # Without a grpcurl on PATH, the grpcurl lines run through scripts/grpcurl.py,
 # which speaks gRPC and reflection as grpcurl does (grpcio in a virtualenv
 # under target/). A README edit that breaks a command fails this check.
@@ -34,8 +38,10 @@ block() {
 
 quick=$(block quick-start)
 examples=$(block grpcurl)
+try_it=$(block try-it)
 [ -n "$quick" ] || fail "README.md has no block marked readme-check: quick-start"
 [ -n "$examples" ] || fail "README.md has no block marked readme-check: grpcurl"
+[ -n "$try_it" ] || fail "README.md has no block marked readme-check: try-it"
 # A command, without its trailing comment.
 command_of() { sed -n "$1p" <<<"$quick" | sed -e 's/[[:space:]]*#.*$//' -e 's/[[:space:]]*$//'; }
 serve=$(command_of 1)
@@ -118,3 +124,12 @@ sed -n '/^--- again$/,/^--- charge-2$/p' <<<"$output" | grep -q 'IDEMPOTENCY_IN_
 sed -n '/^--- charge-2$/,$p' <<<"$output" | grep -q 'PERMIT_MAX_CALLS_EXCEEDED' ||
   fail "Authorize with charge-2 did not answer PERMIT_MAX_CALLS_EXCEEDED:"$'\n'"$output"
 echo "readme: and as it says, the same key again is IDEMPOTENCY_IN_PROGRESS, charge-2 PERMIT_MAX_CALLS_EXCEEDED" >&2
+
+# The "Try it" block: the demo plays against a server of its own (the
+# release binary is built by now), whatever runs on 50051.
+if ! output=$(bash -euo pipefail -c "$try_it" 2>&1); then
+  fail "the README's try-it block failed:"$'\n'"$output"
+fi
+grep -q '^Every step got the answer the story expects' <<<"$output" ||
+  fail "the demo did not tell every step as the story expects:"$'\n'"$output"
+echo "readme: the try-it block ran as written: every step of the demo as the story expects" >&2

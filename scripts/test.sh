@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine. Installs what it needs when it is
-# missing (redis-server, jq and libfaketime from the system packages; grpcio
+# missing (redis-server, jq, openssl and libfaketime from the system packages; grpcio
 # and cryptography for the README check and the receipt example, in a
-# virtualenv under target/), then runs every test
+# virtualenv under target/; each client's own packages, by its
+# clients/*/test.sh), then runs every test
 # of the workspace (tests start their own redis-server on free loopback
 # ports, or use REDIS_URL), then the README's commands as written
 # (scripts/readme.sh).
@@ -14,6 +15,8 @@ missing=()
 # Even with REDIS_URL set, the tests that kill Redis start their own.
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v jq >/dev/null 2>&1 || missing+=(jq)
+# The clients' TLS tests make throwaway certificates with it.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 # The clock-skew test runs replicas under libfaketime (LD_PRELOAD).
 compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null \
@@ -40,8 +43,17 @@ cargo test --locked --workspace --doc 2>&1 | tee -a "$log"
 scripts/readme.sh
 # The Python example that verifies a live receipt with `cryptography`.
 scripts/receipt_example.sh
+# The clients in other languages, each against live atmost servers of its
+# own (each script installs what it needs: pip packages, npm packages).
+for client in clients/*/test.sh; do
+  "$client" 2>&1 | tee -a "$log"
+done
 
 # One closing line for the whole run: every cargo test binary, plus the
-# README check and the receipt example.
-read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 2, f }' "$log")
+# README check and the receipt example, plus each client's closing line
+# ("<language> client: N passed, M failed").
+read -r passed failed < <(awk '
+  /^test result:/ { p += $4; f += $6 }
+  /^[a-z]+ client: [0-9]+ passed, [0-9]+ failed$/ { p += $3; f += $5 }
+  END { print p + 2, f }' "$log")
 echo "test.sh: ${passed} passed, ${failed} failed"

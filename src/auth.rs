@@ -48,9 +48,9 @@ use subtle::ConstantTimeEq;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     /// Callers around a dispatch: Authorize, Commit, MarkUncertain,
-    /// GetPermit.
+    /// GetPermit, GetAttempt.
     Agent,
-    /// Reconcilers: GetPermit, ListUncertain, Resolve.
+    /// Reconcilers: GetPermit, GetAttempt, ListUncertain, Resolve.
     Operator,
     /// Everything, including CreatePermit and RevokePermit.
     Admin,
@@ -95,7 +95,7 @@ pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
     }
     Some(match path.strip_prefix("/atmost.v1.") {
         Some("Gate/Authorize" | "Gate/Commit" | "Gate/MarkUncertain") => &[Agent, Admin],
-        Some("Permits/GetPermit") => &[Agent, Operator, Admin],
+        Some("Permits/GetPermit" | "Permits/GetAttempt") => &[Agent, Operator, Admin],
         Some("Permits/ListUncertain" | "Permits/Resolve") => &[Operator, Admin],
         _ => &[Admin],
     })

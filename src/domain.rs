@@ -14,8 +14,8 @@ mod permit;
 mod quota;
 
 pub use attempt::{
-    Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, MarkUncertainCmd,
-    Outcome, Receipt, ResolveCmd, Settled, validate_permit_id,
+    Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, GetAttemptCmd,
+    MarkUncertainCmd, Outcome, Receipt, ResolveCmd, Settled, validate_permit_id,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Quota, Reason, Violation};

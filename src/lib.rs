@@ -32,6 +32,7 @@
 pub mod admission;
 pub mod api;
 pub mod auth;
+pub mod config;
 pub mod domain;
 pub mod receipts;
 pub mod server;

@@ -1,7 +1,11 @@
 #![forbid(unsafe_code)]
-//! The `atmost` binary: `atmost serve` runs the gRPC service.
+//! The `atmost` binary: `atmost serve` runs the gRPC service; `permit`,
+//! `uncertain`, `attempt` and `demo` are its operator CLI ([`cli`]).
+
+mod cli;
 
 use atmost::auth::Authenticator;
+use atmost::config::{self, FileSettings};
 use atmost::domain::Millis;
 use atmost::store::{
     Backend,
@@ -43,6 +47,28 @@ enum Command {
     /// Work with receipts.
     #[command(subcommand)]
     Receipt(ReceiptCommand),
+    /// Create, show and revoke permits on a running atmost (docs/cli.md).
+    Permit(cli::permit::PermitArgs),
+    /// List and resolve the attempts whose outcome is unknown.
+    Uncertain(cli::uncertain::UncertainArgs),
+    /// Show one idempotency key's attempt.
+    Attempt(cli::attempt::AttemptArgs),
+    /// Play the story of a timeout, then a retry with a new key, against an
+    /// atmost in this process (or --server), narrating each decision.
+    Demo(cli::demo::DemoArgs),
+    /// Check a configuration without serving.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Prints the configuration `atmost serve` would run with, given the
+    /// same flags, ATMOST_* variables and --config file: each setting, its
+    /// value (passwords masked) and where it came from, as TOML a --config
+    /// file accepts. Checks it as `serve` does at start, without connecting
+    /// to Redis or listening; exits 0 when it is valid, 2 when not.
+    Check(Box<ServeArgs>),
 }
 
 #[derive(Subcommand)]
@@ -133,6 +159,11 @@ enum LogFormat {
 
 #[derive(clap::Args)]
 struct ServeArgs {
+    /// A TOML file of settings: keys are these flags' names without `--`
+    /// (`store-timeout = "2s"`). A flag beats its ATMOST_* variable, which
+    /// beats the file, which beats the default.
+    #[arg(long, env = "ATMOST_CONFIG", value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     /// Address to listen on.
     #[arg(long, env = "ATMOST_LISTEN", default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
@@ -214,28 +245,18 @@ struct ServeArgs {
     auth_keys: Option<std::path::PathBuf>,
     /// Dev mode on a non-loopback address: anyone who reaches the port may
     /// call every RPC. For a trusted network only.
-    #[arg(long, env = "ATMOST_INSECURE_NO_AUTH", conflicts_with = "auth_keys")]
+    #[arg(long, env = "ATMOST_INSECURE_NO_AUTH")]
     insecure_no_auth: bool,
     /// Serve over TLS with this certificate chain (PEM); with --tls-key.
-    #[arg(
-        long,
-        env = "ATMOST_TLS_CERT",
-        value_name = "FILE",
-        requires = "tls_key"
-    )]
+    #[arg(long, env = "ATMOST_TLS_CERT", value_name = "FILE")]
     tls_cert: Option<std::path::PathBuf>,
     /// The private key of --tls-cert (PEM).
-    #[arg(
-        long,
-        env = "ATMOST_TLS_KEY",
-        value_name = "FILE",
-        requires = "tls_cert"
-    )]
+    #[arg(long, env = "ATMOST_TLS_KEY", value_name = "FILE")]
     tls_key: Option<std::path::PathBuf>,
     /// mTLS: verify client certificates against this CA (PEM). A verified
     /// certificate can stand in for a key: --auth-keys maps its SAN to a
     /// tenant and roles. Needs --tls-cert and --auth-keys.
-    #[arg(long, env = "ATMOST_TLS_CLIENT_CA", value_name = "FILE", requires_all = ["tls_cert", "auth_keys"])]
+    #[arg(long, env = "ATMOST_TLS_CLIENT_CA", value_name = "FILE")]
     tls_client_ca: Option<std::path::PathBuf>,
     /// Sign every receipt with this Ed25519 key (PKCS#8 PEM: `openssl
     /// genpkey -algorithm ed25519`); its public key is published by
@@ -244,12 +265,7 @@ struct ServeArgs {
     receipt_signing_key: Option<std::path::PathBuf>,
     /// More Ed25519 public keys (PEM blocks in one file) whose signatures
     /// still verify: the previous keys of a rotation.
-    #[arg(
-        long,
-        env = "ATMOST_RECEIPT_VERIFY_KEYS",
-        value_name = "FILE",
-        requires = "receipt_signing_key"
-    )]
+    #[arg(long, env = "ATMOST_RECEIPT_VERIFY_KEYS", value_name = "FILE")]
     receipt_verify_keys: Option<std::path::PathBuf>,
     /// Serve gRPC server reflection (unauthenticated: it shows the
     /// service's shape, no data). `--reflection=false` turns it off.
@@ -352,10 +368,34 @@ struct ServeArgs {
 }
 
 fn main() -> std::process::ExitCode {
-    let args = match Cli::parse().command {
+    let (cli, matches, file) = match parse_cli(std::env::args_os().collect()) {
+        Ok(parsed) => parsed,
+        Err(Invalid::Clap(e)) => e.exit(),
+        Err(Invalid::File(e)) => {
+            eprintln!("atmost: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let args = match cli.command {
         Command::Serve(args) => *args,
         Command::Receipt(ReceiptCommand::Verify { keys, attempt }) => {
             return receipt_verify(&keys, &attempt);
+        }
+        Command::Permit(args) => return cli::run(args.connection.json, cli::permit::run(args)),
+        Command::Uncertain(args) => {
+            return cli::run(args.connection.json, cli::uncertain::run(args));
+        }
+        Command::Attempt(args) => return cli::run(args.connection.json, cli::attempt::run(args)),
+        Command::Demo(args) => return cli::run(args.json, cli::demo::run(args)),
+        Command::Config(ConfigCommand::Check(args)) => {
+            return config_check(&args, &matches, file.as_ref());
+        }
+    };
+    let prepared = match prepare(&args) {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            eprintln!("atmost: {e}");
+            return std::process::ExitCode::from(2);
         }
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -366,7 +406,7 @@ fn main() -> std::process::ExitCode {
         Ok(runtime) => match init_logging(&runtime, &args) {
             Ok(telemetry) => {
                 no_huge_pages();
-                let served = runtime.block_on(serve(args, telemetry.clone()));
+                let served = runtime.block_on(serve(args, prepared, telemetry.clone()));
                 // Flushes the spans and metrics, while the runtime the
                 // exporters' channels run on is still there.
                 telemetry.shutdown();
@@ -386,17 +426,229 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+enum Invalid {
+    /// Bad flags or variables: clap says so (and exits 2), or prints help.
+    Clap(clap::Error),
+    /// A --config file that cannot be read or says something wrong.
+    File(String),
+}
+
+/// The command line, with a `--config` file's values (for `serve` and
+/// `config check`) as the defaults of the settings it names, so that a flag
+/// and an ATMOST_* variable still beat it. Returns the matches too, for
+/// `config check` to say where each value came from.
+fn parse_cli(
+    argv: Vec<std::ffi::OsString>,
+) -> Result<(Cli, clap::ArgMatches, Option<FileSettings>), Invalid> {
+    use clap::{CommandFactory, FromArgMatches};
+    let first = Cli::command()
+        .try_get_matches_from(&argv)
+        .map_err(Invalid::Clap)?;
+    // The path of the settings `serve` takes, under either command.
+    let path: &[&str] = match first.subcommand() {
+        Some(("serve", _)) => &["serve"],
+        Some(("config", sub)) if sub.subcommand_name() == Some("check") => &["config", "check"],
+        _ => &[],
+    };
+    let mut serve = &first;
+    for name in path {
+        serve = serve.subcommand_matches(name).expect("matched above");
+    }
+    let named = match path.is_empty() {
+        true => None,
+        false => serve.get_one::<std::path::PathBuf>(config::CONFIG_SETTING),
+    };
+    let file = match named {
+        Some(file) => {
+            Some(FileSettings::load(file, &settings_command(path)).map_err(Invalid::File)?)
+        }
+        None => None,
+    };
+    let Some(settings) = &file else {
+        let cli = Cli::from_arg_matches(&first).map_err(Invalid::Clap)?;
+        return Ok((cli, first, None));
+    };
+    let command = match path {
+        ["serve"] => Cli::command().mut_subcommand("serve", |c| settings.apply(c)),
+        _ => Cli::command().mut_subcommand("config", |c| {
+            c.mut_subcommand("check", |c| settings.apply(c))
+        }),
+    };
+    let matches = command.try_get_matches_from(&argv).map_err(Invalid::Clap)?;
+    let cli = Cli::from_arg_matches(&matches).map_err(Invalid::Clap)?;
+    Ok((cli, matches, file))
+}
+
+/// The subcommand at `path` (its settings are `serve`'s).
+fn settings_command(path: &[&str]) -> clap::Command {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    for name in path {
+        command = command
+            .find_subcommand(name)
+            .expect("a subcommand of atmost")
+            .clone();
+    }
+    command
+}
+
+/// `atmost config check`: the effective configuration, then whether `serve`
+/// would accept it.
+fn config_check(
+    args: &ServeArgs,
+    matches: &clap::ArgMatches,
+    file: Option<&FileSettings>,
+) -> std::process::ExitCode {
+    let check = matches
+        .subcommand_matches("config")
+        .and_then(|m| m.subcommand_matches("check"))
+        .expect("config check matched");
+    let settings = config::effective(&settings_command(&["config", "check"]), check, file);
+    print!("{}", config::render_toml(&settings));
+    match prepare(args) {
+        Ok(_) => {
+            eprintln!("atmost: the configuration is valid");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("atmost: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+/// What `serve` reads and checks before it starts anything: every file it
+/// names and every combination of settings, so that a mistake stops it at
+/// once with the setting's name (and `config check` finds the same ones).
+struct Prepared {
+    retention_ms: Millis,
+    quotas: atmost::domain::Quotas,
+    redis_tls_ca: Option<Vec<u8>>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    receipts: Option<atmost::receipts::ReceiptSigner>,
+    auth: Option<Authenticator>,
+}
+
+fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
+    let read = |setting: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("--{setting} {}: {e}", path.display()))
+    };
+    let needs = |set: bool, setting: &str, other: &str| {
+        if set {
+            Err(format!("--{setting} needs --{other}"))
+        } else {
+            Ok(())
+        }
+    };
+    // The OTEL_* variables: one atmost cannot honour stops it here too.
+    atmost::telemetry::Plan::from_env(|name| std::env::var(name).ok())?;
+    needs(
+        args.tls_cert.is_some() && args.tls_key.is_none(),
+        "tls-cert",
+        "tls-key",
+    )?;
+    needs(
+        args.tls_key.is_some() && args.tls_cert.is_none(),
+        "tls-key",
+        "tls-cert",
+    )?;
+    needs(
+        args.tls_client_ca.is_some() && args.tls_cert.is_none(),
+        "tls-client-ca",
+        "tls-cert",
+    )?;
+    needs(
+        args.tls_client_ca.is_some() && args.auth_keys.is_none(),
+        "tls-client-ca",
+        "auth-keys",
+    )?;
+    needs(
+        args.receipt_verify_keys.is_some() && args.receipt_signing_key.is_none(),
+        "receipt-verify-keys",
+        "receipt-signing-key",
+    )?;
+    if args.insecure_no_auth && args.auth_keys.is_some() {
+        return Err("--insecure-no-auth and --auth-keys contradict each other: give one".into());
+    }
+    let redis = matches!(args.store, StoreKind::Redis);
+    if redis && args.redis_sentinel_master.is_some() && args.redis_mode != RedisMode::Sentinel {
+        return Err("--redis-sentinel-master is for --redis-mode sentinel".into());
+    }
+    if redis && args.redis_mode == RedisMode::Sentinel && args.redis_sentinel_master.is_none() {
+        return Err("--redis-mode sentinel needs --redis-sentinel-master NAME".into());
+    }
+    if args.auth_keys.is_none() && !args.insecure_no_auth && !args.listen.ip().is_loopback() {
+        return Err(format!(
+            "refusing to serve {} without authentication: give --auth-keys FILE \
+             (docs/api.md, \"Authentication\"), listen on a loopback address for dev mode, \
+             or accept an open service with --insecure-no-auth",
+            args.listen
+        ));
+    }
+    let millis = |setting: &str, d: Duration| {
+        Millis::try_from(d.as_millis()).map_err(|_| format!("--{setting} is too long"))
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let mut tls = tonic::transport::ServerTlsConfig::new().identity(
+                tonic::transport::Identity::from_pem(
+                    read("tls-cert", cert)?,
+                    read("tls-key", key)?,
+                ),
+            );
+            if let Some(ca) = &args.tls_client_ca {
+                // A client without a certificate may still present a key.
+                tls = tls
+                    .client_ca_root(tonic::transport::Certificate::from_pem(read(
+                        "tls-client-ca",
+                        ca,
+                    )?))
+                    .client_auth_optional(true);
+            }
+            Some(tls)
+        }
+        _ => None,
+    };
+    Ok(Prepared {
+        retention_ms: millis("retention", args.retention)?,
+        quotas: atmost::domain::Quotas {
+            max_permit_lifetime_ms: millis("max-permit-lifetime", args.max_permit_lifetime)?,
+            max_open_attempts: args.max_open_attempts,
+            max_attempts: args.max_attempts_per_permit,
+            max_permits_per_tenant: args.max_permits_per_tenant,
+        },
+        redis_tls_ca: match &args.redis_tls_ca {
+            Some(path) => Some(read("redis-tls-ca", path)?),
+            None => None,
+        },
+        tls,
+        receipts: match &args.receipt_signing_key {
+            Some(signing) => Some(
+                atmost::receipts::ReceiptSigner::load(signing, args.receipt_verify_keys.as_deref())
+                    .map_err(|e| format!("--receipt-signing-key: {e}"))?,
+            ),
+            None => None,
+        },
+        auth: match &args.auth_keys {
+            Some(path) => Some(Authenticator::load(path).map_err(|e| format!("--auth-keys: {e}"))?),
+            None => None,
+        },
+    })
+}
+
 async fn serve(
     args: ServeArgs,
+    prepared: Prepared,
     telemetry: atmost::telemetry::Telemetry,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let retention_ms = Millis::try_from(args.retention.as_millis())?;
-    let quotas = atmost::domain::Quotas {
-        max_permit_lifetime_ms: Millis::try_from(args.max_permit_lifetime.as_millis())?,
-        max_open_attempts: args.max_open_attempts,
-        max_attempts: args.max_attempts_per_permit,
-        max_permits_per_tenant: args.max_permits_per_tenant,
-    };
+    let Prepared {
+        retention_ms,
+        quotas,
+        redis_tls_ca,
+        tls,
+        receipts,
+        auth,
+    } = prepared;
     let store = match args.store {
         StoreKind::Memory => Backend::Memory(
             MemoryStore::new(retention_ms)
@@ -404,9 +656,6 @@ async fn serve(
                 .with_max_bytes(args.memory_max_bytes),
         ),
         StoreKind::Redis => {
-            if args.redis_sentinel_master.is_some() && args.redis_mode != RedisMode::Sentinel {
-                return Err("--redis-sentinel-master is for --redis-mode sentinel".into());
-            }
             let store = RedisStore::connect(&RedisConfig {
                 url: args.redis_url.clone(),
                 mode: match args.redis_mode {
@@ -425,12 +674,7 @@ async fn serve(
                 timeout: args.store_timeout,
                 allow_eviction: args.allow_eviction,
                 time: Time::Redis,
-                tls_ca: match &args.redis_tls_ca {
-                    Some(path) => {
-                        Some(std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?)
-                    }
-                    None => None,
-                },
+                tls_ca: redis_tls_ca,
             })?
             .with_quotas(quotas);
             check_eviction(&store, args.allow_eviction, args.store_timeout).await?;
@@ -463,54 +707,31 @@ async fn serve(
             max_pending_accept_reset_streams: args.h2_max_pending_resets,
             max_local_error_reset_streams: args.h2_max_local_resets,
         });
-    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        let read = |path: &std::path::PathBuf| {
-            std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
-        };
-        let mut tls = tonic::transport::ServerTlsConfig::new().identity(
-            tonic::transport::Identity::from_pem(read(cert)?, read(key)?),
-        );
-        if let Some(ca) = &args.tls_client_ca {
-            // A client without a certificate may still present a key.
-            tls = tls
-                .client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?))
-                .client_auth_optional(true);
-        }
+    if let Some(tls) = tls {
         app = app.with_tls(tls);
         tracing::info!(mtls = args.tls_client_ca.is_some(), "serving over TLS");
     }
-    if let Some(signing) = &args.receipt_signing_key {
-        let keys =
-            atmost::receipts::ReceiptSigner::load(signing, args.receipt_verify_keys.as_deref())?;
+    if let Some(keys) = receipts {
         tracing::info!(
             key_id = keys.current().signing_key_id(),
             "receipts are signed"
         );
         app = app.with_receipt_keys(std::sync::Arc::new(keys));
     }
-    match &args.auth_keys {
-        Some(path) => {
-            let auth = Authenticator::load(path)?;
-            tracing::info!(keys = auth.keys().len(), file = %path.display(), "API keys loaded");
+    match auth {
+        Some(auth) => {
+            tracing::info!(keys = auth.keys().len(), file = ?args.auth_keys, "API keys loaded");
             app = app.with_auth(std::sync::Arc::new(auth));
         }
-        None if args.listen.ip().is_loopback() => tracing::warn!(
-            "dev mode: no --auth-keys, so every caller may call every RPC; serving on loopback only"
-        ),
-        None if args.insecure_no_auth => tracing::warn!(
+        None if args.insecure_no_auth && !args.listen.ip().is_loopback() => tracing::warn!(
             listen = %args.listen,
             "INSECURE: no authentication on a non-loopback address (--insecure-no-auth): \
              anyone who reaches this port may create permits and settle attempts"
         ),
-        None => {
-            return Err(format!(
-                "refusing to serve {} without authentication: give --auth-keys FILE \
-                 (docs/api.md, \"Authentication\"), listen on a loopback address for dev mode, \
-                 or accept an open service with --insecure-no-auth",
-                args.listen
-            )
-            .into());
-        }
+        // prepare() refused a non-loopback address without either.
+        None => tracing::warn!(
+            "dev mode: no --auth-keys, so every caller may call every RPC; serving on loopback only"
+        ),
     }
 
     if let Some(addr) = args.metrics_listen {
@@ -711,5 +932,126 @@ fn no_huge_pages() {
     #[cfg(target_os = "linux")]
     if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
         tracing::warn!(error = %e, "could not turn transparent huge pages off");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::{ArgAction, CommandFactory};
+
+    /// A row of the README's configuration table: its flags, variables and
+    /// default, as written.
+    struct Row {
+        flags: Vec<String>,
+        envs: Vec<String>,
+        default: String,
+    }
+
+    /// The items in backquotes of a table cell.
+    fn quoted(cell: &str) -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn readme_rows() -> Vec<Row> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+        let readme = std::fs::read_to_string(path).expect("README.md");
+        let section = readme
+            .split("\n## Configuration\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n## ").next())
+            .expect("README.md has a Configuration section");
+        section
+            .lines()
+            .filter(|line| line.starts_with("| `--"))
+            .map(|line| {
+                let cells: Vec<&str> = line.split(" | ").collect();
+                Row {
+                    flags: quoted(cells[0]),
+                    envs: quoted(cells[1]),
+                    default: cells[2].to_string(),
+                }
+            })
+            .collect()
+    }
+
+    /// The README's configuration table names every flag of `atmost serve`
+    /// once, with the variable the code reads and the default it applies:
+    /// a flag added, renamed or re-defaulted without the table fails here.
+    #[test]
+    fn the_readme_configuration_table_matches_the_flags() {
+        let command = Cli::command();
+        let serve = command.find_subcommand("serve").expect("serve");
+        let mut documented = std::collections::BTreeSet::new();
+        for row in readme_rows() {
+            assert_eq!(
+                row.flags.len(),
+                row.envs.len(),
+                "{:?}: one variable per flag",
+                row.flags
+            );
+            let defaults = quoted(&row.default);
+            for (i, (flag, env)) in row.flags.iter().zip(&row.envs).enumerate() {
+                let long = flag.strip_prefix("--").expect("a flag");
+                let arg = serve
+                    .get_arguments()
+                    .find(|a| a.get_long() == Some(long))
+                    .unwrap_or_else(|| {
+                        panic!("README documents {flag}, which serve does not have")
+                    });
+                assert!(
+                    documented.insert(long.to_string()),
+                    "{flag} documented twice"
+                );
+                assert_eq!(
+                    arg.get_env()
+                        .map(|e| e.to_string_lossy().into_owned())
+                        .as_deref(),
+                    Some(env.as_str()),
+                    "{flag}'s variable"
+                );
+                let code_default: Vec<String> = arg
+                    .get_default_values()
+                    .iter()
+                    .map(|v| v.to_string_lossy().into_owned())
+                    .collect();
+                match arg.get_action() {
+                    ArgAction::SetTrue => assert_eq!(row.default, "off", "{flag} is a switch"),
+                    _ if code_default.is_empty() => assert!(
+                        !row.default.starts_with('`'),
+                        "{flag} has no default in the code, but the README gives {:?}",
+                        row.default
+                    ),
+                    _ => assert_eq!(
+                        defaults.get(i),
+                        Some(&code_default.join(",")),
+                        "{flag}'s default: the README says {:?}",
+                        row.default
+                    ),
+                }
+            }
+        }
+        let flags: std::collections::BTreeSet<String> = serve
+            .get_arguments()
+            .filter(|a| {
+                !matches!(
+                    a.get_action(),
+                    ArgAction::Help
+                        | ArgAction::HelpLong
+                        | ArgAction::HelpShort
+                        | ArgAction::Version
+                )
+            })
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect();
+        let missing: Vec<_> = flags.difference(&documented).collect();
+        assert!(
+            missing.is_empty(),
+            "flags the README's table does not list: {missing:?}"
+        );
     }
 }

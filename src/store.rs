@@ -17,8 +17,8 @@ pub mod memory;
 pub mod redis;
 
 use crate::domain::{
-    Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, MarkUncertainCmd, Millis, Permit,
-    PermitView, ResolveCmd, Scope, Settled,
+    Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, GetAttemptCmd, MarkUncertainCmd, Millis,
+    Permit, PermitView, ResolveCmd, Scope, Settled,
 };
 use std::future::Future;
 
@@ -118,6 +118,16 @@ pub trait Store: Send + Sync + 'static {
         permit_id: &str,
         now: Millis,
     ) -> impl Future<Output = Result<Permit, Error>> + Send;
+    /// The key's attempt as every reader sees it at `now` (a RESERVED one
+    /// past its lease is UNCERTAIN, `lease_expired`). Reads only.
+    /// PERMIT_NOT_FOUND for a permit outside the scope, as everywhere;
+    /// ATTEMPT_NOT_FOUND for a key the permit never saw.
+    fn get_attempt(
+        &self,
+        scope: &Scope,
+        cmd: &GetAttemptCmd,
+        now: Millis,
+    ) -> impl Future<Output = Result<Attempt, Error>> + Send;
     /// Runs the order of checks and, for a new key that passes, reserves the
     /// slot and cost and records the attempt as `attempt_id`, atomically.
     fn authorize(
@@ -211,6 +221,14 @@ impl Store for Backend {
         now: Millis,
     ) -> Result<Permit, Error> {
         delegate!(self, "revoke_permit", s => s.revoke_permit(scope, permit_id, now))
+    }
+    async fn get_attempt(
+        &self,
+        scope: &Scope,
+        cmd: &GetAttemptCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
+        delegate!(self, "get_attempt", s => s.get_attempt(scope, cmd, now))
     }
     async fn authorize(
         &self,

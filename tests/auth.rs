@@ -165,6 +165,10 @@ async fn every_rpc_needs_a_known_key_with_a_role_that_may_call_it() {
         .get_permit(&permit)
         .await
         .expect("agent reads its permit");
+    agent
+        .get_attempt(&permit, "k1")
+        .await
+        .expect("agent reads its attempt");
     expect_denied(
         agent.create_permit(h.permit(&["t"])).await,
         "agent-1",
@@ -224,6 +228,8 @@ async fn every_rpc_needs_a_known_key_with_a_role_that_may_call_it() {
         .await
         .expect("ops lists");
     assert_eq!(listed.attempts.len(), 1);
+    let read = ops.get_attempt(&permit, "k1").await.expect("ops reads");
+    assert_eq!(read.attempt.as_ref(), listed.attempts.first());
     ops.resolve(pb::ResolveRequest {
         permit_id: permit.clone(),
         idempotency_key: "k1".into(),
@@ -456,7 +462,10 @@ async fn dev_mode_is_loopback_only_and_a_bad_key_file_stops_start_up() {
         "--insecure-no-auth",
     ]);
     assert!(!status.success());
-    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    assert!(
+        stderr.contains("--insecure-no-auth and --auth-keys contradict each other"),
+        "{stderr}"
+    );
 
     // Open on purpose: it serves (reached here over loopback).
     let open = spawn_atmost(&["--insecure-no-auth"]);
@@ -559,6 +568,8 @@ async fn tenants_are_isolated(kind: Kind) {
         expect_error(r, Code::NotFound, "PERMIT_NOT_FOUND");
     };
     not_found(other_admin.get_permit(&id).await.map(drop));
+    not_found(other_admin.get_attempt(&id, "k1").await.map(drop));
+    not_found(other_ops.get_attempt(&id, "k1").await.map(drop));
     not_found(
         other_admin
             .authorize(authorize_request(&id, "k2"))
@@ -620,6 +631,7 @@ async fn tenants_are_isolated(kind: Kind) {
     // and admins of the tenant are not limited by the list.
     let second = as_key(&h, SECOND_AGENT);
     not_found(second.get_permit(&id).await.map(drop));
+    not_found(second.get_attempt(&id, "k1").await.map(drop));
     not_found(
         second
             .authorize(authorize_request(&id, "k3"))
@@ -627,6 +639,15 @@ async fn tenants_are_isolated(kind: Kind) {
             .map(drop),
     );
     ops.get_permit(&id).await.expect("an operator reads it");
+    let seen = ops.get_attempt(&id, "k1").await.expect("and its attempt");
+    assert_eq!(
+        seen.attempt.expect("a").state(),
+        pb::AttemptState::Uncertain
+    );
+    agent
+        .get_attempt(&id, "k1")
+        .await
+        .expect("the agent it names reads it");
     admin
         .authorize(authorize_request(&id, "k4"))
         .await

@@ -41,6 +41,7 @@ macro_rules! on_both_stores {
 mod authorize;
 mod concurrency;
 mod duplicate_guard;
+mod get_attempt;
 mod hold_tool;
 mod permits;
 mod quotas;

@@ -47,6 +47,7 @@ const COMMIT: &str = "/atmost.v1.Gate/Commit";
 const MARK_UNCERTAIN: &str = "/atmost.v1.Gate/MarkUncertain";
 const CREATE: &str = "/atmost.v1.Permits/CreatePermit";
 const GET: &str = "/atmost.v1.Permits/GetPermit";
+const GET_ATTEMPT: &str = "/atmost.v1.Permits/GetAttempt";
 const REVOKE: &str = "/atmost.v1.Permits/RevokePermit";
 const LIST: &str = "/atmost.v1.Permits/ListUncertain";
 const RESOLVE: &str = "/atmost.v1.Permits/Resolve";
@@ -260,6 +261,7 @@ fn rows(h: &Harness, f: &Fixture) -> Vec<Row> {
     rows.extend(mark_uncertain_rows(f));
     rows.extend(create_rows(h, f));
     rows.extend(permit_id_rows(f));
+    rows.extend(get_attempt_rows(f));
     rows.extend(list_rows(f));
     rows.extend(resolve_rows(f));
     rows.extend(other_rows(f));
@@ -1074,6 +1076,92 @@ fn create_rows(h: &Harness, f: &Fixture) -> Vec<Row> {
     ]
 }
 
+/// GetAttempt: the known keys read back in any form of the permit's id;
+/// hostile keys and ids refused; unknown ones not found.
+fn get_attempt_rows(f: &Fixture) -> Vec<Row> {
+    let get = |permit_id: &str, key: &str| pb::GetAttemptRequest {
+        permit_id: permit_id.to_owned(),
+        idempotency_key: key.to_owned(),
+    };
+    let p = forms(&f.p);
+    let key = f.succeeded.idempotency_key.as_str();
+    let read = |a: &pb::Attempt| Read(Some(a.attempt_id.clone()));
+    vec![
+        row(
+            "get attempt: the SUCCEEDED key",
+            GET_ATTEMPT,
+            &get(&f.p, key),
+            read(&f.succeeded),
+        ),
+        row(
+            "get attempt: the RESERVED key, held by its holder",
+            GET_ATTEMPT,
+            &get(&f.reserved.permit_id, &f.reserved.idempotency_key),
+            read(&f.reserved),
+        ),
+        row(
+            "get attempt: the UNCERTAIN key, marked with control characters",
+            GET_ATTEMPT,
+            &get(&f.uncertain.permit_id, &f.uncertain.idempotency_key),
+            read(&f.uncertain),
+        ),
+        row(
+            "get attempt: the permit as a URN in upper case",
+            GET_ATTEMPT,
+            &get(&p.urn_upper, key),
+            read(&f.succeeded),
+        ),
+        row(
+            "get attempt: key of 100 KiB",
+            GET_ATTEMPT,
+            &get(&f.p, &big(BIG)),
+            Invalid("idempotency_key"),
+        ),
+        row(
+            "get attempt: key of control characters",
+            GET_ATTEMPT,
+            &get(&f.p, CTRL),
+            Invalid("idempotency_key"),
+        ),
+        row(
+            "get attempt: an empty key",
+            GET_ATTEMPT,
+            &get(&f.p, ""),
+            Invalid("idempotency_key"),
+        ),
+        row(
+            "get attempt: permit_id of control characters",
+            GET_ATTEMPT,
+            &get(CTRL, key),
+            Invalid("permit_id"),
+        ),
+        row(
+            "get attempt: an empty request",
+            GET_ATTEMPT,
+            &pb::GetAttemptRequest::default(),
+            Invalid("permit_id"),
+        ),
+        row(
+            "get attempt: another UUID, one digit off",
+            GET_ATTEMPT,
+            &get(&p.other, key),
+            Refused(Code::NotFound, "PERMIT_NOT_FOUND"),
+        ),
+        row(
+            "get attempt: a key the permit never saw",
+            GET_ATTEMPT,
+            &get(&f.p, "campaign-never-seen"),
+            Refused(Code::NotFound, "ATTEMPT_NOT_FOUND"),
+        ),
+        row(
+            "get attempt: a key of P asked of Q",
+            GET_ATTEMPT,
+            &get(&f.q, key),
+            Refused(Code::NotFound, "ATTEMPT_NOT_FOUND"),
+        ),
+    ]
+}
+
 /// GetPermit and RevokePermit: permit ids in every form.
 fn permit_id_rows(f: &Fixture) -> Vec<Row> {
     let get = |id: &str| pb::GetPermitRequest {
@@ -1808,6 +1896,8 @@ struct Snapshot {
     /// with their page tokens.
     pages: Vec<pb::ListUncertainResponse>,
     rereads: Vec<pb::AuthorizeResponse>,
+    /// The known attempts as GetAttempt reads them.
+    attempts: Vec<pb::GetAttemptResponse>,
     /// Every key under the test's prefix.
     redis: Option<BTreeMap<String, Stored>>,
 }
@@ -1852,6 +1942,15 @@ async fn snapshot(h: &Harness, f: &Fixture) -> Snapshot {
     for r in &f.rereads {
         rereads.push(h.client.authorize(r.clone()).await.expect("reread"));
     }
+    let mut attempts = Vec::new();
+    for a in [&f.succeeded, &f.failed, &f.reserved, &f.uncertain] {
+        attempts.push(
+            h.client
+                .get_attempt(&a.permit_id, &a.idempotency_key)
+                .await
+                .expect("get attempt"),
+        );
+    }
     let redis = match (&h.redis, &f.redis) {
         (Some(redis), Some(conn)) => Some(dump(&redis.prefix, &mut conn.clone()).await),
         _ => None,
@@ -1861,6 +1960,7 @@ async fn snapshot(h: &Harness, f: &Fixture) -> Snapshot {
         uncertain: h.list_all("", 1000).await,
         pages,
         rereads,
+        attempts,
         redis,
     }
 }

@@ -7,6 +7,11 @@
 //! - `auth`: API keys, roles, tenants, TLS and mTLS, the audit trail,
 //!   reloading the key file, dev mode.
 //! - `behaviour`: every behaviour case, once on each store.
+//! - `clients`: the Rust client's guarded call on each store: dispatch,
+//!   replay, refusals, the lost response and the lost DISPATCH, a server
+//!   not up yet, outcomes that cannot be recorded, keys, TLS and mTLS.
+//! - `cli`: the operator CLI and `atmost demo`, the binary run against a
+//!   live server: tables, `--json`, exit codes, API keys, TLS.
 //! - `campaign`: hostile input, one table of requests through the server
 //!   on each store: exact codes and reasons, bounded errors, the store
 //!   read back unchanged.
@@ -47,6 +52,8 @@ mod attacks;
 mod auth;
 mod behaviour;
 mod campaign;
+mod cli;
+mod clients;
 mod clock_skew;
 mod deploy;
 mod faults;

@@ -7,8 +7,8 @@
 use crate::support::{Redis, redis_store_with, shared_blocking};
 use atmost::domain::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, DuplicateGuard, Error,
-    GuardMode, MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, Quotas,
-    ResolveCmd, Scope, UncertainPolicy,
+    GetAttemptCmd, GuardMode, MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus,
+    Quotas, ResolveCmd, Scope, UncertainPolicy,
 };
 use atmost::store::{Cursor, Store, memory::MemoryStore, redis::RedisStore};
 use proptest::prelude::*;
@@ -84,6 +84,10 @@ enum Op {
     },
     Get {
         permit: usize,
+    },
+    GetAttempt {
+        permit: usize,
+        key: usize,
     },
     List {
         permit: Option<usize>,
@@ -184,6 +188,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(permit, key, outcome)| Op::Resolve { permit, key, outcome }),
         1 => (0usize..3).prop_map(|permit| Op::Revoke { permit }),
         1 => (0usize..3).prop_map(|permit| Op::Get { permit }),
+        1 => (0usize..3, 0..KEY_COUNT).prop_map(|(permit, key)| Op::GetAttempt { permit, key }),
         1 => (proptest::option::of(0usize..3), 1usize..4)
             .prop_map(|(permit, limit)| Op::List { permit, limit }),
         3 => (0i64..4_000).prop_map(|ms| Op::Advance { ms }),
@@ -569,6 +574,18 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     model.get_permit(&scope(*permit, step), id, now).await,
                     redis.get_permit(&scope(*permit, step), id, now).await,
                 )?;
+            }
+            Op::GetAttempt { permit, key } => {
+                let cmd = GetAttemptCmd {
+                    permit_id: permits[*permit].permit_id.clone(),
+                    idempotency_key: key_name(*key),
+                };
+                let a = model
+                    .get_attempt(&scope(*permit, step), &cmd, now)
+                    .await
+                    .map(visible);
+                let b = redis.get_attempt(&scope(*permit, step), &cmd, now).await;
+                check(step, op, a, b)?;
             }
             Op::List { permit, limit } => {
                 let id = permit.map(|p| permits[p].permit_id.clone());

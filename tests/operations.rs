@@ -375,52 +375,161 @@ async fn durations_out_of_range_refuse_to_start() {
     );
 }
 
-/// Every flag of `atmost serve` has a row in the README's configuration
-/// table that names its environment variable and its default.
-#[test]
-fn every_flag_is_in_the_readme_with_its_env_and_default() {
-    let help = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
-        .args(["serve", "--help"])
-        .output()
-        .expect("atmost serve --help");
-    let help = String::from_utf8(help.stdout).expect("utf-8 help");
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `--")).collect();
-    let mut flags = 0;
-    // Each option's block: "      --flag <VALUE>" up to the next one.
-    for block in help.split("\n      --").skip(1) {
-        let flag = format!("--{}", block.split([' ', '\n']).next().expect("a name"));
-        if flag == "--help" {
-            continue;
-        }
-        flags += 1;
-        let field = |label: &str| {
-            block
-                .lines()
-                .find_map(|l| l.trim().strip_prefix(label))
-                .map(|v| v.trim_end_matches(']').trim_end_matches('=').to_owned())
-        };
-        let row = rows
-            .iter()
-            .find(|r| {
-                // The flag's own row: named in the first cell.
-                r.split(" | ")
-                    .next()
-                    .is_some_and(|c| c.contains(&format!("`{flag}`")))
-            })
-            .unwrap_or_else(|| panic!("{flag} has no row in the README's configuration table"));
-        let env = field("[env: ").unwrap_or_else(|| panic!("{flag} reads no env variable"));
-        assert!(
-            row.contains(&format!("`{env}`")),
-            "{flag}: {env} not in {row}"
-        );
-        if let Some(default) = field("[default: ") {
-            assert!(
-                row.contains(&format!("`{default}`")),
-                "{flag}: default {default} not in {row}"
-            );
+/// A `--config` file sets what no flag or variable sets, and loses to
+/// both: flag > ATMOST_* variable > file > default, seen through the
+/// server's answers (the permit-lifetime quota). A bad file, or settings
+/// that contradict each other wherever they come from, stop it with exit 2
+/// and the setting's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_ranks_below_flags_and_variables() {
+    let _machine = shared().await;
+    let dir = std::env::temp_dir().join(format!("atmost-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("atmost.toml");
+    let file_arg = file.to_str().expect("utf-8 path");
+    std::fs::write(
+        &file,
+        "max-permit-lifetime = \"2m\"\nlog-format = \"json\"\n",
+    )
+    .expect("write");
+    // A permit of five minutes: refused under the file's 2m, accepted under
+    // a variable's 1h, refused again under a flag's 2m.
+    let five_minutes = |now: i64| NewPermit::new(["t"]).expires_at_ms(now + 5 * 60_000);
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64
+    };
+    for (args, env, accepted) in [
+        (vec!["--config", file_arg], vec![], false),
+        (
+            vec!["--config", file_arg],
+            vec![("ATMOST_MAX_PERMIT_LIFETIME", "1h")],
+            true,
+        ),
+        (
+            vec!["--config", file_arg, "--max-permit-lifetime", "2m"],
+            vec![("ATMOST_MAX_PERMIT_LIFETIME", "1h")],
+            false,
+        ),
+        (vec![], vec![("ATMOST_CONFIG", file_arg)], false),
+        (vec![], vec![], true),
+    ] {
+        let process = spawn_atmost_with_env(&args, &env);
+        let answer = process
+            .client()
+            .await
+            .create_permit(five_minutes(now()))
+            .await;
+        match (accepted, answer) {
+            (true, Ok(_)) => {}
+            (false, Err(e)) => assert_eq!(
+                e.reason_name(),
+                Some("QUOTA_PERMIT_LIFETIME"),
+                "{args:?} {env:?}: {e:?}"
+            ),
+            (accepted, answer) => panic!("{args:?} {env:?}: accepted {accepted}, got {answer:?}"),
         }
     }
-    assert!(flags >= 30, "read {flags} flags from --help");
+    for (text, says) in [
+        (
+            "store_timeout = \"1s\"",
+            "store_timeout: no such setting (did you mean \"store-timeout\"?)",
+        ),
+        (
+            "store-timeout = \"2m\"",
+            "store-timeout: invalid value '2m'",
+        ),
+        (
+            "max-open-attempts = -1",
+            "max-open-attempts: invalid value '-1'",
+        ),
+        (
+            "allow-eviction = \"yes\"",
+            "allow-eviction: \"yes\" is not a boolean",
+        ),
+        (
+            "tls-cert = \"/nonexistent/cert.pem\"",
+            "--tls-cert needs --tls-key",
+        ),
+        ("auth-keys = \"/nonexistent/keys.toml\"", "--auth-keys: "),
+        ("store = [\"redis\"]", "store: a array is not a value here"),
+        ("listen = ", "not TOML"),
+    ] {
+        std::fs::write(&file, text).expect("write");
+        let (status, stderr) = run_to_exit(&["--config", file_arg]);
+        assert_eq!(status.code(), Some(2), "{text}: {stderr}");
+        assert!(stderr.contains(says), "{text}: {stderr}");
+    }
+    let (status, stderr) = run_to_exit(&[
+        "--config",
+        dir.join("missing.toml").to_str().expect("utf-8"),
+    ]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("missing.toml"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `atmost config check` prints what serve would run with, where each value
+/// came from, and masks passwords; it exits 2 on what serve would refuse.
+#[test]
+fn config_check_prints_the_effective_configuration() {
+    let dir = std::env::temp_dir().join(format!("atmost-config-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("atmost.toml");
+    std::fs::write(
+        &file,
+        "redis-url = \"redis://app:hunter2@127.0.0.1:6379\"\nstore-timeout = \"3s\"\nmax-open-attempts = 7\n",
+    )
+    .expect("write");
+    let check = |args: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+            .args(["config", "check", "--config", file.to_str().expect("utf-8")])
+            .args(args)
+            .env_clear()
+            .envs(env.iter().copied())
+            .output()
+            .expect("atmost config check");
+        (
+            out.status.code(),
+            String::from_utf8(out.stdout).expect("utf-8"),
+            String::from_utf8(out.stderr).expect("utf-8"),
+        )
+    };
+    let (code, stdout, stderr) = check(
+        &["--max-open-attempts", "9"],
+        &[("ATMOST_STORE_TIMEOUT", "4s")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let line = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} = ")) || l.starts_with(&format!("# {name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let from_file = format!("# file {}", file.display());
+    assert_eq!(
+        line("redis-url"),
+        format!("redis-url = \"redis://app:****@127.0.0.1:6379\" {from_file}")
+    );
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+    assert_eq!(
+        line("store-timeout"),
+        "store-timeout = \"4s\" # environment ATMOST_STORE_TIMEOUT"
+    );
+    assert_eq!(line("max-open-attempts"), "max-open-attempts = 9 # flag");
+    assert_eq!(line("retention"), "retention = \"24h\" # default");
+    assert_eq!(line("auth-keys"), "# auth-keys (not set)");
+    // What serve refuses, check refuses, with the same words.
+    let (code, _, stderr) = check(&["--listen", "0.0.0.0:50051"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("refusing to serve 0.0.0.0:50051 without authentication"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,6 +7,22 @@
 //! own tools and tests use it, so the helpers every caller needs (connect,
 //! create a permit, read a reason, list every page) exist once.
 //!
+//! For agents and gateways, [`Client::guarded`] wraps one side-effecting
+//! call with atmost: Authorize (retried safely), the call dispatched at most
+//! once under a deadline, its outcome committed or marked uncertain, typed
+//! errors ([`GuardError`]). The crate's README (client/README.md) walks
+//! through it step by step.
+//!
+//! ## Layout
+//!
+//! - `lib.rs`: [`Client`] and its RPCs, [`Error`], [`NewPermit`], time helpers.
+//! - `connect.rs`: [`Client::builder`]: address, API key, TLS and mTLS.
+//! - `guarded.rs`: [`Client::guarded`], [`GuardedCall`], [`DispatchError`],
+//!   [`Outcome`], [`GuardError`].
+//! - `fingerprint.rs`: [`fingerprint`], SHA-256 of RFC 8785 canonical JSON.
+//!
+//! The RPCs one by one:
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use atmost_client::{Client, NewPermit, Reason, pb};
@@ -32,6 +48,18 @@
 //! }
 //! # Ok(()) }
 //! ```
+
+mod connect;
+mod fingerprint;
+mod guarded;
+
+pub use connect::{ClientBuilder, ConnectError};
+pub use fingerprint::fingerprint;
+pub use guarded::{
+    AttemptId, DEFAULT_MAX_RETRY_TIME, DEFAULT_MAX_TRIES, DispatchError, Dispatched, FIRST_BACKOFF,
+    GuardError, GuardedCall, LEASE_MARGIN, MAX_BACKOFF, MAX_STORED_RESULT, Outcome, RetryLimits,
+    Retrying, Unrecorded,
+};
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -95,9 +123,7 @@ impl Client {
         mut self,
         key: &str,
     ) -> Result<Self, tonic::metadata::errors::InvalidMetadataValue> {
-        let mut value: tonic::metadata::AsciiMetadataValue = format!("Bearer {key}").parse()?;
-        value.set_sensitive(true);
-        self.authorization = Some(value);
+        self.authorization = Some(bearer(key)?);
         Ok(self)
     }
 
@@ -116,8 +142,18 @@ impl Client {
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
+        self.request_within(message, None)
+    }
+
+    /// A request with the client's deadline, shortened to `within` when
+    /// that is sooner (a guarded call's retries share one time budget).
+    fn request_within<T>(&self, message: T, within: Option<Duration>) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
-        if let Some(timeout) = self.timeout {
+        let timeout = match (self.timeout, within) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(timeout) = timeout {
             request.set_timeout(timeout);
         }
         if let Some(value) = &self.authorization {
@@ -130,19 +166,18 @@ impl Client {
 
     // --- atmost.v1.Gate ---
 
-    /// Asks for a DISPATCH before a side-effecting call.
+    /// Asks for a DISPATCH before a side-effecting call. [`Client::guarded`]
+    /// wraps this, the call and its Commit in one step.
     pub async fn authorize(
         &self,
         request: pb::AuthorizeRequest,
     ) -> Result<pb::AuthorizeResponse, Error> {
-        let request = self.request(request);
-        answer(self.gate.clone().authorize(request).await)
+        self.authorize_within(request, None).await
     }
 
     /// Reports the outcome of a dispatched (or never sent) call.
     pub async fn commit(&self, request: pb::CommitRequest) -> Result<pb::CommitResponse, Error> {
-        let request = self.request(request);
-        answer(self.gate.clone().commit(request).await)
+        self.commit_within(request, None).await
     }
 
     /// The call was sent and its response lost: slot and money stay held.
@@ -150,7 +185,33 @@ impl Client {
         &self,
         request: pb::MarkUncertainRequest,
     ) -> Result<pb::MarkUncertainResponse, Error> {
-        let request = self.request(request);
+        self.mark_uncertain_within(request, None).await
+    }
+
+    pub(crate) async fn authorize_within(
+        &self,
+        request: pb::AuthorizeRequest,
+        within: Option<Duration>,
+    ) -> Result<pb::AuthorizeResponse, Error> {
+        let request = self.request_within(request, within);
+        answer(self.gate.clone().authorize(request).await)
+    }
+
+    pub(crate) async fn commit_within(
+        &self,
+        request: pb::CommitRequest,
+        within: Option<Duration>,
+    ) -> Result<pb::CommitResponse, Error> {
+        let request = self.request_within(request, within);
+        answer(self.gate.clone().commit(request).await)
+    }
+
+    pub(crate) async fn mark_uncertain_within(
+        &self,
+        request: pb::MarkUncertainRequest,
+        within: Option<Duration>,
+    ) -> Result<pb::MarkUncertainResponse, Error> {
+        let request = self.request_within(request, within);
         answer(self.gate.clone().mark_uncertain(request).await)
     }
 
@@ -168,6 +229,20 @@ impl Client {
             permit_id: permit_id.into(),
         });
         answer(self.permits.clone().get_permit(request).await)
+    }
+
+    /// One idempotency key's attempt as atmost sees it now (a RESERVED one
+    /// past its lease reads UNCERTAIN). Reads only.
+    pub async fn get_attempt(
+        &self,
+        permit_id: &str,
+        idempotency_key: &str,
+    ) -> Result<pb::GetAttemptResponse, Error> {
+        let request = self.request(pb::GetAttemptRequest {
+            permit_id: permit_id.into(),
+            idempotency_key: idempotency_key.into(),
+        });
+        answer(self.permits.clone().get_attempt(request).await)
     }
 
     pub async fn revoke_permit(&self, permit_id: &str) -> Result<pb::Permit, Error> {
@@ -232,6 +307,15 @@ impl Client {
     }
 }
 
+/// `Bearer <key>`, marked sensitive (kept out of debug output).
+fn bearer(
+    key: &str,
+) -> Result<tonic::metadata::AsciiMetadataValue, tonic::metadata::errors::InvalidMetadataValue> {
+    let mut value: tonic::metadata::AsciiMetadataValue = format!("Bearer {key}").parse()?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
 fn answer<T>(result: Result<tonic::Response<T>, Status>) -> Result<T, Error> {
     result.map(tonic::Response::into_inner).map_err(Error::from)
 }
@@ -287,6 +371,32 @@ impl Error {
             .as_ref()
             .map(|i| i.metadata.clone())
             .unwrap_or_default()
+    }
+
+    /// One ErrorInfo metadata value, as sent.
+    pub fn metadata_value(&self, key: &str) -> Option<&str> {
+        self.info
+            .as_ref()
+            .and_then(|i| i.metadata.get(key))
+            .map(String::as_str)
+    }
+
+    /// The tool the refusal is about (PERMIT_MAX_CALLS_EXCEEDED,
+    /// TOOL_NOT_IN_SCOPE, TOOL_HELD_UNCERTAIN, DUPLICATE_REQUEST_SUSPECTED).
+    pub fn tool(&self) -> Option<&str> {
+        self.metadata_value("tool")
+    }
+
+    /// The limit that was reached: the tool's cap (PERMIT_MAX_CALLS_EXCEEDED)
+    /// or a quota's limit (QUOTA_*). `None` when absent or not a number.
+    pub fn limit(&self) -> Option<u64> {
+        self.metadata_value("limit")?.parse().ok()
+    }
+
+    /// The tool's slots held when a new key was refused past its cap
+    /// (PERMIT_MAX_CALLS_EXCEEDED). `None` when absent or not a number.
+    pub fn calls_made(&self) -> Option<u64> {
+        self.metadata_value("calls_made")?.parse().ok()
     }
 
     /// The `google.rpc.RetryInfo` delay (IDEMPOTENCY_IN_PROGRESS, OVERLOADED).
@@ -457,3 +567,8 @@ pub fn duration(d: Duration) -> prost_types::Duration {
 
 #[cfg(test)]
 mod tests;
+
+/// The README's examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

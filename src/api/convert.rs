@@ -4,8 +4,8 @@
 //! out of range) as an INVALID_REQUEST field violation.
 
 use crate::domain::{
-    self, AttemptState, AuthorizeCmd, CommitCmd, Error, GuardMode, MarkUncertainCmd, Millis,
-    Outcome, PermitSpec, PermitStatus, ResolveCmd, UncertainPolicy, invalid,
+    self, AttemptState, AuthorizeCmd, CommitCmd, Error, GetAttemptCmd, GuardMode, MarkUncertainCmd,
+    Millis, Outcome, PermitSpec, PermitStatus, ResolveCmd, UncertainPolicy, invalid,
 };
 use crate::pb;
 use crate::receipts::ReceiptKeys;
@@ -98,6 +98,13 @@ pub fn mark_uncertain_cmd(r: pb::MarkUncertainRequest) -> MarkUncertainCmd {
         idempotency_key: r.idempotency_key,
         attempt_id: r.attempt_id,
         reason: r.reason,
+    }
+}
+
+pub fn get_attempt_cmd(r: pb::GetAttemptRequest) -> GetAttemptCmd {
+    GetAttemptCmd {
+        permit_id: r.permit_id,
+        idempotency_key: r.idempotency_key,
     }
 }
 

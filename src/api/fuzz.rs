@@ -19,8 +19,8 @@ use super::convert;
 use super::permits::list_args;
 use super::status::{DOMAIN, to_status};
 use crate::domain::{
-    self, AuthorizeCmd, CommitCmd, Error, MarkUncertainCmd, Millis, Outcome, Permit, Reason,
-    ResolveCmd,
+    self, AuthorizeCmd, CommitCmd, Error, GetAttemptCmd, MarkUncertainCmd, Millis, Outcome, Permit,
+    Reason, ResolveCmd,
 };
 use crate::pb;
 use crate::store::Cursor;
@@ -170,6 +170,11 @@ fn mark_uncertain(r: pb::MarkUncertainRequest) -> Result<MarkUncertainCmd, Error
     cmd.validate().map(|()| cmd)
 }
 
+fn get_attempt(r: pb::GetAttemptRequest) -> Result<GetAttemptCmd, Error> {
+    let mut cmd = convert::get_attempt_cmd(r);
+    cmd.validate().map(|()| cmd)
+}
+
 fn resolve(r: pb::ResolveRequest) -> Result<ResolveCmd, Error> {
     convert::resolve_cmd(r).and_then(|mut cmd| cmd.validate().map(|()| cmd))
 }
@@ -273,6 +278,16 @@ fn check_resolve(r: pb::ResolveRequest) -> Result<Accepted, TestCaseError> {
     Ok(true)
 }
 
+fn check_get_attempt(r: pb::GetAttemptRequest) -> Result<Accepted, TestCaseError> {
+    let cmd = match get_attempt(r) {
+        Ok(cmd) => cmd,
+        Err(e) => return refused(e).map(|()| false),
+    };
+    prop_assert!(is_uuid(&cmd.permit_id));
+    prop_assert!(is_key(&cmd.idempotency_key));
+    Ok(true)
+}
+
 /// GetPermit and RevokePermit: a permit id, nothing else.
 fn check_permit_id(permit_id: &str) -> Result<Accepted, TestCaseError> {
     match domain::validate_permit_id(permit_id) {
@@ -332,6 +347,9 @@ fn check_bytes(bytes: &[u8]) -> Result<(), TestCaseError> {
     }
     if let Ok(r) = pb::GetPermitRequest::decode(bytes) {
         check_permit_id(&r.permit_id)?;
+    }
+    if let Ok(r) = pb::GetAttemptRequest::decode(bytes) {
+        check_get_attempt(r)?;
     }
     if let Ok(r) = pb::RevokePermitRequest::decode(bytes) {
         check_permit_id(&r.permit_id)?;
@@ -937,6 +955,20 @@ fn mark_uncertain_request() -> BoxedStrategy<pb::MarkUncertainRequest> {
         .boxed()
 }
 
+fn get_attempt_request() -> BoxedStrategy<pb::GetAttemptRequest> {
+    let plausible = (uuid_text(), key());
+    let hostile = (hostile_text(), hostile_text());
+    (mask(), plausible, hostile)
+        .prop_map(|(mask, p, h)| {
+            let mut pick = Pick::new(mask);
+            pb::GetAttemptRequest {
+                permit_id: pick.next(p.0, h.0),
+                idempotency_key: pick.next(p.1, h.1),
+            }
+        })
+        .boxed()
+}
+
 /// GetPermit's and RevokePermit's one field.
 fn permit_id() -> BoxedStrategy<String> {
     prop_oneof![3 => uuid_text(), 1 => hostile_text()].boxed()
@@ -1158,6 +1190,9 @@ fn encoded() -> BoxedStrategy<Vec<u8>> {
         permit_id()
             .prop_map(|permit_id| pb::GetPermitRequest { permit_id }.encode_to_vec())
             .boxed(),
+        get_attempt_request()
+            .prop_map(|r| r.encode_to_vec())
+            .boxed(),
         list_request().prop_map(|r| r.encode_to_vec()).boxed(),
         resolve_request().prop_map(|r| r.encode_to_vec()).boxed(),
         authorize_request().prop_map(|r| r.encode_to_vec()).boxed(),
@@ -1196,6 +1231,11 @@ proptest! {
     #[test]
     fn get_and_revoke_permit_ids_are_refused_small_or_uuids(id in permit_id()) {
         check_permit_id(&id)?;
+    }
+
+    #[test]
+    fn get_attempt_is_refused_small_or_within_the_limits(r in get_attempt_request()) {
+        check_get_attempt(r)?;
     }
 
     #[test]
@@ -1275,6 +1315,10 @@ fn the_strategies_make_accepted_and_refused_requests() {
             sides(create_permit_request(), |r| check_create_permit(r, NOW)),
         ),
         ("GetPermit", sides(permit_id(), |id| check_permit_id(&id))),
+        (
+            "GetAttempt",
+            sides(get_attempt_request(), check_get_attempt),
+        ),
         ("ListUncertain", sides(list_request(), check_list)),
         ("Resolve", sides(resolve_request(), check_resolve)),
         ("Authorize", sides(authorize_request(), check_authorize)),

@@ -1,4 +1,4 @@
-//! `atmost.v1.Permits`: CreatePermit, GetPermit, RevokePermit,
+//! `atmost.v1.Permits`: CreatePermit, GetPermit, GetAttempt, RevokePermit,
 //! ListUncertain, Resolve.
 
 use super::{Ctx, Deadline, audit::Audit, convert, scope_of, status::to_status, tenant_of};
@@ -81,6 +81,35 @@ impl Permits for PermitsService {
             budget_reserved: view.budget_reserved,
             usage: view.usage.into_iter().map(convert::usage).collect(),
             permit: Some(convert::permit(view.permit)),
+        }))
+    }
+
+    async fn get_attempt(
+        &self,
+        request: Request<pb::GetAttemptRequest>,
+    ) -> Result<Response<pb::GetAttemptResponse>, Status> {
+        let deadline = Deadline::of(&request);
+        // As GetPermit: an agent key sees only the permits that name it
+        // (or name no agent); operators and admins are not limited.
+        let scope = scope_of(&request, &[Role::Admin, Role::Operator]);
+        let mut cmd = convert::get_attempt_cmd(request.into_inner());
+        cmd.validate().map_err(to_status)?;
+        crate::telemetry::note_permit(&cmd.permit_id);
+        let attempt = self
+            .ctx
+            .call(
+                deadline,
+                self.ctx
+                    .store
+                    .get_attempt(&scope, &cmd, self.ctx.clock.now()),
+            )
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::GetAttemptResponse {
+            attempt: Some(convert::attempt(
+                attempt,
+                self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
+            )),
         }))
     }
 

@@ -110,6 +110,7 @@ fn every_rpc_names_its_roles() {
         ("/atmost.v1.Gate/Commit", &[Agent, Admin]),
         ("/atmost.v1.Gate/MarkUncertain", &[Agent, Admin]),
         ("/atmost.v1.Permits/GetPermit", &[Agent, Operator, Admin]),
+        ("/atmost.v1.Permits/GetAttempt", &[Agent, Operator, Admin]),
         ("/atmost.v1.Permits/ListUncertain", &[Operator, Admin]),
         ("/atmost.v1.Permits/Resolve", &[Operator, Admin]),
         ("/atmost.v1.Permits/CreatePermit", &[Admin]),

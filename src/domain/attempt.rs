@@ -149,6 +149,13 @@ pub struct MarkUncertainCmd {
     pub reason: String,
 }
 
+/// Reads one key's attempt (GetAttempt): changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetAttemptCmd {
+    pub permit_id: String,
+    pub idempotency_key: String,
+}
+
 /// An operator settles an UNCERTAIN attempt after reconciling with the tool.
 /// `NotSent` means the operator verified that the call never took effect:
 /// the slot and the cost come back, which a holder's NotSent cannot do once
@@ -300,6 +307,15 @@ impl MarkUncertainCmd {
             "reason",
             format!("at most {MAX_TEXT_LEN} bytes"),
         );
+        v.into_result()
+    }
+}
+
+impl GetAttemptCmd {
+    pub fn validate(&mut self) -> Result<(), Error> {
+        let mut v = Violations::default();
+        check_permit_id(&mut v, &mut self.permit_id);
+        check_key(&mut v, &self.idempotency_key);
         v.into_result()
     }
 }

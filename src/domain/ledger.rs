@@ -467,6 +467,13 @@ impl Ledger {
         )
     }
 
+    /// The key's attempt as every reader sees it at `now` (a RESERVED one
+    /// past its lease is UNCERTAIN): GetAttempt. Changes nothing.
+    pub fn get_attempt(&self, key: &str, now: Millis) -> Result<Attempt, Error> {
+        self.attempt(key)?;
+        Ok(self.attempt_at(key, now))
+    }
+
     /// RESERVED (lease open or not) -> UNCERTAIN; UNCERTAIN stays as it is.
     pub fn mark_uncertain(
         &mut self,

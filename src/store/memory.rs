@@ -4,8 +4,8 @@
 
 use super::{CENSUS_BATCH, CensusBatch, CensusCursor, Cursor, MAX_PERMITS_PER_PAGE, Page, Store};
 use crate::domain::{
-    Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, Ledger, MarkUncertainCmd, Millis, Permit,
-    PermitView, Quota, Quotas, ResolveCmd, Scope, Settled,
+    Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, GetAttemptCmd, Ledger, MarkUncertainCmd,
+    Millis, Permit, PermitView, Quota, Quotas, ResolveCmd, Scope, Settled,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
@@ -253,6 +253,17 @@ impl Store for MemoryStore {
         now: Millis,
     ) -> Result<Permit, Error> {
         self.with_ledger(scope, permit_id, now, |l, _| Ok(l.revoke()))
+    }
+
+    async fn get_attempt(
+        &self,
+        scope: &Scope,
+        cmd: &GetAttemptCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+            l.get_attempt(&cmd.idempotency_key, now)
+        })
     }
 
     async fn authorize(

@@ -44,7 +44,7 @@ use super::{
     Store,
 };
 use crate::domain::{
-    Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, MAX_RETENTION_MS,
+    Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GetAttemptCmd, MAX_RETENTION_MS,
     MarkUncertainCmd, Millis, Outcome, Permit, PermitView, Quotas, ResolveCmd, Scope, Settled,
     invalid,
 };
@@ -492,6 +492,24 @@ impl Store for RedisStore {
         Self::scope_args(&mut inv, scope);
         let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
         decode_permit(permit_id, f.array()?).map(|view| view.permit)
+    }
+
+    async fn get_attempt(
+        &self,
+        scope: &Scope,
+        cmd: &GetAttemptCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
+        let k = self.keys(&cmd.permit_id);
+        let mut inv = Lua::GetAttempt.prepare_invoke();
+        inv.key(&k.permit)
+            .key(&k.attempts)
+            .arg(self.now_arg(now))
+            .arg(&cmd.idempotency_key);
+        Self::scope_args(&mut inv, scope);
+        let about = About::key(&cmd.permit_id, &cmd.idempotency_key);
+        let mut f = open_ok(self.run(&inv).await?, &about)?;
+        decode_attempt(&cmd.permit_id, f.array()?)
     }
 
     async fn authorize(

@@ -3,9 +3,9 @@
 //! otherwise; the Prometheus names follow from them (dots become
 //! underscores, the unit and `_total` are appended).
 //!
-//! Every label has a bounded set of values: an RPC method (9), a gRPC code
+//! Every label has a bounded set of values: an RPC method (10), a gRPC code
 //! (17), an ErrorInfo reason (the contract's ~30), a decision (4), a store
-//! operation (11). Never a permit, a key, a tenant or anything a caller
+//! operation (12). Never a permit, a key, a tenant or anything a caller
 //! chose.
 
 use super::Shared;

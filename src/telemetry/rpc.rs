@@ -41,6 +41,11 @@ const METHODS: &[(&str, &str, &str)] = &[
         "GetPermit",
     ),
     (
+        "/atmost.v1.Permits/GetAttempt",
+        "atmost.v1.Permits",
+        "GetAttempt",
+    ),
+    (
         "/atmost.v1.Permits/RevokePermit",
         "atmost.v1.Permits",
         "RevokePermit",

@@ -747,6 +747,43 @@ fn the_holder_may_settle_an_uncertain_attempt() {
     assert_eq!((b.calls("t"), b.budget()), (2, (3, 0)));
 }
 
+// === GetAttempt ===
+
+#[test]
+fn get_attempt_reads_what_a_replay_would_and_changes_nothing() {
+    let mut b = Bench::new();
+    let a = b.dispatch("t", "k", "fp", 4);
+    let read = |b: &mut Bench, key: &str| {
+        let before = snapshot(&b.ledger);
+        let got = b.ledger.get_attempt(key, b.now);
+        assert_eq!(snapshot(&b.ledger), before, "a read changed the ledger");
+        got
+    };
+    assert_eq!(read(&mut b, "k"), Ok(b.ledger.attempt_at("k", b.now)));
+    assert_eq!(
+        read(&mut b, "k").map(|g| g.state),
+        Ok(AttemptState::Reserved)
+    );
+    // Past its lease it reads UNCERTAIN, as every reader sees it.
+    b.advance(LEASE);
+    let late = read(&mut b, "k").expect("read");
+    assert_eq!(
+        (late.state, late.uncertain_reason.as_str()),
+        (AttemptState::Uncertain, LEASE_EXPIRED)
+    );
+    assert_eq!(b.stored("k").state, AttemptState::Reserved);
+    b.commit(&a, succeeded("tx 1", None)).expect("commit");
+    let done = read(&mut b, "k").expect("read");
+    assert_eq!(done.state, AttemptState::Succeeded);
+    assert_eq!(done.receipt.map(|r| r.result), Some(b"tx 1".to_vec()));
+    assert_eq!(
+        read(&mut b, "nope"),
+        Err(Error::AttemptNotFound {
+            idempotency_key: "nope".into()
+        })
+    );
+}
+
 // === MarkUncertain ===
 
 #[test]

@@ -58,6 +58,7 @@ macro_rules! scripts {
 scripts! {
     CreatePermit => "create_permit",
     GetPermit => "get_permit",
+    GetAttempt => "get_attempt",
     RevokePermit => "revoke_permit",
     Authorize => "authorize",
     Settle => "settle",
@@ -162,7 +163,7 @@ mod tests {
         assert_eq!(TABLE[Lua::Settle as usize].0, "settle");
         assert!(Lua::Authorize.writes() && Lua::IndexPermit.writes());
         assert!(!Lua::GetPermit.writes() && !Lua::ListUncertain.writes());
-        assert!(!Lua::Census.writes());
+        assert!(!Lua::GetAttempt.writes() && !Lua::Census.writes());
         assert_eq!(Lua::Census.name(), "census");
     }
 

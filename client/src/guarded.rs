@@ -1,0 +1,945 @@
+//! The guarded call: one side-effecting tool call wrapped with atmost, the
+//! way every atmost client helper does it (Rust, Python, TypeScript).
+//!
+//! 1. **Authorize**, with a holder token made once for the call, retried
+//!    only where a retry cannot dispatch twice (UNAVAILABLE,
+//!    DEADLINE_EXCEEDED, IDEMPOTENCY_IN_PROGRESS), always as the same
+//!    request.
+//! 2. **REPLAY**: the key's earlier outcome, and nothing is dispatched.
+//! 3. **DISPATCH**: the caller's `dispatch` runs once, under a deadline;
+//!    what it says decides the report: Commit Succeeded, Failed or NotSent,
+//!    or MarkUncertain when the outcome is unknown. Nothing is ever sent
+//!    twice within one guarded call.
+//! 4. **Commit / MarkUncertain**, retried like Authorize; if they cannot be
+//!    recorded, [`GuardError::CommitNotRecorded`] says so and names the
+//!    attempt (its lease turns it UNCERTAIN; an operator resolves it).
+//!
+//! What it cannot do: if the task running the guarded call is dropped or
+//! panics while `dispatch` runs, nothing is reported; the attempt stays
+//! RESERVED until its lease passes and then reads UNCERTAIN, as atmost
+//! promises for any holder that goes away.
+
+// A GuardError is made at most once per tool call, beside several network
+// round trips: its size is nothing, and boxing what it carries would only
+// make every caller's match read through one more indirection.
+#![allow(clippy::result_large_err)]
+
+use crate::{Client, Error, Reason, pb};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+/// Tries of one RPC (the first included) unless told otherwise.
+pub const DEFAULT_MAX_TRIES: u32 = 5;
+/// Time all tries of one RPC may take unless told otherwise.
+pub const DEFAULT_MAX_RETRY_TIME: Duration = Duration::from_secs(10);
+/// The first backoff; it doubles per try, up to [`MAX_BACKOFF`].
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Without a dispatch timeout, `dispatch` must finish this long before the
+/// attempt's lease ends: the lease is decided on the server's clock, and
+/// the margin covers the answer's trip and the clocks' rates.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
+/// The largest result atmost stores (docs/api.md, "Limits"). A larger one
+/// is stored as the text `sha256:<hex>` of its digest.
+pub const MAX_STORED_RESULT: usize = 64 * 1024;
+/// The longest failure or uncertainty reason atmost stores.
+const MAX_REASON_BYTES: usize = 1024;
+
+// === the call ===
+
+/// The attempt id a DISPATCH carries: forward it to the tool as the tool's
+/// own idempotency key, so a call that is sent twice by anything outside
+/// atmost still takes effect once.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AttemptId(String);
+
+impl AttemptId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Display for AttemptId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for AttemptId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// How Authorize, Commit and MarkUncertain are retried: each RPC gets at
+/// most `max_tries` tries within `max_time`, whichever ends first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryLimits {
+    pub max_tries: u32,
+    pub max_time: Duration,
+}
+
+impl Default for RetryLimits {
+    fn default() -> Self {
+        Self {
+            max_tries: DEFAULT_MAX_TRIES,
+            max_time: DEFAULT_MAX_RETRY_TIME,
+        }
+    }
+}
+
+/// A retry about to happen, for [`GuardedCall::on_retry`]: which RPC, how
+/// many tries it has had, the error of the last, and the wait before the
+/// next.
+#[derive(Debug)]
+pub struct Retrying<'a> {
+    pub rpc: &'static str,
+    pub tries: u32,
+    pub error: &'a Error,
+    pub delay: Duration,
+}
+
+type RetryObserver = Arc<dyn Fn(&Retrying<'_>) + Send + Sync>;
+
+/// One logical tool call: `GuardedCall::new(permit_id, tool, key)`, then
+/// the request (or its fingerprint) and the options. Keep `key` stable
+/// across your own retries of the same logical call: that is what makes
+/// them replays instead of second dispatches.
+#[derive(Clone)]
+pub struct GuardedCall {
+    permit_id: String,
+    tool: String,
+    key: String,
+    fingerprint: Option<Vec<u8>>,
+    cost: i64,
+    holder_token: Option<Vec<u8>>,
+    dispatch_timeout: Option<Duration>,
+    retry: RetryLimits,
+    on_retry: Option<RetryObserver>,
+}
+
+impl std::fmt::Debug for GuardedCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedCall")
+            .field("permit_id", &self.permit_id)
+            .field("tool", &self.tool)
+            .field("key", &self.key)
+            .field("fingerprint", &self.fingerprint)
+            .field("cost", &self.cost)
+            .field("holder_token", &self.holder_token.as_ref().map(|_| "<set>"))
+            .field("dispatch_timeout", &self.dispatch_timeout)
+            .field("retry", &self.retry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuardedCall {
+    pub fn new(
+        permit_id: impl Into<String>,
+        tool: impl Into<String>,
+        idempotency_key: impl Into<String>,
+    ) -> Self {
+        Self {
+            permit_id: permit_id.into(),
+            tool: tool.into(),
+            key: idempotency_key.into(),
+            fingerprint: None,
+            cost: 0,
+            holder_token: None,
+            dispatch_timeout: None,
+            retry: RetryLimits::default(),
+            on_retry: None,
+        }
+    }
+
+    /// The request, fingerprinted with [`crate::fingerprint`] (SHA-256 of
+    /// its RFC 8785 canonical JSON).
+    pub fn request(mut self, request: &serde_json::Value) -> Self {
+        self.fingerprint = Some(crate::fingerprint(request).to_vec());
+        self
+    }
+
+    /// An explicit fingerprint (1..=64 bytes) instead of a JSON request.
+    pub fn fingerprint(mut self, fingerprint: impl Into<Vec<u8>>) -> Self {
+        self.fingerprint = Some(fingerprint.into());
+        self
+    }
+
+    /// The cost to reserve, in minor units (default 0).
+    pub fn cost(mut self, cost: i64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// The holder token (1..=64 bytes) to send instead of 16 random bytes
+    /// made for this call: for a caller that keeps it across a restart, so
+    /// the restarted process can recover a DISPATCH whose answer it lost
+    /// (docs/api.md, "Recovering a lost DISPATCH"). Never give one token
+    /// to two workers: both would be told to send.
+    pub fn holder_token(mut self, token: impl Into<Vec<u8>>) -> Self {
+        self.holder_token = Some(token.into());
+        self
+    }
+
+    /// How long `dispatch` may run, from when the DISPATCH arrived; by
+    /// default the attempt's lease less [`LEASE_MARGIN`].
+    pub fn dispatch_timeout(mut self, timeout: Duration) -> Self {
+        self.dispatch_timeout = Some(timeout);
+        self
+    }
+
+    /// Tries per RPC, the first included (default 5).
+    pub fn max_tries(mut self, tries: u32) -> Self {
+        self.retry.max_tries = tries;
+        self
+    }
+
+    /// Time all tries of one RPC may take (default 10 s).
+    pub fn max_retry_time(mut self, time: Duration) -> Self {
+        self.retry.max_time = time;
+        self
+    }
+
+    /// Called before each retry (for logs and metrics).
+    pub fn on_retry(mut self, observer: impl Fn(&Retrying<'_>) + Send + Sync + 'static) -> Self {
+        self.on_retry = Some(Arc::new(observer));
+        self
+    }
+
+    /// What cannot be left to the server to refuse: a missing fingerprint,
+    /// limits that allow no try, and an empty token (sent, it would mean
+    /// "no token" and silently lose the recovery it was given for).
+    fn check(&self) -> Result<(), GuardError> {
+        let invalid = |what: &str| Err(GuardError::InvalidCall(what.to_owned()));
+        if self.fingerprint.is_none() {
+            return invalid("no request: give .request(&json) or .fingerprint(bytes)");
+        }
+        if self.holder_token.as_ref().is_some_and(Vec::is_empty) {
+            return invalid("holder_token is empty: give 1..=64 bytes, or none for a random one");
+        }
+        if self.retry.max_tries == 0 {
+            return invalid("max_tries is 0: at least one try is needed");
+        }
+        if self.retry.max_time.is_zero() {
+            return invalid("max_retry_time is 0: no try could be made");
+        }
+        if self.dispatch_timeout.is_some_and(|t| t.is_zero()) {
+            return invalid("dispatch_timeout is 0: dispatch could never run");
+        }
+        Ok(())
+    }
+}
+
+// === what dispatch says ===
+
+/// What the tool answered: the result to store in the receipt and, if the
+/// call cost less than reserved, its actual cost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dispatched {
+    pub result: Vec<u8>,
+    pub actual_cost: Option<i64>,
+}
+
+impl Dispatched {
+    /// A result stored as these bytes.
+    pub fn bytes(result: impl Into<Vec<u8>>) -> Self {
+        Self {
+            result: result.into(),
+            actual_cost: None,
+        }
+    }
+
+    /// A result stored as its JSON text (UTF-8).
+    pub fn json(result: &serde_json::Value) -> Self {
+        Self::bytes(result.to_string())
+    }
+
+    /// The cost to commit instead of the reserved one (at most that).
+    pub fn actual_cost(mut self, cost: i64) -> Self {
+        self.actual_cost = Some(cost);
+        self
+    }
+}
+
+impl From<Vec<u8>> for Dispatched {
+    fn from(result: Vec<u8>) -> Self {
+        Self::bytes(result)
+    }
+}
+
+impl From<&[u8]> for Dispatched {
+    fn from(result: &[u8]) -> Self {
+        Self::bytes(result)
+    }
+}
+
+impl From<serde_json::Value> for Dispatched {
+    fn from(result: serde_json::Value) -> Self {
+        Self::json(&result)
+    }
+}
+
+/// How `dispatch` says the call did not succeed. `?` on any other error
+/// makes it [`Unknown`](Self::Unknown): when in doubt, the call may have
+/// taken effect.
+#[derive(Debug)]
+pub enum DispatchError {
+    /// The tool answered and refused (a declined card, a validation error):
+    /// Commit Failed with this reason. The slot stays used.
+    Failed(String),
+    /// The call certainly never left (the connection to the tool could not
+    /// be opened, say): Commit NotSent gives the slot and the cost back.
+    NotSent,
+    /// Anything else: it may have taken effect. MarkUncertain, and nothing
+    /// is sent again.
+    Unknown(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl DispatchError {
+    pub fn failed(reason: impl Into<String>) -> Self {
+        Self::Failed(reason.into())
+    }
+
+    pub fn unknown(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Unknown(error.into())
+    }
+}
+
+/// Any error is an unknown outcome (this is why `DispatchError` is not
+/// itself a `std::error::Error`: it could not be both).
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for DispatchError {
+    fn from(error: E) -> Self {
+        Self::Unknown(Box::new(error))
+    }
+}
+
+impl std::fmt::Display for DispatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Failed(reason) => write!(f, "the tool refused: {reason}"),
+            Self::NotSent => f.write_str("the call was not sent"),
+            Self::Unknown(e) => write!(f, "outcome unknown: {e}"),
+        }
+    }
+}
+
+// === what the guarded call answers ===
+
+/// A call that succeeded, now or earlier.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// The tool's result: in full when dispatched now; as stored when
+    /// `replayed` (a result over 64 KiB was stored as `sha256:<hex>`).
+    pub result: Vec<u8>,
+    /// The key's earlier outcome: nothing was dispatched by this call.
+    pub replayed: bool,
+    /// The attempt, SUCCEEDED.
+    pub attempt: pb::Attempt,
+    /// Its receipt (signed when atmost has a signing key).
+    pub receipt: pb::Receipt,
+}
+
+/// The outcome a guarded call could not get recorded.
+#[derive(Debug)]
+pub enum Unrecorded {
+    /// The tool succeeded with this result (the caller still has it).
+    Succeeded {
+        result: Vec<u8>,
+    },
+    Failed {
+        reason: String,
+    },
+    NotSent,
+    /// The outcome is unknown; why.
+    Uncertain {
+        reason: String,
+    },
+}
+
+/// Why a guarded call did not return an [`Outcome`]. The variants that
+/// carry an [`Error`] keep atmost's answer whole: its code, its reason and
+/// the ErrorInfo metadata ([`Error::tool`], [`Error::limit`],
+/// [`Error::calls_made`], [`Error::retry_after`]).
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    /// atmost refused the call: PERMIT_MAX_CALLS_EXCEEDED,
+    /// PERMIT_BUDGET_EXCEEDED, TOOL_NOT_IN_SCOPE, PERMIT_REVOKED,
+    /// PERMIT_EXPIRED, PERMIT_NOT_FOUND, IDEMPOTENCY_KEY_REUSED,
+    /// TOOL_HELD_UNCERTAIN, DUPLICATE_REQUEST_SUSPECTED, the quotas,
+    /// UNAUTHENTICATED, ROLE_NOT_ALLOWED... Nothing was dispatched.
+    #[error("atmost refused the call: {0}")]
+    Denied(#[source] Error),
+    /// Another holder's call under the same key is in flight (and stayed so
+    /// through the retries). Nothing was dispatched.
+    #[error("the key's call is in flight elsewhere: {0}")]
+    InProgress(#[source] Error),
+    /// atmost could not be reached, or answered UNAVAILABLE or
+    /// DEADLINE_EXCEEDED, through every try. Nothing was dispatched; the
+    /// same call (same key) may be made again.
+    #[error("atmost unavailable: {0}")]
+    Unavailable(#[source] Error),
+    /// atmost found the request malformed (INVALID_REQUEST; the fields are
+    /// in [`Error::violated_fields`]). Nothing was dispatched.
+    #[error("atmost found the request invalid: {0}")]
+    InvalidRequest(#[source] Error),
+    /// A failure that is not atmost's word (no ErrorInfo: a proxy, a
+    /// broken answer) and not worth a retry. Nothing was dispatched.
+    #[error("the Authorize call failed: {0}")]
+    Rpc(#[source] Error),
+    /// The tool refused: now (Commit Failed recorded) or, when `replayed`,
+    /// earlier under this key.
+    #[error("the tool refused{}: {reason}", if *.replayed { " (replayed)" } else { "" })]
+    ToolFailed {
+        attempt_id: AttemptId,
+        reason: String,
+        replayed: bool,
+    },
+    /// The call may or may not have taken effect: now (marked UNCERTAIN, with
+    /// the dispatch's error as the source) or, when `replayed`, earlier under
+    /// this key. It is never sent again; an operator resolves it
+    /// (ListUncertain, Resolve).
+    #[error("outcome uncertain{} for attempt {attempt_id}: {reason}", if *.replayed { " (replayed)" } else { "" })]
+    OutcomeUncertain {
+        attempt_id: AttemptId,
+        reason: String,
+        replayed: bool,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// `dispatch` said the call was never sent; Commit NotSent gave the
+    /// slot and the cost back, and the key is free.
+    #[error("the call was not sent; attempt {attempt_id} released")]
+    NotSent { attempt_id: AttemptId },
+    /// The DISPATCH left less time before the lease's end than the margin,
+    /// so `dispatch` was not called; Commit NotSent gave the slot back.
+    #[error("no time left in attempt {attempt_id}'s lease to dispatch; released unsent")]
+    NoTimeToDispatch { attempt_id: AttemptId },
+    /// The outcome could not be recorded (Commit or MarkUncertain failed
+    /// through every try, or was refused). The attempt reads UNCERTAIN once
+    /// its lease passes; an operator resolves it with what `outcome` says.
+    #[error("the outcome of attempt {attempt_id} could not be recorded: {source}")]
+    CommitNotRecorded {
+        attempt_id: AttemptId,
+        outcome: Unrecorded,
+        #[source]
+        source: Error,
+    },
+    /// The call was not made: a setting is out of range.
+    #[error("invalid guarded call: {0}")]
+    InvalidCall(String),
+    /// No holder token could be made: the system's random source failed.
+    #[error("cannot make a holder token: {0}")]
+    NoRandomness(String),
+}
+
+impl GuardError {
+    /// atmost's answer (or the transport's), when this error carries one.
+    pub fn error(&self) -> Option<&Error> {
+        match self {
+            Self::Denied(e)
+            | Self::InProgress(e)
+            | Self::Unavailable(e)
+            | Self::InvalidRequest(e)
+            | Self::Rpc(e)
+            | Self::CommitNotRecorded { source: e, .. } => Some(e),
+            _ => None,
+        }
+    }
+
+    /// atmost's reason, when this error carries its answer.
+    pub fn reason(&self) -> Option<Reason> {
+        self.error().and_then(Error::reason)
+    }
+
+    /// The attempt this error is about, when one was dispatched or replayed.
+    pub fn attempt_id(&self) -> Option<&AttemptId> {
+        match self {
+            Self::ToolFailed { attempt_id, .. }
+            | Self::OutcomeUncertain { attempt_id, .. }
+            | Self::NotSent { attempt_id }
+            | Self::NoTimeToDispatch { attempt_id }
+            | Self::CommitNotRecorded { attempt_id, .. } => Some(attempt_id),
+            _ => None,
+        }
+    }
+}
+
+// === the guarded call ===
+
+impl Client {
+    /// Makes one side-effecting call under atmost: Authorize, then on
+    /// DISPATCH `dispatch(attempt_id)` once under a deadline and the
+    /// outcome reported, on REPLAY the key's earlier outcome without
+    /// calling `dispatch`. See the module docs for each step.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: atmost_client::Client, permit_id: String) -> Result<(), Box<dyn std::error::Error>> {
+    /// use atmost_client::{DispatchError, GuardedCall, GuardError, Reason};
+    /// let request = serde_json::json!({"amount": 500, "to": "acct_42"});
+    /// let call = GuardedCall::new(&permit_id, "wallet.charge", "charge-1")
+    ///     .request(&request)
+    ///     .cost(500);
+    /// match client
+    ///     .guarded(call, |attempt_id| async move {
+    ///         // Send the charge with attempt_id as the wallet's idempotency key.
+    ///         Ok::<_, DispatchError>(b"wallet tx 981".to_vec())
+    ///     })
+    ///     .await
+    /// {
+    ///     Ok(outcome) => println!("charged (replayed: {})", outcome.replayed),
+    ///     Err(GuardError::Denied(e)) if e.reason() == Some(Reason::PermitMaxCallsExceeded) => {
+    ///         println!("cap {:?} reached on {:?}", e.limit(), e.tool());
+    ///     }
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn guarded<F, Fut, R>(
+        &self,
+        call: GuardedCall,
+        dispatch: F,
+    ) -> Result<Outcome, GuardError>
+    where
+        F: FnOnce(AttemptId) -> Fut,
+        Fut: Future<Output = Result<R, DispatchError>>,
+        R: Into<Dispatched>,
+    {
+        call.check()?;
+        let (holder_token, token_is_ours) = match &call.holder_token {
+            Some(token) => (token.clone(), false),
+            None => {
+                let mut token = vec![0u8; 16];
+                getrandom::fill(&mut token).map_err(|e| GuardError::NoRandomness(e.to_string()))?;
+                (token, true)
+            }
+        };
+        let request = pb::AuthorizeRequest {
+            permit_id: call.permit_id.clone(),
+            tool: call.tool.clone(),
+            idempotency_key: call.key.clone(),
+            request_fingerprint: call.fingerprint.clone().unwrap_or_default(),
+            cost: call.cost,
+            holder_token,
+        };
+        let sent = Instant::now();
+        let answer = self
+            .retrying(&call, "Authorize", authorize_may_retry, |within| {
+                self.authorize_within(request.clone(), within)
+            })
+            .await
+            .map_err(authorize_refused)?;
+        let arrived = Instant::now();
+        let attempt = answer
+            .attempt
+            .clone()
+            .ok_or_else(|| broken("Authorize answered without an attempt"))?;
+        match answer.decision() {
+            pb::Decision::Replay => replay(attempt),
+            pb::Decision::Dispatch => {
+                // Without a timeout: the lease's length (by the server's
+                // clock) less the margin, counted from when the DISPATCH
+                // arrived. A redelivery to this call's own random token
+                // repeats a reservation one of its earlier tries made, so
+                // its lease began after the first try was sent: counted
+                // from there, it cannot be overestimated.
+                let deadline = match call.dispatch_timeout {
+                    Some(timeout) => arrived + timeout,
+                    None => {
+                        let from = if answer.redelivered && token_is_ours {
+                            sent
+                        } else {
+                            arrived
+                        };
+                        from + lease_of(&attempt)?.saturating_sub(LEASE_MARGIN)
+                    }
+                };
+                self.dispatch_once(&call, attempt, arrived, deadline, dispatch)
+                    .await
+            }
+            other => Err(broken(&format!("Authorize answered decision {other:?}"))),
+        }
+    }
+
+    async fn dispatch_once<F, Fut, R>(
+        &self,
+        call: &GuardedCall,
+        attempt: pb::Attempt,
+        arrived: Instant,
+        deadline: Instant,
+        dispatch: F,
+    ) -> Result<Outcome, GuardError>
+    where
+        F: FnOnce(AttemptId) -> Fut,
+        Fut: Future<Output = Result<R, DispatchError>>,
+        R: Into<Dispatched>,
+    {
+        let attempt_id = AttemptId(attempt.attempt_id.clone());
+        let time = deadline.saturating_duration_since(Instant::now());
+        if time.is_zero() {
+            self.report(call, &attempt, Report::NotSent).await?;
+            return Err(GuardError::NoTimeToDispatch { attempt_id });
+        }
+        match tokio::time::timeout(time, dispatch(attempt_id.clone())).await {
+            Ok(Ok(dispatched)) => {
+                let dispatched: Dispatched = dispatched.into();
+                let settled = self
+                    .report(
+                        call,
+                        &attempt,
+                        Report::Succeeded {
+                            stored: stored_result(&dispatched.result),
+                            actual_cost: dispatched.actual_cost,
+                        },
+                    )
+                    .await
+                    .map_err(|e| e.with_result(dispatched.result.clone()))?;
+                let receipt = settled
+                    .receipt
+                    .clone()
+                    .filter(|_| settled.state() == pb::AttemptState::Succeeded)
+                    .ok_or_else(|| broken("Commit Succeeded answered without a receipt"))?;
+                Ok(Outcome {
+                    result: dispatched.result,
+                    replayed: false,
+                    attempt: settled,
+                    receipt,
+                })
+            }
+            Ok(Err(DispatchError::Failed(reason))) => {
+                let stored = truncate(&reason, MAX_REASON_BYTES).to_owned();
+                self.report(call, &attempt, Report::Failed(stored)).await?;
+                Err(GuardError::ToolFailed {
+                    attempt_id,
+                    reason,
+                    replayed: false,
+                })
+            }
+            Ok(Err(DispatchError::NotSent)) => {
+                self.report(call, &attempt, Report::NotSent).await?;
+                Err(GuardError::NotSent { attempt_id })
+            }
+            Ok(Err(DispatchError::Unknown(error))) => {
+                let reason = format!("dispatch failed: {error}");
+                self.uncertain(call, &attempt, reason, error).await
+            }
+            Err(elapsed) => {
+                let granted = deadline.saturating_duration_since(arrived);
+                let reason = format!(
+                    "dispatch still running at its deadline, {granted:?} after the DISPATCH: dropped"
+                );
+                self.uncertain(call, &attempt, reason, Box::new(elapsed))
+                    .await
+            }
+        }
+    }
+
+    /// MarkUncertain, then the error that says so.
+    async fn uncertain(
+        &self,
+        call: &GuardedCall,
+        attempt: &pb::Attempt,
+        reason: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    ) -> Result<Outcome, GuardError> {
+        let reason = truncate(&reason, MAX_REASON_BYTES).to_owned();
+        self.report(call, attempt, Report::Uncertain(reason.clone()))
+            .await?;
+        Err(GuardError::OutcomeUncertain {
+            attempt_id: AttemptId(attempt.attempt_id.clone()),
+            reason,
+            replayed: false,
+            source: Some(source),
+        })
+    }
+
+    /// Records `report` (Commit or MarkUncertain, retried as the same
+    /// request); the attempt as it then stands.
+    async fn report(
+        &self,
+        call: &GuardedCall,
+        attempt: &pb::Attempt,
+        report: Report,
+    ) -> Result<pb::Attempt, GuardError> {
+        use pb::commit_request::Outcome as Commit;
+        let (permit_id, key, attempt_id) = (
+            attempt.permit_id.clone(),
+            attempt.idempotency_key.clone(),
+            attempt.attempt_id.clone(),
+        );
+        let commit = |outcome: Commit| pb::CommitRequest {
+            permit_id: permit_id.clone(),
+            idempotency_key: key.clone(),
+            attempt_id: attempt_id.clone(),
+            outcome: Some(outcome),
+        };
+        let answer = match &report {
+            Report::Succeeded {
+                stored,
+                actual_cost,
+            } => {
+                let request = commit(Commit::Succeeded(pb::Succeeded {
+                    result: stored.clone(),
+                    actual_cost: *actual_cost,
+                }));
+                self.retrying(call, "Commit", settle_may_retry, |within| {
+                    self.commit_within(request.clone(), within)
+                })
+                .await
+                .map(|r| r.attempt)
+            }
+            Report::Failed(reason) => {
+                let request = commit(Commit::Failed(pb::Failed {
+                    reason: reason.clone(),
+                }));
+                self.retrying(call, "Commit", settle_may_retry, |within| {
+                    self.commit_within(request.clone(), within)
+                })
+                .await
+                .map(|r| r.attempt)
+            }
+            Report::NotSent => {
+                let request = commit(Commit::NotSent(pb::NotSent {}));
+                self.retrying(call, "Commit", settle_may_retry, |within| {
+                    self.commit_within(request.clone(), within)
+                })
+                .await
+                .map(|r| r.attempt)
+            }
+            Report::Uncertain(reason) => {
+                let request = pb::MarkUncertainRequest {
+                    permit_id: permit_id.clone(),
+                    idempotency_key: key.clone(),
+                    attempt_id: attempt_id.clone(),
+                    reason: reason.clone(),
+                };
+                self.retrying(call, "MarkUncertain", settle_may_retry, |within| {
+                    self.mark_uncertain_within(request.clone(), within)
+                })
+                .await
+                .map(|r| r.attempt)
+            }
+        };
+        match answer {
+            Ok(Some(attempt)) => Ok(attempt),
+            Ok(None) => Err(broken("Commit answered without the attempt")),
+            Err(source) => Err(GuardError::CommitNotRecorded {
+                attempt_id: AttemptId(attempt_id),
+                outcome: report.unrecorded(),
+                source,
+            }),
+        }
+    }
+
+    /// Runs `once` until it succeeds, fails in a way `may_retry` does not
+    /// allow, or the call's retry limits are reached; each try's deadline
+    /// is the time left. Waits the error's RetryInfo delay, else a backoff;
+    /// a wait that would end past the time limit is not begun.
+    async fn retrying<T, Fut>(
+        &self,
+        call: &GuardedCall,
+        rpc: &'static str,
+        may_retry: fn(&Error) -> bool,
+        mut once: impl FnMut(Option<Duration>) -> Fut,
+    ) -> Result<T, Error>
+    where
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let limits = call.retry;
+        let start = Instant::now();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let left = limits.max_time.saturating_sub(start.elapsed());
+            let error = match once(Some(left)).await {
+                Ok(answer) => return Ok(answer),
+                Err(error) => error,
+            };
+            if !may_retry(&error) || tries >= limits.max_tries {
+                return Err(error);
+            }
+            let delay = error.retry_after().unwrap_or_else(|| backoff(tries));
+            if start.elapsed() + delay >= limits.max_time {
+                return Err(error);
+            }
+            if let Some(observe) = &call.on_retry {
+                observe(&Retrying {
+                    rpc,
+                    tries,
+                    error: &error,
+                    delay,
+                });
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+/// What the guarded call reports after dispatch.
+enum Report {
+    Succeeded {
+        stored: Vec<u8>,
+        actual_cost: Option<i64>,
+    },
+    Failed(String),
+    NotSent,
+    Uncertain(String),
+}
+
+impl Report {
+    fn unrecorded(self) -> Unrecorded {
+        match self {
+            // The full result replaces this in `with_result`.
+            Self::Succeeded { stored, .. } => Unrecorded::Succeeded { result: stored },
+            Self::Failed(reason) => Unrecorded::Failed { reason },
+            Self::NotSent => Unrecorded::NotSent,
+            Self::Uncertain(reason) => Unrecorded::Uncertain { reason },
+        }
+    }
+}
+
+impl GuardError {
+    /// A success that could not be recorded carries the tool's whole
+    /// result, not the digest that would have been stored.
+    fn with_result(mut self, result: Vec<u8>) -> Self {
+        if let Self::CommitNotRecorded {
+            outcome: Unrecorded::Succeeded { result: r },
+            ..
+        } = &mut self
+        {
+            *r = result;
+        }
+        self
+    }
+}
+
+// === decisions ===
+
+/// The key's earlier outcome, as the guarded call answers it.
+fn replay(attempt: pb::Attempt) -> Result<Outcome, GuardError> {
+    let attempt_id = AttemptId(attempt.attempt_id.clone());
+    match attempt.state() {
+        pb::AttemptState::Succeeded => {
+            let receipt = attempt
+                .receipt
+                .clone()
+                .ok_or_else(|| broken("a SUCCEEDED replay without a receipt"))?;
+            Ok(Outcome {
+                result: receipt.result.clone(),
+                replayed: true,
+                attempt,
+                receipt,
+            })
+        }
+        pb::AttemptState::Failed => Err(GuardError::ToolFailed {
+            attempt_id,
+            reason: attempt.failure_reason,
+            replayed: true,
+        }),
+        pb::AttemptState::Uncertain => Err(GuardError::OutcomeUncertain {
+            attempt_id,
+            reason: attempt.uncertain_reason,
+            replayed: true,
+            source: None,
+        }),
+        other => Err(broken(&format!("a REPLAY of an attempt {other:?}"))),
+    }
+}
+
+/// The attempt's lease by the server's clock: lease_expires_at - created_at.
+fn lease_of(attempt: &pb::Attempt) -> Result<Duration, GuardError> {
+    match (&attempt.created_at, &attempt.lease_expires_at) {
+        (Some(created), Some(expires)) => {
+            let ms = crate::millis(expires) - crate::millis(created);
+            Ok(Duration::from_millis(ms.max(0) as u64))
+        }
+        _ => Err(broken("a DISPATCH without created_at and lease_expires_at")),
+    }
+}
+
+/// An answer no atmost gives: reported as INTERNAL, not worked around.
+fn broken(what: &str) -> GuardError {
+    GuardError::Rpc(Error::from(Status::internal(format!(
+        "atmost answered what the guarded call cannot use: {what}"
+    ))))
+}
+
+/// A failure whose request may be sent again as it is: nothing was
+/// decided, or what was decided is given back to the same request (the
+/// same key replays; the same Commit answers the same). CANCELLED without
+/// ErrorInfo is how tonic reports its own deadline ("Timeout expired").
+fn transient(error: &Error) -> bool {
+    match error.code() {
+        Code::Unavailable | Code::DeadlineExceeded => true,
+        Code::Cancelled => error.reason().is_none(),
+        _ => false,
+    }
+}
+
+fn authorize_may_retry(error: &Error) -> bool {
+    transient(error) || error.reason() == Some(Reason::IdempotencyInProgress)
+}
+
+fn settle_may_retry(error: &Error) -> bool {
+    transient(error)
+}
+
+/// The typed error of an Authorize that did not answer.
+fn authorize_refused(error: Error) -> GuardError {
+    if error.reason() == Some(Reason::IdempotencyInProgress) {
+        GuardError::InProgress(error)
+    } else if transient(&error) {
+        GuardError::Unavailable(error)
+    } else if error.reason() == Some(Reason::InvalidRequest) {
+        GuardError::InvalidRequest(error)
+    } else if error.reason().is_some() {
+        GuardError::Denied(error)
+    } else {
+        GuardError::Rpc(error)
+    }
+}
+
+/// The wait before try `tries + 1`: 50 ms doubling per try, at most 2 s,
+/// drawn from its upper half so retrying callers spread out.
+fn backoff(tries: u32) -> Duration {
+    let ceiling = FIRST_BACKOFF
+        .saturating_mul(1u32 << (tries.saturating_sub(1)).min(16))
+        .min(MAX_BACKOFF);
+    let half = ceiling / 2;
+    let jitter = getrandom::u64().unwrap_or(0) % (half.as_micros() as u64 + 1);
+    half + Duration::from_micros(jitter)
+}
+
+/// What atmost stores for `result`: itself, or past 64 KiB the text
+/// `sha256:<hex>` of its digest.
+fn stored_result(result: &[u8]) -> Vec<u8> {
+    if result.len() <= MAX_STORED_RESULT {
+        return result.to_vec();
+    }
+    let hex: String = Sha256::digest(result)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256:{hex}").into_bytes()
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,208 @@
+//! The guarded call's local decisions: which answers are retried and how
+//! each failure is typed, the backoff, what is stored for a result, the
+//! settings refused before any RPC. The calls themselves run against a live
+//! atmost in the service's integration suite (`tests/clients.rs`).
+
+use super::*;
+use std::collections::HashMap;
+use tonic_types::{ErrorDetails, StatusExt};
+
+fn atmost_error(code: Code, reason: &str, metadata: &[(&str, &str)]) -> Error {
+    let metadata: HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Error::from(Status::with_error_details(
+        code,
+        "refused",
+        ErrorDetails::with_error_info(reason, crate::DOMAIN, metadata),
+    ))
+}
+
+#[test]
+fn authorize_retries_only_what_cannot_dispatch_twice() {
+    let retried = [
+        atmost_error(Code::Unavailable, "STORE_UNAVAILABLE", &[]),
+        atmost_error(Code::Unavailable, "OVERLOADED", &[]),
+        atmost_error(Code::DeadlineExceeded, "DEADLINE_EXCEEDED", &[]),
+        atmost_error(Code::Aborted, "IDEMPOTENCY_IN_PROGRESS", &[]),
+        Error::from(Status::unavailable("tcp connect error: Connection refused")),
+        Error::from(Status::deadline_exceeded("transport deadline")),
+        Error::from(Status::cancelled("Timeout expired")),
+    ];
+    for e in &retried {
+        assert!(authorize_may_retry(e), "{e}");
+    }
+    let refused = [
+        atmost_error(Code::ResourceExhausted, "PERMIT_MAX_CALLS_EXCEEDED", &[]),
+        atmost_error(Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED", &[]),
+        atmost_error(Code::Unauthenticated, "UNAUTHENTICATED", &[]),
+        atmost_error(Code::InvalidArgument, "INVALID_REQUEST", &[]),
+        atmost_error(Code::NotFound, "PERMIT_NOT_FOUND", &[]),
+        Error::from(Status::internal("h2 protocol error")),
+        Error::from(Status::unauthenticated("a proxy said no")),
+    ];
+    for e in &refused {
+        assert!(!authorize_may_retry(e), "{e}");
+        assert!(!settle_may_retry(e), "{e}");
+    }
+    // A Commit is never retried on IN_PROGRESS (no Commit answers it).
+    assert!(!settle_may_retry(&retried[3]));
+    assert!(settle_may_retry(&retried[4]));
+}
+
+#[test]
+fn each_refusal_has_its_kind() {
+    let kind = |e: Error| match authorize_refused(e) {
+        GuardError::Denied(_) => "denied",
+        GuardError::InProgress(_) => "in progress",
+        GuardError::Unavailable(_) => "unavailable",
+        GuardError::InvalidRequest(_) => "invalid",
+        GuardError::Rpc(_) => "rpc",
+        other => panic!("{other:?}"),
+    };
+    for (e, want) in [
+        (
+            atmost_error(Code::ResourceExhausted, "PERMIT_BUDGET_EXCEEDED", &[]),
+            "denied",
+        ),
+        (
+            atmost_error(Code::ResourceExhausted, "QUOTA_OPEN_ATTEMPTS", &[]),
+            "denied",
+        ),
+        (
+            atmost_error(Code::Unauthenticated, "UNAUTHENTICATED", &[]),
+            "denied",
+        ),
+        (
+            atmost_error(Code::Aborted, "IDEMPOTENCY_IN_PROGRESS", &[]),
+            "in progress",
+        ),
+        (
+            atmost_error(Code::Unavailable, "STORE_UNAVAILABLE", &[]),
+            "unavailable",
+        ),
+        (Error::from(Status::unavailable("refused")), "unavailable"),
+        (
+            atmost_error(Code::InvalidArgument, "INVALID_REQUEST", &[]),
+            "invalid",
+        ),
+        (Error::from(Status::permission_denied("proxy")), "rpc"),
+    ] {
+        assert_eq!(kind(e.clone()), want, "{e}");
+    }
+}
+
+#[test]
+fn a_cap_refusal_reads_tool_limit_and_calls_made_as_numbers() {
+    let e = atmost_error(
+        Code::ResourceExhausted,
+        "PERMIT_MAX_CALLS_EXCEEDED",
+        &[
+            ("tool", "wallet.charge"),
+            ("limit", "1"),
+            ("calls_made", "1"),
+        ],
+    );
+    let g = authorize_refused(e);
+    let e = g.error().expect("the answer");
+    assert_eq!(g.reason(), Some(Reason::PermitMaxCallsExceeded));
+    assert_eq!(e.tool(), Some("wallet.charge"));
+    assert_eq!(e.limit(), Some(1));
+    assert_eq!(e.calls_made(), Some(1));
+    let odd = atmost_error(Code::ResourceExhausted, "QUOTA_ATTEMPTS", &[("limit", "x")]);
+    assert_eq!(odd.limit(), None, "not a number reads as absent");
+    assert_eq!(odd.tool(), None);
+}
+
+#[test]
+fn backoff_doubles_from_50ms_to_2s_with_jitter_in_its_upper_half() {
+    for (tries, ceiling_ms) in [
+        (1, 50),
+        (2, 100),
+        (3, 200),
+        (6, 1600),
+        (7, 2000),
+        (40, 2000),
+    ] {
+        let ceiling = Duration::from_millis(ceiling_ms);
+        for _ in 0..50 {
+            let d = backoff(tries);
+            assert!(d >= ceiling / 2 && d <= ceiling, "try {tries}: {d:?}");
+        }
+    }
+}
+
+#[test]
+fn a_result_over_64_kib_is_stored_as_its_digest() {
+    let small = vec![7u8; MAX_STORED_RESULT];
+    assert_eq!(stored_result(&small), small);
+    let big = vec![7u8; MAX_STORED_RESULT + 1];
+    let stored = String::from_utf8(stored_result(&big)).expect("ASCII");
+    let hex: String = Sha256::digest(&big)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(stored, format!("sha256:{hex}"));
+}
+
+#[test]
+fn reasons_are_cut_on_a_character_boundary() {
+    assert_eq!(truncate("short", 1024), "short");
+    let long = "é".repeat(600); // 1200 bytes
+    let cut = truncate(&long, 1024);
+    assert_eq!(cut.len(), 1024);
+    assert_eq!(truncate("aé", 2), "a");
+}
+
+#[test]
+fn results_become_bytes_or_json() {
+    assert_eq!(Dispatched::from(b"raw".to_vec()).result, b"raw");
+    assert_eq!(Dispatched::from(&b"raw"[..]).result, b"raw");
+    let json = Dispatched::from(serde_json::json!({"tx": 981}));
+    assert_eq!(json.result, br#"{"tx":981}"#);
+    assert_eq!(Dispatched::bytes("x").actual_cost(3).actual_cost, Some(3));
+}
+
+#[test]
+fn any_error_raised_in_dispatch_is_an_unknown_outcome() {
+    fn send() -> Result<(), DispatchError> {
+        Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))?;
+        Ok(())
+    }
+    assert!(matches!(send(), Err(DispatchError::Unknown(_))));
+}
+
+#[test]
+fn settings_that_allow_no_call_are_refused_before_any_rpc() {
+    let base = || GuardedCall::new("p", "t", "k").fingerprint(b"fp".to_vec());
+    for (call, says) in [
+        (GuardedCall::new("p", "t", "k"), "no request"),
+        (base().holder_token(Vec::new()), "holder_token is empty"),
+        (base().max_tries(0), "max_tries is 0"),
+        (base().max_retry_time(Duration::ZERO), "max_retry_time is 0"),
+        (
+            base().dispatch_timeout(Duration::ZERO),
+            "dispatch_timeout is 0",
+        ),
+    ] {
+        match call.check() {
+            Err(GuardError::InvalidCall(why)) => assert!(why.contains(says), "{why}"),
+            other => panic!("{call:?}: {other:?}"),
+        }
+    }
+    assert!(base().check().is_ok());
+    let json = GuardedCall::new("p", "t", "k").request(&serde_json::json!({"a": 1}));
+    assert_eq!(
+        json.fingerprint.as_deref(),
+        Some(&crate::fingerprint(&serde_json::json!({"a": 1}))[..])
+    );
+}
+
+#[test]
+fn a_status_without_details_still_reads() {
+    // StatusExt is what Error uses; a plain status has no RetryInfo.
+    let e = Error::from(Status::unavailable("down"));
+    assert_eq!(e.retry_after(), None);
+    assert!(e.status().get_details_error_info().is_none());
+}

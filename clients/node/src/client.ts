@@ -1,0 +1,224 @@
+/**
+ * The client: one channel to atmost, a promise-returning method per RPC of
+ * atmost.v1 (Gate, Permits, Receipts), every failure a typed error
+ * (errors.ts), and {@link Client.guarded}, the helper that wraps one
+ * side-effecting call (guarded.ts).
+ */
+import * as grpc from "@grpc/grpc-js";
+
+import { fromServiceError } from "./errors.js";
+import { runGuarded, type Dispatch, type GuardedCall, type GuardedOutcome } from "./guarded.js";
+import { atmostV1 } from "./proto.js";
+import type { GateClient } from "./generated/atmost/v1/Gate.js";
+import type { PermitsClient } from "./generated/atmost/v1/Permits.js";
+import type { ReceiptsClient } from "./generated/atmost/v1/Receipts.js";
+import type {
+  AuthorizeRequest,
+  AuthorizeResponse,
+  CommitRequest,
+  CommitResponse,
+  GetPermitResponse,
+  GetSigningKeysResponse,
+  ListUncertainRequest,
+  ListUncertainResponse,
+  MarkUncertainRequest,
+  MarkUncertainResponse,
+  NewPermit,
+  Permit,
+  ResolveRequest,
+  ResolveResponse,
+} from "./types.js";
+
+/** TLS to atmost (`--tls-cert`, `--tls-key`; `--tls-client-ca` for mTLS). */
+export interface TlsOptions {
+  /** PEM of the CA that signed atmost's certificate; absent: Node's default roots. */
+  rootCa?: Buffer | string;
+  /** mTLS: this client's certificate chain (PEM); `key` is then required. */
+  cert?: Buffer | string;
+  /** mTLS: the private key (PEM) of `cert`. */
+  key?: Buffer | string;
+  /**
+   * The name atmost's certificate is checked against (and sent as SNI),
+   * when it is not the host in `address`: e.g. `localhost` for a
+   * certificate issued to it, reached as 127.0.0.1.
+   */
+  serverName?: string;
+}
+
+export interface ClientOptions {
+  /** atmost's address: `host:port` (or any grpc-js target, `dns:///atmost:50051`). */
+  address: string;
+  /** Sent as `authorization: Bearer <key>` with every call (atmost with `--auth-keys`). */
+  apiKey?: string;
+  /** Connect over TLS; absent: plaintext. */
+  tls?: TlsOptions;
+  /** Each RPC's deadline in milliseconds unless the call says otherwise (default 10 000). */
+  deadlineMs?: number;
+  /** More grpc-js channel options; they override the defaults below. */
+  channelOptions?: grpc.ChannelOptions;
+}
+
+/** Options of one RPC. */
+export interface CallOptions {
+  /** This call's deadline in milliseconds (default: the client's). */
+  deadlineMs?: number;
+}
+
+export const DEFAULT_DEADLINE_MS = 10_000;
+
+/**
+ * grpc-js waits 1 s, then up to 120 s, before reconnecting, and fails calls
+ * at once meanwhile; the guarded call's own retries (50 ms doubling to 2 s)
+ * would all land inside that first second. Reconnecting on the same
+ * schedule lets a retry find a server that came back.
+ */
+export const DEFAULT_CHANNEL_OPTIONS: grpc.ChannelOptions = {
+  "grpc.initial_reconnect_backoff_ms": 100,
+  "grpc.max_reconnect_backoff_ms": 2_000,
+};
+
+type Callback<T> = (error: grpc.ServiceError | null, value?: T) => void;
+
+/** A connection to atmost. Close it with {@link Client.close}. */
+export class Client {
+  private readonly gate: GateClient;
+  private readonly permits: PermitsClient;
+  private readonly receipts: ReceiptsClient;
+  private readonly authorization?: string;
+  private readonly deadlineMs: number;
+
+  constructor(options: ClientOptions) {
+    if (typeof options?.address !== "string" || options.address === "") {
+      throw new TypeError("address must be a non-empty string such as 127.0.0.1:50051");
+    }
+    if (options.apiKey !== undefined) {
+      // A header value: visible ASCII, so the key can never break the header.
+      if (typeof options.apiKey !== "string" || !/^[\x21-\x7e]+$/.test(options.apiKey)) {
+        throw new TypeError("apiKey must be a non-empty string of visible ASCII characters");
+      }
+      this.authorization = `Bearer ${options.apiKey}`;
+    }
+    this.deadlineMs = checkDeadline(options.deadlineMs ?? DEFAULT_DEADLINE_MS, "deadlineMs");
+    const credentials = channelCredentials(options.tls);
+    const channelOptions: grpc.ChannelOptions = { ...DEFAULT_CHANNEL_OPTIONS };
+    if (options.tls?.serverName !== undefined) {
+      if (typeof options.tls.serverName !== "string" || options.tls.serverName === "") {
+        throw new TypeError("tls.serverName must be a non-empty string");
+      }
+      channelOptions["grpc.ssl_target_name_override"] = options.tls.serverName;
+    }
+    Object.assign(channelOptions, options.channelOptions);
+    this.gate = new atmostV1.Gate(options.address, credentials, channelOptions);
+    // One channel (one HTTP/2 connection) for the three services.
+    const shared = { ...channelOptions, channelOverride: this.gate.getChannel() };
+    this.permits = new atmostV1.Permits(options.address, credentials, shared);
+    this.receipts = new atmostV1.Receipts(options.address, credentials, shared);
+  }
+
+  /** Closes the channel; calls still open fail with CANCELLED. */
+  close(): void {
+    this.gate.close();
+  }
+
+  // === atmost.v1.Gate ===
+
+  /** Asks for a DISPATCH before a side-effecting call. */
+  authorize(request: AuthorizeRequest, options?: CallOptions): Promise<AuthorizeResponse> {
+    return this.unary(options, (md, opts, cb) => this.gate.authorize(request, md, opts, cb));
+  }
+
+  /** Reports the outcome of a dispatched (or never sent) call. */
+  commit(request: CommitRequest, options?: CallOptions): Promise<CommitResponse> {
+    return this.unary(options, (md, opts, cb) => this.gate.commit(request, md, opts, cb));
+  }
+
+  /** The call was sent and its response lost: slot and money stay held. */
+  markUncertain(request: MarkUncertainRequest, options?: CallOptions): Promise<MarkUncertainResponse> {
+    return this.unary(options, (md, opts, cb) => this.gate.markUncertain(request, md, opts, cb));
+  }
+
+  // === atmost.v1.Permits ===
+
+  /** Stores a new permit; atmost assigns its id and fills the defaults. */
+  createPermit(permit: NewPermit, options?: CallOptions): Promise<Permit> {
+    return this.unary(options, (md, opts, cb) => this.permits.createPermit({ permit }, md, opts, cb));
+  }
+
+  getPermit(permitId: string, options?: CallOptions): Promise<GetPermitResponse> {
+    return this.unary(options, (md, opts, cb) => this.permits.getPermit({ permitId }, md, opts, cb));
+  }
+
+  /** Stops new keys; existing attempts keep working. */
+  revokePermit(permitId: string, options?: CallOptions): Promise<Permit> {
+    return this.unary(options, (md, opts, cb) => this.permits.revokePermit({ permitId }, md, opts, cb));
+  }
+
+  /** One page of UNCERTAIN attempts (`permitId` empty: across permits). */
+  listUncertain(request: ListUncertainRequest, options?: CallOptions): Promise<ListUncertainResponse> {
+    return this.unary(options, (md, opts, cb) => this.permits.listUncertain(request, md, opts, cb));
+  }
+
+  /** Settles an UNCERTAIN attempt after asking the tool what happened. */
+  resolve(request: ResolveRequest, options?: CallOptions): Promise<ResolveResponse> {
+    return this.unary(options, (md, opts, cb) => this.permits.resolve(request, md, opts, cb));
+  }
+
+  // === atmost.v1.Receipts ===
+
+  /** The public keys that verify signed receipts (no API key needed). */
+  getSigningKeys(options?: CallOptions): Promise<GetSigningKeysResponse> {
+    return this.unary(options, (md, opts, cb) => this.receipts.getSigningKeys({}, md, opts, cb));
+  }
+
+  // === the guarded call ===
+
+  /**
+   * Runs one side-effecting call under atmost: Authorize (retried safely,
+   * one holder token), `dispatch(attemptId, signal)` only on DISPATCH and
+   * under a deadline, then Commit or MarkUncertain. README.md, "The guarded
+   * call", says what each outcome raises.
+   */
+  guarded<T>(call: GuardedCall, dispatch: Dispatch<T>): Promise<GuardedOutcome<T>> {
+    return runGuarded(this, call, dispatch);
+  }
+
+  private unary<T>(
+    options: CallOptions | undefined,
+    start: (metadata: grpc.Metadata, callOptions: grpc.CallOptions, callback: Callback<T>) => void,
+  ): Promise<T> {
+    const deadlineMs = options?.deadlineMs === undefined ? this.deadlineMs : checkDeadline(options.deadlineMs, "deadlineMs");
+    const metadata = new grpc.Metadata();
+    if (this.authorization !== undefined) metadata.set("authorization", this.authorization);
+    return new Promise<T>((resolve, reject) => {
+      start(metadata, { deadline: Date.now() + deadlineMs }, (error, value) => {
+        if (error) reject(fromServiceError(error));
+        else resolve(value as T);
+      });
+    });
+  }
+}
+
+function checkDeadline(value: number, name: string): number {
+  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) {
+    throw new RangeError(`${name} must be a finite number of milliseconds > 0, got ${String(value)}`);
+  }
+  return value;
+}
+
+function pem(value: Buffer | string | undefined, name: string): Buffer | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value === "string") return Buffer.from(value, "utf8");
+  if (Buffer.isBuffer(value)) return value;
+  throw new TypeError(`tls.${name} must be PEM text (a string or a Buffer)`);
+}
+
+function channelCredentials(tls: TlsOptions | undefined): grpc.ChannelCredentials {
+  if (tls === undefined) return grpc.credentials.createInsecure();
+  const rootCa = pem(tls.rootCa, "rootCa");
+  const cert = pem(tls.cert, "cert");
+  const key = pem(tls.key, "key");
+  if ((cert === undefined) !== (key === undefined)) {
+    throw new TypeError("tls.cert and tls.key go together: give both for mTLS, or neither");
+  }
+  return grpc.credentials.createSsl(rootCa ?? null, key ?? null, cert ?? null);
+}

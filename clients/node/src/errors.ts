@@ -1,0 +1,245 @@
+/**
+ * The typed errors: one base, {@link AtmostError}, with the gRPC code, the
+ * atmost reason (`ErrorInfo.reason`, docs/api.md "Errors"), its metadata and
+ * the message; and one class per kind a caller handles differently.
+ *
+ * Failures of an RPC become {@link Denied}, {@link InProgress},
+ * {@link Unavailable} or the base class. The guarded call adds the outcomes
+ * of a dispatch: {@link ToolFailed}, {@link NotSent}, {@link OutcomeUncertain}
+ * and {@link CommitNotRecorded}. `ToolFailed` and `NotSent` are also what a
+ * dispatch function throws to tell the helper what happened.
+ */
+import { status as Code, type ServiceError } from "@grpc/grpc-js";
+
+import { DOMAIN, readDetails, type FieldViolation } from "./details.js";
+import type { Attempt__Output as Attempt } from "./generated/atmost/v1/Attempt.js";
+
+/** What {@link AtmostError}'s constructor takes; every part optional. */
+export interface AtmostErrorInit {
+  code?: Code;
+  reason?: string;
+  metadata?: Record<string, string>;
+  retryAfterMs?: number;
+  fieldViolations?: FieldViolation[];
+  attemptId?: string;
+  cause?: unknown;
+}
+
+/** The base of every error this package raises. */
+export class AtmostError extends Error {
+  /** The gRPC status code; absent for an outcome of the guarded call that no RPC answered. */
+  readonly code?: Code;
+  /** atmost's `ErrorInfo.reason` (docs/api.md, "Errors"); absent when atmost did not answer (a broken connection, a proxy). */
+  readonly reason?: string;
+  /** The ErrorInfo metadata (`tool`, `limit`, `calls_made`, ...); empty when none. */
+  readonly metadata: Readonly<Record<string, string>>;
+  /** The message the status carried, without the reason prefix of `message`. */
+  readonly details: string;
+  /** The `google.rpc.RetryInfo` delay in milliseconds (IDEMPOTENCY_IN_PROGRESS, OVERLOADED). */
+  readonly retryAfterMs?: number;
+  /** The fields an INVALID_REQUEST names (google.rpc.BadRequest), in order. */
+  readonly fieldViolations: readonly FieldViolation[];
+  /** The attempt this error is about, when there is one (the guarded call's outcomes). */
+  readonly attemptId?: string;
+
+  constructor(details: string, init: AtmostErrorInit = {}) {
+    const label = init.reason ?? (init.code === undefined ? undefined : Code[init.code]);
+    super(label ? `${label}: ${details}` : details, init.cause === undefined ? undefined : { cause: init.cause });
+    this.name = new.target.name;
+    this.code = init.code;
+    this.reason = init.reason;
+    this.metadata = Object.freeze({ ...(init.metadata ?? {}) });
+    this.details = details;
+    this.retryAfterMs = init.retryAfterMs;
+    this.fieldViolations = Object.freeze([...(init.fieldViolations ?? [])]);
+    this.attemptId = init.attemptId;
+  }
+
+  /** The gRPC code's name (`RESOURCE_EXHAUSTED`), or undefined. */
+  get codeName(): string | undefined {
+    return this.code === undefined ? undefined : Code[this.code];
+  }
+
+  /** Metadata `tool`: the tool refused (cap, scope, hold, duplicate). */
+  get tool(): string | undefined {
+    return this.metadata.tool;
+  }
+
+  /** Metadata `limit` as a number: the cap, or a quota's limit. */
+  get limit(): number | undefined {
+    return numeric(this.metadata.limit);
+  }
+
+  /** Metadata `calls_made` as a number: the slots the tool holds. */
+  get callsMade(): number | undefined {
+    return numeric(this.metadata.calls_made);
+  }
+}
+
+function numeric(value: string | undefined): number | undefined {
+  if (value === undefined || !/^-?\d+$/.test(value)) return undefined;
+  return Number(value);
+}
+
+/**
+ * atmost refused: PERMIT_MAX_CALLS_EXCEEDED, PERMIT_BUDGET_EXCEEDED,
+ * TOOL_NOT_IN_SCOPE, PERMIT_REVOKED, PERMIT_EXPIRED, PERMIT_NOT_FOUND,
+ * IDEMPOTENCY_KEY_REUSED, TOOL_HELD_UNCERTAIN, DUPLICATE_REQUEST_SUSPECTED,
+ * the quotas, UNAUTHENTICATED, ROLE_NOT_ALLOWED. Nothing was reserved and
+ * nothing may be sent; the same request fails the same way.
+ */
+export class Denied extends AtmostError {}
+
+/**
+ * IDEMPOTENCY_IN_PROGRESS: the key's attempt is RESERVED by another holder
+ * (another holder_token, or none). `retryAfterMs` is the time to its lease's
+ * end; send nothing.
+ */
+export class InProgress extends AtmostError {}
+
+/**
+ * No decision is known: UNAVAILABLE (STORE_UNAVAILABLE, OVERLOADED, or the
+ * connection failed) or DEADLINE_EXCEEDED. The request may or may not have
+ * been applied; sent again with the same idempotency key it gets the
+ * original reservation back, never a second one.
+ */
+export class Unavailable extends AtmostError {}
+
+/** The reasons {@link Denied} stands for. */
+export const DENIED_REASONS: ReadonlySet<string> = new Set([
+  "PERMIT_NOT_FOUND",
+  "PERMIT_REVOKED",
+  "PERMIT_EXPIRED",
+  "TOOL_NOT_IN_SCOPE",
+  "TOOL_HELD_UNCERTAIN",
+  "PERMIT_MAX_CALLS_EXCEEDED",
+  "PERMIT_BUDGET_EXCEEDED",
+  "IDEMPOTENCY_KEY_REUSED",
+  "DUPLICATE_REQUEST_SUSPECTED",
+  "UNAUTHENTICATED",
+  "ROLE_NOT_ALLOWED",
+  "QUOTA_PERMIT_LIFETIME",
+  "QUOTA_OPEN_ATTEMPTS",
+  "QUOTA_ATTEMPTS",
+  "QUOTA_TENANT_PERMITS",
+  "QUOTA_STORE_FULL",
+]);
+
+/**
+ * The typed error of a failed RPC. The class follows atmost's reason when
+ * there is one (an ErrorInfo of domain "atmost"), else the gRPC code (a
+ * transport failure, a proxy's answer).
+ */
+export function fromServiceError(error: ServiceError): AtmostError {
+  const found = readDetails(error.metadata);
+  const info = found.errorInfo?.domain === DOMAIN ? found.errorInfo : undefined;
+  const init: AtmostErrorInit = {
+    code: error.code,
+    reason: info?.reason,
+    metadata: info?.metadata,
+    retryAfterMs: found.retryAfterMs,
+    fieldViolations: found.fieldViolations,
+    cause: error,
+  };
+  const details = error.details || error.message;
+  if (info?.reason === "IDEMPOTENCY_IN_PROGRESS") return new InProgress(details, init);
+  if (info !== undefined && DENIED_REASONS.has(info.reason)) return new Denied(details, init);
+  switch (error.code) {
+    case Code.UNAVAILABLE:
+    case Code.DEADLINE_EXCEEDED:
+      return new Unavailable(details, init);
+    case Code.UNAUTHENTICATED:
+    case Code.PERMISSION_DENIED:
+      // Refused before atmost's own checks (a proxy, a TLS front end).
+      if (info === undefined) return new Denied(details, init);
+  }
+  return new AtmostError(details, init);
+}
+
+// === the outcomes of a guarded call ===
+
+/** Options of the outcome errors the guarded call raises. */
+export interface OutcomeInit {
+  attemptId?: string;
+  attempt?: Attempt;
+  replayed?: boolean;
+  cause?: unknown;
+}
+
+/**
+ * The tool answered and refused. A dispatch throws `new ToolFailed(reason)`;
+ * the guarded call commits Failed(reason) (cost released, slot kept) and
+ * raises a ToolFailed of its own, and raises one with `replayed` when the
+ * key's attempt had already FAILED.
+ */
+export class ToolFailed extends AtmostError {
+  /** What the tool said: the Failed reason recorded. */
+  readonly failureReason: string;
+  /** Whether this is the key's earlier outcome, replayed (nothing was sent now). */
+  readonly replayed: boolean;
+  readonly attempt?: Attempt;
+
+  constructor(failureReason: string, init: OutcomeInit = {}) {
+    super(init.replayed ? `tool failed (replayed): ${failureReason}` : `tool failed: ${failureReason}`, init);
+    this.failureReason = failureReason;
+    this.replayed = init.replayed ?? false;
+    this.attempt = init.attempt;
+  }
+}
+
+/**
+ * The call never left. A dispatch throws `new NotSent()` only when it knows
+ * nothing reached the tool; the guarded call commits NotSent (slot and cost
+ * come back, the key is free) and raises a NotSent of its own.
+ */
+export class NotSent extends AtmostError {
+  readonly attempt?: Attempt;
+
+  constructor(details = "the call was not sent", init: OutcomeInit = {}) {
+    super(details, init);
+    this.attempt = init.attempt;
+  }
+}
+
+/**
+ * The call may or may not have taken effect: the dispatch threw, hung past
+ * its deadline, or the key's attempt is UNCERTAIN (`replayed`). The attempt
+ * is recorded UNCERTAIN (slot and cost held); nothing is sent again, and an
+ * operator resolves it (ListUncertain, Resolve).
+ */
+export class OutcomeUncertain extends AtmostError {
+  readonly replayed: boolean;
+  readonly attempt?: Attempt;
+
+  constructor(details: string, init: OutcomeInit = {}) {
+    super(details, init);
+    this.replayed = init.replayed ?? false;
+    this.attempt = init.attempt;
+  }
+}
+
+/** What the guarded call was recording when it could not. */
+export type RecordedOutcome = "succeeded" | "failed" | "not_sent" | "uncertain";
+
+/**
+ * The dispatch ended but its outcome could not be recorded: Commit or
+ * MarkUncertain still failed after their retries (`cause` is the last
+ * error). The attempt ends UNCERTAIN at its lease, and an operator resolves
+ * it; `result` holds what the tool returned, when it succeeded.
+ */
+export class CommitNotRecorded extends AtmostError {
+  readonly outcome: RecordedOutcome;
+  readonly result?: unknown;
+
+  constructor(attemptId: string, outcome: RecordedOutcome, cause: AtmostError, result?: unknown) {
+    super(`the outcome (${outcome}) of attempt ${attemptId} could not be recorded: ${cause.message}`, {
+      code: cause.code,
+      reason: cause.reason,
+      metadata: { ...cause.metadata },
+      attemptId,
+      cause,
+    });
+    this.outcome = outcome;
+    this.result = result;
+  }
+}

@@ -1,0 +1,326 @@
+/**
+ * The guarded call: one side-effecting tool call wrapped with atmost, the
+ * same contract as the Rust and Python helpers.
+ *
+ *  1. One holder token (16 random bytes unless given) for every Authorize
+ *     try of this call, so a DISPATCH whose answer was lost is redelivered
+ *     to it (docs/api.md, "Recovering a lost DISPATCH").
+ *  2. Authorize, retried only where that is safe (retry.ts), always with the
+ *     same key, fingerprint, cost and token.
+ *  3. REPLAY: dispatch is never called; the stored outcome is returned or
+ *     raised.
+ *  4. DISPATCH: `dispatch(attemptId, signal)` runs under a deadline, then
+ *     exactly one of Commit Succeeded / Failed / NotSent or MarkUncertain
+ *     records what happened. Nothing is ever sent twice in one call.
+ */
+import { createHash, randomBytes } from "node:crypto";
+
+import {
+  AtmostError,
+  CommitNotRecorded,
+  NotSent,
+  OutcomeUncertain,
+  ToolFailed,
+  type RecordedOutcome,
+} from "./errors.js";
+import { fingerprint as fingerprintOf } from "./fingerprint.js";
+import { isAuthorizeRetryable, isTransient, retryPolicy, withRetries, type RetryEvent, type RetryPolicy } from "./retry.js";
+import type { Attempt, Receipt, Timestamp } from "./types.js";
+import type { Client } from "./client.js";
+
+/** One logical call. Keep `idempotencyKey` (and `holderToken`, if you persist one) the same across your own retries of it. */
+export interface GuardedCall {
+  permitId: string;
+  tool: string;
+  /** Stable for one logical call across every retry of it; a new key is a new call. */
+  idempotencyKey: string;
+  /** The request: any JSON value, fingerprinted with {@link fingerprint}. Give this or `fingerprint`. */
+  request?: unknown;
+  /** An explicit request fingerprint, 1..=64 bytes, instead of `request`. */
+  fingerprint?: Uint8Array;
+  /** Minor units to reserve (default 0). */
+  cost?: number;
+  /** 1..=64 bytes proving this caller holds the call, for callers that persist it across restarts; default 16 random bytes per guarded call. */
+  holderToken?: Uint8Array;
+  /** The dispatch's deadline in milliseconds; default the attempt's lease minus a 1 s margin. */
+  dispatchTimeoutMs?: number;
+  /** How long Authorize, Commit and MarkUncertain are each retried (default 5 tries, 10 s). */
+  retry?: RetryPolicy;
+  /** Told before each retry's wait (logging, metrics); what it throws is ignored. */
+  onRetry?: (event: RetryEvent) => void;
+}
+
+/**
+ * The caller's side effect. `attemptId` is the attempt's id: forward it to
+ * the tool as the tool's own idempotency key. `signal` aborts at the
+ * dispatch deadline. Return the tool's result (bytes as they are, anything
+ * else is stored as its JSON); throw {@link ToolFailed} when the tool
+ * answered and refused, {@link NotSent} only when nothing reached the tool.
+ */
+export type Dispatch<T> = (attemptId: string, signal: AbortSignal) => Promise<T> | T;
+
+/** This call dispatched and the tool succeeded: `result` is what dispatch returned. */
+export interface FreshOutcome<T> {
+  replayed: false;
+  result: T;
+  attempt: Attempt;
+  receipt: Receipt;
+}
+
+/**
+ * The key had already succeeded: nothing was sent now, and `result` is the
+ * stored bytes (a JSON result's UTF-8 text; `sha256:<hex>` for one over
+ * 64 KiB).
+ */
+export interface ReplayedOutcome {
+  replayed: true;
+  result: Buffer;
+  attempt: Attempt;
+  receipt: Receipt;
+}
+
+export type GuardedOutcome<T> = FreshOutcome<T> | ReplayedOutcome;
+
+/** The largest result atmost stores; a larger one is stored as `sha256:<hex>`. */
+export const MAX_RESULT_BYTES = 64 * 1024;
+/** Subtracted from the lease when no dispatch timeout is given. */
+export const LEASE_MARGIN_MS = 1_000;
+/** atmost's limit on Failed and MarkUncertain reasons. */
+const MAX_REASON_BYTES = 1024;
+const MAX_COST = Number.MAX_SAFE_INTEGER;
+
+export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch: Dispatch<T>): Promise<GuardedOutcome<T>> {
+  const input = checkCall(call);
+  if (typeof dispatch !== "function") throw new TypeError("dispatch must be a function (attemptId, signal) => result");
+  const retry = retryPolicy(call.retry, "retry");
+  const { permitId, idempotencyKey } = input;
+
+  const answer = await withRetries("Authorize", retry, isAuthorizeRetryable, call.onRetry, () =>
+    client.authorize({
+      permitId,
+      tool: input.tool,
+      idempotencyKey,
+      requestFingerprint: input.fingerprint,
+      cost: input.cost,
+      holderToken: input.holderToken,
+    }),
+  );
+  // The dispatch deadline counts from here: the local clock only.
+  const arrived = performance.now();
+  const attempt = answer.attempt;
+  if (attempt === null || attempt.attemptId === "") {
+    throw new AtmostError(`Authorize answered ${answer.decision} without an attempt`);
+  }
+  if (answer.decision === "DECISION_REPLAY") return replay(attempt);
+  if (answer.decision !== "DECISION_DISPATCH") {
+    throw new AtmostError(`Authorize answered an unknown decision ${String(answer.decision)}; nothing was sent`);
+  }
+
+  const attemptId = attempt.attemptId;
+  const record = <R>(rpc: string, outcome: RecordedOutcome, send: () => Promise<R>, result?: unknown): Promise<R> =>
+    withRetries(rpc, retry, isTransient, call.onRetry, send).catch((error: unknown) => {
+      throw error instanceof AtmostError ? new CommitNotRecorded(attemptId, outcome, error, result) : error;
+    });
+  const commitNotSent = () =>
+    record("Commit", "not_sent", () => client.commit({ permitId, idempotencyKey, attemptId, notSent: {} }));
+
+  const budgetMs = input.dispatchTimeoutMs ?? leaseMs(attempt) - LEASE_MARGIN_MS;
+  if (!(budgetMs > 0)) {
+    // Sending now could land after the lease, when an operator may already
+    // have reconciled the attempt: give the slot back instead.
+    const released = await commitNotSent();
+    throw new NotSent(`the lease leaves no time to dispatch (${budgetMs} ms after its ${LEASE_MARGIN_MS} ms margin); nothing was sent`, {
+      attemptId,
+      attempt: released.attempt ?? undefined,
+    });
+  }
+
+  const ran = await runDispatch(dispatch, attemptId, budgetMs - (performance.now() - arrived));
+
+  if (ran.ok) {
+    let stored: Buffer;
+    try {
+      stored = encodeResult(ran.value);
+    } catch (error) {
+      return uncertain(error, `the result could not be stored: ${describe(error)}`);
+    }
+    const done = await record(
+      "Commit",
+      "succeeded",
+      () => client.commit({ permitId, idempotencyKey, attemptId, succeeded: { result: stored } }),
+      ran.value,
+    );
+    const receipt = done.attempt?.receipt;
+    if (!done.attempt || !receipt) throw new AtmostError(`Commit of attempt ${attemptId} answered without a receipt`, { attemptId });
+    return { replayed: false, result: ran.value, attempt: done.attempt, receipt };
+  }
+
+  const error = ran.error;
+  if (error instanceof ToolFailed) {
+    const reason = clip(error.failureReason);
+    const done = await record("Commit", "failed", () =>
+      client.commit({ permitId, idempotencyKey, attemptId, failed: { reason } }),
+    );
+    throw new ToolFailed(reason, { attemptId, attempt: done.attempt ?? undefined, cause: error });
+  }
+  if (error instanceof NotSent) {
+    const done = await commitNotSent();
+    throw new NotSent(error.details, { attemptId, attempt: done.attempt ?? undefined, cause: error });
+  }
+  return uncertain(error, ran.timedOut ? `dispatch deadline of ${Math.round(budgetMs)} ms passed` : `dispatch threw ${describe(error)}`);
+
+  async function uncertain(cause: unknown, why: string): Promise<never> {
+    const reason = clip(why);
+    const done = await record("MarkUncertain", "uncertain", () =>
+      client.markUncertain({ permitId, idempotencyKey, attemptId, reason }),
+    );
+    throw new OutcomeUncertain(`attempt ${attemptId} is UNCERTAIN (${reason}): it may have taken effect; it is not sent again`, {
+      attemptId,
+      attempt: done.attempt ?? undefined,
+      cause,
+    });
+  }
+}
+
+/** A REPLAY: the key's recorded outcome, nothing sent. */
+function replay(attempt: Attempt): ReplayedOutcome {
+  const attemptId = attempt.attemptId;
+  switch (attempt.state) {
+    case "ATTEMPT_STATE_SUCCEEDED":
+      if (!attempt.receipt) throw new AtmostError(`attempt ${attemptId} replayed SUCCEEDED without a receipt`, { attemptId });
+      return { replayed: true, result: attempt.receipt.result, attempt, receipt: attempt.receipt };
+    case "ATTEMPT_STATE_FAILED":
+      throw new ToolFailed(attempt.failureReason, { attemptId, attempt, replayed: true });
+    case "ATTEMPT_STATE_UNCERTAIN":
+      throw new OutcomeUncertain(
+        `attempt ${attemptId} is UNCERTAIN (${attempt.uncertainReason}): the same unknown, replayed; nothing was sent`,
+        { attemptId, attempt, replayed: true },
+      );
+    default:
+      throw new AtmostError(`Authorize replayed attempt ${attemptId} in state ${attempt.state}; nothing was sent`, { attemptId });
+  }
+}
+
+type Ran<T> = { ok: true; value: T } | { ok: false; error: unknown; timedOut: boolean };
+
+/**
+ * Calls dispatch once, racing it against the deadline. At the deadline the
+ * signal aborts and the call is over for the helper, whatever the dispatch
+ * does later (its late result or error is dropped).
+ */
+async function runDispatch<T>(dispatch: Dispatch<T>, attemptId: string, budgetMs: number): Promise<Ran<T>> {
+  const controller = new AbortController();
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      const error = new DOMException(`dispatch deadline of ${Math.round(budgetMs)} ms passed`, "TimeoutError");
+      controller.abort(error);
+      reject(error);
+    }, Math.max(0, budgetMs));
+  });
+  try {
+    // Inside then(), so a dispatch that throws synchronously is caught too.
+    const value = await Promise.race([Promise.resolve().then(() => dispatch(attemptId, controller.signal)), deadline]);
+    return { ok: true, value };
+  } catch (error) {
+    return { ok: false, error, timedOut: controller.signal.aborted && error === controller.signal.reason };
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** The bytes Commit stores: bytes as they are, anything else as UTF-8 JSON; over 64 KiB, `sha256:<hex>` of them. */
+export function encodeResult(value: unknown): Buffer {
+  let bytes: Buffer;
+  if (value instanceof Uint8Array) {
+    bytes = Buffer.from(value.buffer, value.byteOffset, value.byteLength);
+  } else {
+    // undefined (a dispatch that returns nothing) is stored as JSON null.
+    const text = JSON.stringify(value === undefined ? null : value);
+    if (text === undefined) throw new TypeError(`a ${typeof value} has no JSON form`);
+    bytes = Buffer.from(text, "utf8");
+  }
+  if (bytes.length <= MAX_RESULT_BYTES) return bytes;
+  return Buffer.from(`sha256:${createHash("sha256").update(bytes).digest("hex")}`, "ascii");
+}
+
+function leaseMs(attempt: Attempt): number {
+  if (!attempt.createdAt || !attempt.leaseExpiresAt) return Number.NaN;
+  return millis(attempt.leaseExpiresAt) - millis(attempt.createdAt);
+}
+
+function millis(t: Timestamp): number {
+  return t.seconds * 1000 + Math.floor(t.nanos / 1e6);
+}
+
+/** A reason cut to atmost's 1024 bytes, on a character boundary. */
+function clip(reason: string): string {
+  if (Buffer.byteLength(reason, "utf8") <= MAX_REASON_BYTES) return reason;
+  let out = "";
+  let bytes = 0;
+  for (const ch of reason) {
+    const n = Buffer.byteLength(ch, "utf8");
+    if (bytes + n > MAX_REASON_BYTES - 3) break;
+    out += ch;
+    bytes += n;
+  }
+  return `${out}...`;
+}
+
+function describe(error: unknown): string {
+  if (error instanceof Error) return `${error.name}: ${error.message}`;
+  return String(error);
+}
+
+interface CheckedCall {
+  permitId: string;
+  tool: string;
+  idempotencyKey: string;
+  fingerprint: Buffer;
+  cost: number;
+  holderToken: Buffer;
+  dispatchTimeoutMs?: number;
+}
+
+/** Every input checked before anything is sent; a bad one is a TypeError or RangeError naming it. */
+function checkCall(call: GuardedCall): CheckedCall {
+  if (call === null || typeof call !== "object") throw new TypeError("the guarded call must be an object");
+  for (const name of ["permitId", "tool", "idempotencyKey"] as const) {
+    if (typeof call[name] !== "string" || call[name] === "") throw new TypeError(`${name} must be a non-empty string`);
+  }
+  const hasRequest = "request" in call;
+  if (hasRequest === (call.fingerprint !== undefined)) {
+    throw new TypeError("give exactly one of request (a JSON value) and fingerprint (bytes)");
+  }
+  let fp: Buffer;
+  if (call.fingerprint !== undefined) {
+    fp = bytes(call.fingerprint, "fingerprint");
+  } else {
+    fp = fingerprintOf(call.request);
+  }
+  const cost = call.cost ?? 0;
+  if (!Number.isSafeInteger(cost) || cost < 0 || cost > MAX_COST) {
+    throw new RangeError(`cost must be an integer from 0 to 2^53-1, got ${String(cost)}`);
+  }
+  const holderToken = call.holderToken === undefined ? randomBytes(16) : bytes(call.holderToken, "holderToken");
+  const timeout = call.dispatchTimeoutMs;
+  if (timeout !== undefined && (typeof timeout !== "number" || !Number.isFinite(timeout) || timeout <= 0)) {
+    throw new RangeError(`dispatchTimeoutMs must be a finite number of milliseconds > 0, got ${String(timeout)}`);
+  }
+  if (call.onRetry !== undefined && typeof call.onRetry !== "function") throw new TypeError("onRetry must be a function");
+  return {
+    permitId: call.permitId,
+    tool: call.tool,
+    idempotencyKey: call.idempotencyKey,
+    fingerprint: fp,
+    cost,
+    holderToken,
+    dispatchTimeoutMs: timeout,
+  };
+}
+
+function bytes(value: Uint8Array, name: string): Buffer {
+  if (!(value instanceof Uint8Array)) throw new TypeError(`${name} must be bytes (a Uint8Array or Buffer)`);
+  if (value.byteLength < 1 || value.byteLength > 64) throw new RangeError(`${name} must be 1 to 64 bytes, got ${value.byteLength}`);
+  return Buffer.from(value.buffer, value.byteOffset, value.byteLength);
+}

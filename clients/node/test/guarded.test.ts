@@ -1,0 +1,488 @@
+/**
+ * The guarded call against a live atmost (memory store, dev mode): every
+ * path of the client contract, with a fake tool that counts the side
+ * effects that reached it.
+ */
+import assert from "node:assert/strict";
+import { createHash, randomBytes } from "node:crypto";
+import { connect, createServer, type Server, type Socket } from "node:net";
+import { after, before, describe, test } from "node:test";
+import { status as Code } from "@grpc/grpc-js";
+
+import {
+  AtmostError,
+  Client,
+  CommitNotRecorded,
+  Denied,
+  InProgress,
+  NotSent,
+  OutcomeUncertain,
+  ToolFailed,
+  Unavailable,
+  fingerprint,
+  type RetryEvent,
+} from "../src/index.js";
+import { Atmost, FakeTool, createPermit, freePort, key } from "./support.js";
+
+const TOOL = "wallet.charge";
+const CHARGE = { amount: 500, currency: "EUR", to: "acct_42" };
+
+// A hang guard only: nothing asserts on time.
+describe("guarded call", { timeout: 120_000 }, () => {
+  let atmost: Atmost;
+  let client: Client;
+
+  before(async () => {
+    atmost = await Atmost.start();
+    client = atmost.client();
+  });
+  after(async () => {
+    client?.close();
+    await atmost?.stop();
+  });
+
+  const callsMade = async (permitId: string) => (await client.getPermit(permitId)).usage.find((u) => u.tool === TOOL)!.callsMade;
+
+  test("DISPATCH then Commit Succeeded; the same key REPLAYs the result without dispatching", async () => {
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 1 });
+    const tool = new FakeTool();
+    const k = key("charge");
+    const call = { permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE, cost: 0 };
+
+    const first = await client.guarded(call, async (attemptId, signal) => {
+      assert.equal(signal.aborted, false);
+      tool.hit(attemptId);
+      return { tx: 981, attempt: attemptId };
+    });
+    assert.equal(first.replayed, false);
+    assert.deepEqual(first.result, { tx: 981, attempt: first.attempt.attemptId });
+    assert.equal(first.attempt.state, "ATTEMPT_STATE_SUCCEEDED");
+    assert.deepEqual(first.attempt.requestFingerprint, fingerprint(CHARGE));
+    assert.deepEqual(tool.calls, [first.attempt.attemptId], "dispatch got the attempt id");
+
+    const again = await client.guarded(call, async (attemptId) => {
+      tool.hit(attemptId);
+      return "never";
+    });
+    assert.equal(again.replayed, true);
+    assert.equal(tool.calls.length, 1, "a REPLAY never dispatches");
+    assert.equal(again.receipt.receiptId, first.receipt.receiptId);
+    assert.ok(Buffer.isBuffer(again.result));
+    assert.deepEqual(JSON.parse(again.result.toString("utf8")), first.result);
+    assert.equal(await callsMade(permit.permitId), 1);
+  });
+
+  test("a cap of 1 then a NEW key: Denied PERMIT_MAX_CALLS_EXCEEDED with tool, limit and calls_made", async () => {
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 1 });
+    const tool = new FakeTool();
+    const dispatch = async (attemptId: string) => tool.hit(attemptId);
+    await client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: key("one"), request: CHARGE }, dispatch);
+
+    const retries: RetryEvent[] = [];
+    const error = await rejection(
+      client.guarded(
+        { permitId: permit.permitId, tool: TOOL, idempotencyKey: key("two"), request: CHARGE, onRetry: (e) => retries.push(e) },
+        dispatch,
+      ),
+    );
+    assert.ok(error instanceof Denied, String(error));
+    assert.equal(error.code, Code.RESOURCE_EXHAUSTED);
+    assert.equal(error.reason, "PERMIT_MAX_CALLS_EXCEEDED");
+    assert.equal(error.tool, TOOL);
+    assert.equal(error.limit, 1);
+    assert.equal(error.callsMade, 1);
+    assert.equal(error.metadata.calls_made, "1");
+    assert.equal(tool.calls.length, 1, "nothing dispatched for the refused key");
+    assert.deepEqual(retries, [], "a refusal is never retried");
+  });
+
+  test("ToolFailed from dispatch commits FAILED; the same key raises it again, replayed", async () => {
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 2 });
+    const tool = new FakeTool();
+    const call = { permitId: permit.permitId, tool: TOOL, idempotencyKey: key("declined"), request: CHARGE };
+
+    const error = await rejection(
+      client.guarded(call, async (attemptId) => {
+        tool.hit(attemptId);
+        throw new ToolFailed("card declined");
+      }),
+    );
+    assert.ok(error instanceof ToolFailed, String(error));
+    assert.equal(error.replayed, false);
+    assert.equal(error.failureReason, "card declined");
+    assert.equal(error.attemptId, tool.calls[0]);
+    assert.equal(error.attempt?.state, "ATTEMPT_STATE_FAILED");
+
+    const replayed = await rejection(client.guarded(call, async (attemptId) => tool.hit(attemptId)));
+    assert.ok(replayed instanceof ToolFailed, String(replayed));
+    assert.equal(replayed.replayed, true);
+    assert.equal(replayed.failureReason, "card declined");
+    assert.equal(tool.calls.length, 1);
+    assert.equal(await callsMade(permit.permitId), 1, "FAILED keeps its slot");
+  });
+
+  test("NotSent from dispatch commits NotSent: the slot comes back and a new key dispatches", async () => {
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 1 });
+    const tool = new FakeTool();
+    const k = key("offline");
+    const error = await rejection(
+      client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE }, async () => {
+        throw new NotSent("the wallet's circuit breaker is open");
+      }),
+    );
+    assert.ok(error instanceof NotSent, String(error));
+    assert.ok(error.attemptId);
+    assert.equal(error.attempt?.state, "ATTEMPT_STATE_RELEASED");
+    assert.equal(await callsMade(permit.permitId), 0, "the slot is back");
+
+    const next = await client.guarded(
+      { permitId: permit.permitId, tool: TOOL, idempotencyKey: key("next"), request: CHARGE },
+      async (attemptId) => tool.hit(attemptId),
+    );
+    assert.equal(next.replayed, false);
+    assert.equal(tool.calls.length, 1);
+    assert.equal(await callsMade(permit.permitId), 1);
+  });
+
+  test("the lost response: a dispatch that hangs past its deadline ends UNCERTAIN, is sent once, and the key stays the same unknown", async () => {
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 3 });
+    const tool = new FakeTool();
+    const k = key("lost-response");
+    let aborted: AbortSignal | undefined;
+    const call = { permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE, dispatchTimeoutMs: 300 };
+
+    const error = await rejection(
+      client.guarded(call, (attemptId, signal) => {
+        tool.hit(attemptId);
+        aborted = signal;
+        return new Promise<never>(() => {}); // sent; the answer never comes
+      }),
+    );
+    assert.ok(error instanceof OutcomeUncertain, String(error));
+    assert.equal(error.replayed, false);
+    assert.equal(error.attempt?.state, "ATTEMPT_STATE_UNCERTAIN");
+    assert.equal(aborted?.aborted, true, "the dispatch's signal fired at the deadline");
+    assert.equal(tool.calls.length, 1, "never re-sent");
+    const attemptId = tool.calls[0];
+    assert.equal(error.attemptId, attemptId);
+
+    // Read back by an operator's listing: UNCERTAIN, with the helper's reason.
+    const listed = await client.listUncertain({ permitId: permit.permitId });
+    assert.deepEqual(
+      listed.attempts.map((a) => [a.attemptId, a.idempotencyKey]),
+      [[attemptId, k]],
+    );
+    assert.match(listed.attempts[0].uncertainReason, /dispatch deadline of 300 ms passed/);
+    assert.equal(await callsMade(permit.permitId), 1, "the slot stays held");
+
+    const again = await rejection(client.guarded(call, async (id) => tool.hit(id)));
+    assert.ok(again instanceof OutcomeUncertain, String(again));
+    assert.equal(again.replayed, true);
+    assert.equal(again.attemptId, attemptId);
+    assert.equal(tool.calls.length, 1, "the same key never dispatches again");
+  });
+
+  test("a dispatch that throws anything else is marked UNCERTAIN, chained to its error", async () => {
+    const permit = await createPermit(client, [TOOL]);
+    const reset = new Error("connection reset after the request was written");
+    const error = await rejection(
+      client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: key("reset"), request: CHARGE }, async () => {
+        throw reset;
+      }),
+    );
+    assert.ok(error instanceof OutcomeUncertain, String(error));
+    assert.equal(error.cause, reset);
+    const [listed] = (await client.listUncertain({ permitId: permit.permitId })).attempts;
+    assert.equal(listed.attemptId, error.attemptId);
+    assert.equal(listed.uncertainReason, "dispatch threw Error: connection reset after the request was written");
+  });
+
+  test("without a dispatch timeout the deadline is the lease minus 1 s; a lease of 1 s leaves none and nothing is sent", async () => {
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 1 }, { lease: { seconds: 1, nanos: 500_000_000 } });
+    const tool = new FakeTool();
+    const hung = await rejection(
+      client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: key("lease"), request: CHARGE }, (id) => {
+        tool.hit(id);
+        return new Promise<never>(() => {});
+      }),
+    );
+    assert.ok(hung instanceof OutcomeUncertain, String(hung));
+    assert.match(hung.message, /dispatch deadline of 500 ms passed/);
+
+    const short = await createPermit(client, [TOOL], { [TOOL]: 1 }, { lease: { seconds: 1, nanos: 0 } });
+    const refused = await rejection(
+      client.guarded({ permitId: short.permitId, tool: TOOL, idempotencyKey: key("short"), request: CHARGE }, (id) => tool.hit(id)),
+    );
+    assert.ok(refused instanceof NotSent, String(refused));
+    assert.equal(refused.attempt?.state, "ATTEMPT_STATE_RELEASED");
+    assert.equal(tool.calls.length, 1, "nothing sent under the 1 s lease");
+    assert.equal(await callsMade(short.permitId), 0);
+  });
+
+  test("the lost DISPATCH: the same key and holder token get the redelivered DISPATCH and send once; another token gets InProgress", async () => {
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 1 });
+    const tool = new FakeTool();
+    const k = key("lost-dispatch");
+    const token = randomBytes(16);
+    // Authorize by hand; its answer is "lost" (the caller never sends).
+    const lost = await client.authorize({
+      permitId: permit.permitId,
+      tool: TOOL,
+      idempotencyKey: k,
+      requestFingerprint: fingerprint(CHARGE),
+      cost: 0,
+      holderToken: token,
+    });
+    assert.equal(lost.decision, "DECISION_DISPATCH");
+
+    const dispatch = async (attemptId: string) => {
+      tool.hit(attemptId);
+      return "charged";
+    };
+    const other = await rejection(
+      client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE, holderToken: randomBytes(16) }, dispatch),
+    );
+    assert.ok(other instanceof InProgress, String(other));
+    assert.equal(other.reason, "IDEMPOTENCY_IN_PROGRESS");
+    assert.ok((other.retryAfterMs ?? 0) > 0, "RetryInfo: the time to the lease's end");
+    assert.equal(tool.calls.length, 0);
+
+    const mine = await client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE, holderToken: token }, dispatch);
+    assert.equal(mine.replayed, false);
+    assert.equal(mine.result, "charged");
+    assert.deepEqual(tool.calls, [lost.attempt!.attemptId], "the redelivered attempt, dispatched exactly once");
+    assert.equal(await callsMade(permit.permitId), 1, "nothing more reserved");
+  });
+
+  test("results: bytes are stored as they are; over 64 KiB, sha256:<hex> is stored and the caller gets the whole result", async () => {
+    const permit = await createPermit(client, [TOOL]);
+    const raw = Buffer.from([0, 1, 2, 254, 255]);
+    const bytesCall = { permitId: permit.permitId, tool: TOOL, idempotencyKey: key("bytes"), request: CHARGE };
+    await client.guarded(bytesCall, async () => raw);
+    const bytesReplay = await client.guarded(bytesCall, async () => Buffer.alloc(0));
+    assert.ok(bytesReplay.replayed);
+    assert.deepEqual(bytesReplay.result, raw);
+
+    const big = { blob: "x".repeat(70_000) };
+    const bigCall = { permitId: permit.permitId, tool: TOOL, idempotencyKey: key("big"), request: CHARGE };
+    const fresh = await client.guarded(bigCall, async () => big);
+    assert.deepEqual(fresh.result, big);
+    const digest = createHash("sha256").update(JSON.stringify(big)).digest("hex");
+    assert.equal(fresh.receipt.result.toString("ascii"), `sha256:${digest}`);
+    const replay = await client.guarded(bigCall, async () => null);
+    assert.ok(replay.replayed);
+    assert.equal(replay.result.toString("ascii"), `sha256:${digest}`);
+  });
+
+  test("bad input fails with a clear error before anything is sent", async () => {
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 1 });
+    const tool = new FakeTool();
+    const dispatch = async (id: string) => tool.hit(id);
+    const base = { permitId: permit.permitId, tool: TOOL, idempotencyKey: key("bad"), request: CHARGE };
+    const cases: [string, unknown, RegExp][] = [
+      ["no permit id", { ...base, permitId: "" }, /permitId must be a non-empty string/],
+      ["both request and fingerprint", { ...base, fingerprint: Buffer.alloc(32) }, /exactly one of request/],
+      ["neither", { permitId: base.permitId, tool: TOOL, idempotencyKey: base.idempotencyKey }, /exactly one of request/],
+      ["a request JSON cannot hold", { ...base, request: undefined }, /not a JSON value/],
+      ["a negative cost", { ...base, cost: -1 }, /cost must be an integer/],
+      ["a fractional cost", { ...base, cost: 1.5 }, /cost must be an integer/],
+      ["an empty holder token", { ...base, holderToken: Buffer.alloc(0) }, /holderToken must be 1 to 64 bytes/],
+      ["a 65-byte fingerprint", { permitId: base.permitId, tool: TOOL, idempotencyKey: base.idempotencyKey, fingerprint: Buffer.alloc(65) }, /fingerprint must be 1 to 64 bytes/],
+      ["a zero dispatch timeout", { ...base, dispatchTimeoutMs: 0 }, /dispatchTimeoutMs must be/],
+      ["zero tries", { ...base, retry: { maxTries: 0 } }, /retry.maxTries must be/],
+    ];
+    for (const [name, call, message] of cases) {
+      await assert.rejects(client.guarded(call as never, dispatch), message, name);
+    }
+    await assert.rejects(client.guarded(base, "not a function" as never), /dispatch must be a function/);
+    assert.equal(tool.calls.length, 0);
+    assert.equal(await callsMade(permit.permitId), 0, "nothing was reserved");
+  });
+
+  test("a request atmost finds malformed is INVALID_REQUEST with its field violations, not retried", async () => {
+    const permit = await createPermit(client, [TOOL]);
+    const retries: RetryEvent[] = [];
+    const error = await rejection(
+      client.guarded(
+        { permitId: permit.permitId, tool: TOOL, idempotencyKey: "k".repeat(256), request: CHARGE, onRetry: (e) => retries.push(e) },
+        async () => "never",
+      ),
+    );
+    assert.ok(error instanceof AtmostError && !(error instanceof Denied), String(error));
+    assert.equal(error.code, Code.INVALID_ARGUMENT);
+    assert.equal(error.reason, "INVALID_REQUEST");
+    assert.deepEqual(
+      error.fieldViolations.map((v) => v.field),
+      ["idempotency_key"],
+    );
+    assert.deepEqual(retries, []);
+  });
+});
+
+describe("guarded call, with atmost going away or coming late", { timeout: 120_000 }, () => {
+  test("Commit that cannot reach atmost raises CommitNotRecorded with the attempt id and the result", async () => {
+    const atmost = await Atmost.start();
+    const client = atmost.client();
+    try {
+      const permit = await createPermit(client, [TOOL]);
+      const tool = new FakeTool();
+      const retries: RetryEvent[] = [];
+      const error = await rejection(
+        client.guarded(
+          {
+            permitId: permit.permitId,
+            tool: TOOL,
+            idempotencyKey: key("gone"),
+            request: CHARGE,
+            retry: { maxTries: 3 },
+            onRetry: (e) => retries.push(e),
+          },
+          async (attemptId) => {
+            tool.hit(attemptId);
+            await atmost.stop(); // the tool answered; atmost is gone
+            return { tx: 7 };
+          },
+        ),
+      );
+      assert.ok(error instanceof CommitNotRecorded, String(error));
+      assert.equal(error.attemptId, tool.calls[0]);
+      assert.equal(error.outcome, "succeeded");
+      assert.deepEqual(error.result, { tx: 7 });
+      assert.ok(error.cause instanceof Unavailable, String(error.cause));
+      assert.equal(error.code, Code.UNAVAILABLE);
+      assert.deepEqual(
+        retries.map((r) => [r.rpc, r.tryNumber]),
+        [
+          ["Commit", 1],
+          ["Commit", 2],
+        ],
+        "Commit retried up to maxTries",
+      );
+      assert.equal(tool.calls.length, 1);
+    } finally {
+      client.close();
+      await atmost.stop();
+    }
+  });
+
+  test("retries on UNAVAILABLE: the address refuses the first try, accepts a moment later, and the call succeeds", async () => {
+    const atmost = await Atmost.start();
+    const setup = atmost.client();
+    const permit = await createPermit(setup, [TOOL], { [TOOL]: 1 });
+    setup.close();
+    // Nothing listens on `port` until the first retry; then a loopback TCP
+    // relay to the running atmost opens on it. To the client this is a
+    // server that was not up yet.
+    const port = await freePort();
+    const relay = tcpRelay(atmost.address);
+    const client = new Client({ address: `127.0.0.1:${port}` });
+    try {
+      const tool = new FakeTool();
+      const retries: RetryEvent[] = [];
+      const out = await client.guarded(
+        {
+          permitId: permit.permitId,
+          tool: TOOL,
+          idempotencyKey: key("late"),
+          request: CHARGE,
+          retry: { maxTries: 20, maxTotalMs: 30_000 },
+          onRetry: (event) => {
+            retries.push(event);
+            if (retries.length === 1) relay.listen(port, "127.0.0.1");
+          },
+        },
+        async (attemptId) => {
+          tool.hit(attemptId);
+          return "charged";
+        },
+      );
+      assert.equal(out.result, "charged");
+      assert.ok(retries.length >= 1);
+      const first = retries[0];
+      assert.equal(first.rpc, "Authorize");
+      assert.ok(first.error instanceof Unavailable, String(first.error));
+      assert.equal(first.error.reason, undefined, "a transport failure: atmost never answered");
+      assert.ok(retries.every((r) => r.rpc === "Authorize" && r.error instanceof Unavailable));
+      assert.equal(tool.calls.length, 1);
+    } finally {
+      client.close();
+      relay.close();
+      await atmost.stop();
+    }
+  });
+
+  test("retries on UNAVAILABLE reach an atmost started a moment later on the same port", async () => {
+    // The memory store starts empty, so the permit is unknown to the new
+    // process: its PERMIT_NOT_FOUND, after the refused first try, proves
+    // the retry reached it.
+    const port = await freePort();
+    let started: Promise<Atmost> | undefined;
+    const client = new Client({ address: `127.0.0.1:${port}` });
+    try {
+      const tool = new FakeTool();
+      const retries: RetryEvent[] = [];
+      const error = await rejection(
+        client.guarded(
+          {
+            permitId: "01a22f97-50b2-7dfa-9a32-7b58c1d65b82",
+            tool: TOOL,
+            idempotencyKey: key("late-server"),
+            request: CHARGE,
+            retry: { maxTries: 20, maxTotalMs: 30_000 },
+            onRetry: (event) => {
+              retries.push(event);
+              if (started === undefined) {
+                started = Atmost.start([], `127.0.0.1:${port}`);
+                started.catch(() => {}); // a failed start is raised by the await below
+              }
+            },
+          },
+          async (attemptId) => tool.hit(attemptId),
+        ),
+      );
+      assert.ok(started, "the first try failed and was retried");
+      assert.ok(error instanceof Denied, String(error));
+      assert.equal(error.reason, "PERMIT_NOT_FOUND");
+      assert.ok(retries.every((r) => r.rpc === "Authorize" && r.error instanceof Unavailable && r.error.reason === undefined));
+      assert.equal(tool.calls.length, 0);
+    } finally {
+      client.close();
+      await (await started)?.stop();
+    }
+  });
+});
+
+/** The error a promise rejects with (failing the test if it resolves). */
+async function rejection(promise: Promise<unknown>): Promise<Error> {
+  try {
+    await promise;
+  } catch (error) {
+    assert.ok(error instanceof Error, `rejected with a non-Error: ${String(error)}`);
+    return error;
+  }
+  assert.fail("expected a rejection, got a result");
+}
+
+/** A TCP server that forwards every connection to `address`; not listening until told. */
+function tcpRelay(address: string): Server {
+  const [host, port] = [address.slice(0, address.lastIndexOf(":")), Number(address.slice(address.lastIndexOf(":") + 1))];
+  const sockets = new Set<Socket>();
+  const server = createServer((downstream) => {
+    const upstream = connect(port, host);
+    for (const s of [downstream, upstream]) {
+      sockets.add(s);
+      s.on("close", () => sockets.delete(s));
+      s.on("error", () => {
+        downstream.destroy();
+        upstream.destroy();
+      });
+    }
+    downstream.pipe(upstream).pipe(downstream);
+  });
+  const close = server.close.bind(server);
+  server.close = (callback?: (err?: Error) => void) => {
+    for (const s of sockets) s.destroy();
+    return close(callback);
+  };
+  return server;
+}

@@ -1,0 +1,197 @@
+/**
+ * What the tests share: a real atmost process per test file (or per test),
+ * started from ATMOST_BIN on a free loopback port and always killed, and
+ * small helpers (a permit, a throwaway PKI made with openssl).
+ */
+import { spawn, execFileSync, type ChildProcess } from "node:child_process";
+import { createHash, randomUUID } from "node:crypto";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+
+import { Client, type ClientOptions, type NewPermit, type Permit } from "../src/index.js";
+
+/** clients/node/ (this file runs from clients/node/dist/test/). */
+export const PACKAGE_DIR = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
+export const REPO_ROOT = resolve(PACKAGE_DIR, "..", "..");
+
+/** The atmost binary: $ATMOST_BIN, else the debug build under $CARGO_TARGET_DIR (default target/) of the repo. */
+export function atmostBin(): string {
+  const bin = process.env.ATMOST_BIN
+    ? resolve(process.env.ATMOST_BIN)
+    : resolve(REPO_ROOT, process.env.CARGO_TARGET_DIR ?? "target", "debug", "atmost");
+  if (!existsSync(bin)) {
+    throw new Error(`no atmost binary at ${bin}: build it (cargo build -p atmost --bin atmost) or set ATMOST_BIN`);
+  }
+  return bin;
+}
+
+const running = new Set<ChildProcess>();
+const scratch = new Set<string>();
+
+function cleanUp(): void {
+  for (const child of running) child.kill("SIGKILL");
+  running.clear();
+  for (const dir of scratch) rmSync(dir, { recursive: true, force: true });
+  scratch.clear();
+}
+// Whatever ends the test process, the servers it started end with it.
+process.on("exit", cleanUp);
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.on(signal, () => {
+    cleanUp();
+    process.exit(1);
+  });
+}
+
+/** A directory removed when the test process exits. */
+export function tempDir(): string {
+  const dir = mkdtempSync(join(tmpdir(), "atmost-node-client-"));
+  scratch.add(dir);
+  return dir;
+}
+
+/** One running `atmost serve`. */
+export class Atmost {
+  private constructor(
+    readonly process: ChildProcess,
+    /** `host:port` from its `atmost listening on ADDR` line. */
+    readonly address: string,
+  ) {}
+
+  /**
+   * Starts atmost with the memory store on `listen` (default a free port
+   * the server picks) and waits for its listening line.
+   */
+  static async start(args: string[] = [], listen = "127.0.0.1:0"): Promise<Atmost> {
+    const child = spawn(atmostBin(), ["serve", "--listen", listen, ...args], {
+      stdio: ["ignore", "pipe", "pipe"],
+      env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "warn" },
+    });
+    running.add(child);
+    let stderr = "";
+    child.stderr!.setEncoding("utf8");
+    child.stderr!.on("data", (chunk: string) => {
+      stderr = (stderr + chunk).slice(-4000);
+    });
+    const lines = createInterface({ input: child.stdout! });
+    const address = await new Promise<string>((resolveAddress, reject) => {
+      const exited = (code: number | null, signal: string | null) =>
+        reject(new Error(`atmost exited (${code ?? signal}) before listening:\n${stderr}`));
+      child.once("exit", exited);
+      child.once("error", reject);
+      lines.on("line", (line) => {
+        const match = /^atmost listening on (\S+)$/.exec(line);
+        if (match) {
+          child.off("exit", exited);
+          resolveAddress(match[1]);
+        }
+      });
+    });
+    // Keep draining stdout so the server never blocks on a full pipe.
+    child.stdout!.resume();
+    return new Atmost(child, address);
+  }
+
+  /** Kills the server and waits until it is gone. */
+  async stop(): Promise<void> {
+    running.delete(this.process);
+    if (this.process.exitCode !== null || this.process.signalCode !== null) return;
+    const gone = new Promise((r) => this.process.once("exit", r));
+    this.process.kill("SIGKILL");
+    await gone;
+  }
+
+  client(options: Partial<ClientOptions> = {}): Client {
+    return new Client({ address: this.address, ...options });
+  }
+}
+
+/** A loopback port nothing listens on right now. */
+export async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  const port = (server.address() as { port: number }).port;
+  await new Promise((r) => server.close(r));
+  return port;
+}
+
+/** A permit for the next hour over `tools`, each capped as `caps` says. */
+export function createPermit(client: Client, tools: string[], caps: Record<string, number> = {}, more: Partial<NewPermit> = {}): Promise<Permit> {
+  return client.createPermit({
+    subject: "node-client-test",
+    tools,
+    maxCallsPerTool: caps,
+    expiresAt: { seconds: Math.floor(Date.now() / 1000) + 3600 },
+    ...more,
+  });
+}
+
+/** A fresh idempotency key. */
+export function key(label: string): string {
+  return `${label}-${randomUUID()}`;
+}
+
+/** A fake tool that counts the calls that reached it. */
+export class FakeTool {
+  calls: string[] = [];
+  /** Records one side effect for `attemptId`. */
+  hit(attemptId: string): void {
+    this.calls.push(attemptId);
+  }
+}
+
+/** An atmost key file (docs/api.md, "Authentication and roles"). */
+export function keyFile(entries: { id: string; key: string; roles: string[]; tenant?: string }[], extra = ""): string {
+  const text =
+    entries
+      .map(
+        (e) =>
+          `[[key]]\nid = "${e.id}"\nsha256 = "${createHash("sha256").update(e.key).digest("hex")}"\n` +
+          `tenant = "${e.tenant ?? "test"}"\nroles = [${e.roles.map((r) => `"${r}"`).join(", ")}]\n`,
+      )
+      .join("\n") + extra;
+  const path = join(tempDir(), "keys.toml");
+  writeFileSync(path, text);
+  return path;
+}
+
+/** PEM files of a throwaway CA and the certificates it issued, made with openssl. */
+export class Pki {
+  readonly dir = tempDir();
+  readonly caPem: string;
+  private readonly caKey: string;
+
+  constructor() {
+    this.caKey = join(this.dir, "ca.key");
+    this.caPem = join(this.dir, "ca.pem");
+    openssl([
+      "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+      "-keyout", this.caKey, "-out", this.caPem, "-days", "2", "-subj", "/CN=atmost node client test CA",
+      "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+  }
+
+  /** A certificate for `san` (e.g. `IP:127.0.0.1`, `URI:spiffe://...`): [cert path, key path]. */
+  issue(name: string, san: string, usage: "serverAuth" | "clientAuth"): { cert: string; key: string } {
+    const key = join(this.dir, `${name}.key`);
+    const csr = join(this.dir, `${name}.csr`);
+    const cert = join(this.dir, `${name}.pem`);
+    const ext = join(this.dir, `${name}.ext`);
+    writeFileSync(ext, `basicConstraints=CA:FALSE\nsubjectAltName=${san}\nextendedKeyUsage=${usage}\nkeyUsage=digitalSignature\n`);
+    openssl(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr, "-subj", `/CN=${name}`]);
+    openssl(["x509", "-req", "-in", csr, "-CA", this.caPem, "-CAkey", this.caKey, "-CAcreateserial", "-out", cert, "-days", "2", "-extfile", ext]);
+    return { cert, key };
+  }
+}
+
+function openssl(args: string[]): void {
+  try {
+    execFileSync("openssl", args, { stdio: ["ignore", "ignore", "pipe"] });
+  } catch (error) {
+    throw new Error(`openssl ${args.join(" ")} failed: ${(error as { stderr?: Buffer }).stderr?.toString() ?? error}`);
+  }
+}

@@ -1,0 +1,56 @@
+"""atmost_client: the Python client of atmost.
+
+atmost is a permit and receipt boundary in front of side-effecting tool
+calls: ask before (Authorize), tell after (Commit, MarkUncertain), and the
+same idempotency key never dispatches twice. This package gives
+
+- :class:`Client`: the connection (API key, TLS), one method per RPC;
+- the guarded call, ``client.guard()`` / ``client.call_guarded()`` /
+  ``@client.guarded()``: one tool call, sent at most once, its ending
+  always recorded;
+- the typed errors (:mod:`atmost_client.errors`);
+- :func:`fingerprint`: SHA-256 of a request's RFC 8785 canonical JSON;
+- :mod:`atmost_client.pb`: the wire messages.
+
+Layout: ``client.py`` (Client, Retry), ``guard.py`` (the guarded call),
+``errors.py``, ``fingerprint.py``, ``pb.py``, ``_pb/`` (generated stubs).
+"""
+
+from . import pb
+from .client import Client, Retry
+from .errors import (
+    AtmostError,
+    CommitNotRecorded,
+    DeadlineExceeded,
+    Denied,
+    InProgress,
+    InvalidRequest,
+    NotSent,
+    OutcomeUncertain,
+    ToolFailed,
+    Unauthenticated,
+    Unavailable,
+)
+from .fingerprint import canonical_json, fingerprint
+from .guard import GuardedCall, Outcome
+
+__all__ = [
+    "AtmostError",
+    "Client",
+    "CommitNotRecorded",
+    "DeadlineExceeded",
+    "Denied",
+    "GuardedCall",
+    "InProgress",
+    "InvalidRequest",
+    "NotSent",
+    "Outcome",
+    "OutcomeUncertain",
+    "Retry",
+    "ToolFailed",
+    "Unauthenticated",
+    "Unavailable",
+    "canonical_json",
+    "fingerprint",
+    "pb",
+]

@@ -1,0 +1,411 @@
+"""``Client``: the connection to atmost, one thin method per RPC, and the
+retry loop the guarded call uses.
+
+Each RPC method builds its request from keyword arguments, sends it with the
+API key and the default deadline, and returns the response message; a
+failure raises the typed error of :mod:`atmost_client.errors`. Nothing is
+retried there: retrying belongs to the guarded call (:mod:`.guard`), which
+knows which requests are safe to send again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from . import pb
+from ._pb import gate_pb2_grpc, permits_pb2_grpc, receipts_pb2_grpc
+from .errors import AtmostError, InProgress, Unavailable, from_rpc_error
+from .guard import GuardedCall, Outcome, call_guarded, guarded
+
+PemSource = Union[bytes, str, "os.PathLike[str]"]
+
+#: Channel options applied under the caller's: grpc's reconnect backoff
+#: starts at 1 s and grows to 120 s by default, and while it waits every
+#: RPC fails at once with UNAVAILABLE, so the guarded call's retries
+#: (50 ms doubling to 2 s) would all land inside one backoff. Reconnecting
+#: on the same scale makes a server that comes back reachable to them.
+DEFAULT_CHANNEL_OPTIONS: Tuple[Tuple[str, Any], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How the guarded call retries Authorize, Commit and MarkUncertain.
+
+    A retryable failure (UNAVAILABLE, DEADLINE_EXCEEDED, and for Authorize
+    IDEMPOTENCY_IN_PROGRESS) is sent again, the same request, after the
+    server's RetryInfo delay or else an exponential backoff with jitter
+    (50 ms doubling, at most 2 s), until ``max_tries`` tries or
+    ``max_time`` seconds: then the last error is raised. A wait that would
+    end past ``max_time`` is not begun. ``on_retry(rpc, error, delay)`` is
+    called before each wait (for logs and metrics).
+    """
+
+    max_tries: int = 5
+    max_time: float = 10.0
+    on_retry: Optional[Callable[[str, AtmostError, float], None]] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tries, int) or isinstance(self.max_tries, bool) or self.max_tries < 1:
+            raise ValueError(f"Retry.max_tries must be an int >= 1, not {self.max_tries!r}")
+        if not isinstance(self.max_time, (int, float)) or not self.max_time > 0:
+            raise ValueError(f"Retry.max_time must be a number of seconds > 0, not {self.max_time!r}")
+
+
+def backoff(tries: int) -> float:
+    """The wait after the ``tries``-th failed try: 50 ms doubling, capped at
+    2 s, drawn uniformly from its upper half (jitter, so callers that failed
+    together do not retry together)."""
+    ceiling = min(0.05 * 2 ** (tries - 1), 2.0)
+    return random.uniform(ceiling / 2, ceiling)
+
+
+def _pem(value: Optional[PemSource], what: str) -> Optional[bytes]:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        data = value
+    elif isinstance(value, (str, os.PathLike)):
+        try:
+            with open(value, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ValueError(f"{what}: cannot read {value!s}: {e.strerror}") from e
+    else:
+        raise TypeError(f"{what} must be PEM bytes or a file path, not {type(value).__name__}")
+    # grpc takes anything and fails each connection later with a log line:
+    # a file that is not PEM at all is refused here, with its name.
+    if b"-----BEGIN " not in data:
+        raise ValueError(f"{what} is not PEM (no -----BEGIN line)")
+    return data
+
+
+def _seconds(value: Union[float, int, datetime.timedelta], what: str) -> float:
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{what} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+class Client:
+    """A connection to one atmost (or a load balancer in front of several).
+
+    ``address`` is ``host:port``. ``api_key`` is sent as ``authorization:
+    Bearer <key>`` with every call (an atmost started with ``--auth-keys``).
+    TLS is on when ``tls`` is true or any certificate is given:
+    ``root_certificates`` is the CA (PEM) that signed the server's
+    certificate (the system's roots when omitted), ``certificate_chain`` and
+    ``private_key`` the client's certificate and key for mTLS; each is PEM
+    bytes or a file path. ``timeout`` is each RPC's deadline in seconds
+    unless a call names its own; ``retry`` the guarded call's default
+    :class:`Retry`; ``options`` more grpc channel options.
+
+    Thread-safe; a context manager that closes the channel.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        api_key: Optional[str] = None,
+        tls: bool = False,
+        root_certificates: Optional[PemSource] = None,
+        certificate_chain: Optional[PemSource] = None,
+        private_key: Optional[PemSource] = None,
+        timeout: float = 5.0,
+        retry: Optional[Retry] = None,
+        options: Sequence[Tuple[str, Any]] = (),
+    ) -> None:
+        if not isinstance(address, str) or not address:
+            raise ValueError(f"address must be a non-empty 'host:port' string, not {address!r}")
+        self.address = address
+        self.timeout = _seconds(timeout, "timeout")
+        self.retry = retry if retry is not None else Retry()
+        self._metadata: Tuple[Tuple[str, str], ...] = ()
+        if api_key is not None:
+            if not isinstance(api_key, str) or not api_key or not all(" " < c <= "~" for c in api_key):
+                raise ValueError("api_key must be a non-empty string of visible ASCII characters")
+            self._metadata = (("authorization", f"Bearer {api_key}"),)
+        if (certificate_chain is None) != (private_key is None):
+            raise ValueError("certificate_chain and private_key go together (mTLS needs both)")
+        channel_options = list(DEFAULT_CHANNEL_OPTIONS) + list(options)
+        if tls or root_certificates is not None or certificate_chain is not None:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_pem(root_certificates, "root_certificates"),
+                private_key=_pem(private_key, "private_key"),
+                certificate_chain=_pem(certificate_chain, "certificate_chain"),
+            )
+            self._channel = grpc.secure_channel(address, credentials, options=channel_options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=channel_options)
+        self._gate = gate_pb2_grpc.GateStub(self._channel)
+        self._permits = permits_pb2_grpc.PermitsStub(self._channel)
+        self._receipts = receipts_pb2_grpc.ReceiptsStub(self._channel)
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The grpc channel, for the other services atmost serves on it
+        (``grpc.health.v1.Health``, reflection)."""
+        return self._channel
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _call(self, method: Any, request: Any, timeout: Optional[float]) -> Any:
+        try:
+            return method(
+                request,
+                timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata,
+            )
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from e
+
+    # === atmost.v1.Gate ===
+
+    def authorize(
+        self,
+        permit_id: str,
+        tool: str,
+        idempotency_key: str,
+        request_fingerprint: bytes,
+        *,
+        cost: int = 0,
+        holder_token: bytes = b"",
+        timeout: Optional[float] = None,
+    ) -> pb.AuthorizeResponse:
+        """Asks for a DISPATCH before a side-effecting call (no retries:
+        see :meth:`guard` for the call that retries safely)."""
+        request = pb.AuthorizeRequest(
+            permit_id=permit_id,
+            tool=tool,
+            idempotency_key=idempotency_key,
+            request_fingerprint=request_fingerprint,
+            cost=cost,
+            holder_token=holder_token,
+        )
+        return self._call(self._gate.Authorize, request, timeout)
+
+    def commit(
+        self,
+        permit_id: str,
+        idempotency_key: str,
+        attempt_id: str,
+        *,
+        result: Optional[bytes] = None,
+        actual_cost: Optional[int] = None,
+        failed: Optional[str] = None,
+        not_sent: bool = False,
+        timeout: Optional[float] = None,
+    ) -> pb.CommitResponse:
+        """Reports the outcome: exactly one of ``result`` (Succeeded, with an
+        optional ``actual_cost``), ``failed`` (the tool's reason) or
+        ``not_sent=True``."""
+        request = pb.CommitRequest(
+            permit_id=permit_id, idempotency_key=idempotency_key, attempt_id=attempt_id
+        )
+        _outcome(request, result, actual_cost, failed, not_sent)
+        return self._call(self._gate.Commit, request, timeout)
+
+    def mark_uncertain(
+        self,
+        permit_id: str,
+        idempotency_key: str,
+        attempt_id: str,
+        reason: str = "",
+        *,
+        timeout: Optional[float] = None,
+    ) -> pb.MarkUncertainResponse:
+        """The call was sent and its answer lost: the slot and the money
+        stay held and nothing is sent again. Idempotent."""
+        request = pb.MarkUncertainRequest(
+            permit_id=permit_id, idempotency_key=idempotency_key, attempt_id=attempt_id, reason=reason
+        )
+        return self._call(self._gate.MarkUncertain, request, timeout)
+
+    # === atmost.v1.Permits ===
+
+    def create_permit(
+        self,
+        tools: Union[Iterable[str], pb.Permit],
+        *,
+        expires_at: Optional[datetime.datetime] = None,
+        max_calls_per_tool: Optional[Mapping[str, int]] = None,
+        budget: Optional[int] = None,
+        lease: Union[None, float, datetime.timedelta] = None,
+        subject: str = "",
+        currency: str = "",
+        uncertain_policy: Optional[int] = None,
+        duplicate_guard: Optional[pb.DuplicateGuard] = None,
+        agents: Iterable[str] = (),
+        timeout: Optional[float] = None,
+    ) -> pb.Permit:
+        """Creates a permit for ``tools`` (or sends the ``pb.Permit`` given
+        as it is). ``expires_at`` defaults to an hour from now (an aware
+        datetime; naive ones are read as UTC), ``lease`` is in seconds (or a
+        timedelta), ``uncertain_policy`` a ``pb.UNCERTAIN_POLICY_*``."""
+        if isinstance(tools, pb.Permit):
+            permit = tools
+        else:
+            if isinstance(tools, str):
+                raise TypeError("tools is a list of tool names, not one string")
+            permit = pb.Permit(
+                tools=list(tools),
+                max_calls_per_tool=dict(max_calls_per_tool or {}),
+                subject=subject,
+                currency=currency,
+                agents=list(agents),
+            )
+            if budget is not None:
+                permit.budget = budget
+            if expires_at is None:
+                expires_at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+            if expires_at.tzinfo is None:
+                expires_at = expires_at.replace(tzinfo=datetime.timezone.utc)
+            permit.expires_at.FromDatetime(expires_at)
+            if lease is not None:
+                permit.lease.FromNanoseconds(round(_seconds(lease, "lease") * 1e9))
+            if uncertain_policy is not None:
+                permit.uncertain_policy = uncertain_policy  # type: ignore[assignment]
+            if duplicate_guard is not None:
+                permit.duplicate_guard.CopyFrom(duplicate_guard)
+        return self._call(self._permits.CreatePermit, pb.CreatePermitRequest(permit=permit), timeout)
+
+    def get_permit(self, permit_id: str, *, timeout: Optional[float] = None) -> pb.GetPermitResponse:
+        return self._call(self._permits.GetPermit, pb.GetPermitRequest(permit_id=permit_id), timeout)
+
+    def revoke_permit(self, permit_id: str, *, timeout: Optional[float] = None) -> pb.Permit:
+        return self._call(self._permits.RevokePermit, pb.RevokePermitRequest(permit_id=permit_id), timeout)
+
+    def list_uncertain(
+        self,
+        permit_id: str = "",
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: Optional[float] = None,
+    ) -> pb.ListUncertainResponse:
+        """One page of UNCERTAIN attempts (``permit_id`` empty: across the
+        caller's permits)."""
+        request = pb.ListUncertainRequest(permit_id=permit_id, page_size=page_size, page_token=page_token)
+        return self._call(self._permits.ListUncertain, request, timeout)
+
+    def iter_uncertain(self, permit_id: str = "", *, page_size: int = 0) -> Iterator[pb.Attempt]:
+        """Every UNCERTAIN attempt, following page tokens to the end. A token
+        answered twice is a broken server: AtmostError rather than a loop."""
+        token, seen = "", set()
+        while True:
+            page = self.list_uncertain(permit_id, page_size=page_size, page_token=token)
+            yield from page.attempts
+            if not page.next_page_token:
+                return
+            if page.next_page_token in seen:
+                raise AtmostError("ListUncertain answered a page token it had answered before")
+            seen.add(page.next_page_token)
+            token = page.next_page_token
+
+    def resolve(
+        self,
+        permit_id: str,
+        idempotency_key: str,
+        *,
+        result: Optional[bytes] = None,
+        actual_cost: Optional[int] = None,
+        failed: Optional[str] = None,
+        not_sent: bool = False,
+        attempt_id: str = "",
+        timeout: Optional[float] = None,
+    ) -> pb.ResolveResponse:
+        """Settles an UNCERTAIN attempt after asking the tool what happened:
+        exactly one of ``result``, ``failed`` or ``not_sent=True`` (which
+        needs ``attempt_id``)."""
+        request = pb.ResolveRequest(
+            permit_id=permit_id, idempotency_key=idempotency_key, attempt_id=attempt_id
+        )
+        _outcome(request, result, actual_cost, failed, not_sent)
+        return self._call(self._permits.Resolve, request, timeout)
+
+    # === atmost.v1.Receipts ===
+
+    def get_signing_keys(self, *, timeout: Optional[float] = None) -> pb.GetSigningKeysResponse:
+        """The Ed25519 public keys that verify atmost's signed receipts."""
+        return self._call(self._receipts.GetSigningKeys, pb.GetSigningKeysRequest(), timeout)
+
+    # === the guarded call (atmost_client.guard) ===
+
+    def guard(self, permit_id: str, tool: str, idempotency_key: str, **options: Any) -> GuardedCall:
+        """The guarded call as a context manager: see :class:`GuardedCall`."""
+        return GuardedCall(self, permit_id, tool, idempotency_key, **options)
+
+    def call_guarded(
+        self, permit_id: str, tool: str, idempotency_key: str, dispatch: Callable[[str], Any], **options: Any
+    ) -> Outcome:
+        """The guarded call as a function: see :func:`atmost_client.guard.call_guarded`."""
+        return call_guarded(self, permit_id, tool, idempotency_key, dispatch, **options)
+
+    def guarded(self, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Outcome]]:
+        """The guarded call as a decorator: see :func:`atmost_client.guard.guarded`."""
+        return guarded(self, **options)
+
+    # === retrying (used by the guarded call) ===
+
+    def _retrying(
+        self, rpc: str, send: Callable[[float], Any], retry: Retry, *, in_progress: bool = False
+    ) -> Any:
+        """``send(timeout)`` until it answers, per :class:`Retry`. Only
+        failures that leave the request safe to send again as it is are
+        retried: UNAVAILABLE (nothing decided, or shed), DEADLINE_EXCEEDED,
+        and with ``in_progress`` IDEMPOTENCY_IN_PROGRESS."""
+        start = time.monotonic()
+        tries = 0
+        while True:
+            tries += 1
+            left = retry.max_time - (time.monotonic() - start)
+            try:
+                return send(max(min(self.timeout, left), 0.001))
+            except AtmostError as error:
+                if not (isinstance(error, Unavailable) or (in_progress and isinstance(error, InProgress))):
+                    raise
+                if tries >= retry.max_tries:
+                    raise
+                delay = error.retry_after if error.retry_after is not None else backoff(tries)
+                if time.monotonic() - start + delay > retry.max_time:
+                    raise
+                if retry.on_retry is not None:
+                    retry.on_retry(rpc, error, delay)
+                time.sleep(delay)
+
+
+def _outcome(
+    request: Any, result: Optional[bytes], actual_cost: Optional[int], failed: Optional[str], not_sent: bool
+) -> None:
+    chosen = (result is not None) + (failed is not None) + bool(not_sent)
+    if chosen != 1:
+        raise ValueError("give exactly one outcome: result=..., failed=... or not_sent=True")
+    if actual_cost is not None and result is None:
+        raise ValueError("actual_cost goes with result=... (a Succeeded outcome)")
+    if result is not None:
+        request.succeeded.result = result
+        if actual_cost is not None:
+            request.succeeded.actual_cost = actual_cost
+    elif failed is not None:
+        request.failed.reason = failed
+    else:
+        request.not_sent.SetInParent()

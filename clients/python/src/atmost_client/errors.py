@@ -1,0 +1,242 @@
+"""The typed errors of atmost_client.
+
+Every failure is an :class:`AtmostError`. One that atmost answered carries
+the gRPC code, the ``google.rpc.ErrorInfo`` reason (a name of docs/api.md's
+error table, kept as a string so a newer server's reasons survive), its
+metadata and the RetryInfo delay. The subclasses let a caller catch by kind
+instead of switching on reasons; the guarded call adds the kinds that come
+from the caller's own dispatch (:class:`ToolFailed`, :class:`NotSent`) and
+from an unknown outcome (:class:`OutcomeUncertain`,
+:class:`CommitNotRecorded`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+#: The ``ErrorInfo.domain`` of every atmost error.
+DOMAIN = "atmost"
+
+#: Reasons that refuse the request for what it asks (the permit, the tool,
+#: the key, a quota or the caller's role): retrying it as it is fails again.
+DENIED_REASONS = frozenset(
+    {
+        "PERMIT_NOT_FOUND",
+        "PERMIT_REVOKED",
+        "PERMIT_EXPIRED",
+        "TOOL_NOT_IN_SCOPE",
+        "TOOL_HELD_UNCERTAIN",
+        "PERMIT_MAX_CALLS_EXCEEDED",
+        "PERMIT_BUDGET_EXCEEDED",
+        "IDEMPOTENCY_KEY_REUSED",
+        "DUPLICATE_REQUEST_SUSPECTED",
+        "ROLE_NOT_ALLOWED",
+        "QUOTA_PERMIT_LIFETIME",
+        "QUOTA_OPEN_ATTEMPTS",
+        "QUOTA_ATTEMPTS",
+        "QUOTA_TENANT_PERMITS",
+        "QUOTA_STORE_FULL",
+    }
+)
+
+
+class AtmostError(Exception):
+    """Base of every atmost_client error.
+
+    ``code`` is the gRPC status code (``None`` for an error the helper made
+    itself, such as :class:`ToolFailed` raised by a dispatch), ``reason``
+    the ErrorInfo reason atmost sent (``None`` when the failure did not come
+    from atmost: a broken connection, a client-side deadline), ``metadata``
+    the ErrorInfo metadata, ``message`` the status message.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code: Optional[grpc.StatusCode] = None,
+        reason: Optional[str] = None,
+        metadata: Optional[Dict[str, str]] = None,
+        retry_after: Optional[float] = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.reason = reason
+        self.metadata: Dict[str, str] = dict(metadata or {})
+        #: Seconds the server asked to wait before retrying (google.rpc.RetryInfo).
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        label = self.reason or (self.code.name if self.code is not None else None)
+        return f"{label}: {self.message}" if label else self.message
+
+    def _number(self, name: str) -> Optional[int]:
+        value = self.metadata.get(name)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            return None
+
+    @property
+    def tool(self) -> Optional[str]:
+        """The ``tool`` of the ErrorInfo metadata, when it names one."""
+        return self.metadata.get("tool")
+
+    @property
+    def limit(self) -> Optional[int]:
+        """The ``limit`` of the ErrorInfo metadata (a cap, a quota), as a number."""
+        return self._number("limit")
+
+    @property
+    def calls_made(self) -> Optional[int]:
+        """The ``calls_made`` of the ErrorInfo metadata, as a number."""
+        return self._number("calls_made")
+
+
+class Denied(AtmostError):
+    """atmost refused the request (a reason of :data:`DENIED_REASONS`):
+    past a cap or the budget, out of scope, revoked, expired, unknown
+    permit, a key reused for another request, a quota, a role. Nothing was
+    dispatched; retrying the same request gets the same answer."""
+
+
+class InProgress(AtmostError):
+    """IDEMPOTENCY_IN_PROGRESS: the key's attempt is RESERVED by another
+    holder (or one that lost its holder token). ``retry_after`` is the time
+    to the lease's end; ``metadata["lease_expires_at"]`` the instant."""
+
+
+class Unavailable(AtmostError):
+    """UNAVAILABLE: atmost's store did not answer, atmost shed the request
+    (OVERLOADED), or the transport failed (connection refused or reset).
+    Retry with the same idempotency key: a reservation made meanwhile comes
+    back, never a second one."""
+
+
+class DeadlineExceeded(Unavailable):
+    """DEADLINE_EXCEEDED: from atmost (its reason: the request was not
+    started) or from the transport (nothing known). Retry with the same key."""
+
+
+class Unauthenticated(AtmostError):
+    """UNAUTHENTICATED: no API key, an unknown one, or a malformed
+    ``authorization``. Never retried: the same key fails the same way."""
+
+
+class InvalidRequest(AtmostError):
+    """INVALID_ARGUMENT / INVALID_REQUEST: malformed input; nothing changed.
+    ``violations`` lists the ``(field, description)`` pairs atmost named."""
+
+    def __init__(self, *args: Any, violations: Optional[List[Tuple[str, str]]] = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.violations: List[Tuple[str, str]] = list(violations or [])
+
+
+class ToolFailed(AtmostError):
+    """The tool answered and refused (``raise ToolFailed("card declined")``
+    in a dispatch). The guarded call records it (Commit Failed: the cost
+    comes back, the slot stays used) and raises it to its caller;
+    ``replayed`` is true when it is the stored outcome of an earlier call of
+    the same key."""
+
+    def __init__(self, failure_reason: str = "", **kw: Any) -> None:
+        super().__init__(failure_reason, **kw)
+        #: What the tool said: the attempt's ``failure_reason``.
+        self.failure_reason = failure_reason
+        self.replayed = False
+        self.attempt_id: Optional[str] = None
+        self.attempt: Any = None
+
+
+class NotSent(AtmostError):
+    """The call never left (``raise NotSent("no connection to the tool")``
+    in a dispatch, only when that is known for sure). The guarded call
+    records it (Commit NotSent: the slot and the cost come back and the key
+    is free again) and raises it to its caller."""
+
+    def __init__(self, message: str = "the call was not sent", **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.attempt_id: Optional[str] = None
+
+
+class OutcomeUncertain(AtmostError):
+    """Nobody knows whether the call took effect: the dispatch raised, hung
+    past its deadline or lost its answer (this call marked it UNCERTAIN), or
+    the key's stored outcome already was UNCERTAIN (``replayed``). The slot
+    and the cost stay held and nothing is sent again; an operator resolves
+    it (Permits/ListUncertain, Resolve). The original error, if any, is the
+    ``__cause__``."""
+
+    def __init__(self, message: str, *, attempt_id: str, replayed: bool = False, attempt: Any = None) -> None:
+        super().__init__(message)
+        self.attempt_id = attempt_id
+        self.replayed = replayed
+        self.attempt = attempt
+
+
+class CommitNotRecorded(AtmostError):
+    """The call's outcome could not be recorded (Commit or MarkUncertain
+    still failed after the retries). The attempt turns UNCERTAIN at its
+    lease and an operator resolves it. ``outcome`` names what was being
+    recorded (``"SUCCEEDED"``, ``"FAILED"``, ``"NOT_SENT"``,
+    ``"UNCERTAIN"``); ``result`` is the dispatch's result when it had one;
+    the last RPC error is the ``__cause__``."""
+
+    def __init__(self, message: str, *, attempt_id: str, outcome: str, result: Any = None) -> None:
+        super().__init__(message)
+        self.attempt_id = attempt_id
+        self.outcome = outcome
+        self.result = result
+
+
+# === from a failed call ===
+
+
+def from_rpc_error(error: grpc.RpcError) -> AtmostError:
+    """The typed error of a failed grpcio call (its status, ErrorInfo,
+    RetryInfo and BadRequest read with grpcio-status)."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    message = (error.details() if hasattr(error, "details") else None) or ""
+    reason: Optional[str] = None
+    metadata: Dict[str, str] = {}
+    retry_after: Optional[float] = None
+    violations: List[Tuple[str, str]] = []
+    try:
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    except (ValueError, AttributeError):
+        status = None  # trailers that do not match the status: read nothing from them
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            if info.domain == DOMAIN:
+                reason, metadata = info.reason, dict(info.metadata)
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            detail.Unpack(retry)
+            retry_after = retry.retry_delay.seconds + retry.retry_delay.nanos / 1e9
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            violations = [(v.field, v.description) for v in bad.field_violations]
+    kw: Dict[str, Any] = dict(code=code, reason=reason, metadata=metadata, retry_after=retry_after)
+    if reason == "IDEMPOTENCY_IN_PROGRESS":
+        return InProgress(message, **kw)
+    if reason in DENIED_REASONS:
+        return Denied(message, **kw)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return Unavailable(message, **kw)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return DeadlineExceeded(message, **kw)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(message, **kw)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequest(message, violations=violations, **kw)
+    return AtmostError(message, **kw)

@@ -1,0 +1,506 @@
+"""The guarded call: one side-effecting tool call wrapped with atmost.
+
+Three forms share one engine, :class:`GuardedCall`:
+
+- the context manager, ``with client.guard(...) as call:``, where the block
+  sends the call itself (and keeps to ``call.time_left()``);
+- the function, ``client.call_guarded(..., dispatch=fn)``;
+- the decorator, ``@client.guarded(permit_id=..., tool=..., key=...)``.
+
+The engine follows the contract the Rust, Python and TypeScript helpers
+share: one holder token per guarded call, Authorize retried only when that
+is safe, never a dispatch on REPLAY, the dispatch bounded by a deadline the
+server's lease gives, and every ending recorded: Commit Succeeded / Failed /
+NotSent, or MarkUncertain for anything else, after which nothing is sent
+again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+
+from . import pb
+from .errors import AtmostError, CommitNotRecorded, NotSent, OutcomeUncertain, ToolFailed
+from .fingerprint import fingerprint as fingerprint_of
+
+if TYPE_CHECKING:
+    from .client import Client, Retry
+
+#: A result larger than this is recorded as ``sha256:<hex>`` of its bytes
+#: (atmost stores at most 64 KiB); the caller still gets all of it.
+MAX_RESULT_BYTES = 64 * 1024
+
+#: Taken off the lease to make the default dispatch deadline: the lease is
+#: counted on the server's clock from before its answer was sent, the
+#: deadline on ours from when the answer arrived.
+LEASE_MARGIN = 1.0
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A guarded call that succeeded.
+
+    ``result`` is what the dispatch returned, or, when ``replayed``, the
+    bytes atmost stored for the key's earlier call (a JSON text for results
+    that were not bytes: :meth:`json` decodes it; ``sha256:<hex>`` for one
+    over 64 KiB). ``attempt`` is the attempt as recorded, SUCCEEDED with its
+    receipt. ``redelivered``: the DISPATCH was the one an earlier Authorize
+    of this holder token got, whose answer was lost.
+    """
+
+    result: Any
+    replayed: bool
+    attempt: pb.Attempt
+    redelivered: bool = False
+
+    @property
+    def attempt_id(self) -> str:
+        return self.attempt.attempt_id
+
+    @property
+    def receipt(self) -> pb.Receipt:
+        return self.attempt.receipt
+
+    def json(self) -> Any:
+        """``result`` decoded from JSON when it is bytes (a replay), else as is."""
+        if isinstance(self.result, (bytes, bytearray)):
+            return json.loads(bytes(self.result).decode("utf-8"))
+        return self.result
+
+
+def encode_result(result: Any) -> bytes:
+    """The bytes a result is recorded as: bytes as they are, anything else as
+    its compact UTF-8 JSON; past 64 KiB, ``sha256:<hex>`` of those bytes.
+    A value json cannot encode raises TypeError or ValueError."""
+    if isinstance(result, (bytes, bytearray, memoryview)):
+        data = bytes(result)
+    else:
+        data = json.dumps(result, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    if len(data) > MAX_RESULT_BYTES:
+        data = b"sha256:" + hashlib.sha256(data).hexdigest().encode("ascii")
+    return data
+
+
+#: atmost keeps a reason of at most this many UTF-8 bytes (docs/api.md, "Limits").
+MAX_REASON_BYTES = 1024
+
+
+def clip_reason(text: str) -> str:
+    """``text`` cut to :data:`MAX_REASON_BYTES` of UTF-8, on a character
+    boundary: a longer reason would be refused, leaving the outcome
+    unrecorded."""
+    return text.encode("utf-8")[:MAX_REASON_BYTES].decode("utf-8", "ignore")
+
+
+class GuardedCall:
+    """One guarded call; also the context manager ``client.guard()`` returns.
+
+    ``with client.guard(permit_id, tool, key, request=..., cost=...) as call:``
+    authorizes on entry (retrying safely). Then either
+
+    - ``call.replayed`` is true: the key already succeeded; ``call.result``
+      is the stored result and ``call.outcome`` the :class:`Outcome`. Send
+      nothing. (A key that FAILED or is UNCERTAIN raises ToolFailed or
+      OutcomeUncertain on entry instead, and the block does not run.)
+    - or the block holds a DISPATCH: send the call with ``call.attempt_id``
+      as the tool's own idempotency key, within ``call.time_left()``
+      seconds, then ``call.succeeded(result)``; ``raise ToolFailed(reason)``
+      when the tool refused, ``raise NotSent(...)`` when the call surely
+      never left. Any other exception leaving the block marks the attempt
+      UNCERTAIN and raises OutcomeUncertain from it; so does leaving it
+      without settling, a programming error. Keeping to the deadline is the
+      block's job here: the function forms enforce it.
+
+    Options: ``request`` (a JSON value, fingerprinted) or ``fingerprint``
+    (bytes), ``cost`` (default 0), ``holder_token`` (bytes; default 16
+    random ones, for this call only), ``timeout`` (the dispatch deadline in
+    seconds; default the attempt's lease less 1 s, from when DISPATCH
+    arrived), ``retry`` (a :class:`Retry`; default the client's).
+    """
+
+    def __init__(
+        self,
+        client: "Client",
+        permit_id: str,
+        tool: str,
+        idempotency_key: str,
+        *,
+        request: Any = _UNSET,
+        fingerprint: Optional[bytes] = None,
+        cost: int = 0,
+        holder_token: Optional[bytes] = None,
+        timeout: Optional[float] = None,
+        retry: Optional["Retry"] = None,
+    ) -> None:
+        for name, value in (("permit_id", permit_id), ("tool", tool), ("idempotency_key", idempotency_key)):
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty string, not {value!r}")
+        if (request is _UNSET) == (fingerprint is None):
+            raise ValueError("give the request (a JSON value) or its fingerprint (bytes), exactly one")
+        if fingerprint is not None and not isinstance(fingerprint, bytes):
+            raise TypeError(f"fingerprint must be bytes, not {type(fingerprint).__name__}")
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+            raise ValueError(f"cost must be an int >= 0, not {cost!r}")
+        if holder_token is not None and (
+            not isinstance(holder_token, bytes) or not 1 <= len(holder_token) <= 64
+        ):
+            raise ValueError("holder_token must be 1 to 64 bytes")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        self._client = client
+        self.permit_id = permit_id
+        self.tool = tool
+        self.idempotency_key = idempotency_key
+        self.fingerprint = fingerprint if fingerprint is not None else fingerprint_of(request)
+        self.cost = cost
+        self.holder_token = holder_token if holder_token is not None else secrets.token_bytes(16)
+        self._timeout = timeout
+        self.retry = retry if retry is not None else client.retry
+        #: Set by :meth:`authorize`.
+        self.attempt: Optional[pb.Attempt] = None
+        self.replayed = False
+        self.redelivered = False
+        self.result: Any = None
+        self.outcome: Optional[Outcome] = None
+        #: The dispatch deadline in seconds (from DISPATCH) and its instant on time.monotonic().
+        self.timeout: Optional[float] = None
+        self.deadline: Optional[float] = None
+        # "new" -> "dispatch" -> "settling" -> "settled"; "replay" for a REPLAY.
+        self._state = "new"
+
+    # --- reading it ---
+
+    @property
+    def attempt_id(self) -> str:
+        """The attempt id: what the tool gets as its own idempotency key."""
+        return self.attempt.attempt_id if self.attempt is not None else ""
+
+    @property
+    def receipt(self) -> Optional[pb.Receipt]:
+        return self.attempt.receipt if self.attempt is not None and self.attempt.HasField("receipt") else None
+
+    def time_left(self) -> float:
+        """Seconds left before the dispatch deadline (0 when past it)."""
+        if self.deadline is None:
+            raise RuntimeError("the call holds no DISPATCH")
+        return max(self.deadline - time.monotonic(), 0.0)
+
+    # --- the steps ---
+
+    def authorize(self) -> "GuardedCall":
+        """Authorize, retried per ``retry`` with the same key, fingerprint,
+        cost and holder token. A REPLAY of SUCCEEDED sets ``replayed``,
+        ``result`` and ``outcome``; of FAILED raises ToolFailed; of
+        UNCERTAIN raises OutcomeUncertain. A DISPATCH sets the deadline; one
+        that leaves no time to send is given back (Commit NotSent) and
+        raises NotSent."""
+        if self._state != "new":
+            raise RuntimeError("a guarded call authorizes once")
+        self._state = "authorizing"
+        client = self._client
+        answer = client._retrying(
+            "Authorize",
+            lambda timeout: client.authorize(
+                self.permit_id,
+                self.tool,
+                self.idempotency_key,
+                self.fingerprint,
+                cost=self.cost,
+                holder_token=self.holder_token,
+                timeout=timeout,
+            ),
+            self.retry,
+            in_progress=True,
+        )
+        arrived = time.monotonic()
+        attempt = answer.attempt
+        self.attempt = attempt
+        if answer.decision == pb.DECISION_REPLAY:
+            self._state = "replay"
+            self.replayed = True
+            if attempt.state == pb.ATTEMPT_STATE_SUCCEEDED:
+                self.result = attempt.receipt.result
+                self.outcome = Outcome(self.result, True, attempt)
+                return self
+            if attempt.state == pb.ATTEMPT_STATE_FAILED:
+                failed = ToolFailed(attempt.failure_reason)
+                failed.replayed, failed.attempt_id, failed.attempt = True, attempt.attempt_id, attempt
+                raise failed
+            if attempt.state == pb.ATTEMPT_STATE_UNCERTAIN:
+                raise OutcomeUncertain(
+                    f"the key's earlier call has an unknown outcome ({attempt.uncertain_reason});"
+                    " an operator resolves it",
+                    attempt_id=attempt.attempt_id,
+                    replayed=True,
+                    attempt=attempt,
+                )
+            raise AtmostError(
+                f"atmost replayed an attempt in state {attempt.state}, which this client does not know"
+            )
+        if answer.decision != pb.DECISION_DISPATCH:
+            raise AtmostError(f"atmost answered decision {answer.decision}, which this client does not know")
+        self._state = "dispatch"
+        self.redelivered = answer.redelivered
+        if self._timeout is not None:
+            self.timeout = float(self._timeout)
+        else:
+            expires, created = attempt.lease_expires_at, attempt.created_at
+            # In whole seconds and nanoseconds: exact, where two epoch floats would round.
+            lease = (expires.seconds - created.seconds) + (expires.nanos - created.nanos) / 1e9
+            self.timeout = lease - LEASE_MARGIN
+        self.deadline = arrived + self.timeout
+        if self.timeout <= 0:
+            self.not_sent(
+                NotSent(
+                    f"the lease leaves no time to send ({self.timeout + LEASE_MARGIN:.3g} s,"
+                    f" {LEASE_MARGIN} s margin)"
+                )
+            )
+        return self
+
+    def succeeded(self, result: Any, *, actual_cost: Optional[int] = None) -> Outcome:
+        """The tool answered: Commit Succeeded with ``result`` (recorded as
+        :func:`encode_result` says) and return the :class:`Outcome`."""
+        self._require_dispatch()
+        data = encode_result(result)
+        self._state = "settling"
+        attempt = self._commit("SUCCEEDED", result=data, actual_cost=actual_cost, value=result).attempt
+        self.attempt = attempt
+        self.result = result
+        self.outcome = Outcome(result, False, attempt, self.redelivered)
+        self._state = "settled"
+        return self.outcome
+
+    def failed(self, error: ToolFailed) -> None:
+        """The tool refused: Commit Failed (its reason cut to 1024 bytes),
+        then raise ``error``."""
+        self._require_dispatch()
+        self._state = "settling"
+        self.attempt = self._commit("FAILED", failed=clip_reason(error.failure_reason)).attempt
+        self._state = "settled"
+        error.attempt_id, error.attempt = self.attempt_id, self.attempt
+        raise error
+
+    def not_sent(self, error: NotSent) -> None:
+        """The call never left: Commit NotSent (slot, cost and key come
+        back), then raise ``error``."""
+        self._require_dispatch()
+        self._state = "settling"
+        self.attempt = self._commit("NOT_SENT", not_sent=True).attempt
+        self._state = "settled"
+        error.attempt_id = self.attempt_id
+        raise error
+
+    def uncertain(self, reason: str) -> OutcomeUncertain:
+        """The call may have gone out and nobody knows its outcome:
+        MarkUncertain(reason) and return the OutcomeUncertain to raise."""
+        self._require_dispatch()
+        self._state = "settling"
+        client = self._client
+        try:
+            answer = client._retrying(
+                "MarkUncertain",
+                lambda timeout: client.mark_uncertain(
+                    self.permit_id,
+                    self.idempotency_key,
+                    self.attempt_id,
+                    clip_reason(reason),
+                    timeout=timeout,
+                ),
+                self.retry,
+            )
+        except AtmostError as error:
+            self._state = "settled"
+            raise CommitNotRecorded(
+                f"could not mark attempt {self.attempt_id} UNCERTAIN ({error});"
+                " it becomes UNCERTAIN at its lease",
+                attempt_id=self.attempt_id,
+                outcome="UNCERTAIN",
+            ) from error
+        self.attempt = answer.attempt
+        self._state = "settled"
+        return OutcomeUncertain(
+            f"the call's outcome is unknown ({reason}); marked UNCERTAIN, nothing will be sent again",
+            attempt_id=self.attempt_id,
+            attempt=self.attempt,
+        )
+
+    # --- the context manager ---
+
+    def __enter__(self) -> "GuardedCall":
+        return self.authorize()
+
+    def __exit__(self, kind: Any, error: Optional[BaseException], tb: Any) -> Literal[False]:
+        if self._state != "dispatch":
+            return False  # a replay, or settled (or settling failed): nothing to record
+        if error is None:
+            raise self.uncertain("the guarded block ended without settling the call") from RuntimeError(
+                "leave the block by call.succeeded(result), raise ToolFailed(reason) or raise NotSent()"
+            )
+        if isinstance(error, ToolFailed):
+            self.failed(error)
+        if isinstance(error, NotSent):
+            self.not_sent(error)
+        uncertain = self.uncertain(_describe(error))
+        if not isinstance(error, Exception):
+            return False  # KeyboardInterrupt, SystemExit: recorded, and let through as they are
+        raise uncertain from error
+
+    # --- inside ---
+
+    def _require_dispatch(self) -> None:
+        if self._state != "dispatch":
+            raise RuntimeError(
+                "this guarded call holds no DISPATCH to settle"
+                + (
+                    " (it is a REPLAY: send nothing)"
+                    if self._state == "replay"
+                    else f" (state {self._state})"
+                )
+            )
+
+    def _commit(self, outcome: str, *, value: Any = None, **kw: Any) -> Any:
+        client = self._client
+        try:
+            return client._retrying(
+                "Commit",
+                lambda timeout: client.commit(
+                    self.permit_id, self.idempotency_key, self.attempt_id, timeout=timeout, **kw
+                ),
+                self.retry,
+            )
+        except AtmostError as error:
+            self._state = "settled"
+            raise CommitNotRecorded(
+                f"could not record attempt {self.attempt_id} as {outcome} ({error});"
+                " it becomes UNCERTAIN at its lease",
+                attempt_id=self.attempt_id,
+                outcome=outcome,
+                result=value,
+            ) from error
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+# === the function forms ===
+
+
+def call_guarded(
+    client: "Client",
+    permit_id: str,
+    tool: str,
+    idempotency_key: str,
+    dispatch: Callable[[str], Any],
+    *,
+    dispatch_timeout: Optional[float] = None,
+    **options: Any,
+) -> Outcome:
+    """Runs ``dispatch(attempt_id)`` under atmost, once at most.
+
+    Returns the :class:`Outcome` (the dispatch's result, or the stored one
+    on a REPLAY, which never calls ``dispatch``). ``dispatch`` runs in a
+    worker thread and is waited for until the deadline (``dispatch_timeout``
+    seconds, else the lease less 1 s): past it the attempt is marked
+    UNCERTAIN and OutcomeUncertain raised; the thread cannot be stopped and
+    whatever it returns later is dropped. ``dispatch`` raising ToolFailed
+    or NotSent is recorded as such and raised; anything else it raises is
+    recorded UNCERTAIN and raised as OutcomeUncertain from it. The other
+    options are :class:`GuardedCall`'s.
+    """
+    if not callable(dispatch):
+        raise TypeError("dispatch must be callable: dispatch(attempt_id) -> result")
+    call = GuardedCall(client, permit_id, tool, idempotency_key, timeout=dispatch_timeout, **options)
+    call.authorize()
+    if call.replayed:
+        assert call.outcome is not None
+        return call.outcome
+    done = threading.Event()
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["result"] = dispatch(call.attempt_id)
+        except BaseException as e:  # noqa: BLE001 (every ending is recorded, none re-raised in the thread)
+            box["error"] = e
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, name=f"atmost dispatch {idempotency_key}", daemon=True)
+    worker.start()
+    if not done.wait(call.time_left()):
+        raise call.uncertain(
+            f"dispatch did not return within its deadline of {call.timeout:.3g} s"
+        ) from TimeoutError(f"dispatch still running after {call.timeout:.3g} s")
+    error = box.get("error")
+    if error is None:
+        try:
+            return call.succeeded(box["result"])
+        except (TypeError, ValueError) as e:
+            if call._state != "dispatch":
+                raise
+            error = e  # a result json cannot encode: the call went out, what it did is not recorded
+    if isinstance(error, ToolFailed):
+        call.failed(error)
+    if isinstance(error, NotSent):
+        call.not_sent(error)
+    raise call.uncertain(_describe(error)) from error
+
+
+def guarded(
+    client: "Client",
+    *,
+    permit_id: Any,
+    tool: Any,
+    key: Any,
+    cost: Any = 0,
+    request: Optional[Callable[..., Any]] = None,
+    dispatch_timeout: Optional[float] = None,
+    retry: Optional["Retry"] = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Outcome]]:
+    """A decorator: each call of the function is one guarded call.
+
+    The function gets the attempt id as the keyword argument ``attempt_id``
+    (for the tool's own idempotency key); calling the decorated function
+    returns an :class:`Outcome`. ``permit_id``, ``tool``, ``key`` and
+    ``cost`` are values or functions of the call's arguments (``key``
+    usually is one: the same logical call must give the same key on every
+    retry). ``request(*args, **kwargs)`` gives the JSON value fingerprinted;
+    by default ``{"args": [...], "kwargs": {...}}`` of the call.
+    """
+
+    def pick(value: Any, args: Any, kwargs: Any) -> Any:
+        return value(*args, **kwargs) if callable(value) else value
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Outcome]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Outcome:
+            body = request(*args, **kwargs) if request is not None else {"args": list(args), "kwargs": kwargs}
+            return call_guarded(
+                client,
+                pick(permit_id, args, kwargs),
+                pick(tool, args, kwargs),
+                pick(key, args, kwargs),
+                lambda attempt_id: fn(*args, attempt_id=attempt_id, **kwargs),
+                request=body,
+                cost=pick(cost, args, kwargs),
+                dispatch_timeout=dispatch_timeout,
+                retry=retry,
+            )
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,190 @@
+"""Live atmost servers for the tests: real processes, never a mock.
+
+Each server is `atmost serve --listen 127.0.0.1:0` (memory store) from
+ATMOST_BIN (default ${CARGO_TARGET_DIR:-target}/debug/atmost), its address
+read from its first stdout line; every process started is killed at the
+end, whatever happened. Three are shared by the session: a plain one, one
+with --auth-keys, and one over TLS (with client certificates and keys).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import queue
+import secrets
+import socket
+import subprocess
+import threading
+from typing import Iterator, List, Optional
+
+import pytest
+import trustme
+
+import atmost_client
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+#: How long a server may take to print its address before the test fails.
+#: A guard against a hang, not a measurement.
+START_TIMEOUT = 60.0
+
+
+def atmost_bin() -> pathlib.Path:
+    explicit = os.environ.get("ATMOST_BIN")
+    if explicit:
+        path = pathlib.Path(explicit)
+    else:
+        target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", "target"))
+        path = (target if target.is_absolute() else REPO / target) / "debug" / "atmost"
+    if not path.is_file():
+        raise RuntimeError(
+            f"no atmost binary at {path}: build it (cargo build -p atmost --bin atmost) or set ATMOST_BIN"
+        )
+    return path
+
+
+class Server:
+    """One `atmost serve` process."""
+
+    def __init__(
+        self, args: List[str], listen: str = "127.0.0.1:0", tmp: Optional[pathlib.Path] = None
+    ) -> None:
+        # atmost reads every flag from ATMOST_* too: none of the caller's may leak in.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ATMOST_")}
+        self.stderr_path = (
+            tmp or pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
+        ) / f"atmost-{secrets.token_hex(4)}.stderr"
+        self._stderr = open(self.stderr_path, "wb")
+        self.process = subprocess.Popen(
+            [str(atmost_bin()), "serve", "--listen", listen, *args],
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        lines: "queue.Queue[bytes]" = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.process.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=START_TIMEOUT).decode("utf-8", "replace").strip()
+        except queue.Empty:
+            line = ""
+        prefix = "atmost listening on "
+        if not line.startswith(prefix):
+            self.stop()
+            raise RuntimeError(f"atmost did not start (stdout {line!r}): {self.stderr()}")
+        self.address = line[len(prefix) :]
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self._stderr.close()
+
+
+@pytest.fixture
+def start_server(tmp_path: pathlib.Path) -> Iterator:
+    """start_server(*args, listen=...) -> Server, stopped after the test."""
+    started: List[Server] = []
+
+    def start(*args: str, listen: str = "127.0.0.1:0") -> Server:
+        server = Server(list(args), listen, tmp_path)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server([], tmp=tmp_path_factory.mktemp("plain"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[atmost_client.Client]:
+    with atmost_client.Client(server.address) as c:
+        yield c
+
+
+# === keys and certificates ===
+
+
+class Keys:
+    """API keys of a --auth-keys file: one per role, random for each run."""
+
+    def __init__(self) -> None:
+        self.admin = "admin-" + secrets.token_hex(16)
+        self.agent = "agent-" + secrets.token_hex(16)
+        #: The SAN of the client certificate the file maps (role agent).
+        self.cert_san = "runner.agents.atmost.test"
+
+    def toml(self) -> str:
+        def entry(id_: str, key: str, role: str) -> str:
+            digest = hashlib.sha256(key.encode()).hexdigest()
+            return f'[[key]]\nid = "{id_}"\nsha256 = "{digest}"\ntenant = "t1"\nroles = ["{role}"]\n\n'
+
+        cert = f'[[cert]]\nid = "runner"\nsan = "{self.cert_san}"\ntenant = "t1"\nroles = ["agent"]\n'
+        return entry("py-admin", self.admin, "admin") + entry("py-agent", self.agent, "agent") + cert
+
+
+@pytest.fixture(scope="session")
+def keys() -> Keys:
+    return Keys()
+
+
+@pytest.fixture(scope="session")
+def auth_server(tmp_path_factory: pytest.TempPathFactory, keys: Keys) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("auth")
+    (tmp / "keys.toml").write_text(keys.toml())
+    s = Server(["--auth-keys", str(tmp / "keys.toml")], tmp=tmp)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def ca() -> trustme.CA:
+    """A throwaway CA; it signs the TLS server's certificate and the client's."""
+    return trustme.CA()
+
+
+@pytest.fixture(scope="session")
+def tls_server(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA, keys: Keys) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("tls")
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp / "server.pem"))
+    for extra in cert.cert_chain_pems[1:]:
+        extra.write_to_path(str(tmp / "server.pem"), append=True)
+    cert.private_key_pem.write_to_path(str(tmp / "server.key"))
+    ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
+    (tmp / "keys.toml").write_text(keys.toml())
+    s = Server(
+        [
+            "--tls-cert",
+            str(tmp / "server.pem"),
+            "--tls-key",
+            str(tmp / "server.key"),
+            "--tls-client-ca",
+            str(tmp / "ca.pem"),
+            "--auth-keys",
+            str(tmp / "keys.toml"),
+        ],
+        tmp=tmp,
+    )
+    yield s
+    s.stop()
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (for a server started later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,567 @@
+"""The guarded call against a live atmost: each form, each ending, and the
+paths the helper exists for (a lost response, a lost DISPATCH, a server not
+up yet). The fake tool counts its side effects: "sent once" is a count."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any, List
+
+import grpc
+import pytest
+from conftest import free_port
+
+from atmost_client import (
+    Client,
+    CommitNotRecorded,
+    Denied,
+    InProgress,
+    InvalidRequest,
+    NotSent,
+    OutcomeUncertain,
+    Retry,
+    ToolFailed,
+    Unavailable,
+    fingerprint,
+    pb,
+)
+
+TOOL = "wallet.charge"
+REQUEST = {"amount": 500, "currency": "EUR", "to": "acct_42"}
+
+
+class Tool:
+    """A fake side-effecting tool: counts what it was sent."""
+
+    def __init__(self, answer: Any = None) -> None:
+        self.sent: List[str] = []
+        self.answer = answer if answer is not None else {"tx": 981}
+
+    def __call__(self, attempt_id: str) -> Any:
+        self.sent.append(attempt_id)
+        return self.answer
+
+
+def never(attempt_id: str) -> Any:
+    raise AssertionError(f"dispatch called ({attempt_id}) where nothing may be sent")
+
+
+def new_permit(client: Client, cap: int = 0, **kw: Any) -> str:
+    caps = {TOOL: cap} if cap else {}
+    return client.create_permit([TOOL], max_calls_per_tool=caps, **kw).permit_id
+
+
+def uncertain_ids(client: Client, permit_id: str) -> List[str]:
+    return [a.attempt_id for a in client.iter_uncertain(permit_id)]
+
+
+# === the function form ===
+
+
+def test_dispatch_commits_succeeded_and_the_same_key_replays(client):
+    permit = new_permit(client)
+    tool = Tool()
+    first = client.call_guarded(permit, TOOL, "charge-1", tool, request=REQUEST, cost=500)
+    assert not first.replayed and not first.redelivered
+    assert first.result == {"tx": 981}
+    assert tool.sent == [first.attempt_id]
+    assert first.attempt.state == pb.ATTEMPT_STATE_SUCCEEDED
+    assert first.receipt.result == b'{"tx":981}'
+    assert first.receipt.cost == 500
+
+    again = client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST, cost=500)
+    assert again.replayed
+    assert again.result == b'{"tx":981}' and again.json() == {"tx": 981}
+    assert again.attempt_id == first.attempt_id
+    assert again.receipt.receipt_id == first.receipt.receipt_id
+    assert len(tool.sent) == 1
+
+
+def test_bytes_are_stored_as_they_are_and_a_large_result_as_its_digest(client):
+    permit = new_permit(client)
+    small = client.call_guarded(permit, TOOL, "bytes", lambda _: b"\x00raw", fingerprint=b"f1")
+    assert small.receipt.result == b"\x00raw"
+    big = "x" * (64 * 1024)  # its JSON, with the quotes, is 2 bytes past 64 KiB
+    large = client.call_guarded(permit, TOOL, "large", lambda _: big, fingerprint=b"f2")
+    assert large.result == big
+    import hashlib
+
+    digest = hashlib.sha256(f'"{big}"'.encode()).hexdigest()
+    assert large.receipt.result == b"sha256:" + digest.encode()
+
+
+def test_a_cap_of_one_then_a_new_key_is_denied_with_the_numbers(client):
+    permit = new_permit(client, cap=1)
+    client.call_guarded(permit, TOOL, "charge-1", Tool(), request=REQUEST)
+    with pytest.raises(Denied) as caught:
+        client.call_guarded(permit, TOOL, "charge-2", never, request=REQUEST)
+    e = caught.value
+    assert e.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert e.reason == "PERMIT_MAX_CALLS_EXCEEDED"
+    assert (e.tool, e.limit, e.calls_made) == (TOOL, 1, 1)
+
+
+def test_tool_failed_is_recorded_failed_and_replayed_as_such(client):
+    permit = new_permit(client)
+
+    def declined(attempt_id: str) -> Any:
+        raise ToolFailed("card declined")
+
+    with pytest.raises(ToolFailed) as caught:
+        client.call_guarded(permit, TOOL, "charge-1", declined, request=REQUEST)
+    assert not caught.value.replayed
+    assert caught.value.attempt.state == pb.ATTEMPT_STATE_FAILED
+    with pytest.raises(ToolFailed) as replay:
+        client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST)
+    assert replay.value.replayed
+    assert replay.value.failure_reason == "card declined"
+    assert replay.value.attempt_id == caught.value.attempt_id
+
+
+def test_long_reasons_are_cut_to_what_atmost_keeps(client):
+    permit = new_permit(client)
+
+    def declined(attempt_id: str) -> Any:
+        raise ToolFailed("é" * 600)  # 1200 bytes of UTF-8
+
+    with pytest.raises(ToolFailed) as caught:
+        client.call_guarded(permit, TOOL, "failed", declined, request=1)
+    assert caught.value.attempt.failure_reason == "é" * 512
+
+    def reset(attempt_id: str) -> Any:
+        raise ConnectionResetError("ü" * 2000)
+
+    with pytest.raises(OutcomeUncertain) as uncertain:
+        client.call_guarded(permit, TOOL, "reset", reset, request=2)
+    assert len(uncertain.value.attempt.uncertain_reason.encode()) == 1024
+
+
+def test_not_sent_gives_the_slot_back(client):
+    permit = new_permit(client, cap=1)
+
+    def offline(attempt_id: str) -> Any:
+        raise NotSent("the tool's host did not resolve")
+
+    with pytest.raises(NotSent):
+        client.call_guarded(permit, TOOL, "charge-1", offline, request=REQUEST)
+    # The cap is 1 and the slot came back: a new key dispatches.
+    tool = Tool()
+    outcome = client.call_guarded(permit, TOOL, "charge-2", tool, request=REQUEST)
+    assert not outcome.replayed and len(tool.sent) == 1
+
+
+def test_a_lost_response_ends_uncertain_and_is_never_sent_again(client):
+    # A lease of 1.5 s: the dispatch deadline is the lease less 1 s.
+    permit = new_permit(client, cap=1, lease=1.5)
+    release = threading.Event()
+    sent: List[str] = []
+
+    def hangs(attempt_id: str) -> Any:
+        sent.append(attempt_id)
+        release.wait(30)  # the response that never comes back (30 s: a broken deadline fails, never hangs)
+        return {"tx": "late"}
+
+    try:
+        with pytest.raises(OutcomeUncertain) as caught:
+            client.call_guarded(permit, TOOL, "charge-1", hangs, request=REQUEST)
+        assert isinstance(caught.value.__cause__, TimeoutError)
+        assert not caught.value.replayed
+        assert caught.value.attempt_id == sent[0]
+        listed = list(client.iter_uncertain(permit))
+        assert [a.attempt_id for a in listed] == [sent[0]]
+        assert "deadline" in listed[0].uncertain_reason
+        # The same key: the same unknown, nothing sent.
+        with pytest.raises(OutcomeUncertain) as replay:
+            client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST)
+        assert replay.value.replayed and replay.value.attempt_id == sent[0]
+        # A new key: the slot is held by the unknown call.
+        with pytest.raises(Denied) as denied:
+            client.call_guarded(permit, TOOL, "charge-2", never, request=REQUEST)
+        assert denied.value.reason == "PERMIT_MAX_CALLS_EXCEEDED"
+        assert len(sent) == 1
+    finally:
+        release.set()
+
+
+def test_an_explicit_dispatch_timeout_and_a_raising_dispatch_end_uncertain(client):
+    permit = new_permit(client)
+    release = threading.Event()
+    try:
+        with pytest.raises(OutcomeUncertain):
+            client.call_guarded(
+                permit, TOOL, "slow", lambda _: release.wait(30), request=1, dispatch_timeout=0.2
+            )
+
+        def reset(attempt_id: str) -> Any:
+            raise ConnectionResetError("reset after sending")
+
+        with pytest.raises(OutcomeUncertain) as caught:
+            client.call_guarded(permit, TOOL, "reset", reset, request=2)
+        assert isinstance(caught.value.__cause__, ConnectionResetError)
+        attempts = {a.idempotency_key: a for a in client.iter_uncertain(permit)}
+        assert set(attempts) == {"slow", "reset"}
+        assert "ConnectionResetError: reset after sending" in attempts["reset"].uncertain_reason
+    finally:
+        release.set()
+
+
+def test_a_lease_too_short_to_send_in_gives_the_slot_back(client):
+    permit = new_permit(client, cap=1, lease=0.9)  # less than the 1 s margin
+    with pytest.raises(NotSent) as caught:
+        client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST)
+    assert caught.value.attempt_id
+    assert client.get_permit(permit).usage[0].calls_made == 0
+
+
+def test_a_lost_dispatch_is_redelivered_to_its_holder_only(client):
+    permit = new_permit(client)
+    token = os.urandom(16)
+    # Authorize by hand; its answer is "lost" (we only keep the attempt id to compare).
+    lost = client.authorize(permit, TOOL, "charge-1", fingerprint(REQUEST), cost=500, holder_token=token)
+    assert lost.decision == pb.DECISION_DISPATCH
+
+    retries: List[str] = []
+    other = Retry(on_retry=lambda rpc, e, delay: retries.append(e.reason or ""))
+    with pytest.raises(InProgress) as caught:
+        # Another holder: the lease (30 s) is past the retry budget (10 s), so it is not waited for.
+        client.call_guarded(
+            permit,
+            TOOL,
+            "charge-1",
+            never,
+            request=REQUEST,
+            cost=500,
+            holder_token=os.urandom(16),
+            retry=other,
+        )
+    assert caught.value.reason == "IDEMPOTENCY_IN_PROGRESS"
+    assert caught.value.retry_after is not None and caught.value.retry_after > 10
+    assert retries == []
+
+    tool = Tool()
+    outcome = client.call_guarded(
+        permit, TOOL, "charge-1", tool, request=REQUEST, cost=500, holder_token=token
+    )
+    assert outcome.redelivered and not outcome.replayed
+    assert tool.sent == [lost.attempt.attempt_id]
+    replay = client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST, cost=500)
+    assert replay.replayed and len(tool.sent) == 1
+
+
+def test_in_progress_waits_the_servers_retry_delay(client):
+    # Another holder's attempt with a 2 s lease: the helper waits the RetryInfo
+    # delay, and then finds the attempt UNCERTAIN (its lease ran out).
+    permit = new_permit(client, lease=2.0)
+    client.authorize(permit, TOOL, "charge-1", fingerprint(REQUEST), holder_token=b"the other holder")
+    waits: List[tuple] = []
+    retry = Retry(max_tries=10, on_retry=lambda rpc, e, delay: waits.append((e.reason, e.retry_after, delay)))
+    with pytest.raises(OutcomeUncertain) as caught:
+        client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST, retry=retry)
+    assert caught.value.replayed
+    assert caught.value.attempt.uncertain_reason == "lease_expired"
+    assert waits
+    for reason, retry_after, delay in waits:
+        assert reason == "IDEMPOTENCY_IN_PROGRESS" and delay == retry_after and delay <= 2.0
+
+
+def test_the_same_key_with_another_request_is_refused(client):
+    permit = new_permit(client)
+    client.call_guarded(permit, TOOL, "charge-1", Tool(), request=REQUEST)
+    with pytest.raises(Denied) as caught:
+        client.call_guarded(permit, TOOL, "charge-1", never, request={**REQUEST, "amount": 501})
+    assert caught.value.reason == "IDEMPOTENCY_KEY_REUSED"
+
+
+# === the context manager ===
+
+
+def test_context_manager_dispatch_then_replay(client):
+    permit = new_permit(client)
+    tool = Tool()
+    with client.guard(permit, TOOL, "charge-1", request=REQUEST, cost=5) as call:
+        assert not call.replayed
+        assert call.timeout == 29.0  # the 30 s lease less the 1 s margin
+        assert 0 < call.time_left() <= 29.0
+        outcome = call.succeeded(tool(call.attempt_id))
+    assert outcome.result == {"tx": 981}
+    with client.guard(permit, TOOL, "charge-1", request=REQUEST, cost=5) as call:
+        assert call.replayed
+        assert call.result == b'{"tx":981}'
+        with pytest.raises(RuntimeError):
+            call.succeeded("a replay has nothing to settle")
+    assert len(tool.sent) == 1
+
+
+def test_context_manager_endings(client):
+    permit = new_permit(client, cap=3)
+    with pytest.raises(ToolFailed):
+        with client.guard(permit, TOOL, "failed", request=1):
+            raise ToolFailed("insufficient funds")
+    with pytest.raises(NotSent):
+        with client.guard(permit, TOOL, "not-sent", request=2):
+            raise NotSent()
+    with pytest.raises(OutcomeUncertain) as raised:
+        with client.guard(permit, TOOL, "raised", request=3):
+            raise TimeoutError("read timed out")
+    assert isinstance(raised.value.__cause__, TimeoutError)
+    with pytest.raises(OutcomeUncertain) as unsettled:
+        with client.guard(permit, TOOL, "unsettled", request=4):
+            pass  # forgot call.succeeded(...)
+    assert isinstance(unsettled.value.__cause__, RuntimeError)
+    uncertain = {a.idempotency_key: a.uncertain_reason for a in client.iter_uncertain(permit)}
+    assert set(uncertain) == {"raised", "unsettled"}
+    assert "not settling" in uncertain["unsettled"] or "without settling" in uncertain["unsettled"]
+    usage = client.get_permit(permit).usage[0]
+    assert usage.calls_made == 3  # failed, raised, unsettled; not-sent gave its slot back
+
+
+def test_replayed_failure_and_uncertainty_do_not_enter_the_block(client):
+    permit = new_permit(client)
+    with pytest.raises(ToolFailed):
+        with client.guard(permit, TOOL, "k", request=1):
+            raise ToolFailed("no")
+    entered = []
+    with pytest.raises(ToolFailed) as caught:
+        with client.guard(permit, TOOL, "k", request=1):
+            entered.append(1)
+    assert caught.value.replayed and entered == []
+
+
+# === the decorator ===
+
+
+def test_decorator_arguments_must_be_json_or_a_request_given(client):
+    @client.guarded(permit_id=new_permit(client), tool=TOOL, key="k")
+    def send(handle: object, *, attempt_id: str) -> None:
+        raise AssertionError("dispatched")
+
+    with pytest.raises(ValueError):
+        send(object())
+
+
+def test_decorator(client):
+    permit = new_permit(client)
+    sent: List[tuple] = []
+
+    @client.guarded(
+        permit_id=permit,
+        tool=TOOL,
+        key=lambda order, amount: f"order-{order}",
+        cost=lambda order, amount: amount,
+    )
+    def charge(order: int, amount: int, *, attempt_id: str) -> Any:
+        sent.append((order, amount, attempt_id))
+        return {"charged": amount}
+
+    first = charge(7, 500)
+    assert first.result == {"charged": 500} and not first.replayed
+    assert first.receipt.cost == 500
+    again = charge(7, 500)
+    assert again.replayed and again.json() == {"charged": 500}
+    assert sent == [(7, 500, first.attempt_id)]
+    with pytest.raises(Denied) as caught:
+        charge(7, 600)  # the same order with another amount: the same key, another request
+    assert caught.value.reason == "IDEMPOTENCY_KEY_REUSED"
+    assert charge.__name__ == "charge"
+
+
+# === retries and recording failures ===
+
+
+class Relay:
+    """A loopback TCP relay between a client and a real atmost, started when
+    the test says: the "server" that comes up late on a fixed port (the
+    permit has to exist before the first try, so atmost itself is up).
+
+    It copies bytes unchanged, reading the server's side as HTTP/2 frames so
+    that it can lose one answer: with ``lose_response=n``, the connection is
+    cut just before the first DATA frame of the n-th response (counted
+    across connections), after atmost has applied and answered the request.
+    """
+
+    def __init__(self, port: int, upstream: str, lose_response: int = 0) -> None:
+        host, _, up_port = upstream.rpartition(":")
+        self.upstream = (host, int(up_port))
+        self.lose_response = lose_response
+        self.responses = 0
+        self.lost = threading.Event()
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", port))
+        self.sockets: List[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            up = socket.create_connection(self.upstream)
+            self.sockets += [conn, up]
+            threading.Thread(target=self._pump, args=(conn, up), daemon=True).start()
+            threading.Thread(target=self._frames, args=(up, conn), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            Relay._shut(dst)
+
+    def _frames(self, src: socket.socket, dst: socket.socket) -> None:
+        """Server to client, frame by frame: 9 bytes of header (length 3,
+        type 1, flags 1, stream id 4), then the payload; type 0 is DATA."""
+        buffer, streams = b"", set()
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                buffer += data
+                out = b""
+                while len(buffer) >= 9:
+                    size = 9 + int.from_bytes(buffer[:3], "big")
+                    if len(buffer) < size:
+                        break
+                    stream = int.from_bytes(buffer[5:9], "big") & 0x7FFFFFFF
+                    if buffer[3] == 0 and stream and stream not in streams:
+                        streams.add(stream)
+                        with self.lock:
+                            self.responses += 1
+                            lose = self.responses == self.lose_response
+                        if lose:
+                            dst.sendall(out)
+                            self.lost.set()
+                            self._shut(src)
+                            return
+                    out, buffer = out + buffer[:size], buffer[size:]
+                dst.sendall(out)
+        except OSError:
+            pass
+        finally:
+            self._shut(dst)
+
+    @staticmethod
+    def _shut(s: socket.socket) -> None:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for s in self.sockets:
+            self._shut(s)
+            s.close()
+
+
+@pytest.fixture
+def relays():
+    started: List[Relay] = []
+    yield started
+    for relay in started:
+        relay.close()
+
+
+def test_authorize_is_retried_until_the_server_is_up(client, server, relays):
+    permit = new_permit(client)
+    port = free_port()
+    failures: List[Any] = []
+
+    def on_retry(rpc: str, error: Any, delay: float) -> None:
+        failures.append(error)
+        if not relays:  # the first try was refused: now the server comes up on that port
+            relays.append(Relay(port, server.address))
+
+    # The default limits (5 tries, 10 s): the channel's reconnect backoff must fit in them.
+    with Client(f"127.0.0.1:{port}", retry=Retry(on_retry=on_retry)) as late:
+        tool = Tool()
+        outcome = late.call_guarded(permit, TOOL, "charge-1", tool, request=REQUEST)
+    assert not outcome.replayed and len(tool.sent) == 1
+    assert failures and all(isinstance(e, Unavailable) for e in failures)
+    assert failures[0].code == grpc.StatusCode.UNAVAILABLE and failures[0].reason is None
+
+
+def test_a_lost_authorize_answer_is_retried_with_the_same_holder_token(client, server, relays):
+    permit = new_permit(client)
+    relay = Relay(free_port(), server.address, lose_response=1)
+    relays.append(relay)
+    retried: List[str] = []
+    port = relay.listener.getsockname()[1]
+    with Client(f"127.0.0.1:{port}", retry=Retry(on_retry=lambda rpc, e, d: retried.append(rpc))) as c:
+        tool = Tool()
+        outcome = c.call_guarded(permit, TOOL, "charge-1", tool, request=REQUEST, cost=5)
+    assert relay.lost.is_set() and retried == ["Authorize"]
+    # The retry carried the first try's token: the same DISPATCH, told again.
+    assert outcome.redelivered and not outcome.replayed
+    assert len(tool.sent) == 1
+    assert client.get_permit(permit).usage[0].calls_made == 1
+
+
+def test_a_lost_commit_answer_is_retried_and_answered_the_same(client, server, relays):
+    permit = new_permit(client)
+    relay = Relay(free_port(), server.address, lose_response=2)
+    relays.append(relay)
+    retried: List[str] = []
+    port = relay.listener.getsockname()[1]
+    with Client(f"127.0.0.1:{port}", retry=Retry(on_retry=lambda rpc, e, d: retried.append(rpc))) as c:
+        tool = Tool()
+        outcome = c.call_guarded(permit, TOOL, "charge-1", tool, request=REQUEST)
+    assert relay.lost.is_set() and retried == ["Commit"]
+    assert outcome.attempt.state == pb.ATTEMPT_STATE_SUCCEEDED and len(tool.sent) == 1
+    replay = client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST)
+    assert replay.receipt.receipt_id == outcome.receipt.receipt_id
+
+
+def test_a_commit_that_cannot_be_recorded_says_so(start_server):
+    dying = start_server()
+    with Client(dying.address, retry=Retry(max_tries=2, max_time=5)) as c:
+        permit = new_permit(c)
+
+        def sent_then_atmost_dies(attempt_id: str) -> Any:
+            dying.stop()
+            return {"tx": 1}
+
+        with pytest.raises(CommitNotRecorded) as caught:
+            c.call_guarded(permit, TOOL, "charge-1", sent_then_atmost_dies, request=REQUEST)
+    e = caught.value
+    assert e.outcome == "SUCCEEDED" and e.result == {"tx": 1} and e.attempt_id
+    assert isinstance(e.__cause__, Unavailable)
+
+
+def test_refusals_are_not_retried(client):
+    retries: List[Any] = []
+    retry = Retry(on_retry=lambda *a: retries.append(a))
+    with pytest.raises(Denied) as caught:
+        client.call_guarded("0190a5b2-0000-7000-8000-000000000000", TOOL, "k", never, request=1, retry=retry)
+    assert caught.value.reason == "PERMIT_NOT_FOUND"
+    with pytest.raises(InvalidRequest) as invalid:
+        client.call_guarded("not-a-uuid", TOOL, "k", never, request=1, retry=retry)
+    assert invalid.value.violations and invalid.value.violations[0][0] == "permit_id"
+    assert retries == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(request=1, fingerprint=b"f"),
+        dict(),
+        dict(request=1, cost=-1),
+        dict(request=1, cost=1.5),
+        dict(request=1, holder_token=b""),
+        dict(request=1, dispatch_timeout=0),
+        dict(request=float("nan")),
+    ],
+)
+def test_bad_input_fails_before_anything_is_sent(bad):
+    # No server on this port: a ValueError (not Unavailable) shows nothing was sent.
+    with Client(f"127.0.0.1:{free_port()}") as nowhere:
+        with pytest.raises(ValueError):
+            nowhere.call_guarded("0190a5b2-0000-7000-8000-000000000000", TOOL, "k", never, **bad)

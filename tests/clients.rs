@@ -1,0 +1,817 @@
+//! The Rust client's guarded call (`Client::guarded`) against a live atmost
+//! over gRPC, on each store: the contract every client helper keeps
+//! (docs in client/README.md). A fake tool counts what it is asked to send,
+//! so "never sent twice" is counted, not assumed.
+
+use crate::support::*;
+use atmost::store::{Backend, Store};
+use atmost_client::{
+    AttemptId, DispatchError, Dispatched, GuardError, GuardedCall, Reason, Unrecorded, fingerprint,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tonic::Code;
+
+on_each_store!(
+    dispatch_commits_and_the_same_key_replays,
+    a_new_key_past_the_cap_is_denied_with_its_numbers,
+    a_tool_refusal_is_recorded_failed,
+    not_sent_gives_the_slot_back,
+    a_hung_dispatch_ends_uncertain_and_is_never_sent_again,
+    an_error_in_dispatch_ends_uncertain,
+    the_lease_bounds_dispatch_without_a_timeout,
+    a_lost_dispatch_is_redelivered_to_its_holder_only,
+    a_server_not_up_yet_is_retried_until_it_is,
+    an_outcome_atmost_refuses_to_record_says_so,
+    an_outcome_the_server_is_gone_for_says_so,
+    a_result_over_64_kib_is_stored_as_its_digest,
+    a_bearer_key_is_sent_and_a_wrong_one_is_not_retried,
+    tls_and_mtls,
+);
+
+const TOOL: &str = "wallet.charge";
+
+/// The tool behind the guarded calls: counts every send and the attempt
+/// ids it was given (its own idempotency keys).
+#[derive(Clone, Default)]
+struct FakeTool {
+    sent: Arc<AtomicUsize>,
+    ids: Arc<Mutex<Vec<String>>>,
+}
+
+impl FakeTool {
+    fn sent(&self) -> usize {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.ids.lock().expect("ids").clone()
+    }
+
+    fn record(&self, id: &AttemptId) {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        self.ids.lock().expect("ids").push(id.to_string());
+    }
+
+    /// A dispatch that charges and answers `wallet tx <n>`.
+    fn charge(
+        &self,
+    ) -> impl FnOnce(AttemptId) -> std::future::Ready<Result<Vec<u8>, DispatchError>> {
+        let tool = self.clone();
+        move |id| {
+            tool.record(&id);
+            std::future::ready(Ok(format!("wallet tx {}", tool.sent()).into_bytes()))
+        }
+    }
+
+    /// A dispatch that sends, then never hears back.
+    fn hang(
+        &self,
+    ) -> impl FnOnce(AttemptId) -> std::future::Pending<Result<Vec<u8>, DispatchError>> {
+        let tool = self.clone();
+        move |id| {
+            tool.record(&id);
+            std::future::pending()
+        }
+    }
+
+    /// A dispatch that answers with this error.
+    fn fail(
+        &self,
+        error: DispatchError,
+    ) -> impl FnOnce(AttemptId) -> std::future::Ready<Result<Vec<u8>, DispatchError>> {
+        let tool = self.clone();
+        move |id| {
+            tool.record(&id);
+            std::future::ready(Err(error))
+        }
+    }
+}
+
+fn charge_request(amount: i64) -> serde_json::Value {
+    serde_json::json!({"amount": amount, "currency": "EUR", "to": "acct_42"})
+}
+
+fn call(permit_id: &str, key: &str) -> GuardedCall {
+    GuardedCall::new(permit_id, TOOL, key)
+        .request(&charge_request(500))
+        .cost(500)
+}
+
+/// A permit over TOOL with this cap.
+async fn permit(h: &Harness, cap: u64) -> String {
+    h.create_with(&[TOOL], &[(TOOL, cap)], Some(10_000)).await
+}
+
+async fn calls_made(h: &Harness, permit_id: &str) -> u64 {
+    h.get(permit_id).await.expect("get permit").usage[0].calls_made
+}
+
+// === the contract ===
+
+/// DISPATCH, the tool's answer committed with a receipt; the same key
+/// again replays it without calling dispatch.
+async fn dispatch_commits_and_the_same_key_replays(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 2).await;
+    let tool = FakeTool::default();
+    let first = h
+        .client
+        .guarded(call(&p, "charge-1"), {
+            let tool = tool.clone();
+            move |id| async move {
+                tool.record(&id);
+                Ok::<_, DispatchError>(Dispatched::bytes("wallet tx 981").actual_cost(300))
+            }
+        })
+        .await
+        .expect("dispatched and committed");
+    assert!(!first.replayed);
+    assert_eq!(first.result, b"wallet tx 981");
+    assert_eq!(first.receipt.result, b"wallet tx 981");
+    assert_eq!(first.receipt.cost, 300, "the actual cost was committed");
+    assert_eq!(first.attempt.state(), pb::AttemptState::Succeeded);
+    assert_eq!(tool.ids(), [first.attempt.attempt_id.as_str()]);
+    assert_eq!(
+        first.attempt.request_fingerprint,
+        fingerprint(&charge_request(500)),
+        "the request's RFC 8785 fingerprint"
+    );
+
+    let again = h
+        .client
+        .guarded(call(&p, "charge-1"), tool.charge())
+        .await
+        .expect("replayed");
+    assert!(again.replayed);
+    assert_eq!(again.result, b"wallet tx 981");
+    assert_eq!(again.receipt.receipt_id, first.receipt.receipt_id);
+    assert_eq!(tool.sent(), 1, "a replay sends nothing");
+    assert_eq!(calls_made(&h, &p).await, 1);
+}
+
+/// Cap 1 used, a new key: the typed refusal with the cap's numbers, and
+/// nothing dispatched.
+async fn a_new_key_past_the_cap_is_denied_with_its_numbers(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 1).await;
+    let tool = FakeTool::default();
+    h.client
+        .guarded(call(&p, "charge-1"), tool.charge())
+        .await
+        .expect("the first call");
+    let retries = Arc::new(AtomicUsize::new(0));
+    let counted = retries.clone();
+    let denied = h
+        .client
+        .guarded(
+            call(&p, "charge-2").on_retry(move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }),
+            tool.charge(),
+        )
+        .await;
+    let Err(GuardError::Denied(e)) = denied else {
+        panic!("expected Denied, got {denied:?}");
+    };
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert_eq!(e.reason(), Some(Reason::PermitMaxCallsExceeded));
+    assert_eq!(e.tool(), Some(TOOL));
+    assert_eq!(e.limit(), Some(1));
+    assert_eq!(e.calls_made(), Some(1));
+    assert_eq!(tool.sent(), 1, "the second key sent nothing");
+    assert_eq!(
+        retries.load(Ordering::SeqCst),
+        0,
+        "a refusal is not retried"
+    );
+}
+
+/// The tool refused: Commit Failed, the slot kept; the same key replays
+/// the refusal.
+async fn a_tool_refusal_is_recorded_failed(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 2).await;
+    let tool = FakeTool::default();
+    let refused = h
+        .client
+        .guarded(
+            call(&p, "charge-1"),
+            tool.fail(DispatchError::failed("card declined")),
+        )
+        .await;
+    let Err(GuardError::ToolFailed {
+        attempt_id,
+        reason,
+        replayed: false,
+    }) = refused
+    else {
+        panic!("expected ToolFailed, got {refused:?}");
+    };
+    assert_eq!(reason, "card declined");
+    assert_eq!(tool.ids(), [attempt_id.to_string()]);
+    assert_eq!(calls_made(&h, &p).await, 1, "a failed call keeps its slot");
+
+    let again = h.client.guarded(call(&p, "charge-1"), tool.charge()).await;
+    let Err(GuardError::ToolFailed {
+        attempt_id: replayed_id,
+        reason,
+        replayed: true,
+    }) = again
+    else {
+        panic!("expected a replayed ToolFailed, got {again:?}");
+    };
+    assert_eq!(
+        (replayed_id, reason.as_str()),
+        (attempt_id, "card declined")
+    );
+    assert_eq!(tool.sent(), 1);
+}
+
+/// NotSent: the slot and the cost come back, so with cap 1 a new key
+/// dispatches.
+async fn not_sent_gives_the_slot_back(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 1).await;
+    let tool = FakeTool::default();
+    let unsent = h
+        .client
+        .guarded(call(&p, "charge-1"), tool.fail(DispatchError::NotSent))
+        .await;
+    assert!(
+        matches!(unsent, Err(GuardError::NotSent { .. })),
+        "{unsent:?}"
+    );
+    assert_eq!(calls_made(&h, &p).await, 0, "the slot came back");
+    assert_eq!(h.get(&p).await.expect("get").budget_reserved, 0);
+    let next = h
+        .client
+        .guarded(call(&p, "charge-2"), tool.charge())
+        .await
+        .expect("a new key dispatches on the returned slot");
+    assert!(!next.replayed);
+    assert_eq!(tool.sent(), 2);
+}
+
+/// The lost response: dispatch sends and never hears back. At its deadline
+/// it is dropped and marked UNCERTAIN, sent once only; the same key
+/// afterwards is the same unknown, and sends nothing.
+async fn a_hung_dispatch_ends_uncertain_and_is_never_sent_again(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 3).await;
+    let tool = FakeTool::default();
+    let lost = h
+        .client
+        .guarded(
+            call(&p, "charge-1").dispatch_timeout(Duration::from_millis(200)),
+            tool.hang(),
+        )
+        .await;
+    let Err(GuardError::OutcomeUncertain {
+        attempt_id,
+        reason,
+        replayed: false,
+        source: Some(source),
+    }) = lost
+    else {
+        panic!("expected OutcomeUncertain, got {lost:?}");
+    };
+    assert!(
+        source.is::<tokio::time::error::Elapsed>(),
+        "chained to the timeout: {source:?}"
+    );
+    assert_eq!(
+        reason,
+        "dispatch still running at its deadline, 200ms after the DISPATCH: dropped"
+    );
+    let uncertain = h.list_all(&p, 0).await;
+    assert_eq!(uncertain.len(), 1, "{uncertain:?}");
+    assert_eq!(uncertain[0].attempt_id, attempt_id.as_str());
+    assert_eq!(uncertain[0].uncertain_reason, reason);
+    assert_eq!(tool.sent(), 1);
+
+    let again = h.client.guarded(call(&p, "charge-1"), tool.charge()).await;
+    let Err(GuardError::OutcomeUncertain {
+        attempt_id: same,
+        replayed: true,
+        source: None,
+        ..
+    }) = again
+    else {
+        panic!("expected the same unknown, got {again:?}");
+    };
+    assert_eq!(same, attempt_id);
+    assert_eq!(tool.sent(), 1, "never sent again");
+    assert_eq!(calls_made(&h, &p).await, 1, "the slot stays held");
+}
+
+/// Any error dispatch raises (a reset after sending, say) is an unknown
+/// outcome: marked UNCERTAIN with what happened, chained to the error.
+async fn an_error_in_dispatch_ends_uncertain(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 3).await;
+    let tool = FakeTool::default();
+    let reset = h
+        .client
+        .guarded(call(&p, "charge-1"), {
+            let tool = tool.clone();
+            move |id| async move {
+                tool.record(&id);
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "reset after the request was written",
+                ))?;
+                Ok::<Vec<u8>, DispatchError>(Vec::new())
+            }
+        })
+        .await;
+    let Err(GuardError::OutcomeUncertain {
+        attempt_id,
+        reason,
+        source: Some(source),
+        ..
+    }) = reset
+    else {
+        panic!("expected OutcomeUncertain, got {reset:?}");
+    };
+    assert!(source.is::<std::io::Error>(), "{source:?}");
+    assert_eq!(
+        reason,
+        "dispatch failed: reset after the request was written"
+    );
+    let uncertain = h.list_all(&p, 0).await;
+    assert_eq!(uncertain.len(), 1);
+    assert_eq!(uncertain[0].attempt_id, attempt_id.as_str());
+    assert_eq!(uncertain[0].uncertain_reason, reason);
+    assert_eq!(tool.sent(), 1);
+}
+
+/// Without a dispatch timeout the deadline is the lease (by the server's
+/// timestamps) less a second: a 1.5 s lease gives dispatch 500 ms. A lease
+/// that leaves no time is given back unsent, without calling dispatch.
+async fn the_lease_bounds_dispatch_without_a_timeout(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let mut short = h.permit(&[TOOL]);
+    short.lease = Some(atmost_client::duration(Duration::from_millis(1_500)));
+    let p = h.create(short).await.permit_id;
+    let tool = FakeTool::default();
+    let lost = h.client.guarded(call(&p, "charge-1"), tool.hang()).await;
+    let Err(GuardError::OutcomeUncertain { reason, .. }) = lost else {
+        panic!("expected OutcomeUncertain, got {lost:?}");
+    };
+    assert!(reason.contains(", 500ms after the DISPATCH"), "{reason}");
+    assert_eq!(tool.sent(), 1);
+
+    let mut none_left = h.permit(&[TOOL]);
+    none_left.lease = Some(atmost_client::duration(Duration::from_secs(1)));
+    let q = h.create(none_left).await.permit_id;
+    let late = h.client.guarded(call(&q, "charge-1"), tool.charge()).await;
+    assert!(
+        matches!(late, Err(GuardError::NoTimeToDispatch { .. })),
+        "{late:?}"
+    );
+    assert_eq!(tool.sent(), 1, "not called");
+    assert_eq!(calls_made(&h, &q).await, 0, "released unsent");
+}
+
+/// The lost DISPATCH: Authorize made by hand with key K and token T, its
+/// answer "lost". Another token gets InProgress and sends nothing; the
+/// guarded call with K and T gets the same attempt redelivered and sends
+/// exactly once.
+async fn a_lost_dispatch_is_redelivered_to_its_holder_only(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 1).await;
+    let token = b"holder-token-of-charge-1".to_vec();
+    let lost = h
+        .client
+        .authorize(pb::AuthorizeRequest {
+            permit_id: p.clone(),
+            tool: TOOL.into(),
+            idempotency_key: "charge-1".into(),
+            request_fingerprint: fingerprint(&charge_request(500)).to_vec(),
+            cost: 500,
+            holder_token: token.clone(),
+        })
+        .await
+        .expect("the DISPATCH whose answer is lost");
+    assert_eq!(lost.decision(), pb::Decision::Dispatch);
+    let reserved = lost.attempt.expect("attempt").attempt_id;
+
+    let tool = FakeTool::default();
+    let other = h
+        .client
+        .guarded(
+            call(&p, "charge-1").holder_token(b"another worker".to_vec()),
+            tool.charge(),
+        )
+        .await;
+    let Err(GuardError::InProgress(e)) = other else {
+        panic!("expected InProgress, got {other:?}");
+    };
+    assert_eq!(e.reason(), Some(Reason::IdempotencyInProgress));
+    assert_eq!(tool.sent(), 0);
+
+    let outcome = h
+        .client
+        .guarded(call(&p, "charge-1").holder_token(token), tool.charge())
+        .await
+        .expect("redelivered, dispatched, committed");
+    assert_eq!(outcome.attempt.attempt_id, reserved);
+    assert_eq!(tool.ids(), [reserved]);
+    assert_eq!(outcome.result, b"wallet tx 1");
+    assert_eq!(calls_made(&h, &p).await, 1, "nothing more was reserved");
+}
+
+/// UNAVAILABLE, then up: the address has no server at the first try; the
+/// server starts on that port when the guarded call says it will retry,
+/// and the call goes through, dispatching once.
+async fn a_server_not_up_yet_is_retried_until_it_is(kind: Kind) {
+    let (backend, _redis) = backend(kind);
+    let p = seed_permit(&backend, 1).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let (up, start) = oneshot::channel::<()>();
+    let up = Mutex::new(Some(up));
+    let retries = Arc::new(Mutex::new(Vec::new()));
+    let seen = retries.clone();
+    let server = tokio::spawn(async move {
+        let _ = start.await;
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind the port the client was given");
+        Server::on(listener, backend)
+    });
+    let client = Client::builder(format!("127.0.0.1:{port}"))
+        .connect_lazy()
+        .expect("a lazy channel");
+    let tool = FakeTool::default();
+    let outcome = client
+        .guarded(
+            call(&p, "charge-1").on_retry(move |r| {
+                seen.lock()
+                    .expect("retries")
+                    .push((r.rpc, r.error.code(), r.error.reason()));
+                if let Some(up) = up.lock().expect("up").take() {
+                    let _ = up.send(());
+                }
+            }),
+            tool.charge(),
+        )
+        .await
+        .expect("through once the server is up");
+    let _server = server.await.expect("the server started");
+    let retries = retries.lock().expect("retries").clone();
+    assert!(!retries.is_empty(), "the first try found no server");
+    assert_eq!(
+        retries[0],
+        ("Authorize", Code::Unavailable, None),
+        "a transport failure, retried"
+    );
+    assert!(!outcome.replayed);
+    assert_eq!(tool.sent(), 1);
+}
+
+/// An outcome atmost will not take (an operator resolved the attempt
+/// while the tool ran): CommitNotRecorded, with the tool's result and
+/// atmost's reason, not retried.
+async fn an_outcome_atmost_refuses_to_record_says_so(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 1).await;
+    let operator = h.client.clone();
+    let result = h
+        .client
+        .guarded(call(&p, "charge-1"), move |id| async move {
+            operator
+                .mark_uncertain(pb::MarkUncertainRequest {
+                    permit_id: p.clone(),
+                    idempotency_key: "charge-1".into(),
+                    attempt_id: id.to_string(),
+                    reason: "operator".into(),
+                })
+                .await
+                .expect("marked by hand");
+            operator
+                .resolve(pb::ResolveRequest {
+                    permit_id: p.clone(),
+                    idempotency_key: "charge-1".into(),
+                    attempt_id: String::new(),
+                    outcome: Some(resolved_failed("reconciled as failed")),
+                })
+                .await
+                .expect("resolved by hand");
+            Ok::<_, DispatchError>(b"wallet tx 981".to_vec())
+        })
+        .await;
+    let Err(GuardError::CommitNotRecorded {
+        outcome: Unrecorded::Succeeded { result },
+        source,
+        ..
+    }) = result
+    else {
+        panic!("expected CommitNotRecorded, got {result:?}");
+    };
+    assert_eq!(
+        result, b"wallet tx 981",
+        "the caller keeps the tool's answer"
+    );
+    assert_eq!(source.reason(), Some(Reason::AttemptStateConflict));
+}
+
+/// The server goes away while the tool runs: Commit fails through every
+/// try, and the error names the attempt whose outcome is not recorded.
+async fn an_outcome_the_server_is_gone_for_says_so(kind: Kind) {
+    let (backend, _redis) = backend(kind);
+    let p = seed_permit(&backend, 1).await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = Server::on(listener, backend);
+    let client = Client::builder(addr.to_string())
+        .connect_lazy()
+        .expect("channel");
+    let tool = FakeTool::default();
+    let recorded = tool.clone();
+    let result = client
+        .guarded(call(&p, "charge-1"), move |id| async move {
+            recorded.record(&id);
+            server.stop().await;
+            Ok::<_, DispatchError>(b"wallet tx 981".to_vec())
+        })
+        .await;
+    let Err(GuardError::CommitNotRecorded {
+        attempt_id,
+        outcome: Unrecorded::Succeeded { result },
+        source,
+    }) = result
+    else {
+        panic!("expected CommitNotRecorded, got {result:?}");
+    };
+    assert_eq!(tool.ids(), [attempt_id.to_string()]);
+    assert_eq!(result, b"wallet tx 981");
+    assert_eq!(source.code(), Code::Unavailable, "{source}");
+}
+
+/// A result over 64 KiB: the caller gets it whole, the receipt holds its
+/// digest (and a replay answers the digest).
+async fn a_result_over_64_kib_is_stored_as_its_digest(kind: Kind) {
+    use sha2::{Digest, Sha256};
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 1).await;
+    let big = vec![b'x'; 64 * 1024 + 1];
+    let sent = big.clone();
+    let outcome = h
+        .client
+        .guarded(call(&p, "charge-1"), move |_| async move {
+            Ok::<_, DispatchError>(sent)
+        })
+        .await
+        .expect("committed");
+    let digest: String = Sha256::digest(&big)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(outcome.result, big);
+    assert_eq!(
+        outcome.receipt.result,
+        format!("sha256:{digest}").into_bytes()
+    );
+    let again = h
+        .client
+        .guarded(call(&p, "charge-1"), FakeTool::default().charge())
+        .await
+        .expect("replay");
+    assert_eq!(again.result, outcome.receipt.result);
+}
+
+// === credentials ===
+
+const ADMIN: &str = "admin-secret-0123456789";
+const AGENT: &str = "agent-secret-0123456789";
+
+fn key_file(extra: &str) -> crate::auth::KeyFile {
+    crate::auth::KeyFile::new(&format!(
+        "{}{}{extra}",
+        crate::auth::entry("admin-1", ADMIN, "acme", "\"admin\""),
+        crate::auth::entry("agent-1", AGENT, "acme", "\"agent\""),
+    ))
+}
+
+/// `atmost serve` on `kind`'s store with these flags.
+fn serve(kind: Kind, redis: &Option<Redis>, args: &[&str]) -> AtmostProcess {
+    let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    if kind == Kind::Redis {
+        all.extend(redis.as_ref().expect("a Redis").serve_args());
+    }
+    spawn_atmost(&all)
+}
+
+/// With `--auth-keys`: the builder's key goes with every call; a wrong
+/// key is the typed UNAUTHENTICATED refusal, at once.
+async fn a_bearer_key_is_sent_and_a_wrong_one_is_not_retried(kind: Kind) {
+    let keys = key_file("");
+    let redis = (kind == Kind::Redis).then(Redis::start);
+    let server = serve(
+        kind,
+        &redis,
+        &["--auth-keys", keys.path.to_str().expect("utf-8")],
+    );
+    let addr = server.addr().to_string();
+    let admin = Client::builder(&addr)
+        .api_key(ADMIN)
+        .connect()
+        .await
+        .expect("admin");
+    let p = admin
+        .create_permit(NewPermit::new([TOOL]).cap(TOOL, 1))
+        .await
+        .expect("permit")
+        .permit_id;
+    let tool = FakeTool::default();
+
+    let retries = Arc::new(AtomicUsize::new(0));
+    let counted = retries.clone();
+    let stranger = Client::builder(&addr)
+        .api_key("not-a-key-atmost-knows")
+        .connect()
+        .await
+        .expect("connects; the key is checked per call");
+    let refused = stranger
+        .guarded(
+            call(&p, "charge-1").on_retry(move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }),
+            tool.charge(),
+        )
+        .await;
+    let Err(GuardError::Denied(e)) = refused else {
+        panic!("expected Denied, got {refused:?}");
+    };
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert_eq!(e.reason(), Some(Reason::Unauthenticated));
+    assert_eq!(retries.load(Ordering::SeqCst), 0, "never retried");
+    assert_eq!(tool.sent(), 0);
+
+    let agent = Client::builder(&addr)
+        .api_key(AGENT)
+        .connect()
+        .await
+        .expect("agent");
+    agent
+        .guarded(call(&p, "charge-1"), tool.charge())
+        .await
+        .expect("the agent's key is accepted");
+    assert_eq!(tool.sent(), 1);
+    assert!(matches!(
+        Client::builder(&addr).api_key("bad\nkey").connect_lazy(),
+        Err(atmost_client::ConnectError::InvalidApiKey)
+    ));
+}
+
+/// TLS with the server's CA (and a key), mTLS with a client certificate
+/// the key file maps to an agent (no key), and a client that trusts
+/// another CA reaching nothing.
+async fn tls_and_mtls(kind: Kind) {
+    let pki = Pki::new();
+    let server_cert = pki.issue(&["localhost"]);
+    let runner = pki.issue(&["spiffe://test/ns/agents/sa/runner"]);
+    let keys = key_file(
+        "[[cert]]\nid = \"runner\"\nsan = \"spiffe://test/ns/agents/sa/runner\"\ntenant = \"acme\"\nroles = [\"agent\"]\n",
+    );
+    let file = |name: &str, text: &str| {
+        let path = keys.dir.join(name);
+        std::fs::write(&path, text).expect("write pem");
+        path.to_str().expect("utf-8").to_owned()
+    };
+    let (cert, key, ca) = (
+        file("server.pem", &server_cert.0),
+        file("server.key", &server_cert.1),
+        file("ca.pem", &pki.ca_pem),
+    );
+    let redis = (kind == Kind::Redis).then(Redis::start);
+    let server = serve(
+        kind,
+        &redis,
+        &[
+            "--auth-keys",
+            keys.path.to_str().expect("utf-8"),
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--tls-client-ca",
+            &ca,
+        ],
+    );
+    let addr = server.addr().to_string();
+    let tls = || {
+        Client::builder(&addr)
+            .tls_ca_pem(&pki.ca_pem)
+            .tls_domain_name("localhost")
+    };
+    let admin = tls().api_key(ADMIN).connect().await.expect("TLS");
+    let p = admin
+        .create_permit(NewPermit::new([TOOL]))
+        .await
+        .expect("permit over TLS")
+        .permit_id;
+    let tool = FakeTool::default();
+
+    let agent = tls().api_key(AGENT).connect().await.expect("TLS");
+    agent
+        .guarded(call(&p, "charge-1"), tool.charge())
+        .await
+        .expect("a key over TLS");
+    let by_certificate = tls()
+        .tls_identity_pem(&runner.0, &runner.1)
+        .connect()
+        .await
+        .expect("mTLS");
+    by_certificate
+        .guarded(call(&p, "charge-2"), tool.charge())
+        .await
+        .expect("a certificate stands in for the key");
+    assert_eq!(tool.sent(), 2);
+
+    let other_ca = Pki::new();
+    let misled = Client::builder(&addr)
+        .tls_ca_pem(&other_ca.ca_pem)
+        .tls_domain_name("localhost")
+        .api_key(AGENT)
+        .connect_lazy()
+        .expect("lazy");
+    let refused = misled
+        .guarded(call(&p, "charge-3").max_tries(2), tool.charge())
+        .await;
+    assert!(
+        matches!(&refused, Err(GuardError::Unavailable(e)) if e.reason().is_none()),
+        "the handshake fails, nothing is answered: {refused:?}"
+    );
+    assert_eq!(tool.sent(), 2);
+}
+
+// === a server of the test's own ===
+
+/// A store of `kind`, outside any server, and the Redis it lives in.
+fn backend(kind: Kind) -> (Backend, Option<Redis>) {
+    match kind {
+        Kind::Redis => {
+            let redis = Redis::start();
+            let store = redis_store(&redis.url, &redis.prefix, Duration::from_secs(2));
+            (Backend::Redis(store), Some(redis))
+        }
+        _ => (
+            Backend::Memory(atmost::store::memory::MemoryStore::new(DAY_MS)),
+            None,
+        ),
+    }
+}
+
+/// A permit over TOOL with this cap, written straight into `store` (as
+/// CreatePermit would) so a server started later serves it.
+async fn seed_permit(store: &Backend, cap: u64) -> String {
+    let now = atmost_client::now_ms();
+    let spec = atmost::api::convert::permit_spec(Some(atmost::pb::Permit {
+        tools: vec![TOOL.into()],
+        max_calls_per_tool: [(TOOL.to_owned(), cap)].into(),
+        expires_at: Some(atmost_client::timestamp(now + 3_600_000)),
+        ..Default::default()
+    }))
+    .expect("a valid permit");
+    let permit = spec
+        .into_permit(atmost::domain::new_id(now), now, "")
+        .expect("a valid permit");
+    store.create_permit(permit).await.expect("stored").permit_id
+}
+
+/// The real server on `listener` (system clock), stopped by [`stop`] or
+/// with the test's runtime.
+///
+/// [`stop`]: Server::stop
+struct Server {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    fn on(listener: TcpListener, backend: Backend) -> Self {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            atmost::run(listener, atmost::App::new(backend), async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("server ran");
+        });
+        Self { stop, task }
+    }
+
+    /// Stops it and waits until it no longer serves.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.expect("server stopped");
+    }
+}
