@@ -155,17 +155,34 @@ impl Telemetry {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
             // atmost's spans are for the OpenTelemetry layer alone.
             .add_directive(format!("{SPAN_TARGET}=off").parse().expect("a directive"));
+        let Some(provider) = telemetry
+            .shared
+            .as_ref()
+            .and_then(|s| s.tracer_provider.as_ref())
+        else {
+            // No spans exported: the logs alone, set up exactly as they
+            // are without telemetry (one global filter, which a disabled
+            // callsite never consults again; a per-layer filter is asked
+            // on every call).
+            let logs = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr);
+            let installed = if config.json_logs {
+                logs.json().try_init()
+            } else {
+                logs.try_init()
+            };
+            installed.map_err(|e| format!("setting up logging: {e}"))?;
+            return Ok(telemetry);
+        };
         let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
         let logs = if config.json_logs {
             logs.json().with_filter(filter).boxed()
         } else {
             logs.with_filter(filter).boxed()
         };
-        let spans = telemetry
-            .shared
-            .as_ref()
-            .and_then(|s| s.tracer_provider.as_ref())
-            .map(|provider| {
+        let spans = {
+            {
                 tracing_opentelemetry::layer()
                     .with_tracer(provider.tracer("atmost"))
                     .with_location(false)
@@ -179,7 +196,8 @@ impl Telemetry {
                         tracing_subscriber::filter::Targets::new()
                             .with_target(SPAN_TARGET, tracing::Level::TRACE),
                     )
-            });
+            }
+        };
         tracing_subscriber::registry()
             .with(logs)
             .with(spans)

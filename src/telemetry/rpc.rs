@@ -193,14 +193,17 @@ pub fn note_reason(reason: &'static str) {
 }
 
 /// Runs one store call (`operation`: the [`Store`](crate::store::Store)
-/// method) in a child span of the RPC's, and times it.
-pub async fn store_call<T, E>(
+/// method) in a child span of the RPC's, and times it. Outside an observed
+/// RPC (telemetry off, or the server's own sweep) it is the call itself:
+/// no span, no clock read, no allocation, no larger future.
+pub fn store_call<'a, T: Send + 'a, E: Send + 'a>(
     operation: &'static str,
     store: &'static str,
-    call: impl Future<Output = Result<T, E>>,
-) -> Result<T, E> {
+    call: impl Future<Output = Result<T, E>> + Send + 'a,
+) -> impl Future<Output = Result<T, E>> + Send + 'a {
+    use tokio_util::either::Either;
     let Ok(shared) = CURRENT.try_with(|c| c.shared.clone()) else {
-        return call.await;
+        return Either::Left(call);
     };
     let span = tracing::info_span!(
         target: SPAN_TARGET,
@@ -210,12 +213,14 @@ pub async fn store_call<T, E>(
         atmost.store = store,
         atmost.store.operation = operation,
     );
-    let started = Instant::now();
-    let result = call.instrument(span).await;
-    if let Some(instruments) = &shared.instruments {
-        instruments.store_call(operation, result.is_ok(), started.elapsed());
-    }
-    result
+    Either::Right(Box::pin(async move {
+        let started = Instant::now();
+        let result = call.instrument(span).await;
+        if let Some(instruments) = &shared.instruments {
+            instruments.store_call(operation, result.is_ok(), started.elapsed());
+        }
+        result
+    }))
 }
 
 // === the layer ===
