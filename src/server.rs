@@ -251,11 +251,18 @@ pub async fn run(
     let drain_interrupt = app.drain_interrupt;
     let stop = CancellationToken::new();
     let watch_stop = CancellationToken::new();
+    // The store's first ping sets every service's status before the port
+    // is served (connections wait in the listen backlog meanwhile), so the
+    // first probe hears the store's state: never NOT_FOUND for a service
+    // not yet registered, never SERVING before the store answered.
+    let first = store_status(&ctx, None).await;
+    set_all(&reporter, first).await;
     let mut health_task = tokio::spawn(watch_store(
         ctx.clone(),
         reporter.clone(),
         app.health_interval,
         watch_stop.clone(),
+        first,
     ));
 
     let mut sweep_task = tokio::spawn(sweep_store(
@@ -496,38 +503,46 @@ async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
         .await;
 }
 
-/// Keeps gRPC health in step with the store: SERVING while it answers,
-/// NOT_SERVING while it does not, until `stop`.
+/// The store's health now: SERVING if it answers its ping within the store
+/// deadline. Logs the change from `last`.
+async fn store_status(ctx: &Ctx, last: Option<ServingStatus>) -> ServingStatus {
+    match ctx.deadline(ctx.store.ping()).await {
+        Ok(()) => {
+            if last == Some(ServingStatus::NotServing) {
+                tracing::info!("store reachable again: SERVING");
+            }
+            ServingStatus::Serving
+        }
+        Err(e) => {
+            if last != Some(ServingStatus::NotServing) {
+                tracing::error!(error = %e, "store unreachable: NOT_SERVING");
+            }
+            ServingStatus::NotServing
+        }
+    }
+}
+
+/// Keeps gRPC health in step with the store, from `last` (already set):
+/// SERVING while it answers, NOT_SERVING while it does not, until `stop`.
 async fn watch_store(
     ctx: Ctx,
     reporter: HealthReporter,
     interval: Duration,
     stop: CancellationToken,
+    mut last: ServingStatus,
 ) {
-    let mut last = None;
     loop {
-        let status = match ctx.deadline(ctx.store.ping()).await {
-            Ok(()) => ServingStatus::Serving,
-            Err(e) => {
-                if last != Some(ServingStatus::NotServing) {
-                    tracing::error!(error = %e, "store unreachable: NOT_SERVING");
-                }
-                ServingStatus::NotServing
-            }
-        };
-        if stop.is_cancelled() {
-            return;
-        }
-        if last != Some(status) {
-            if status == ServingStatus::Serving && last.is_some() {
-                tracing::info!("store reachable again: SERVING");
-            }
-            set_all(&reporter, status).await;
-            last = Some(status);
-        }
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
+        }
+        let status = store_status(&ctx, Some(last)).await;
+        if stop.is_cancelled() {
+            return;
+        }
+        if last != status {
+            set_all(&reporter, status).await;
+            last = status;
         }
     }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The TypeScript client's tests, on a fresh machine, from anywhere (e.g. the
-# repo root: clients/node/test.sh). Needs Node.js 20+, npm and openssl.
+# repo root: clients/node/test.sh). Needs Node.js 20+, npm, openssl and
+# redis-server (the stalled-store tests run atmost on a Redis of their own).
 #   1. npm ci (skipped when node_modules was installed from this very
 #      package-lock.json), then npm run build;
 #   2. the atmost binary: $ATMOST_BIN if set, else
@@ -15,7 +16,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cd "$here"
 
-for tool in node npm openssl; do
+for tool in node npm openssl redis-server; do
   command -v "$tool" >/dev/null 2>&1 || { echo "clients/node/test.sh: $tool is not installed" >&2; exit 1; }
 done
 major=$(node -p 'process.versions.node.split(".")[0]')

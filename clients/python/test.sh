@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python client's tests (clients/python), runnable from anywhere on a
-# fresh machine with python3 (3.9+) and, unless ATMOST_BIN names an atmost
-# binary, a Rust toolchain:
+# fresh machine with python3 (3.9+), redis-server (the stalled-store tests
+# run atmost on a Redis of their own) and, unless ATMOST_BIN names an
+# atmost binary, a Rust toolchain:
 #
 #   clients/python/test.sh [PYTEST ARGS...]
 #
@@ -12,6 +13,7 @@
 # `python client: N passed, M failed`; any failure exits non-zero.
 # PYTHON picks the interpreter that makes the virtualenv (python3).
 set -euo pipefail
+command -v redis-server >/dev/null 2>&1 || { echo "clients/python/test.sh: redis-server is not installed" >&2; exit 1; }
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here="$root/clients/python"
 cd "$root"

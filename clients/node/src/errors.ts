@@ -99,9 +99,11 @@ export class InProgress extends AtmostError {}
 
 /**
  * No decision is known: UNAVAILABLE (STORE_UNAVAILABLE, OVERLOADED, or the
- * connection failed) or DEADLINE_EXCEEDED. The request may or may not have
- * been applied; sent again with the same idempotency key it gets the
- * original reservation back, never a second one.
+ * connection failed), DEADLINE_EXCEEDED, or CANCELLED without atmost's
+ * ErrorInfo (atmost's --request-timeout answers CANCELLED "Timeout
+ * expired"). The request may or may not have been applied; sent again with
+ * the same idempotency key it gets the original reservation back, never a
+ * second one.
  */
 export class Unavailable extends AtmostError {}
 
@@ -148,6 +150,9 @@ export function fromServiceError(error: ServiceError): AtmostError {
     case Code.UNAVAILABLE:
     case Code.DEADLINE_EXCEEDED:
       return new Unavailable(details, init);
+    case Code.CANCELLED:
+      if (info === undefined) return new Unavailable(details, init);
+      break;
     case Code.UNAUTHENTICATED:
     case Code.PERMISSION_DENIED:
       // Refused before atmost's own checks (a proxy, a TLS front end).

@@ -42,7 +42,13 @@ export interface GuardedCall {
   cost?: number;
   /** 1..=64 bytes proving this caller holds the call, for callers that persist it across restarts; default 16 random bytes per guarded call. */
   holderToken?: Uint8Array;
-  /** The dispatch's deadline in milliseconds; default the attempt's lease minus a 1 s margin. */
+  /**
+   * The dispatch's deadline in milliseconds from when the DISPATCH arrived;
+   * default the attempt's lease minus a 1 s margin, counted from when the
+   * DISPATCH arrived, or for one redelivered to the call's own random token
+   * from its first Authorize try. Give one with a `holderToken` of your own:
+   * its reservation may be older than this call.
+   */
   dispatchTimeoutMs?: number;
   /** How long Authorize, Commit and MarkUncertain are each retried (default 5 tries, 10 s). */
   retry?: RetryPolicy;
@@ -95,6 +101,8 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   const retry = retryPolicy(call.retry, "retry");
   const { permitId, idempotencyKey } = input;
 
+  // Before the first try: any reservation a try of this call made is younger.
+  const firstTry = performance.now();
   const answer = await withRetries("Authorize", retry, isAuthorizeRetryable, call.onRetry, () =>
     client.authorize({
       permitId,
@@ -124,18 +132,30 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   const commitNotSent = () =>
     record("Commit", "not_sent", () => client.commit({ permitId, idempotencyKey, attemptId, notSent: {} }));
 
-  const budgetMs = input.dispatchTimeoutMs ?? leaseMs(attempt) - LEASE_MARGIN_MS;
-  if (!(budgetMs > 0)) {
+  // The time dispatch gets, from when the DISPATCH arrived. The lease is
+  // atmost's; it is counted on our clock from an instant we know. A fresh
+  // DISPATCH was reserved by the try that answered it: counted from its
+  // arrival, only the answer's trip is overcounted, and the margin covers
+  // that. A redelivery to this call's own token repeats a reservation an
+  // earlier try made, maybe long before (its answer lost, the retries'
+  // waits): counted from the first try, sent before any of them, the lease
+  // cannot be overrun. A token the caller gave may hold a reservation older
+  // than this call, which nothing here can see: the caller gives
+  // dispatchTimeoutMs then.
+  const lostMs = answer.redelivered && input.tokenIsOurs ? arrived - firstTry : 0;
+  const grantedMs = input.dispatchTimeoutMs ?? leaseMs(attempt) - LEASE_MARGIN_MS - lostMs;
+  const leftMs = grantedMs - (performance.now() - arrived);
+  if (!(leftMs > 0)) {
     // Sending now could land after the lease, when an operator may already
     // have reconciled the attempt: give the slot back instead.
     const released = await commitNotSent();
-    throw new NotSent(`the lease leaves no time to dispatch (${budgetMs} ms after its ${LEASE_MARGIN_MS} ms margin); nothing was sent`, {
-      attemptId,
-      attempt: released.attempt ?? undefined,
-    });
+    throw new NotSent(
+      `the lease leaves no time to dispatch (${Math.round(grantedMs)} ms from the DISPATCH after its ${LEASE_MARGIN_MS} ms margin); nothing was sent`,
+      { attemptId, attempt: released.attempt ?? undefined },
+    );
   }
 
-  const ran = await runDispatch(dispatch, attemptId, budgetMs - (performance.now() - arrived));
+  const ran = await runDispatch(dispatch, attemptId, leftMs);
 
   if (ran.ok) {
     let stored: Buffer;
@@ -167,7 +187,7 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
     const done = await commitNotSent();
     throw new NotSent(error.details, { attemptId, attempt: done.attempt ?? undefined, cause: error });
   }
-  return uncertain(error, ran.timedOut ? `dispatch deadline of ${Math.round(budgetMs)} ms passed` : `dispatch threw ${describe(error)}`);
+  return uncertain(error, ran.timedOut ? `dispatch deadline of ${Math.round(grantedMs)} ms passed` : `dispatch threw ${describe(error)}`);
 
   async function uncertain(cause: unknown, why: string): Promise<never> {
     const reason = clip(why);
@@ -208,15 +228,15 @@ type Ran<T> = { ok: true; value: T } | { ok: false; error: unknown; timedOut: bo
  * signal aborts and the call is over for the helper, whatever the dispatch
  * does later (its late result or error is dropped).
  */
-async function runDispatch<T>(dispatch: Dispatch<T>, attemptId: string, budgetMs: number): Promise<Ran<T>> {
+async function runDispatch<T>(dispatch: Dispatch<T>, attemptId: string, leftMs: number): Promise<Ran<T>> {
   const controller = new AbortController();
   let timer: NodeJS.Timeout | undefined;
   const deadline = new Promise<never>((_, reject) => {
     timer = setTimeout(() => {
-      const error = new DOMException(`dispatch deadline of ${Math.round(budgetMs)} ms passed`, "TimeoutError");
+      const error = new DOMException("the dispatch deadline passed", "TimeoutError");
       controller.abort(error);
       reject(error);
-    }, Math.max(0, budgetMs));
+    }, Math.max(0, leftMs));
   });
   try {
     // Inside then(), so a dispatch that throws synchronously is caught too.
@@ -279,6 +299,8 @@ interface CheckedCall {
   fingerprint: Buffer;
   cost: number;
   holderToken: Buffer;
+  /** The token was made here, for this call only (not given by the caller). */
+  tokenIsOurs: boolean;
   dispatchTimeoutMs?: number;
 }
 
@@ -315,6 +337,7 @@ function checkCall(call: GuardedCall): CheckedCall {
     fingerprint: fp,
     cost,
     holderToken,
+    tokenIsOurs: call.holderToken === undefined,
     dispatchTimeoutMs: timeout,
   };
 }

@@ -48,9 +48,22 @@ export function backoffMs(failed: number): number {
   return ceiling / 2 + Math.random() * (ceiling / 2);
 }
 
-/** UNAVAILABLE (store, overload, transport) or DEADLINE_EXCEEDED: no decision known. */
+/**
+ * UNAVAILABLE (store, overload, transport), DEADLINE_EXCEEDED, or CANCELLED
+ * without atmost's ErrorInfo (a timeout: atmost's --request-timeout answers
+ * CANCELLED "Timeout expired"): no decision known, and the same request
+ * answers the same.
+ */
 export function isTransient(error: AtmostError): boolean {
-  return error.code === Code.UNAVAILABLE || error.code === Code.DEADLINE_EXCEEDED;
+  switch (error.code) {
+    case Code.UNAVAILABLE:
+    case Code.DEADLINE_EXCEEDED:
+      return true;
+    case Code.CANCELLED:
+      return error.reason === undefined;
+    default:
+      return false;
+  }
 }
 
 /** Authorize also waits out IDEMPOTENCY_IN_PROGRESS (another holder's lease). */

@@ -13,6 +13,7 @@ import {
   AtmostError,
   Client,
   CommitNotRecorded,
+  DEFAULT_RETRY,
   Denied,
   InProgress,
   NotSent,
@@ -239,12 +240,19 @@ describe("guarded call", { timeout: 120_000 }, () => {
       tool.hit(attemptId);
       return "charged";
     };
+    const retries: RetryEvent[] = [];
     const other = await rejection(
-      client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE, holderToken: randomBytes(16) }, dispatch),
+      client.guarded(
+        { permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE, holderToken: randomBytes(16), onRetry: (e) => retries.push(e) },
+        dispatch,
+      ),
     );
     assert.ok(other instanceof InProgress, String(other));
     assert.equal(other.reason, "IDEMPOTENCY_IN_PROGRESS");
-    assert.ok((other.retryAfterMs ?? 0) > 0, "RetryInfo: the time to the lease's end");
+    // RetryInfo: the time to the lease's end, 30 s, past the 10 s retry
+    // budget: raised at once, not slept on into the budget's end.
+    assert.ok((other.retryAfterMs ?? 0) > DEFAULT_RETRY.maxTotalMs, `retryAfterMs ${other.retryAfterMs}`);
+    assert.deepEqual(retries, [], "no wait begun that would end past the budget");
     assert.equal(tool.calls.length, 0);
 
     const mine = await client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE, holderToken: token }, dispatch);
@@ -411,6 +419,51 @@ describe("guarded call, with atmost going away or coming late", { timeout: 120_0
     }
   });
 
+  test("a DISPATCH redelivered after a lost answer gets only what is left of its lease since the first try", async () => {
+    // The first Authorize answer is lost; the retry, with the same token,
+    // gets the DISPATCH redelivered. Its lease began when atmost recorded
+    // the reservation, after the first try was sent: counted from the
+    // redelivery instead, the deadline would be the whole lease less the
+    // margin, 2000 ms of a 3 s lease, and overrun the lease by the lost
+    // answer and the backoff.
+    const atmost = await Atmost.start();
+    const setup = atmost.client();
+    const permit = await createPermit(setup, [TOOL], {}, { lease: { seconds: 3, nanos: 0 } });
+    setup.close();
+    const relay = answerLosingRelay(atmost.address, 1);
+    await new Promise<void>((r) => relay.server.listen(0, "127.0.0.1", r));
+    const client = new Client({ address: `127.0.0.1:${(relay.server.address() as { port: number }).port}` });
+    try {
+      const tool = new FakeTool();
+      const retries: RetryEvent[] = [];
+      const error = await rejection(
+        client.guarded(
+          { permitId: permit.permitId, tool: TOOL, idempotencyKey: key("redelivered"), request: CHARGE, onRetry: (e) => retries.push(e) },
+          (attemptId, signal) => {
+            tool.hit(attemptId);
+            return new Promise<never>((_, reject) => signal.addEventListener("abort", () => reject(signal.reason)));
+          },
+        ),
+      );
+      assert.equal(relay.lost(), true, "the first answer was lost");
+      assert.deepEqual(
+        retries.map((r) => r.rpc),
+        ["Authorize"],
+      );
+      assert.ok(error instanceof OutcomeUncertain, String(error));
+      const granted = /dispatch deadline of (-?\d+) ms passed/.exec(error.message);
+      assert.ok(granted, error.message);
+      assert.ok(Number(granted[1]) < 2000, `granted ${granted[1]} ms, the whole lease less the margin or more`);
+      assert.equal(tool.calls.length, 1);
+      const usage = (await client.getPermit(permit.permitId)).usage.find((u) => u.tool === TOOL)!;
+      assert.equal(usage.callsMade, 1, "the redelivery reserved nothing more");
+    } finally {
+      client.close();
+      relay.close();
+      await atmost.stop();
+    }
+  });
+
   test("retries on UNAVAILABLE reach an atmost started a moment later on the same port", async () => {
     // The memory store starts empty, so the permit is unknown to the new
     // process: its PERMIT_NOT_FOUND, after the refused first try, proves
@@ -461,6 +514,68 @@ async function rejection(promise: Promise<unknown>): Promise<Error> {
     return error;
   }
   assert.fail("expected a rejection, got a result");
+}
+
+/**
+ * A TCP relay to `address` that loses one answer: it reads atmost's side as
+ * HTTP/2 frames (9 bytes of header: length 3, type 1, flags 1, stream id 4;
+ * type 0 is DATA) and cuts the connection just before the first DATA frame
+ * of the `lose`-th response (counted across connections), after atmost has
+ * applied and answered the request. Not listening until told.
+ */
+function answerLosingRelay(address: string, lose: number): { server: Server; lost: () => boolean; close: () => void } {
+  const [host, port] = [address.slice(0, address.lastIndexOf(":")), Number(address.slice(address.lastIndexOf(":") + 1))];
+  const sockets = new Set<Socket>();
+  let responses = 0;
+  let lost = false;
+  const server = createServer((downstream) => {
+    const upstream = connect(port, host);
+    const cut = () => {
+      downstream.destroy();
+      upstream.destroy();
+    };
+    for (const s of [downstream, upstream]) {
+      sockets.add(s);
+      s.on("close", () => {
+        sockets.delete(s);
+        cut();
+      });
+      s.on("error", cut);
+    }
+    downstream.pipe(upstream);
+    const streams = new Set<number>();
+    let buffer = Buffer.alloc(0);
+    upstream.on("data", (chunk: Buffer) => {
+      if (downstream.destroyed) return;
+      buffer = Buffer.concat([buffer, chunk]);
+      let whole = 0;
+      while (buffer.length - whole >= 9) {
+        const size = 9 + buffer.readUIntBE(whole, 3);
+        if (buffer.length - whole < size) break;
+        const stream = buffer.readUInt32BE(whole + 5) & 0x7fffffff;
+        if (buffer[whole + 3] === 0 && stream !== 0 && !streams.has(stream)) {
+          streams.add(stream);
+          responses += 1;
+          if (responses === lose) {
+            lost = true;
+            downstream.write(buffer.subarray(0, whole), cut);
+            return;
+          }
+        }
+        whole += size;
+      }
+      downstream.write(buffer.subarray(0, whole));
+      buffer = buffer.subarray(whole);
+    });
+  });
+  return {
+    server,
+    lost: () => lost,
+    close: () => {
+      for (const s of sockets) s.destroy();
+      server.close();
+    },
+  };
 }
 
 /** A TCP server that forwards every connection to `address`; not listening until told. */

@@ -1,12 +1,13 @@
 /**
  * What the tests share: a real atmost process per test file (or per test),
- * started from ATMOST_BIN on a free loopback port and always killed, and
- * small helpers (a permit, a throwaway PKI made with openssl).
+ * started from ATMOST_BIN on a free loopback port and always killed, a
+ * redis-server that can be stopped under it, and small helpers (a permit, a
+ * throwaway PKI made with openssl).
  */
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { createHash, randomUUID } from "node:crypto";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
+import { connect, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -108,6 +109,85 @@ export class Atmost {
   client(options: Partial<ClientOptions> = {}): Client {
     return new Client({ address: this.address, ...options });
   }
+}
+
+/**
+ * A `redis-server` of the test's own, without persistence, on a unix socket
+ * (no port to race for); killed by {@link Redis.stop} or when the test
+ * process exits. {@link Redis.pause} stops the process (SIGSTOP) and
+ * {@link Redis.resume} continues it: meanwhile the commands atmost sends
+ * wait in the socket, unanswered, and run when it resumes, as behind a
+ * stalled network.
+ */
+export class Redis {
+  private constructor(
+    readonly process: ChildProcess,
+    /** The URL atmost takes: `unix:///...`. */
+    readonly url: string,
+  ) {}
+
+  static async start(): Promise<Redis> {
+    const socket = join(tempDir(), "redis.sock");
+    const child = spawn("redis-server", ["--port", "0", "--unixsocket", socket, "--unixsocketperm", "700", "--save", "", "--appendonly", "no"], {
+      stdio: ["ignore", "ignore", "pipe"],
+      cwd: dirname(socket),
+    });
+    running.add(child);
+    let stderr = "";
+    child.stderr!.setEncoding("utf8");
+    child.stderr!.on("data", (chunk: string) => {
+      stderr = (stderr + chunk).slice(-4000);
+    });
+    const failed = new Promise<never>((_, reject) => {
+      child.once("error", (error) => reject(new Error(`redis-server could not run (is it installed?): ${error.message}`)));
+      child.once("exit", (code, signal) => reject(new Error(`redis-server exited (${code ?? signal}):\n${stderr}`)));
+    });
+    failed.catch(() => {}); // raised by the race below while starting; later exits are stop()'s
+    const redis = new Redis(child, `unix://${socket}`);
+    // A hang guard only, as for atmost's start.
+    const giveUp = performance.now() + 60_000;
+    while (!(await Promise.race([pong(socket), failed]))) {
+      if (performance.now() > giveUp) {
+        await redis.stop();
+        throw new Error(`redis-server did not answer on ${socket}:\n${stderr}`);
+      }
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    return redis;
+  }
+
+  pause(): void {
+    this.process.kill("SIGSTOP");
+  }
+
+  resume(): void {
+    this.process.kill("SIGCONT");
+  }
+
+  /** Kills the server (a stopped one too) and waits until it is gone. */
+  async stop(): Promise<void> {
+    running.delete(this.process);
+    if (this.process.exitCode !== null || this.process.signalCode !== null) return;
+    const gone = new Promise((r) => this.process.once("exit", r));
+    this.process.kill("SIGKILL");
+    await gone;
+  }
+}
+
+/** Whether a Redis answers PING on the unix socket `path`. */
+function pong(path: string): Promise<boolean> {
+  return new Promise((resolvePong) => {
+    const socket = connect(path);
+    let reply = "";
+    socket.setTimeout(1_000, () => socket.destroy());
+    socket.on("connect", () => socket.write("PING\r\n"));
+    socket.on("data", (chunk) => {
+      reply += chunk.toString("latin1");
+      if (reply.includes("\r\n")) socket.destroy();
+    });
+    socket.on("error", () => {});
+    socket.on("close", () => resolvePong(reply === "+PONG\r\n"));
+  });
 }
 
 /** A loopback port nothing listens on right now. */

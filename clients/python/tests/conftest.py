@@ -5,6 +5,8 @@ ATMOST_BIN (default ${CARGO_TARGET_DIR:-target}/debug/atmost), its address
 read from its first stdout line; every process started is killed at the
 end, whatever happened. Three are shared by the session: a plain one, one
 with --auth-keys, and one over TLS (with client certificates and keys).
+A test that needs the store to stall starts its own redis-server
+(:class:`Redis`) and an atmost on it.
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ import os
 import pathlib
 import queue
 import secrets
+import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import threading
+import time
 from typing import Iterator, List, Optional
 
 import pytest
@@ -188,3 +194,61 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# === a Redis that can stall ===
+
+
+class Redis:
+    """A `redis-server` of the test's own, without persistence, on a unix
+    socket (no port to race for), killed by :meth:`stop`. :meth:`pause`
+    stops the process (SIGSTOP) and :meth:`resume` continues it: meanwhile
+    the commands atmost sends wait in the socket, unanswered, and run when
+    it resumes, as behind a stalled network."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "redis-server is not installed: the stalled-store tests run a Redis of their own"
+            )
+        # Short: a unix socket's path must fit in about 100 bytes.
+        self.dir = tempfile.mkdtemp(prefix="atmost-py-redis-")
+        self.socket = os.path.join(self.dir, "redis.sock")
+        settings = ["--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700"]
+        settings += ["--save", "", "--appendonly", "no", "--dir", self.dir]
+        self.process = subprocess.Popen(
+            [binary, *settings],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        give_up = time.monotonic() + START_TIMEOUT
+        while not self._answers():
+            if self.process.poll() is not None or time.monotonic() > give_up:
+                self.stop()
+                raise RuntimeError(f"redis-server did not start on {self.socket}")
+            time.sleep(0.02)
+        self.url = f"unix://{self.socket}"
+
+    def _answers(self) -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(1.0)
+                s.connect(self.socket)
+                s.sendall(b"PING\r\n")
+                return s.recv(16) == b"+PONG\r\n"
+        except OSError:
+            return False
+
+    def pause(self) -> None:
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()  # SIGKILL ends a stopped process too
+        self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)

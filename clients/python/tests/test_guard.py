@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any, List
+import time
+from typing import Any, List, Optional
 
 import grpc
 import pytest
@@ -27,6 +28,7 @@ from atmost_client import (
     fingerprint,
     pb,
 )
+from atmost_client.guard import LEASE_MARGIN
 
 TOOL = "wallet.charge"
 REQUEST = {"amount": 500, "currency": "EUR", "to": "acct_42"}
@@ -379,13 +381,20 @@ class Relay:
     that it can lose one answer: with ``lose_response=n``, the connection is
     cut just before the first DATA frame of the n-th response (counted
     across connections), after atmost has applied and answered the request.
+    It reads the client's side as frames too, to note when the first
+    request (its HEADERS frame) went on to atmost: ``first_request_at``, on
+    ``time.monotonic()``.
     """
+
+    #: What an HTTP/2 client sends before its first frame.
+    PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
     def __init__(self, port: int, upstream: str, lose_response: int = 0) -> None:
         host, _, up_port = upstream.rpartition(":")
         self.upstream = (host, int(up_port))
         self.lose_response = lose_response
         self.responses = 0
+        self.first_request_at: Optional[float] = None
         self.lost = threading.Event()
         self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", port))
@@ -400,16 +409,32 @@ class Relay:
                 return
             up = socket.create_connection(self.upstream)
             self.sockets += [conn, up]
-            threading.Thread(target=self._pump, args=(conn, up), daemon=True).start()
+            threading.Thread(target=self._requests, args=(conn, up), daemon=True).start()
             threading.Thread(target=self._frames, args=(up, conn), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _requests(self, src: socket.socket, dst: socket.socket) -> None:
+        """Client to server, unchanged; the preface, then frames (type 1 is
+        HEADERS). The instant is taken before the bytes go on, so atmost
+        has the request only after it."""
+        buffer, skip = b"", len(self.PREFACE)
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                if self.first_request_at is None:
+                    buffer += data
+                while self.first_request_at is None:
+                    if skip:
+                        taken = min(skip, len(buffer))
+                        buffer, skip = buffer[taken:], skip - taken
+                        if skip:
+                            break
+                    if len(buffer) < 9:
+                        break
+                    if buffer[3] == 1:
+                        self.first_request_at = time.monotonic()
+                    skip = 9 + int.from_bytes(buffer[:3], "big")
                 dst.sendall(data)
         except OSError:
             pass
@@ -502,6 +527,28 @@ def test_a_lost_authorize_answer_is_retried_with_the_same_holder_token(client, s
     # The retry carried the first try's token: the same DISPATCH, told again.
     assert outcome.redelivered and not outcome.replayed
     assert len(tool.sent) == 1
+    assert client.get_permit(permit).usage[0].calls_made == 1
+
+
+def test_a_redelivered_dispatch_gets_only_what_is_left_of_the_lease(client, server, relays):
+    # The first Authorize answer is lost; the retry, with the same token,
+    # gets the DISPATCH redelivered. Its lease began when atmost recorded
+    # the reservation, after the first request reached it: the deadline
+    # must end within the lease (less the margin) counted from there, not
+    # from the redelivery, which came a lost answer and a backoff later.
+    permit = new_permit(client)
+    relay = Relay(free_port(), server.address, lose_response=1)
+    relays.append(relay)
+    port = relay.listener.getsockname()[1]
+    with Client(f"127.0.0.1:{port}") as c:
+        with c.guard(permit, TOOL, "charge-1", request=REQUEST) as call:
+            assert relay.lost.is_set() and call.redelivered
+            expires, created = call.attempt.lease_expires_at, call.attempt.created_at
+            lease = (expires.seconds - created.seconds) + (expires.nanos - created.nanos) / 1e9
+            assert relay.first_request_at is not None
+            assert call.deadline <= relay.first_request_at + lease - LEASE_MARGIN
+            assert call.time_left() > 0  # the default 30 s lease leaves plenty
+            call.succeeded({"tx": 1})
     assert client.get_permit(permit).usage[0].calls_made == 1
 
 

@@ -42,13 +42,16 @@ DEFAULT_CHANNEL_OPTIONS: Tuple[Tuple[str, Any], ...] = (
 class Retry:
     """How the guarded call retries Authorize, Commit and MarkUncertain.
 
-    A retryable failure (UNAVAILABLE, DEADLINE_EXCEEDED, and for Authorize
-    IDEMPOTENCY_IN_PROGRESS) is sent again, the same request, after the
-    server's RetryInfo delay or else an exponential backoff with jitter
-    (50 ms doubling, at most 2 s), until ``max_tries`` tries or
-    ``max_time`` seconds: then the last error is raised. A wait that would
-    end past ``max_time`` is not begun. ``on_retry(rpc, error, delay)`` is
-    called before each wait (for logs and metrics).
+    A retryable failure (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED without
+    atmost's ErrorInfo, and for Authorize IDEMPOTENCY_IN_PROGRESS) is sent
+    again, the same request, after the server's RetryInfo delay or else an
+    exponential backoff with jitter (50 ms doubling, at most 2 s), until
+    ``max_tries`` tries or ``max_time`` seconds: then the last error is
+    raised. A wait that would end past ``max_time`` is not begun: the last
+    error is raised at once (an IDEMPOTENCY_IN_PROGRESS whose RetryInfo
+    delay, the other holder's lease, outlasts the budget raises InProgress
+    without waiting). ``on_retry(rpc, error, delay)`` is called before each
+    wait (for logs and metrics).
     """
 
     max_tries: int = 5
@@ -371,7 +374,9 @@ class Client:
     ) -> Any:
         """``send(timeout)`` until it answers, per :class:`Retry`. Only
         failures that leave the request safe to send again as it is are
-        retried: UNAVAILABLE (nothing decided, or shed), DEADLINE_EXCEEDED,
+        retried: :class:`Unavailable` (UNAVAILABLE: nothing decided, or
+        shed; DEADLINE_EXCEEDED; CANCELLED without atmost's ErrorInfo: a
+        timeout, applied or not, and the same request answers the same),
         and with ``in_progress`` IDEMPOTENCY_IN_PROGRESS."""
         start = time.monotonic()
         tries = 0

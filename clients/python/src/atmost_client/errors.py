@@ -115,9 +115,12 @@ class InProgress(AtmostError):
 
 class Unavailable(AtmostError):
     """UNAVAILABLE: atmost's store did not answer, atmost shed the request
-    (OVERLOADED), or the transport failed (connection refused or reset).
-    Retry with the same idempotency key: a reservation made meanwhile comes
-    back, never a second one."""
+    (OVERLOADED), or the transport failed (connection refused or reset);
+    also CANCELLED without atmost's ErrorInfo (the server's
+    ``--request-timeout`` answers CANCELLED "Timeout expired"), which says
+    nothing about whether the request applied. Retry with the same
+    idempotency key: a reservation made meanwhile comes back, never a
+    second one."""
 
 
 class DeadlineExceeded(Unavailable):
@@ -231,7 +234,7 @@ def from_rpc_error(error: grpc.RpcError) -> AtmostError:
         return InProgress(message, **kw)
     if reason in DENIED_REASONS:
         return Denied(message, **kw)
-    if code == grpc.StatusCode.UNAVAILABLE:
+    if code == grpc.StatusCode.UNAVAILABLE or (code == grpc.StatusCode.CANCELLED and reason is None):
         return Unavailable(message, **kw)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceeded(message, **kw)

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 MAX_RESULT_BYTES = 64 * 1024
 
 #: Taken off the lease to make the default dispatch deadline: the lease is
-#: counted on the server's clock from before its answer was sent, the
-#: deadline on ours from when the answer arrived.
+#: decided on the server's clock, the deadline counted on ours, and the
+#: margin covers the answer's trip and the two clocks' rates.
 LEASE_MARGIN = 1.0
 
 _UNSET: Any = object()
@@ -123,8 +123,10 @@ class GuardedCall:
     Options: ``request`` (a JSON value, fingerprinted) or ``fingerprint``
     (bytes), ``cost`` (default 0), ``holder_token`` (bytes; default 16
     random ones, for this call only), ``timeout`` (the dispatch deadline in
-    seconds; default the attempt's lease less 1 s, from when DISPATCH
-    arrived), ``retry`` (a :class:`Retry`; default the client's).
+    seconds from when DISPATCH arrived; default the attempt's lease less
+    1 s, counted from when DISPATCH arrived, or for a DISPATCH redelivered
+    to the call's own random token from its first Authorize try),
+    ``retry`` (a :class:`Retry`; default the client's).
     """
 
     def __init__(
@@ -165,6 +167,9 @@ class GuardedCall:
         self.fingerprint = fingerprint if fingerprint is not None else fingerprint_of(request)
         self.cost = cost
         self.holder_token = holder_token if holder_token is not None else secrets.token_bytes(16)
+        # A token made here was first sent by this call's first Authorize
+        # try, so any reservation it holds is younger than that try.
+        self._token_is_ours = holder_token is None
         self._timeout = timeout
         self.retry = retry if retry is not None else client.retry
         #: Set by :meth:`authorize`.
@@ -173,7 +178,8 @@ class GuardedCall:
         self.redelivered = False
         self.result: Any = None
         self.outcome: Optional[Outcome] = None
-        #: The dispatch deadline in seconds (from DISPATCH) and its instant on time.monotonic().
+        #: The time the dispatch was given, in seconds from when DISPATCH
+        #: arrived, and the deadline's instant on time.monotonic().
         self.timeout: Optional[float] = None
         self.deadline: Optional[float] = None
         # "new" -> "dispatch" -> "settling" -> "settled"; "replay" for a REPLAY.
@@ -209,6 +215,7 @@ class GuardedCall:
             raise RuntimeError("a guarded call authorizes once")
         self._state = "authorizing"
         client = self._client
+        first_try = time.monotonic()
         answer = client._retrying(
             "Authorize",
             lambda timeout: client.authorize(
@@ -258,13 +265,24 @@ class GuardedCall:
             expires, created = attempt.lease_expires_at, attempt.created_at
             # In whole seconds and nanoseconds: exact, where two epoch floats would round.
             lease = (expires.seconds - created.seconds) + (expires.nanos - created.nanos) / 1e9
-            self.timeout = lease - LEASE_MARGIN
+            # The lease is the server's; it is counted on our clock from an
+            # instant we know. A fresh DISPATCH was reserved by the try that
+            # answered it: counted from its arrival, only the answer's trip
+            # is overcounted, and the margin covers that. A redelivery to
+            # this call's own token repeats a reservation an earlier try
+            # made, maybe long before (its answer lost, the retries' waits):
+            # counted from the first try, sent before any of them, the lease
+            # cannot be overrun. A token the caller gave may hold a
+            # reservation older than this call, which nothing here can see:
+            # the caller gives ``timeout`` then.
+            since = first_try if self.redelivered and self._token_is_ours else arrived
+            self.timeout = lease - LEASE_MARGIN - (arrived - since)
         self.deadline = arrived + self.timeout
-        if self.timeout <= 0:
+        if self.time_left() <= 0:
             self.not_sent(
                 NotSent(
-                    f"the lease leaves no time to send ({self.timeout + LEASE_MARGIN:.3g} s,"
-                    f" {LEASE_MARGIN} s margin)"
+                    f"the lease leaves no time to send ({self.timeout:.3g} s left at the DISPATCH"
+                    f" after the {LEASE_MARGIN} s margin)"
                 )
             )
         return self

@@ -26,7 +26,7 @@ from atmost_client._pb import gate_pb2 as atmost_dot_v1_dot_gate__pb2
 from atmost_client._pb import types_pb2 as atmost_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61tmost/v1/permits.proto\x12\tatmost.v1\x1a\x14\x61tmost/v1/gate.proto\x1a\x15\x61tmost/v1/types.proto\"8\n\x13\x43reatePermitRequest\x12!\n\x06permit\x18\x01 \x01(\x0b\x32\x11.atmost.v1.Permit\"%\n\x10GetPermitRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\"\xbe\x01\n\x11GetPermitResponse\x12!\n\x06permit\x18\x01 \x01(\x0b\x32\x11.atmost.v1.Permit\x12\x1f\n\x05usage\x18\x02 \x03(\x0b\x32\x10.atmost.v1.Usage\x12\x18\n\x10\x62udget_committed\x18\x03 \x01(\x03\x12\x17\n\x0f\x62udget_reserved\x18\x04 \x01(\x03\x12\x1d\n\x10\x62udget_remaining\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_budget_remaining\"(\n\x13RevokePermitRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\"P\n\x14ListUncertainRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"V\n\x15ListUncertainResponse\x12$\n\x08\x61ttempts\x18\x01 \x03(\x0b\x32\x12.atmost.v1.Attempt\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xd3\x01\n\x0eResolveRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12)\n\tsucceeded\x18\x03 \x01(\x0b\x32\x14.atmost.v1.SucceededH\x00\x12#\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32\x11.atmost.v1.FailedH\x00\x12&\n\x08not_sent\x18\x05 \x01(\x0b\x32\x12.atmost.v1.NotSentH\x00\x12\x12\n\nattempt_id\x18\x06 \x01(\tB\t\n\x07outcome\"W\n\x0fResolveResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.atmost.v1.Usage2\xed\x02\n\x07Permits\x12\x41\n\x0c\x43reatePermit\x12\x1e.atmost.v1.CreatePermitRequest\x1a\x11.atmost.v1.Permit\x12\x46\n\tGetPermit\x12\x1b.atmost.v1.GetPermitRequest\x1a\x1c.atmost.v1.GetPermitResponse\x12\x41\n\x0cRevokePermit\x12\x1e.atmost.v1.RevokePermitRequest\x1a\x11.atmost.v1.Permit\x12R\n\rListUncertain\x12\x1f.atmost.v1.ListUncertainRequest\x1a .atmost.v1.ListUncertainResponse\x12@\n\x07Resolve\x12\x19.atmost.v1.ResolveRequest\x1a\x1a.atmost.v1.ResolveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61tmost/v1/permits.proto\x12\tatmost.v1\x1a\x14\x61tmost/v1/gate.proto\x1a\x15\x61tmost/v1/types.proto\"8\n\x13\x43reatePermitRequest\x12!\n\x06permit\x18\x01 \x01(\x0b\x32\x11.atmost.v1.Permit\"%\n\x10GetPermitRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\"\xbe\x01\n\x11GetPermitResponse\x12!\n\x06permit\x18\x01 \x01(\x0b\x32\x11.atmost.v1.Permit\x12\x1f\n\x05usage\x18\x02 \x03(\x0b\x32\x10.atmost.v1.Usage\x12\x18\n\x10\x62udget_committed\x18\x03 \x01(\x03\x12\x17\n\x0f\x62udget_reserved\x18\x04 \x01(\x03\x12\x1d\n\x10\x62udget_remaining\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_budget_remaining\"?\n\x11GetAttemptRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"9\n\x12GetAttemptResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt\"(\n\x13RevokePermitRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\"P\n\x14ListUncertainRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"V\n\x15ListUncertainResponse\x12$\n\x08\x61ttempts\x18\x01 \x03(\x0b\x32\x12.atmost.v1.Attempt\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xd3\x01\n\x0eResolveRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12)\n\tsucceeded\x18\x03 \x01(\x0b\x32\x14.atmost.v1.SucceededH\x00\x12#\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32\x11.atmost.v1.FailedH\x00\x12&\n\x08not_sent\x18\x05 \x01(\x0b\x32\x12.atmost.v1.NotSentH\x00\x12\x12\n\nattempt_id\x18\x06 \x01(\tB\t\n\x07outcome\"W\n\x0fResolveResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.atmost.v1.Usage2\xb8\x03\n\x07Permits\x12\x41\n\x0c\x43reatePermit\x12\x1e.atmost.v1.CreatePermitRequest\x1a\x11.atmost.v1.Permit\x12\x46\n\tGetPermit\x12\x1b.atmost.v1.GetPermitRequest\x1a\x1c.atmost.v1.GetPermitResponse\x12I\n\nGetAttempt\x12\x1c.atmost.v1.GetAttemptRequest\x1a\x1d.atmost.v1.GetAttemptResponse\x12\x41\n\x0cRevokePermit\x12\x1e.atmost.v1.RevokePermitRequest\x1a\x11.atmost.v1.Permit\x12R\n\rListUncertain\x12\x1f.atmost.v1.ListUncertainRequest\x1a .atmost.v1.ListUncertainResponse\x12@\n\x07Resolve\x12\x19.atmost.v1.ResolveRequest\x1a\x1a.atmost.v1.ResolveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,16 +39,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETPERMITREQUEST']._serialized_end=178
   _globals['_GETPERMITRESPONSE']._serialized_start=181
   _globals['_GETPERMITRESPONSE']._serialized_end=371
-  _globals['_REVOKEPERMITREQUEST']._serialized_start=373
-  _globals['_REVOKEPERMITREQUEST']._serialized_end=413
-  _globals['_LISTUNCERTAINREQUEST']._serialized_start=415
-  _globals['_LISTUNCERTAINREQUEST']._serialized_end=495
-  _globals['_LISTUNCERTAINRESPONSE']._serialized_start=497
-  _globals['_LISTUNCERTAINRESPONSE']._serialized_end=583
-  _globals['_RESOLVEREQUEST']._serialized_start=586
-  _globals['_RESOLVEREQUEST']._serialized_end=797
-  _globals['_RESOLVERESPONSE']._serialized_start=799
-  _globals['_RESOLVERESPONSE']._serialized_end=886
-  _globals['_PERMITS']._serialized_start=889
-  _globals['_PERMITS']._serialized_end=1254
+  _globals['_GETATTEMPTREQUEST']._serialized_start=373
+  _globals['_GETATTEMPTREQUEST']._serialized_end=436
+  _globals['_GETATTEMPTRESPONSE']._serialized_start=438
+  _globals['_GETATTEMPTRESPONSE']._serialized_end=495
+  _globals['_REVOKEPERMITREQUEST']._serialized_start=497
+  _globals['_REVOKEPERMITREQUEST']._serialized_end=537
+  _globals['_LISTUNCERTAINREQUEST']._serialized_start=539
+  _globals['_LISTUNCERTAINREQUEST']._serialized_end=619
+  _globals['_LISTUNCERTAINRESPONSE']._serialized_start=621
+  _globals['_LISTUNCERTAINRESPONSE']._serialized_end=707
+  _globals['_RESOLVEREQUEST']._serialized_start=710
+  _globals['_RESOLVEREQUEST']._serialized_end=921
+  _globals['_RESOLVERESPONSE']._serialized_start=923
+  _globals['_RESOLVERESPONSE']._serialized_end=1010
+  _globals['_PERMITS']._serialized_start=1013
+  _globals['_PERMITS']._serialized_end=1453
 # @@protoc_insertion_point(module_scope)

@@ -34,6 +34,20 @@ class GetPermitResponse(_message.Message):
     budget_remaining: int
     def __init__(self, permit: _Optional[_Union[_types_pb2.Permit, _Mapping]] = ..., usage: _Optional[_Iterable[_Union[_types_pb2.Usage, _Mapping]]] = ..., budget_committed: _Optional[int] = ..., budget_reserved: _Optional[int] = ..., budget_remaining: _Optional[int] = ...) -> None: ...
 
+class GetAttemptRequest(_message.Message):
+    __slots__ = ("permit_id", "idempotency_key")
+    PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    permit_id: str
+    idempotency_key: str
+    def __init__(self, permit_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class GetAttemptResponse(_message.Message):
+    __slots__ = ("attempt",)
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    attempt: _types_pb2.Attempt
+    def __init__(self, attempt: _Optional[_Union[_types_pb2.Attempt, _Mapping]] = ...) -> None: ...
+
 class RevokePermitRequest(_message.Message):
     __slots__ = ("permit_id",)
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]

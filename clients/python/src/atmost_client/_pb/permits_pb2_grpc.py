@@ -45,6 +45,11 @@ class PermitsStub(object):
                 request_serializer=atmost_dot_v1_dot_permits__pb2.GetPermitRequest.SerializeToString,
                 response_deserializer=atmost_dot_v1_dot_permits__pb2.GetPermitResponse.FromString,
                 _registered_method=True)
+        self.GetAttempt = channel.unary_unary(
+                '/atmost.v1.Permits/GetAttempt',
+                request_serializer=atmost_dot_v1_dot_permits__pb2.GetAttemptRequest.SerializeToString,
+                response_deserializer=atmost_dot_v1_dot_permits__pb2.GetAttemptResponse.FromString,
+                _registered_method=True)
         self.RevokePermit = channel.unary_unary(
                 '/atmost.v1.Permits/RevokePermit',
                 request_serializer=atmost_dot_v1_dot_permits__pb2.RevokePermitRequest.SerializeToString,
@@ -74,6 +79,14 @@ class PermitsServicer(object):
 
     def GetPermit(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAttempt(self, request, context):
+        """One idempotency key's attempt, as every reader sees it now (a RESERVED
+        attempt past its lease reads UNCERTAIN, "lease_expired"). Reads only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -117,6 +130,11 @@ def add_PermitsServicer_to_server(servicer, server):
                     servicer.GetPermit,
                     request_deserializer=atmost_dot_v1_dot_permits__pb2.GetPermitRequest.FromString,
                     response_serializer=atmost_dot_v1_dot_permits__pb2.GetPermitResponse.SerializeToString,
+            ),
+            'GetAttempt': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAttempt,
+                    request_deserializer=atmost_dot_v1_dot_permits__pb2.GetAttemptRequest.FromString,
+                    response_serializer=atmost_dot_v1_dot_permits__pb2.GetAttemptResponse.SerializeToString,
             ),
             'RevokePermit': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokePermit,
@@ -188,6 +206,33 @@ class Permits(object):
             '/atmost.v1.Permits/GetPermit',
             atmost_dot_v1_dot_permits__pb2.GetPermitRequest.SerializeToString,
             atmost_dot_v1_dot_permits__pb2.GetPermitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAttempt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/atmost.v1.Permits/GetAttempt',
+            atmost_dot_v1_dot_permits__pb2.GetAttemptRequest.SerializeToString,
+            atmost_dot_v1_dot_permits__pb2.GetAttemptResponse.FromString,
             options,
             channel_credentials,
             insecure,
