@@ -402,6 +402,9 @@ async fn census_store(ctx: Ctx, telemetry: Telemetry, interval: Duration, stop: 
     let Some(census) = telemetry.census() else {
         return;
     };
+    // Whether the last pass failed: a failure is logged once (WARN), and
+    // the pass that ends it once (INFO), not every interval.
+    let mut failing = false;
     loop {
         let mut tally = crate::telemetry::census::Tally::default();
         let mut after = None;
@@ -418,14 +421,24 @@ async fn census_store(ctx: Ctx, telemetry: Telemetry, interval: Duration, stop: 
                     }
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, "uncertain census failed; retried next interval");
+                    if !failing {
+                        tracing::warn!(
+                            error = %e,
+                            "uncertain census failed: atmost_uncertain_* keep their last figures; \
+                             retried every interval"
+                        );
+                    }
                     break false;
                 }
             }
         };
         if complete {
             census.publish(tally.uncertain, tally.oldest_age);
+            if failing {
+                tracing::info!("uncertain census completed again");
+            }
         }
+        failing = !complete;
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(interval) => {}

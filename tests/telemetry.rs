@@ -782,3 +782,61 @@ pub async fn exported_metric_names() -> std::collections::BTreeSet<String> {
         .map(|series| series.split('{').next().expect("a name").to_owned())
         .collect()
 }
+
+/// While the store cannot be reached the census keeps its last figures and
+/// says how old they are; once it can, a pass replaces them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_census_that_cannot_run_keeps_its_figures_and_says_how_old() {
+    let _machine = crate::support::shared().await;
+    let mut redis = Redis::start_persistent();
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut args = redis.serve_args();
+    args.extend([
+        "--metrics-listen".to_owned(),
+        metrics.to_string(),
+        "--uncertain-census-interval".to_owned(),
+        "1s".to_owned(),
+        "--store-timeout".to_owned(),
+        "200ms".to_owned(),
+    ]);
+    let server = spawn_atmost_with_env::<String>(&args, &[]);
+    let client = server.client().await;
+    // A lease of 1 ms: UNCERTAIN as soon as it is reserved.
+    let permit = client
+        .create_permit(
+            NewPermit::new(["t"])
+                .expires_at_ms(now_ms() + 3_600_000)
+                .lease(Duration::from_millis(1)),
+        )
+        .await
+        .expect("create");
+    client
+        .authorize(authorize(&permit.permit_id, "k1", b"fp"))
+        .await
+        .expect("dispatch");
+    scrape_until(metrics, "the lease that ran out", |s| {
+        value(s, "atmost_uncertain_attempts") == 1.0
+    })
+    .await;
+
+    redis.kill();
+    // No pass can complete now: the census age passes several intervals.
+    let stale = scrape_until(metrics, "a stale census", |s| {
+        value(s, "atmost_uncertain_census_age_seconds") > 3.0
+    })
+    .await;
+    assert_eq!(value(&stale, "atmost_uncertain_attempts"), 1.0, "kept");
+    let later = scrape(metrics).await;
+    assert!(
+        value(&later, "atmost_uncertain_census_age_seconds")
+            >= value(&stale, "atmost_uncertain_census_age_seconds")
+    );
+
+    redis.restart();
+    let fresh = scrape_until(metrics, "a pass after Redis came back", |s| {
+        value(s, "atmost_uncertain_census_age_seconds")
+            < value(&stale, "atmost_uncertain_census_age_seconds")
+    })
+    .await;
+    assert_eq!(value(&fresh, "atmost_uncertain_attempts"), 1.0);
+}
