@@ -17,6 +17,7 @@ import type {
   AuthorizeResponse,
   CommitRequest,
   CommitResponse,
+  GetAttemptResponse,
   GetPermitResponse,
   GetSigningKeysResponse,
   ListUncertainRequest,
@@ -146,6 +147,16 @@ export class Client {
 
   getPermit(permitId: string, options?: CallOptions): Promise<GetPermitResponse> {
     return this.unary(options, (md, opts, cb) => this.permits.getPermit({ permitId }, md, opts, cb));
+  }
+
+  /**
+   * One key's attempt as atmost sees it now (a RESERVED one past its lease
+   * reads UNCERTAIN, `lease_expired`). Reads only. A key the permit never
+   * saw is an AtmostError ATTEMPT_NOT_FOUND; an unknown permit Denied
+   * PERMIT_NOT_FOUND.
+   */
+  getAttempt(permitId: string, idempotencyKey: string, options?: CallOptions): Promise<GetAttemptResponse> {
+    return this.unary(options, (md, opts, cb) => this.permits.getAttempt({ permitId, idempotencyKey }, md, opts, cb));
   }
 
   /** Stops new keys; existing attempts keep working. */
