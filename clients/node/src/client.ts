@@ -86,7 +86,8 @@ export class Client {
   private readonly permits: PermitsClient;
   private readonly receipts: ReceiptsClient;
   private readonly authorization?: string;
-  private readonly deadlineMs: number;
+  /** Each RPC's deadline in milliseconds, unless the call gives its own ({@link ClientOptions.deadlineMs}). */
+  readonly deadlineMs: number;
 
   constructor(options: ClientOptions) {
     if (typeof options?.address !== "string" || options.address === "") {
@@ -116,7 +117,10 @@ export class Client {
     this.receipts = new atmostV1.Receipts(options.address, credentials, shared);
   }
 
-  /** Closes the channel; calls still open fail with CANCELLED. */
+  /**
+   * Closes the channel: new calls fail at once; calls already open run to
+   * their answer or their deadline (grpc-js does not cancel them).
+   */
   close(): void {
     this.gate.close();
   }
