@@ -6,9 +6,9 @@
 //!   joins the caller's trace; a child span per store call, and under a
 //!   Redis store call one per Lua script it runs. Attributes: the OTel RPC
 //!   conventions' `rpc.system`, `rpc.service`, `rpc.method`,
-//!   `rpc.grpc.status_code`, and atmost's `permit_id`, `tool`, `decision`,
-//!   `reason` (the ErrorInfo reason of an error) and `attempt_id`. Never a
-//!   fingerprint, a result, a holder token, an idempotency key or a key.
+//!   `rpc.grpc.status_code`, and atmost's `permit_id`, `tool`, `decision`
+//!   and `reason` (the ErrorInfo reason of an error). Never a fingerprint,
+//!   a result, a holder token, an idempotency key, an attempt id or a key.
 //! - **Metrics.** One set of instruments ([`instruments`]), read by a
 //!   Prometheus exporter (`--metrics-listen`, [`prometheus`]) and by a
 //!   periodic OTLP exporter, whichever are configured.

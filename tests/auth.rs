@@ -270,6 +270,102 @@ async fn every_rpc_needs_a_known_key_with_a_role_that_may_call_it() {
 
 /// The key file is read again when it changes, on the connections already
 /// open; a file that does not parse keeps the keys in force.
+/// GetAttempt hands out an attempt's fencing token (its attempt_id) only
+/// to whom it cannot hurt: never while the attempt is RESERVED (its holder
+/// has it from Authorize), and while UNCERTAIN only to operators and admins,
+/// who may Resolve it anyway. Another agent of the tenant, reading the key
+/// another worker holds, gets no id to Commit NotSent (freeing the slot
+/// while that worker sends) or Commit Failed (releasing the cost of a call
+/// that may have happened) with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_attempt_gives_an_open_attempts_token_only_to_reconcilers() {
+    const SECOND_AGENT: &str = "agent-two-secret-0123456789";
+    let _machine = shared().await;
+    let keys = KeyFile::new(
+        &[
+            three_keys(),
+            entry("agent-2", SECOND_AGENT, "acme", "\"agent\""),
+        ]
+        .concat(),
+    );
+    let h = authed_harness(&keys).await;
+    let (admin, holder, ops) = (as_key(&h, ADMIN), as_key(&h, AGENT), as_key(&h, OPS));
+    let other = as_key(&h, SECOND_AGENT);
+    let permit = admin
+        .create_permit(h.permit(&["t"]))
+        .await
+        .expect("create")
+        .permit_id;
+    let held = holder
+        .authorize(authorize_request(&permit, "k1"))
+        .await
+        .expect("dispatch")
+        .attempt
+        .expect("an attempt");
+    assert!(!held.attempt_id.is_empty());
+    let id_read_by = |client: atmost_client::Client| {
+        let permit = permit.clone();
+        async move {
+            client
+                .get_attempt(&permit, "k1")
+                .await
+                .expect("get")
+                .attempt
+                .expect("an attempt")
+                .attempt_id
+        }
+    };
+    // RESERVED: nobody reads it, whatever the role.
+    for reader in [&other, &holder, &ops, &admin] {
+        assert_eq!(id_read_by(reader.clone()).await, "");
+    }
+    holder
+        .mark_uncertain(pb::MarkUncertainRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "k1".into(),
+            attempt_id: held.attempt_id.clone(),
+            reason: "lost".into(),
+        })
+        .await
+        .expect("mark");
+    // UNCERTAIN: operators and admins read it; agents do not.
+    assert_eq!(id_read_by(other.clone()).await, "");
+    assert_eq!(id_read_by(holder.clone()).await, "");
+    assert_eq!(id_read_by(ops.clone()).await, held.attempt_id);
+    assert_eq!(id_read_by(admin.clone()).await, held.attempt_id);
+    // The other agent has nothing to settle it with.
+    let (_, e) = expect_error(
+        other
+            .commit(pb::CommitRequest {
+                permit_id: permit.clone(),
+                idempotency_key: "k1".into(),
+                attempt_id: id_read_by(other.clone()).await,
+                outcome: Some(pb::commit_request::Outcome::Failed(pb::Failed {
+                    reason: "forged".into(),
+                })),
+            })
+            .await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    assert_eq!(e.violated_fields(), ["attempt_id"]);
+    let still = ops.get_attempt(&permit, "k1").await.expect("get");
+    assert_eq!(
+        still.attempt.expect("an attempt").state(),
+        pb::AttemptState::Uncertain
+    );
+    // Once settled, the id settles nothing more: every reader sees it.
+    ops.resolve(pb::ResolveRequest {
+        permit_id: permit.clone(),
+        idempotency_key: "k1".into(),
+        attempt_id: held.attempt_id.clone(),
+        outcome: Some(resolved_failed("declined")),
+    })
+    .await
+    .expect("resolve");
+    assert_eq!(id_read_by(other).await, held.attempt_id);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_key_file_takes_effect_on_open_connections_and_a_broken_one_changes_nothing() {
     let _machine = shared().await;

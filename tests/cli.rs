@@ -474,6 +474,18 @@ async fn uncertain_and_attempt_commands_list_resolve_and_read(kind: Kind) {
     assert!(r.stderr.contains("ATTEMPT_NOT_FOUND"), "{r:?}");
     assert!(r.stderr.contains("idempotency_key: never"), "{r:?}");
     on(&h, &["attempt", "get", &a]).await.exits(2);
+    // A RESERVED attempt: its id is its holder's fencing token, withheld.
+    let held = on(&h, &["attempt", "get", &b, "held"]).await.ok();
+    assert_eq!(row(&held.stdout, "state"), ["RESERVED"]);
+    assert_eq!(
+        row(&held.stdout, "attempt"),
+        ["(withheld:", "open", "attempt)"]
+    );
+    let json = on(&h, &["attempt", "get", &b, "held", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(json["attempt"]["attemptId"], "");
 
     // resolve --succeeded: a receipt with the result and the cost given.
     let done = on(
@@ -600,6 +612,16 @@ async fn uncertain_and_attempt_commands_list_resolve_and_read(kind: Kind) {
         still.attempt.expect("a").state(),
         pb::AttemptState::Uncertain
     );
+    // The operator's flow: the id as the listing shows it.
+    let listed_b = on(&h, &["uncertain", "list", "--permit", &b, "--json"])
+        .await
+        .ok()
+        .json();
+    let kb_id = listed_b["attempts"][0]["attemptId"]
+        .as_str()
+        .expect("an attempt id")
+        .to_owned();
+    assert_eq!(kb_id, kb.attempt_id);
     let released = on(
         &h,
         &[
@@ -609,7 +631,7 @@ async fn uncertain_and_attempt_commands_list_resolve_and_read(kind: Kind) {
             "kb",
             "--not-sent",
             "--attempt-id",
-            &kb.attempt_id,
+            &kb_id,
             "--yes",
         ],
     )

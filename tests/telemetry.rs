@@ -277,7 +277,7 @@ async fn spans_join_the_callers_trace(redis: Option<Redis>) {
     assert_eq!(string_attr(a, "permit_id"), Some(permit.permit_id.clone()));
     assert_eq!(string_attr(a, "tool").as_deref(), Some("wallet.charge"));
     assert_eq!(string_attr(a, "decision").as_deref(), Some("DISPATCH"));
-    assert_eq!(string_attr(a, "attempt_id"), Some(attempt_id.clone()));
+    assert_eq!(string_attr(a, "attempt_id"), None);
     assert_eq!(string_attr(a, "reason"), None);
 
     // The store call is its child, named by the operation; on Redis the
@@ -314,7 +314,7 @@ async fn spans_join_the_callers_trace(redis: Option<Redis>) {
     assert_eq!(committed.len(), 1);
     let c = &committed[0];
     assert_eq!(hex(&c.parent_span_id), parent_id);
-    assert_eq!(string_attr(c, "attempt_id"), Some(attempt_id));
+    assert_eq!(string_attr(c, "attempt_id"), None);
     assert_eq!(string_attr(c, "tool").as_deref(), Some("wallet.charge"));
 
     // The OTLP metrics carry the same decision.
@@ -337,9 +337,16 @@ async fn spans_join_the_callers_trace(redis: Option<Redis>) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // Never a fingerprint, a result, a holder token or an idempotency key.
+    // Never a fingerprint, a result, a holder token, an idempotency key or
+    // an attempt id (the fencing token Commit takes).
     let sent = received.all_bytes();
-    for secret in [FINGERPRINT, RESULT, HOLDER_TOKEN, KEY.as_bytes()] {
+    for secret in [
+        FINGERPRINT,
+        RESULT,
+        HOLDER_TOKEN,
+        KEY.as_bytes(),
+        attempt_id.as_bytes(),
+    ] {
         assert!(
             !sent.windows(secret.len()).any(|w| w == secret),
             "{} was exported",

@@ -86,7 +86,7 @@ impl Audit {
     ) {
         self.about = None;
         // The same answer, for the RPC's span and metrics.
-        crate::telemetry::note(permit_id, tool, outcome, attempt_id);
+        crate::telemetry::note(permit_id, tool, outcome);
         if !self.enabled {
             return;
         }

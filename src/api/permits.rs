@@ -2,11 +2,12 @@
 //! ListUncertain, Resolve.
 
 use super::{Ctx, Deadline, audit::Audit, convert, scope_of, status::to_status, tenant_of};
-use crate::auth::Role;
+use crate::auth::{Identity, Role};
 use crate::domain::new_id;
-use crate::domain::{Error, invalid, validate_permit_id};
+use crate::domain::{AttemptState, Error, invalid, validate_permit_id};
 use crate::pb::{self, permits_server::Permits};
 use crate::store::Store;
+use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 /// ListUncertain's page size when the request gives none.
@@ -92,10 +93,11 @@ impl Permits for PermitsService {
         // As GetPermit: an agent key sees only the permits that name it
         // (or name no agent); operators and admins are not limited.
         let scope = scope_of(&request, &[Role::Admin, Role::Operator]);
+        let reconciler = reconciles(&request);
         let mut cmd = convert::get_attempt_cmd(request.into_inner());
         cmd.validate().map_err(to_status)?;
         crate::telemetry::note_permit(&cmd.permit_id);
-        let attempt = self
+        let mut attempt = self
             .ctx
             .call(
                 deadline,
@@ -105,6 +107,19 @@ impl Permits for PermitsService {
             )
             .await
             .map_err(to_status)?;
+        // The attempt_id is the fencing token Commit and MarkUncertain
+        // take. An open attempt's belongs to its holder, who has it from
+        // Authorize: a reader given it could Commit NotSent while the
+        // holder is still sending (the slot and the key freed, a second
+        // DISPATCH), or Commit Failed on a call that may have happened.
+        // So a RESERVED attempt's is never read back, and an UNCERTAIN
+        // one's only by those who may Resolve it anyway (as ListUncertain
+        // shows it them). A settled attempt's id can settle nothing more.
+        match attempt.state {
+            AttemptState::Reserved => attempt.attempt_id.clear(),
+            AttemptState::Uncertain if !reconciler => attempt.attempt_id.clear(),
+            _ => {}
+        }
         Ok(Response::new(pb::GetAttemptResponse {
             attempt: Some(convert::attempt(
                 attempt,
@@ -225,6 +240,19 @@ impl Permits for PermitsService {
             )),
             usage: Some(convert::usage(settled.usage)),
         }))
+    }
+}
+
+/// Whether the caller may reconcile UNCERTAIN attempts (ListUncertain,
+/// Resolve): a key with the operator or admin role, or any caller in dev
+/// mode, where no key is checked and every caller may call every RPC.
+fn reconciles<T>(request: &Request<T>) -> bool {
+    match request.extensions().get::<Arc<Identity>>() {
+        Some(caller) => caller
+            .roles
+            .iter()
+            .any(|r| matches!(r, Role::Operator | Role::Admin)),
+        None => true,
     }
 }
 

@@ -219,8 +219,14 @@ pub fn attempt(a: &pb::Attempt) -> String {
     if !a.uncertain_reason.is_empty() {
         state = format!("{state} ({})", text(&a.uncertain_reason));
     }
+    // GetAttempt leaves an open attempt's id (its fencing token) empty
+    // unless the caller may resolve it (docs/api.md, GetAttempt).
+    let id = match a.attempt_id.as_str() {
+        "" => "(withheld: open attempt)".to_owned(),
+        id => id.to_owned(),
+    };
     let mut rows = vec![
-        ("attempt", a.attempt_id.clone()),
+        ("attempt", id),
         ("permit", a.permit_id.clone()),
         ("key", text(&a.idempotency_key)),
         ("tool", a.tool.clone()),

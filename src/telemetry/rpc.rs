@@ -1,8 +1,8 @@
 //! One RPC's telemetry, in one place: [`RpcLayer`] opens the span (its
 //! parent the caller's `traceparent`), times the call, and when the answer
 //! has gone maps its outcome to the span's attributes and to the metrics.
-//! What only the handler knows (the permit, the tool, the decision, the
-//! attempt) it notes with [`note`] or [`note_permit`], and the one mapping
+//! What only the handler knows (the permit, the tool, the decision) it
+//! notes with [`note`] or [`note_permit`], and the one mapping
 //! of errors to statuses notes the reason ([`note_reason`]); the notes go
 //! to a task-local slot the layer reads back, so a handler records in one
 //! line and nothing is recorded twice.
@@ -132,11 +132,13 @@ fn cut(value: &str) -> &str {
     &value[..end]
 }
 
-/// What a handler learned about its RPC: the permit, the tool and the
-/// attempt (empty: not known), and `outcome` as the audit trail writes it
-/// (Authorize's decision, an attempt's state, or a refusal's reason).
-/// Called by [`crate::api::audit::Audit`] for every writing RPC.
-pub fn note(permit_id: &str, tool: &str, outcome: &str, attempt_id: &str) {
+/// What a handler learned about its RPC: the permit and the tool (empty:
+/// not known), and `outcome` as the audit trail writes it (Authorize's
+/// decision, an attempt's state, or a refusal's reason). Called by
+/// [`crate::api::audit::Audit`] for every writing RPC. Never the attempt's
+/// id: it is the fencing token Commit takes, operator data like the audit
+/// trail, and a trace backend is seldom kept as close.
+pub fn note(permit_id: &str, tool: &str, outcome: &str) {
     let _ = CURRENT.try_with(|current| {
         let decision = match outcome {
             "DISPATCH" => Some("DISPATCH"),
@@ -151,11 +153,7 @@ pub fn note(permit_id: &str, tool: &str, outcome: &str, attempt_id: &str) {
         }
         if current.shared.traces {
             let span = tracing::Span::current();
-            for (field, value) in [
-                ("permit_id", permit_id),
-                ("tool", tool),
-                ("attempt_id", attempt_id),
-            ] {
+            for (field, value) in [("permit_id", permit_id), ("tool", tool)] {
                 if !value.is_empty() {
                     span.record(field, cut(value));
                 }
@@ -169,7 +167,7 @@ pub fn note(permit_id: &str, tool: &str, outcome: &str, attempt_id: &str) {
 
 /// The permit a read-only RPC (GetPermit, ListUncertain) is about.
 pub fn note_permit(permit_id: &str) {
-    note(permit_id, "", "", "");
+    note(permit_id, "", "");
 }
 
 /// Authorize dispatched a new key whose request matched an earlier
@@ -323,7 +321,6 @@ where
                 tool = tracing::field::Empty,
                 decision = tracing::field::Empty,
                 reason = tracing::field::Empty,
-                attempt_id = tracing::field::Empty,
             );
             let parent = TraceContextPropagator::new().extract(&Headers(request.headers()));
             let _ = span.set_parent(parent);

@@ -1,10 +1,13 @@
 //! GetAttempt: one key's attempt, in every state, as every reader sees it;
-//! unknown keys and permits; malformed requests. A read changes nothing.
+//! an open attempt's fencing token withheld; unknown keys and permits;
+//! malformed requests. A read changes nothing. (These run in dev mode, where
+//! every caller may reconcile; what each role reads is in tests/auth.rs.)
 
 use super::*;
 
 on_both_stores!(
     get_attempt_reads_every_state_as_a_replay_would,
+    get_attempt_never_hands_a_reader_the_token_of_a_reserved_attempt,
     get_attempt_of_an_unknown_key_or_permit_is_not_found,
     get_attempt_refuses_malformed_input_whole,
 );
@@ -23,7 +26,15 @@ async fn get_attempt_reads_every_state_as_a_replay_would(h: Harness) {
         }
     };
     let reserved = h.dispatch(&permit, "t", "reserved", b"1", 1).await;
-    assert_eq!(read("reserved").await, reserved);
+    // All but the attempt_id: the holder's fencing token.
+    assert!(!reserved.attempt_id.is_empty());
+    assert_eq!(
+        read("reserved").await,
+        pb::Attempt {
+            attempt_id: String::new(),
+            ..reserved.clone()
+        }
+    );
 
     let ok = h.dispatch(&permit, "t", "ok", b"2", 2).await;
     let committed = h
@@ -55,6 +66,9 @@ async fn get_attempt_reads_every_state_as_a_replay_would(h: Harness) {
         (state(&got), got.uncertain_reason.as_str()),
         (AttemptState::Uncertain, "client deadline")
     );
+    // UNCERTAIN: dev mode's caller may Resolve it, so it reads the id, as
+    // ListUncertain shows it.
+    assert_eq!(got.attempt_id, lost.attempt_id);
 
     let back = h.dispatch(&permit, "t", "back", b"5", 5).await;
     h.commit(&back, not_sent()).await.expect("commit");
@@ -79,6 +93,41 @@ async fn get_attempt_reads_every_state_as_a_replay_would(h: Harness) {
     // Reading changed nothing: usage and budget are as the calls left them.
     assert_eq!(usage_of(&h, &permit, "t").await.calls_made, 4);
     assert_eq!(budget(&h, &permit).await, (1, 5, Some(94)));
+}
+
+/// The attempt_id is the fencing token Commit takes. Read back from a
+/// RESERVED attempt it would let a reader Commit NotSent while the holder
+/// is still sending: the slot and the key freed, and a second DISPATCH for
+/// the same key. GetAttempt leaves it empty, so the read settles nothing.
+async fn get_attempt_never_hands_a_reader_the_token_of_a_reserved_attempt(h: Harness) {
+    let permit = h.create_with(&["t"], &[("t", 1)], None).await;
+    let held = h.dispatch(&permit, "t", "k", b"fp", 0).await;
+    let read = h
+        .client
+        .get_attempt(&permit, "k")
+        .await
+        .expect("get")
+        .attempt
+        .expect("an attempt");
+    assert_eq!(state(&read), AttemptState::Reserved);
+    assert_eq!(read.attempt_id, "");
+    // What a reader could try with it: refused, and nothing changed.
+    let (_, e) = expect_error(
+        h.commit(&read, not_sent()).await,
+        Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    assert_eq!(e.violated_fields(), ["attempt_id"]);
+    expect_error(
+        h.authorize(&permit, "t", "k", b"fp", 0).await,
+        Code::Aborted,
+        "IDEMPOTENCY_IN_PROGRESS",
+    );
+    assert_eq!(usage_of(&h, &permit, "t").await.calls_made, 1);
+    // The holder, who has the id from Authorize, still settles it.
+    h.commit(&held, not_sent())
+        .await
+        .expect("the holder's NotSent");
 }
 
 async fn get_attempt_of_an_unknown_key_or_permit_is_not_found(h: Harness) {

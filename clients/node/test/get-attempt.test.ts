@@ -1,14 +1,15 @@
 /**
  * `client.getAttempt` (Permits.GetAttempt) against a live atmost: a key's
- * attempt read back in each state the Gate RPCs put it in, and the typed
- * errors for an unknown key, an unknown permit and a malformed id.
+ * attempt read back in each state the Gate RPCs put it in (an open
+ * attempt's attemptId withheld as the server decides), and the typed errors
+ * for an unknown key, an unknown permit and a malformed id.
  */
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { status as Code } from "@grpc/grpc-js";
 
 import { AtmostError, Denied, fingerprint, type Attempt, type Client } from "../src/index.js";
-import { Atmost, createPermit, key } from "./support.js";
+import { Atmost, createPermit, key, keyFile } from "./support.js";
 
 const TOOL = "wallet.charge";
 const CHARGE = { amount: 500, currency: "EUR", to: "acct_42" };
@@ -49,7 +50,9 @@ describe("getAttempt", { timeout: 60_000 }, () => {
     const [reservedKey, reserved] = await authorize(permitId, "reserved");
     let attempt = await read(permitId, reservedKey);
     assert.equal(attempt.state, "ATTEMPT_STATE_RESERVED");
-    assert.equal(attempt.attemptId, reserved.attemptId);
+    // A RESERVED attempt's id is its holder's fencing token: never read back.
+    assert.notEqual(reserved.attemptId, "");
+    assert.equal(attempt.attemptId, "");
     assert.equal(attempt.permitId, permitId);
     assert.equal(attempt.idempotencyKey, reservedKey);
     assert.equal(attempt.tool, TOOL);
@@ -78,6 +81,8 @@ describe("getAttempt", { timeout: 60_000 }, () => {
     await client.markUncertain({ permitId, idempotencyKey: uncertainKey, attemptId: uncertain.attemptId, reason: "reset after sending" });
     attempt = await read(permitId, uncertainKey);
     assert.equal(attempt.state, "ATTEMPT_STATE_UNCERTAIN");
+    // Shown to whoever may Resolve it: in dev mode (this server has no
+    // --auth-keys) every caller.
     assert.equal(attempt.attemptId, uncertain.attemptId);
     assert.equal(attempt.uncertainReason, "reset after sending");
     assert.ok(attempt.uncertainSince, "uncertainSince is set");
@@ -93,6 +98,38 @@ describe("getAttempt", { timeout: 60_000 }, () => {
     attempt = await read(permitId, releasedKey);
     assert.equal(attempt.state, "ATTEMPT_STATE_RELEASED");
     assert.equal(attempt.attemptId, released.attemptId);
+  });
+
+  test("with --auth-keys an agent never reads an open attempt's id; an admin reads an UNCERTAIN one's", async () => {
+    const ADMIN = "node-get-attempt-admin-key";
+    const AGENT = "node-get-attempt-agent-key";
+    const keys = keyFile([
+      { id: "admin", key: ADMIN, roles: ["admin"] },
+      { id: "agent", key: AGENT, roles: ["agent"] },
+    ]);
+    const authed = await Atmost.start(["--auth-keys", keys]);
+    const admin = authed.client({ apiKey: ADMIN });
+    const agent = authed.client({ apiKey: AGENT });
+    try {
+      const { permitId } = await createPermit(admin, [TOOL]);
+      const k = key("authed");
+      const answer = await agent.authorize({ permitId, tool: TOOL, idempotencyKey: k, requestFingerprint: fingerprint(CHARGE), cost: 0 });
+      const held = answer.attempt;
+      assert.ok(held && held.attemptId !== "", "a DISPATCH carries the holder's id");
+      // RESERVED: with it, another worker could Commit the key its holder is sending under.
+      assert.equal((await agent.getAttempt(permitId, k)).attempt?.attemptId, "");
+      assert.equal((await admin.getAttempt(permitId, k)).attempt?.attemptId, "");
+      await agent.markUncertain({ permitId, idempotencyKey: k, attemptId: held.attemptId, reason: "reset after sending" });
+      const read = (await agent.getAttempt(permitId, k)).attempt;
+      assert.equal(read?.state, "ATTEMPT_STATE_UNCERTAIN");
+      assert.equal(read?.attemptId, "");
+      // An admin may Resolve it, so it reads the id.
+      assert.equal((await admin.getAttempt(permitId, k)).attempt?.attemptId, held.attemptId);
+    } finally {
+      admin.close();
+      agent.close();
+      await authed.stop();
+    }
   });
 
   test("a key the permit never saw is NOT_FOUND / ATTEMPT_NOT_FOUND naming the key, a plain AtmostError", async () => {

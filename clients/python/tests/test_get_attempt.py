@@ -1,13 +1,14 @@
 """``Client.get_attempt`` (Permits.GetAttempt) against a live atmost: a key's
-attempt read back in each state the Gate RPCs put it in, and the typed
-errors for an unknown key, an unknown permit and a malformed id."""
+attempt read back in each state the Gate RPCs put it in (an open attempt's
+attempt_id withheld as the server decides), and the typed errors for an
+unknown key, an unknown permit and a malformed id."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from atmost_client import AtmostError, Denied, InvalidRequest, fingerprint, pb
+from atmost_client import AtmostError, Client, Denied, InvalidRequest, fingerprint, pb
 
 TOOL = "wallet.charge"
 REQUEST = {"amount": 500, "currency": "EUR", "to": "acct_42"}
@@ -26,7 +27,9 @@ def test_each_state_reads_back_as_the_gate_left_it(client):
     reserved = authorize("reserved")
     read = client.get_attempt(permit, "reserved").attempt
     assert read.state == pb.ATTEMPT_STATE_RESERVED
-    assert (read.attempt_id, read.permit_id) == (reserved.attempt_id, permit)
+    # A RESERVED attempt's id is its holder's fencing token: never read back.
+    assert reserved.attempt_id != ""
+    assert (read.attempt_id, read.permit_id) == ("", permit)
     assert read.idempotency_key == "reserved"
     assert (read.tool, read.cost, read.request_fingerprint) == (TOOL, 500, fingerprint(REQUEST))
     assert read.lease_expires_at == reserved.lease_expires_at
@@ -46,6 +49,8 @@ def test_each_state_reads_back_as_the_gate_left_it(client):
     client.mark_uncertain(permit, "uncertain", uncertain.attempt_id, "reset after sending")
     read = client.get_attempt(permit, "uncertain").attempt
     assert read.state == pb.ATTEMPT_STATE_UNCERTAIN
+    # Shown to whoever may Resolve it: in dev mode (these servers have no
+    # --auth-keys) every caller.
     assert read.attempt_id == uncertain.attempt_id
     assert read.uncertain_reason == "reset after sending"
     assert read.HasField("uncertain_since")
@@ -59,6 +64,25 @@ def test_each_state_reads_back_as_the_gate_left_it(client):
     client.commit(permit, "released", released.attempt_id, not_sent=True)
     read = client.get_attempt(permit, "released").attempt
     assert (read.state, read.attempt_id) == (pb.ATTEMPT_STATE_RELEASED, released.attempt_id)
+
+
+def test_an_open_attempts_id_is_read_only_by_those_it_cannot_hurt(auth_server, keys):
+    """With --auth-keys: an agent key never reads an open attempt's id (with
+    it, another worker could Commit the key its holder is sending under);
+    an admin key reads an UNCERTAIN one's, as it may Resolve it."""
+    with (
+        Client(auth_server.address, api_key=keys.admin) as admin,
+        Client(auth_server.address, api_key=keys.agent) as agent,
+    ):
+        permit = admin.create_permit([TOOL]).permit_id
+        held = agent.authorize(permit, TOOL, "k", fingerprint(REQUEST), cost=0).attempt
+        assert held.attempt_id != ""
+        assert agent.get_attempt(permit, "k").attempt.attempt_id == ""
+        assert admin.get_attempt(permit, "k").attempt.attempt_id == ""
+        agent.mark_uncertain(permit, "k", held.attempt_id, "reset after sending")
+        read = agent.get_attempt(permit, "k").attempt
+        assert (read.state, read.attempt_id) == (pb.ATTEMPT_STATE_UNCERTAIN, "")
+        assert admin.get_attempt(permit, "k").attempt.attempt_id == held.attempt_id
 
 
 def test_an_unknown_key_is_attempt_not_found(client):

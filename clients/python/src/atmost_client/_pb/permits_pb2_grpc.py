@@ -86,6 +86,8 @@ class PermitsServicer(object):
     def GetAttempt(self, request, context):
         """One idempotency key's attempt, as every reader sees it now (a RESERVED
         attempt past its lease reads UNCERTAIN, "lease_expired"). Reads only.
+        An open attempt's attempt_id, its fencing token, is left empty: always
+        while RESERVED, and while UNCERTAIN unless the caller may Resolve it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
