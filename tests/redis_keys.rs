@@ -81,9 +81,9 @@ async fn open_attempts_pin_keys_and_finished_ones_expire_after_retention() {
 
 /// A permit record this version cannot read (a status or guard mode it does
 /// not know, a counter missing or not a number: another version's or a
-/// hand-edited record) answers UNAVAILABLE, through the scripts and through
-/// GetPermit alike, and the refused call writes nothing: never a default,
-/// never a decision.
+/// hand-edited record) answers UNAVAILABLE, through the scripts, GetPermit
+/// and the uncertain census alike, and the refused call writes nothing:
+/// never a default, never a decision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_permit_record_is_unavailable_never_a_guess() {
     let _machine = shared().await;
@@ -148,6 +148,18 @@ async fn an_unreadable_permit_record_is_unavailable_never_a_guess() {
             .await
             .expect("HGETALL");
         assert_eq!(before, after, "{field}: a refused call changed the permit");
+    }
+    // The census (census.lua) reads the open counter too: the permit whose
+    // counter is "x" fails the pass, never counts as nothing open.
+    {
+        use atmost::store::Store as _;
+        let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(2));
+        match store.census(None, h.now_ms()).await {
+            Err(atmost::domain::Error::StoreUnavailable(why)) => {
+                assert!(why.contains("unreadable permit record"), "{why}");
+            }
+            other => panic!("the census read an unreadable counter: {other:?}"),
+        }
     }
 
     // An open attempt whose state this version does not know: its replay

@@ -847,3 +847,51 @@ async fn a_census_that_cannot_run_keeps_its_figures_and_says_how_old() {
     .await;
     assert_eq!(value(&fresh, "atmost_uncertain_attempts"), 1.0);
 }
+
+/// A replica started while Redis is down has no census pass to report: the
+/// two figures are absent (not a false 0), and the census age counts from
+/// start-up, so `AtmostUncertainCensusStale` fires for it as for a replica
+/// whose census stopped; once Redis answers, a pass reports the figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_census_that_never_completed_says_how_long_since_start_up() {
+    let _machine = crate::support::shared().await;
+    let mut redis = Redis::start_persistent();
+    redis.kill();
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut args = redis.serve_args();
+    args.extend([
+        "--metrics-listen".to_owned(),
+        metrics.to_string(),
+        "--uncertain-census-interval".to_owned(),
+        "1s".to_owned(),
+        "--store-timeout".to_owned(),
+        "200ms".to_owned(),
+    ]);
+    let _server = spawn_atmost_with_env::<String>(&args, &[]);
+    let blind = scrape_until(metrics, "a census age with no pass behind it", |s| {
+        value(s, "atmost_uncertain_census_age_seconds") > 3.0
+    })
+    .await;
+    for absent in [
+        "atmost_uncertain_attempts",
+        "atmost_uncertain_oldest_age_seconds",
+    ] {
+        assert!(!blind.contains_key(absent), "{absent} without a pass");
+    }
+
+    redis.restart();
+    let counted = scrape_until(metrics, "the first pass", |s| {
+        s.contains_key("atmost_uncertain_attempts")
+    })
+    .await;
+    assert_eq!(value(&counted, "atmost_uncertain_attempts"), 0.0);
+    assert_eq!(value(&counted, "atmost_uncertain_oldest_age_seconds"), 0.0);
+    assert!(
+        counted.contains_key("atmost_uncertain_oldest_age_seconds"),
+        "{counted:?}"
+    );
+    assert!(
+        value(&counted, "atmost_uncertain_census_age_seconds")
+            < value(&blind, "atmost_uncertain_census_age_seconds")
+    );
+}

@@ -11,7 +11,10 @@
 //! read-only script per permit on Redis), one pass every
 //! `--uncertain-census-interval` (10 s by default) after the previous pass
 //! ends. A completed pass replaces the figures; a failed one keeps the old
-//! ones, whose age keeps growing. The gauges read the last figures.
+//! ones, whose age keeps growing. The gauges read the last figures. Until
+//! a first pass completes there are no figures (the two gauges are
+//! absent), and the census age counts from start-up: a replica whose
+//! store has never answered still says how long it has been blind.
 //!
 //! What the figures mean: the attempts UNCERTAIN when the pass looked at
 //! their permit (each permit is read atomically, the permits one after the
@@ -27,9 +30,18 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The last complete pass's figures.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Census {
+    /// When the census began (at start-up): before a first pass completes,
+    /// its age counts from here.
+    started: Instant,
     last: Mutex<Option<Pass>>,
+}
+
+impl Default for Census {
+    fn default() -> Self {
+        Self::since(Instant::now())
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -43,14 +55,29 @@ struct Pass {
 /// What the gauges report, read now.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reading {
-    pub uncertain: u64,
-    /// Zero when none is uncertain.
-    pub oldest_age: Duration,
-    /// Since the pass completed.
+    /// The last pass's figures; `None` before the first pass completes.
+    pub figures: Option<Figures>,
+    /// Since the last pass completed; before the first, since start-up.
     pub census_age: Duration,
 }
 
+/// What a complete pass counted, read now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Figures {
+    pub uncertain: u64,
+    /// Zero when none is uncertain.
+    pub oldest_age: Duration,
+}
+
 impl Census {
+    /// A census that began at `started`.
+    pub fn since(started: Instant) -> Self {
+        Self {
+            started,
+            last: Mutex::new(None),
+        }
+    }
+
     /// A pass completed: `uncertain` attempts, the oldest uncertain for
     /// `oldest_age` when read (zero: none).
     pub fn publish(&self, uncertain: u64, oldest_age: Duration) {
@@ -61,19 +88,29 @@ impl Census {
         });
     }
 
-    /// The figures as of now, or `None` before the first pass completes.
-    pub fn read(&self) -> Option<Reading> {
-        let pass = (*self.last.lock().unwrap_or_else(|e| e.into_inner()))?;
+    /// The figures as of now: the last pass's and its age, or, before the
+    /// first pass completes, none and the time since start-up (so
+    /// `AtmostUncertainCensusStale` fires for a replica whose store never
+    /// answered, instead of the gauges staying silent).
+    pub fn read(&self) -> Reading {
+        let Some(pass) = *self.last.lock().unwrap_or_else(|e| e.into_inner()) else {
+            return Reading {
+                figures: None,
+                census_age: self.started.elapsed(),
+            };
+        };
         let census_age = pass.completed.elapsed();
-        Some(Reading {
-            uncertain: pass.uncertain,
-            oldest_age: if pass.uncertain == 0 {
-                Duration::ZERO
-            } else {
-                pass.oldest_age + census_age
-            },
+        Reading {
+            figures: Some(Figures {
+                uncertain: pass.uncertain,
+                oldest_age: if pass.uncertain == 0 {
+                    Duration::ZERO
+                } else {
+                    pass.oldest_age + census_age
+                },
+            }),
             census_age,
-        })
+        }
     }
 }
 
@@ -95,17 +132,31 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::Census;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     #[test]
-    fn nothing_before_the_first_pass_then_the_oldest_age_grows_with_the_census_age() {
-        let census = Census::default();
-        assert_eq!(census.read(), None);
-        census.publish(3, Duration::from_secs(40));
-        let r = census.read().expect("a pass");
-        assert_eq!(r.uncertain, 3);
-        assert_eq!(r.oldest_age, Duration::from_secs(40) + r.census_age);
+    fn before_the_first_pass_no_figures_and_an_age_from_start_up() {
+        let hour = Duration::from_secs(3600);
+        let started = Instant::now().checked_sub(hour).expect("an hour ago");
+        let census = Census::since(started);
+        let r = census.read();
+        assert_eq!(r.figures, None);
+        assert!(r.census_age >= hour, "{r:?}");
+        // A pass completes: its age counts from then.
         census.publish(0, Duration::ZERO);
-        assert_eq!(census.read().expect("a pass").oldest_age, Duration::ZERO);
+        assert!(census.read().census_age < hour);
+    }
+
+    #[test]
+    fn the_oldest_age_grows_with_the_census_age() {
+        let census = Census::default();
+        census.publish(3, Duration::from_secs(40));
+        let r = census.read();
+        let figures = r.figures.expect("a pass");
+        assert_eq!(figures.uncertain, 3);
+        assert_eq!(figures.oldest_age, Duration::from_secs(40) + r.census_age);
+        census.publish(0, Duration::ZERO);
+        let figures = census.read().figures.expect("a pass");
+        assert_eq!(figures.oldest_age, Duration::ZERO);
     }
 }

@@ -188,10 +188,11 @@ impl Instruments {
     }
 
     /// The uncertain census ([`super::census`]), read when metrics are
-    /// collected. Nothing is reported before the first pass completes.
+    /// collected. Before the first pass completes, the census age (from
+    /// start-up) alone: there are no figures to report.
     pub(super) fn observe_census(&self, shared: &Arc<Shared>) {
         let weak = Arc::downgrade(shared);
-        let read = move || weak.upgrade().and_then(|s| s.census.read());
+        let read = move || weak.upgrade().map(|s| s.census.read());
         let r = read.clone();
         self.meter
             .u64_observable_gauge("atmost.uncertain.attempts")
@@ -200,8 +201,8 @@ impl Instruments {
                  census pass counted, across all tenants",
             )
             .with_callback(move |observer| {
-                if let Some(c) = r() {
-                    observer.observe(c.uncertain, &[]);
+                if let Some(f) = r().and_then(|c| c.figures) {
+                    observer.observe(f.uncertain, &[]);
                 }
             })
             .build();
@@ -214,15 +215,18 @@ impl Instruments {
                  been uncertain, now (0: none)",
             )
             .with_callback(move |observer| {
-                if let Some(c) = r() {
-                    observer.observe(c.oldest_age.as_secs_f64(), &[]);
+                if let Some(f) = r().and_then(|c| c.figures) {
+                    observer.observe(f.oldest_age.as_secs_f64(), &[]);
                 }
             })
             .build();
         self.meter
             .f64_observable_gauge("atmost.uncertain.census.age")
             .with_unit("s")
-            .with_description("How long ago the census pass behind the uncertain gauges completed")
+            .with_description(
+                "How long ago the census pass behind the uncertain gauges completed \
+                 (before the first: how long ago the census started)",
+            )
             .with_callback(move |observer| {
                 if let Some(c) = read() {
                     observer.observe(c.census_age.as_secs_f64(), &[]);

@@ -8,12 +8,22 @@
 -- ARGV[1]  now (ms; "" = Redis's clock)
 --
 -- Returns {"OK", now, uncertain, oldest_since} (oldest_since 0 when none
--- is uncertain). A permit that is gone, or has nothing open, counts 0.
+-- is uncertain). A permit that is gone, or has nothing open, counts 0. A
+-- permit whose open counter is missing or not a number answers
+-- {"ERR", "STORE_UNAVAILABLE", why}: never counted as 0 (the pass fails,
+-- and its census age tells).
 -- Example: ARGV={""} -> {"OK", "1767225600000", 2, "1767225590000"}
 
 local now = clock(ARGV[1])
-local open = tonumber(redis.call('HGET', KEYS[1], 'open') or '0')
-if not open or open == 0 then
+local p = redis.call('HMGET', KEYS[1], 'exp', 'open')
+if not p[1] then
+  return {'OK', int(now), 0, '0'}
+end
+local open = tonumber(p[2])
+if not open then
+  return UNREADABLE_PERMIT
+end
+if open == 0 then
   return {'OK', int(now), 0, '0'}
 end
 -- Members up to "<now + 1>" (exclusive) are those uncertain at `now`.
