@@ -67,7 +67,8 @@ enum ConfigCommand {
     /// same flags, ATMOST_* variables and --config file: each setting, its
     /// value (passwords masked) and where it came from, as TOML a --config
     /// file accepts. Checks it as `serve` does at start, without connecting
-    /// to Redis or listening; exits 0 when it is valid, 2 when not.
+    /// to Redis or listening (a port already taken is found by `serve`
+    /// alone); exits 0 when it is valid, 2 when not.
     Check(Box<ServeArgs>),
 }
 
@@ -412,7 +413,9 @@ fn main() -> std::process::ExitCode {
                 telemetry.shutdown();
                 served
             }
-            Err(e) => Err(e.into()),
+            // The exporters the OTEL_* variables ask for could not be
+            // built: a setting (prepare() found every case it knows).
+            Err(e) => Err(Misconfigured(e).into()),
         },
         Err(e) => Err(e.into()),
     };
@@ -421,10 +424,28 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             // As written, not Debug-escaped: the operator reads this line.
             eprintln!("atmost: {e}");
-            std::process::ExitCode::FAILURE
+            match e.is::<Misconfigured>() {
+                true => std::process::ExitCode::from(2),
+                false => std::process::ExitCode::FAILURE,
+            }
         }
     }
 }
+
+/// A start-up failure that is a setting's (an address that cannot be
+/// bound, an exporter that cannot be built): exit code 2, as for what
+/// prepare() refuses. Exit code 1 is left for the rest: Redis refusing
+/// (it evicts, it is too old) and failures while serving.
+#[derive(Debug)]
+struct Misconfigured(String);
+
+impl std::fmt::Display for Misconfigured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Misconfigured {}
 
 enum Invalid {
     /// Bad flags or variables: clap says so (and exits 2), or prints help.
@@ -523,7 +544,8 @@ fn config_check(
 struct Prepared {
     retention_ms: Millis,
     quotas: atmost::domain::Quotas,
-    redis_tls_ca: Option<Vec<u8>>,
+    /// With `--store redis`: how to reach it, checked.
+    redis: Option<RedisConfig>,
     tls: Option<tonic::transport::ServerTlsConfig>,
     receipts: Option<atmost::receipts::ReceiptSigner>,
     auth: Option<Authenticator>,
@@ -609,18 +631,56 @@ fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
         }
         _ => None,
     };
+    let retention_ms = millis("retention", args.retention)?;
+    let redis_tls_ca = match &args.redis_tls_ca {
+        Some(path) => Some(read("redis-tls-ca", path)?),
+        None => None,
+    };
+    let redis = match args.store {
+        StoreKind::Memory => None,
+        StoreKind::Redis => {
+            let config = RedisConfig {
+                url: args.redis_url.clone(),
+                mode: match args.redis_mode {
+                    RedisMode::Standalone => Mode::Standalone,
+                    RedisMode::Cluster => Mode::Cluster,
+                    RedisMode::Sentinel => Mode::Sentinel {
+                        master: args.redis_sentinel_master.clone().unwrap_or_default(),
+                    },
+                },
+                durability: match args.durability {
+                    DurabilityArg::None => Durability::None,
+                    DurabilityArg::Replica => Durability::Replica,
+                },
+                prefix: args.redis_prefix.clone(),
+                retention_ms,
+                timeout: args.store_timeout,
+                allow_eviction: args.allow_eviction,
+                time: Time::Redis,
+                tls_ca: redis_tls_ca,
+            };
+            // What RedisStore::connect would refuse (a URL that does not
+            // parse, a prefix with braces), refused here, by setting.
+            RedisStore::check(&config).map_err(|e| match e {
+                atmost::domain::Error::InvalidRequest(violations) => violations
+                    .iter()
+                    .map(|v| format!("--{}: {}", v.field.replace('_', "-"), v.description))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                other => other.to_string(),
+            })?;
+            Some(config)
+        }
+    };
     Ok(Prepared {
-        retention_ms: millis("retention", args.retention)?,
+        retention_ms,
         quotas: atmost::domain::Quotas {
             max_permit_lifetime_ms: millis("max-permit-lifetime", args.max_permit_lifetime)?,
             max_open_attempts: args.max_open_attempts,
             max_attempts: args.max_attempts_per_permit,
             max_permits_per_tenant: args.max_permits_per_tenant,
         },
-        redis_tls_ca: match &args.redis_tls_ca {
-            Some(path) => Some(read("redis-tls-ca", path)?),
-            None => None,
-        },
+        redis,
         tls,
         receipts: match &args.receipt_signing_key {
             Some(signing) => Some(
@@ -644,39 +704,21 @@ async fn serve(
     let Prepared {
         retention_ms,
         quotas,
-        redis_tls_ca,
+        redis,
         tls,
         receipts,
         auth,
     } = prepared;
-    let store = match args.store {
-        StoreKind::Memory => Backend::Memory(
+    let store = match redis {
+        None => Backend::Memory(
             MemoryStore::new(retention_ms)
                 .with_quotas(quotas)
                 .with_max_bytes(args.memory_max_bytes),
         ),
-        StoreKind::Redis => {
-            let store = RedisStore::connect(&RedisConfig {
-                url: args.redis_url.clone(),
-                mode: match args.redis_mode {
-                    RedisMode::Standalone => Mode::Standalone,
-                    RedisMode::Cluster => Mode::Cluster,
-                    RedisMode::Sentinel => Mode::Sentinel {
-                        master: args.redis_sentinel_master.clone().unwrap_or_default(),
-                    },
-                },
-                durability: match args.durability {
-                    DurabilityArg::None => Durability::None,
-                    DurabilityArg::Replica => Durability::Replica,
-                },
-                prefix: args.redis_prefix.clone(),
-                retention_ms,
-                timeout: args.store_timeout,
-                allow_eviction: args.allow_eviction,
-                time: Time::Redis,
-                tls_ca: redis_tls_ca,
-            })?
-            .with_quotas(quotas);
+        Some(config) => {
+            // prepare() checked the configuration: what is left to fail
+            // here is not a setting.
+            let store = RedisStore::connect(&config)?.with_quotas(quotas);
             check_eviction(&store, args.allow_eviction, args.store_timeout).await?;
             check_version(&store, args.store_timeout).await?;
             Backend::Redis(store)
@@ -737,14 +779,16 @@ async fn serve(
     if let Some(addr) = args.metrics_listen {
         let listener = TcpListener::bind(addr)
             .await
-            .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
+            .map_err(|e| Misconfigured(format!("--metrics-listen {addr}: {e}")))?;
         tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
         app = app.with_metrics_listener(listener);
     }
 
     // Listening for signals before the port is announced.
     let signals = signals();
-    let listener = TcpListener::bind(args.listen).await?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| Misconfigured(format!("--listen {}: {e}", args.listen)))?;
     let addr = listener.local_addr()?;
     // One line on stdout, so scripts and tests learn the port of --listen :0.
     println!("atmost listening on {addr}");

@@ -78,14 +78,19 @@ impl Plan {
     /// signal's own) is set; `none`, or `OTEL_SDK_DISABLED=true`, turns it
     /// off. What atmost cannot honour fails start-up with a clear error: an
     /// exporter other than `otlp`/`none` (Prometheus is `--metrics-listen`),
-    /// or an OTLP protocol other than `grpc`.
+    /// an OTLP protocol other than `grpc`, a compression (none is built in),
+    /// or an endpoint that is not an `http://`, `https://` or `unix:`
+    /// address. These are
+    /// every way [`Telemetry::build`] can fail on the environment, so
+    /// `atmost config check`, which reads the plan and builds nothing,
+    /// finds them too.
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
         if set("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
             return Ok(Self::default());
         }
         let endpoint = set("OTEL_EXPORTER_OTLP_ENDPOINT").is_some();
-        let signal = |exporter: &str, own_endpoint: &str, protocol: &str| {
+        let signal = |exporter: &str, own_endpoint: &str, protocol: &str, compression: &str| {
             let on = match set(exporter).map(|v| v.trim().to_ascii_lowercase()) {
                 None => endpoint || set(own_endpoint).is_some(),
                 Some(v) if v == "none" => false,
@@ -109,6 +114,24 @@ impl Plan {
                         ));
                     }
                 }
+                // The exporter is built without gzip or zstd: it would
+                // refuse (or ignore) them when built, after this check.
+                for name in [compression, "OTEL_EXPORTER_OTLP_COMPRESSION"] {
+                    if let Some(c) = set(name).filter(|c| !c.trim().eq_ignore_ascii_case("none")) {
+                        return Err(format!(
+                            "{name}={c} is not supported: atmost sends OTLP uncompressed \
+                             (leave it unset, or `none`)"
+                        ));
+                    }
+                }
+                // The endpoint the exporter will use: the signal's own, else
+                // the shared one (else its default, http://localhost:4317).
+                for name in [own_endpoint, "OTEL_EXPORTER_OTLP_ENDPOINT"] {
+                    if let Some(e) = set(name) {
+                        check_endpoint(e.trim()).map_err(|why| format!("{name}={e}: {why}"))?;
+                        break;
+                    }
+                }
             }
             Ok(on)
         };
@@ -117,14 +140,46 @@ impl Plan {
                 "OTEL_TRACES_EXPORTER",
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
             )?,
             otlp_metrics: signal(
                 "OTEL_METRICS_EXPORTER",
                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
                 "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
             )?,
         })
     }
+}
+
+/// An OTLP/gRPC endpoint as the exporter reads it (through tonic's
+/// `Endpoint`): `unix:PATH` (a Unix socket), or a URI with a host whose
+/// scheme is `http` or `https` (one without a scheme gets `https://`, or
+/// `http://` with `OTEL_EXPORTER_OTLP_INSECURE`: either parses alike).
+fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    if let Some(path) = endpoint.strip_prefix("unix:") {
+        return match path.trim_start_matches('/').is_empty() {
+            true => Err("names no socket".into()),
+            false => Ok(()),
+        };
+    }
+    let schemed = endpoint
+        .split_once("://")
+        .is_some_and(|(scheme, _)| !scheme.contains(['/', '?', '#']));
+    let uri = match schemed {
+        true => endpoint.to_owned(),
+        false => format!("https://{endpoint}"),
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(uri)
+        .map_err(|_| "not a URI (give http://HOST:PORT or https://HOST:PORT)".to_owned())?;
+    let uri = endpoint.uri();
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err("atmost sends OTLP over gRPC to an http://, https:// or unix: address".into());
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err("names no host".into());
+    }
+    Ok(())
 }
 
 /// How the binary sets up telemetry ([`Telemetry::init`]).
@@ -362,6 +417,66 @@ mod tests {
         otlp_traces: true,
         otlp_metrics: true,
     };
+
+    #[test]
+    fn a_compression_or_an_endpoint_the_exporter_would_refuse_is_refused_here() {
+        let on = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317");
+        for (name, value) in [
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "zstd"),
+            ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "brotli"),
+        ] {
+            let e = plan(&[on, (name, value)]).expect_err(name);
+            assert!(
+                e.contains(&format!("{name}={value} is not supported")),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            plan(&[on, ("OTEL_EXPORTER_OTLP_COMPRESSION", "none")]),
+            Ok(BOTH)
+        );
+        // Off, the compression is never used: nothing to refuse.
+        assert_eq!(
+            plan(&[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")]),
+            Ok(Plan::default())
+        );
+        for (name, bad) in [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://bad host:4317"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://collector:4317"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "unix://"),
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://[::1"),
+        ] {
+            let e = plan(&[(name, bad)]).expect_err(bad);
+            assert!(e.starts_with(&format!("{name}={bad}: ")), "{e}");
+        }
+        for good in [
+            "http://127.0.0.1:4317",
+            "https://otel-collector.monitoring:4317",
+            "otel-collector:4317",
+            "http://[::1]:4317/",
+            "unix:///run/otel/otlp.sock",
+        ] {
+            assert_eq!(
+                plan(&[("OTEL_EXPORTER_OTLP_ENDPOINT", good)]),
+                Ok(BOTH),
+                "{good}"
+            );
+        }
+        // A signal's own endpoint is the one its exporter uses.
+        assert_eq!(
+            plan(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "not a uri"),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://x:4317"),
+                ("OTEL_METRICS_EXPORTER", "none"),
+            ]),
+            Ok(Plan {
+                otlp_traces: true,
+                otlp_metrics: false
+            })
+        );
+    }
 
     #[test]
     fn nothing_is_exported_unless_the_environment_asks() {

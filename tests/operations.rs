@@ -533,3 +533,77 @@ fn config_check_prints_the_effective_configuration() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// What stops `serve` at start-up stops `config check` too, with the same
+/// words, and both exit 2: a Redis URL that does not parse, a key prefix
+/// with braces, an OTLP compression or endpoint the exporter cannot use.
+/// An address that cannot be bound is found by `serve` alone (`config
+/// check` binds nothing: the port may be free where it will run), also
+/// with exit 2 and the setting's name.
+#[test]
+fn config_check_refuses_what_serve_refuses_at_start_up() {
+    let _machine = shared_blocking();
+    let otlp = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1");
+    // (serve's arguments, its environment, what both say)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
+        (
+            &["--store", "redis", "--redis-url", "http://127.0.0.1:6379"],
+            &[],
+            "--redis-url: ",
+        ),
+        (
+            &["--store", "redis", "--redis-url", "redis://127.0.0.1:port"],
+            &[],
+            "--redis-url: ",
+        ),
+        (
+            &["--store", "redis", "--redis-prefix", "atmost{x}"],
+            &[],
+            "--redis-prefix: may not contain",
+        ),
+        (
+            &[],
+            &[otlp, ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")],
+            "OTEL_EXPORTER_OTLP_COMPRESSION=gzip is not supported",
+        ),
+        (
+            &[],
+            &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://bad host:4317")],
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://bad host:4317: not a URI",
+        ),
+    ];
+    for (args, env, says) in cases {
+        let mut serve = vec!["--listen", "127.0.0.1:0"];
+        serve.extend_from_slice(args);
+        let (status, stderr) = run_to_exit_with_env(&serve, env.iter().copied());
+        assert_eq!(status.code(), Some(2), "serve {args:?} {env:?}: {stderr}");
+        assert!(stderr.contains(says), "serve {args:?} {env:?}: {stderr}");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+            .args(["config", "check"])
+            .args(*args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("atmost config check");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "check {args:?} {env:?}: {stderr}"
+        );
+        assert!(stderr.contains(says), "check {args:?} {env:?}: {stderr}");
+    }
+
+    // A port this test holds: serve cannot bind it.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    for args in [
+        vec!["--listen", addr.as_str()],
+        vec!["--listen", "127.0.0.1:0", "--metrics-listen", addr.as_str()],
+    ] {
+        let flag = args[args.len() - 2];
+        let (status, stderr) = run_to_exit_with_env(&args, std::iter::empty::<(&str, &str)>());
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(&format!("{flag} {addr}: ")), "{stderr}");
+    }
+}

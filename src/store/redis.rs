@@ -153,12 +153,7 @@ impl RedisStore {
     /// Connects (lazily: a Redis that is down at start-up is reported by the
     /// first request and by health checks, and picked up when it comes).
     pub fn connect(config: &RedisConfig) -> Result<Self, Error> {
-        if config.prefix.contains(['{', '}']) {
-            return Err(invalid("redis_prefix", "may not contain '{' or '}'"));
-        }
-        if !(0..=MAX_RETENTION_MS).contains(&config.retention_ms) {
-            return Err(invalid("retention", "must be within 0 and 10 years"));
-        }
+        Self::check_settings(config)?;
         Ok(Self {
             conn: Handle::new(config)?,
             durable: match config.durability {
@@ -176,6 +171,26 @@ impl RedisStore {
             sweep_from: Arc::default(),
             quotas: Quotas::DEFAULT,
         })
+    }
+
+    /// Whether [`connect`](Self::connect) would accept `config`: every
+    /// check it makes (the prefix, the retention, each URL and the mode's
+    /// rules), without a runtime and without connecting. `atmost config
+    /// check` and `serve`'s start-up run it, so a mistake is found before
+    /// anything starts, with exit code 2.
+    pub fn check(config: &RedisConfig) -> Result<(), Error> {
+        Self::check_settings(config)?;
+        Handle::check(config)
+    }
+
+    fn check_settings(config: &RedisConfig) -> Result<(), Error> {
+        if config.prefix.contains(['{', '}']) {
+            return Err(invalid("redis_prefix", "may not contain '{' or '}'"));
+        }
+        if !(0..=MAX_RETENTION_MS).contains(&config.retention_ms) {
+            return Err(invalid("retention", "must be within 0 and 10 years"));
+        }
+        Ok(())
     }
 
     /// The scripts' last two ARGV: the caller's tenant and its agent key id

@@ -217,7 +217,57 @@ pub(super) struct SentinelPrimary {
 }
 
 impl Handle {
+    /// The handle `config` names: its client, made lazy (a Tokio runtime
+    /// must be current).
     pub(super) fn new(config: &RedisConfig) -> Result<Self, Error> {
+        Ok(match ModeClient::of(config)? {
+            ModeClient::Single(client) => {
+                let manager_config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(config.timeout))
+                    .set_response_timeout(Some(config.timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                ConnectionManager::new_lazy_with_config(client, manager_config)
+                    .map(Handle::Single)
+                    .map_err(unavailable)?
+            }
+            ModeClient::Cluster(client) => Handle::Cluster(Arc::new(LazyCluster {
+                client,
+                conn: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+            })),
+            ModeClient::Sentinel(sentinels, master) => {
+                Handle::Sentinel(Arc::new(SentinelPrimary {
+                    sentinels: tokio::sync::Mutex::new(sentinels),
+                    master,
+                    config: redis::AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(config.timeout))
+                        .set_response_timeout(Some(config.timeout)),
+                    current: Mutex::new(None),
+                }))
+            }
+        })
+    }
+
+    /// Whether [`Handle::new`] would accept `config`, decided without a
+    /// runtime and without connecting: `atmost config check` runs it.
+    pub(super) fn check(config: &RedisConfig) -> Result<(), Error> {
+        ModeClient::of(config).map(drop)
+    }
+}
+
+/// The redis-rs client of each mode, built from the configuration alone:
+/// every URL parsed, the mode's rules and the TLS settings checked, nothing
+/// connected (redis-rs connects only when asked).
+enum ModeClient {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+    /// The Sentinels, and the name they know the primary by.
+    Sentinel(SentinelClient, String),
+}
+
+impl ModeClient {
+    fn of(config: &RedisConfig) -> Result<Self, Error> {
         let certs = || redis::TlsCertificates {
             client_tls: None,
             root_cert: config.tls_ca.clone(),
@@ -236,14 +286,7 @@ impl Handle {
                     None => redis::Client::open(info),
                 }
                 .map_err(|e| invalid("redis_url", e.to_string()))?;
-                let manager_config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(config.timeout))
-                    .set_response_timeout(Some(config.timeout))
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_millis(500));
-                ConnectionManager::new_lazy_with_config(client, manager_config)
-                    .map(Handle::Single)
-                    .map_err(unavailable)
+                Ok(ModeClient::Single(client))
             }
             Mode::Cluster => {
                 let infos = connection_infos(&config.url)?;
@@ -261,11 +304,7 @@ impl Handle {
                 let client = builder
                     .build()
                     .map_err(|e| invalid("redis_url", e.to_string()))?;
-                Ok(Handle::Cluster(Arc::new(LazyCluster {
-                    client,
-                    conn: Mutex::new(None),
-                    connecting: tokio::sync::Mutex::new(()),
-                })))
+                Ok(ModeClient::Cluster(client))
             }
             Mode::Sentinel { master } => {
                 if master.is_empty() {
@@ -312,18 +351,13 @@ impl Handle {
                 let sentinels = builder
                     .build()
                     .map_err(|e| invalid("redis_url", e.to_string()))?;
-                Ok(Handle::Sentinel(Arc::new(SentinelPrimary {
-                    sentinels: tokio::sync::Mutex::new(sentinels),
-                    master: master.clone(),
-                    config: redis::AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(config.timeout))
-                        .set_response_timeout(Some(config.timeout)),
-                    current: Mutex::new(None),
-                })))
+                Ok(ModeClient::Sentinel(sentinels, master.clone()))
             }
         }
     }
+}
 
+impl Handle {
     /// A connection to run commands on (made now if it was not yet).
     pub(super) async fn get(&self) -> Result<Conn, Error> {
         match self {
@@ -712,5 +746,36 @@ mod tests {
         }
         config.mode = Mode::Cluster;
         assert!(Handle::new(&config).is_ok(), "cluster: made lazily");
+    }
+
+    #[test]
+    fn the_check_refuses_what_new_refuses_without_a_runtime_or_a_connection() {
+        // No Tokio runtime here: Handle::new would need one for standalone.
+        let mut config = RedisConfig::new("redis://127.0.0.1:1", "t");
+        assert!(Handle::check(&config).is_ok());
+        for (mode, url, field) in [
+            (
+                Mode::Standalone,
+                "redis://127.0.0.1:1,redis://127.0.0.1:2",
+                "redis_url",
+            ),
+            (Mode::Standalone, "redis://127.0.0.1:notaport", "redis_url"),
+            (Mode::Standalone, "http://127.0.0.1:1", "redis_url"),
+            (Mode::Cluster, "redis://127.0.0.1:1,nope", "redis_url"),
+            (
+                Mode::Sentinel {
+                    master: String::new(),
+                },
+                "redis://127.0.0.1:1",
+                "redis_sentinel_master",
+            ),
+        ] {
+            config.mode = mode;
+            config.url = url.into();
+            match Handle::check(&config) {
+                Err(Error::InvalidRequest(v)) => assert_eq!(v[0].field, field, "{url}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
     }
 }
