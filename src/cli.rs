@@ -68,7 +68,8 @@ pub struct Connection {
 }
 
 /// What identifies this client to the server, and how long it waits.
-#[derive(clap::Args, Clone, Debug)]
+/// (`Debug` by hand: the API key is redacted.)
+#[derive(clap::Args, Clone)]
 pub struct Credentials {
     /// API key, sent as `authorization: Bearer <key>` (a server with
     /// --auth-keys); without it, --api-key-file, else the environment's
@@ -98,6 +99,20 @@ pub struct Credentials {
     /// gRPC deadline), e.g. 500ms, 10s.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, global = true)]
     pub timeout: Duration,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("api_key_file", &self.api_key_file)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("tls_server_name", &self.tls_server_name)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 // === failures and exit codes ===
@@ -270,4 +285,26 @@ fn api_key(c: &Credentials) -> Result<Option<String>, Failure> {
 /// A file the command needs, or a usage failure naming it and its flag.
 pub fn read(path: &Path, flag: &str) -> Result<Vec<u8>, Failure> {
     std::fs::read(path).map_err(|e| Failure::Usage(format!("{flag} {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Connection;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        connection: Connection,
+    }
+
+    #[test]
+    fn the_api_key_never_shows_in_debug_output() {
+        let cli = Cli::parse_from(["atmost", "--api-key", "sk-live-7f3a9c"]);
+        let shown = format!("{:?} {:#?}", cli.connection, cli.connection.credentials);
+        assert!(!shown.contains("sk-live-7f3a9c"), "{shown}");
+        assert!(shown.contains("api_key: Some(\"<redacted>\")"), "{shown}");
+        let none = Cli::parse_from(["atmost"]);
+        assert!(format!("{:?}", none.connection).contains("api_key: None"));
+    }
 }

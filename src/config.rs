@@ -221,18 +221,23 @@ pub fn effective(
         .collect()
 }
 
-/// The comma-separated URLs of `text` with each password replaced by `****`
-/// (`redis://user:secret@host` -> `redis://user:****@host`).
+/// The comma-separated URLs of `text` with each password replaced by `****`:
+/// the userinfo's (`redis://user:secret@host` -> `redis://user:****@host`)
+/// and a `pass` or `password` query value, which redis-rs reads as the
+/// password of a Unix-socket URL (`redis+unix:///run/redis.sock?pass=secret`).
 pub fn mask_urls(text: &str) -> String {
     text.split(',')
         .map(|url| {
             let Some((scheme, rest)) = url.split_once("://") else {
-                return url.to_string();
+                // No authority (`unix:/run/redis.sock?pass=...`): the query
+                // may still hold a password.
+                return mask_query(url);
             };
             // The authority ends at the first '/', '?' or '#'; its userinfo
             // at the last '@' in it.
             let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
             let (authority, tail) = rest.split_at(end);
+            let tail = mask_query(tail);
             match authority.rsplit_once('@') {
                 Some((userinfo, host)) => {
                     let user = userinfo.split_once(':').map_or("", |(user, _)| user);
@@ -244,11 +249,43 @@ pub fn mask_urls(text: &str) -> String {
                         format!("{scheme}://****@{host}{tail}")
                     }
                 }
-                None => url.to_string(),
+                None => format!("{scheme}://{authority}{tail}"),
             }
         })
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// The path, query and fragment of a URL with the value of each `pass` or
+/// `password` query parameter replaced by `****`. The names are compared
+/// as written and percent-decoded, in any case, so no spelling of them
+/// slips through.
+fn mask_query(tail: &str) -> String {
+    let Some((path, rest)) = tail.split_once('?') else {
+        return tail.to_string();
+    };
+    let (query, fragment) = match rest.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (rest, None),
+    };
+    let secret = |name: &str| {
+        let decoded = percent_encoding::percent_decode_str(name)
+            .decode_utf8_lossy()
+            .to_ascii_lowercase();
+        decoded == "pass" || decoded == "password"
+    };
+    let query = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if secret(name) => format!("{name}=****"),
+            _ => pair.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    match fragment {
+        Some(fragment) => format!("{path}?{query}#{fragment}"),
+        None => format!("{path}?{query}"),
+    }
 }
 
 /// A configuration as TOML a `--config` file accepts back (masked values
@@ -390,6 +427,33 @@ mod tests {
             "rediss://atmost:****@redis:6380/0,redis://:****@other"
         );
         assert_eq!(mask_urls("redis://pw@h/1?x=y"), "redis://****@h/1?x=y");
+    }
+
+    #[test]
+    fn passwords_in_query_strings_are_masked() {
+        // redis-rs reads ?pass= as a Unix socket's password.
+        assert_eq!(
+            mask_urls("redis+unix:///run/redis.sock?db=2&pass=hunter2"),
+            "redis+unix:///run/redis.sock?db=2&pass=****"
+        );
+        assert_eq!(
+            mask_urls("unix:///s?password=a%26b&user=app#frag"),
+            "unix:///s?password=****&user=app#frag"
+        );
+        // However the name is spelled or escaped; a value's '=' is the value's.
+        assert_eq!(
+            mask_urls("redis://h/0?PASS=x=y&%70ass=z&Password=w,redis://u:p@h?pass=q"),
+            "redis://h/0?PASS=****&%70ass=****&Password=****,redis://u:****@h?pass=****"
+        );
+        assert_eq!(
+            mask_urls("unix:/run/redis.sock?pass=x"),
+            "unix:/run/redis.sock?pass=****"
+        );
+        // Other parameters, and a name that only starts like one, stay.
+        assert_eq!(
+            mask_urls("redis+unix:///s?passive=1&user=pass&protocol=resp3"),
+            "redis+unix:///s?passive=1&user=pass&protocol=resp3"
+        );
     }
 
     #[test]

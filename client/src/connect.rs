@@ -22,13 +22,28 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 ///     .await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientBuilder {
     address: String,
     api_key: Option<String>,
     tls: Option<ClientTlsConfig>,
     timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
+}
+
+/// By hand: a derived `Debug` would print the API key, and tonic's
+/// `ClientTlsConfig` prints a client identity's private key. The key is
+/// shown as redacted, TLS as whether it is configured.
+impl std::fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("address", &self.address)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls.as_ref().map(|_| "<configured>"))
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
 }
 
 /// Why a [`ClientBuilder`] could not make a client.

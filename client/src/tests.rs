@@ -123,3 +123,25 @@ fn new_permit_builds_what_it_is_told() {
     let left = millis(&default.expires_at.expect("an expiry")) - now_ms();
     assert!((3_590_000..=3_600_000).contains(&left), "{left}");
 }
+
+#[test]
+fn a_builder_never_shows_its_api_key_or_tls_private_key_in_debug_output() {
+    const KEY_PEM: &str =
+        "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIKEY-BYTES\n-----END PRIVATE KEY-----\n";
+    let builder = Client::builder("127.0.0.1:50051")
+        .api_key("sk-live-7f3a9c")
+        .tls_identity_pem(
+            "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n",
+            KEY_PEM,
+        )
+        .timeout(Duration::from_secs(3));
+    let shown = format!("{builder:?} {builder:#?}");
+    for secret in ["sk-live-7f3a9c", "KEY-BYTES", "PRIVATE KEY"] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+    assert!(shown.contains("api_key: Some(\"<redacted>\")"), "{shown}");
+    assert!(shown.contains("127.0.0.1:50051"), "{shown}");
+    // tonic prints key bytes as numbers: none of the PEM's bytes either.
+    let key_bytes = format!("{:?}", KEY_PEM.as_bytes());
+    assert!(!shown.contains(&key_bytes[1..40]), "{shown}");
+}
