@@ -738,7 +738,13 @@ async fn serve(
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
-        tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
+        let bound = listener.local_addr()?;
+        // On stdout, so scripts and tests learn the port of
+        // --metrics-listen :0; before the gRPC line, which stays the last
+        // line at start-up (a reader that stops there misses nothing, and
+        // nothing is written to a pipe it may have closed).
+        println!("atmost metrics on {bound}");
+        tracing::info!(addr = %bound, "serving /metrics");
         app = app.with_metrics_listener(listener);
     }
 
@@ -746,7 +752,8 @@ async fn serve(
     let signals = signals();
     let listener = TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
-    // One line on stdout, so scripts and tests learn the port of --listen :0.
+    // On stdout, so scripts and tests learn the port of --listen :0: the
+    // last line at start-up (every listener is bound).
     println!("atmost listening on {addr}");
     tracing::info!(%addr, store = ?args.store_name(), "serving");
     let mut second = signals.clone();
