@@ -230,8 +230,9 @@ def memory_atmost(tmp_path_factory) -> Iterator[Atmost]:
 class Upstream:
     """tests/upstream.py over Streamable HTTP, with its ledger."""
 
-    def __init__(self, tmp: pathlib.Path) -> None:
+    def __init__(self, tmp: pathlib.Path, tls: List[str] = ()) -> None:
         self.tmp = tmp
+        self.tls = list(tls)
         self.ledger = tmp / "ledger.jsonl"
         self.ledger.touch()
         self.release_dir = tmp / "release"
@@ -243,7 +244,7 @@ class Upstream:
         """Starts it (again, on the same port once it had one)."""
         self.process = Process(
             [sys.executable, str(UPSTREAM), "--ledger", str(self.ledger),
-             "--release", str(self.release_dir), "--port", str(self.port)],
+             "--release", str(self.release_dir), "--port", str(self.port), *self.tls],
             "upstream listening on ", self.tmp,
         )
         self.url = self.process.address

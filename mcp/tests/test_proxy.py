@@ -11,8 +11,8 @@ The tests taking the `atmost` fixture run once per store (memory, Redis).
 from __future__ import annotations
 
 import json
+import re
 import sys
-import uuid
 from typing import Any, Dict, List, Optional
 
 import anyio
@@ -210,6 +210,29 @@ async def test_connection_lost_after_sending_is_uncertain_and_unsent_calls_are_r
     assert atmost.calls_made(permit, "charge") == 2
 
 
+async def test_the_same_key_twice_at_once_is_sent_once(atmost, upstream, start_proxy):
+    permit = atmost.permit("--cap", "charge=2")
+    proxy = start_proxy(*permit_args(atmost, upstream, permit))
+    outcome: Dict[str, Any] = {}
+    async with Client(proxy.url, mode="legacy") as a, Client(proxy.url, mode="legacy") as b:
+
+        async def first() -> None:
+            outcome["first"] = await charge(a, 5, key="same", hold="same")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(first)
+            await anyio.to_thread.run_sync(upstream.wait_for_entries, 1, "charge")
+            # Another agent, the same key, while the first call is out.
+            busy = await refused(charge(b, 5, key="same", hold="same"))
+            upstream.release("same")
+        assert busy.code == DENIED
+        assert busy.error.data["reason"] == "IDEMPOTENCY_IN_PROGRESS"
+        later = await charge(b, 5, key="same", hold="same")
+    assert later.meta[REPLAYED] is True and body(later) == body(outcome["first"])
+    assert len(upstream.entries("charge")) == 1
+    assert atmost.calls_made(permit, "charge") == 1
+
+
 # === many agents ===
 
 
@@ -307,9 +330,10 @@ async def test_keys_derived_from_the_session(memory_atmost, upstream, start_prox
         b = await charge(agent, 1)
         # Two requests of the session are two intents, each keyed by the
         # session and its JSON-RPC id; the key used comes back in _meta.
-        session_a, id_a = a.meta[KEY].rsplit(":", 1)
-        session_b, id_b = b.meta[KEY].rsplit(":", 1)
-        assert session_a == session_b and session_a.startswith("mcp:") and id_a != id_b
+        derived = re.compile(r"mcp:([0-9a-f-]{36}):([0-9]+)")
+        session_a, id_a = derived.fullmatch(a.meta[KEY]).groups()
+        session_b, id_b = derived.fullmatch(b.meta[KEY]).groups()
+        assert session_a == session_b and id_a != id_b
         assert memory_atmost.attempt(permit, b.meta[KEY])["state"] == "ATTEMPT_STATE_SUCCEEDED"
         # An agent that lost the answer retries with the key it was told.
         again = await charge(agent, 1, key=b.meta[KEY])
@@ -401,6 +425,48 @@ async def test_stdio_agent_and_child_process_upstream(memory_atmost, tmp_path):
         assert capped.error.data["reason"] == "PERMIT_MAX_CALLS_EXCEEDED"
     assert len(entries("charge")) == 2
     assert len(entries("crash")) == 1
+
+
+async def test_https_upstream_trusted_through_its_ca(memory_atmost, tmp_path, start_proxy):
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "up.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "up.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    upstream = Upstream(tmp_path, tls=["--tls-cert", str(tmp_path / "up.pem"), "--tls-key", str(tmp_path / "up.key")])
+    try:
+        assert upstream.url.startswith("https://")
+        permit = memory_atmost.permit("--cap", "charge=2")
+        trusted = start_proxy(*permit_args(memory_atmost, upstream, permit, "--upstream-tls-ca", str(tmp_path / "ca.pem")))
+        untrusted = start_proxy(*permit_args(memory_atmost, upstream, permit))
+        async with Client(trusted.url, mode="legacy") as agent:
+            done = await charge(agent, 1, key="tls-1")
+            assert done.meta[REPLAYED] is False
+        async with Client(untrusted.url, mode="legacy") as agent:
+            # The handshake fails before anything is sent: the slot comes back.
+            unsent = await refused(charge(agent, 1, key="tls-2"))
+        assert unsent.code == NOT_SENT
+        assert memory_atmost.attempt(permit, "tls-2")["state"] == "ATTEMPT_STATE_RELEASED"
+        assert len(upstream.entries("charge")) == 1
+    finally:
+        upstream.stop()
+
+
+def test_only_allowed_hosts_are_served(memory_atmost, upstream, start_proxy):
+    permit = memory_atmost.permit("--cap", "charge=1")
+    loopback_only = start_proxy(*permit_args(memory_atmost, upstream, permit))
+    named = start_proxy(*permit_args(memory_atmost, upstream, permit, "--allowed-host", "mcp.internal"))
+    initialize = {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    headers = {"accept": "application/json, text/event-stream", "host": "mcp.internal"}
+    with httpx2.Client(timeout=30.0) as http:
+        # A Host the proxy was not told about (DNS rebinding): refused.
+        assert http.post(loopback_only.url, json=initialize, headers=headers).status_code == 403
+        assert http.post(named.url, json=initialize, headers=headers).status_code == 200
 
 
 # === atmost's side: TLS, keys, costs, unreachable ===

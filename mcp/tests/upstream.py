@@ -6,10 +6,11 @@ ledger file (--ledger): the upstream's own count of what it did, which the
 tests hold against the permit's cap. Nothing in the proxy or atmost writes
 it.
 
-    upstream.py --ledger FILE [--port N | --stdio] [--release DIR]
+    upstream.py --ledger FILE [--port N | --stdio] [--release DIR] [--tls-cert PEM --tls-key PEM]
 
 Over HTTP it binds 127.0.0.1 on --port (0: a port the system picks) and
-prints `upstream listening on http://127.0.0.1:PORT/mcp` once it serves.
+prints `upstream listening on http://127.0.0.1:PORT/mcp` (https with
+--tls-cert) once it serves.
 `charge` with `hold` answers once a file of that name appears in --release.
 """
 
@@ -33,6 +34,8 @@ parser.add_argument("--ledger", required=True)
 parser.add_argument("--port", type=int, default=0)
 parser.add_argument("--stdio", action="store_true")
 parser.add_argument("--release", default=None)
+parser.add_argument("--tls-cert", default=None, help="serve https with this certificate (PEM)")
+parser.add_argument("--tls-key", default=None, help="the private key of --tls-cert (PEM)")
 args = parser.parse_args()
 
 server = MCPServer("ledger-upstream", instructions="A wallet whose every charge is written down.")
@@ -90,13 +93,15 @@ def serve_http() -> None:
     app = server.streamable_http_app(
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False)
     )
-    config = uvicorn.Config(app, log_level="warning")
+    tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key} if args.tls_cert else {}
+    scheme = "https" if args.tls_cert else "http"
+    config = uvicorn.Config(app, log_level="warning", **tls)
     uv = uvicorn.Server(config)
 
     async def main() -> None:
         # Said once the socket listens: the proxy may connect right away.
         sock.listen(128)
-        print(f"upstream listening on http://127.0.0.1:{port}/mcp", flush=True)
+        print(f"upstream listening on {scheme}://127.0.0.1:{port}/mcp", flush=True)
         await uv.serve(sockets=[sock])
 
     anyio.run(main)
