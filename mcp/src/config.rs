@@ -1,6 +1,11 @@
 //! The command line (every flag has an environment variable too) and the
 //! cost table file, read and checked once at start-up: a bad value stops
 //! the proxy before it serves anything, saying which flag and why.
+//!
+//! The environment variables are ATMOST_MCP_*, except the two a client of
+//! atmost means the same way as the operator CLI does (ATMOST_SERVER,
+//! ATMOST_API_KEY): the server's own ATMOST_TLS_CERT and the like name
+//! its certificate, not a client's, and must not be picked up here.
 
 use clap::Parser;
 use serde::Deserialize;
@@ -28,16 +33,16 @@ pub struct Args {
     /// Read atmost's API key from this file (surrounding whitespace is
     /// dropped); without it, the environment's ATMOST_API_KEY. The key
     /// needs the agent role.
-    #[arg(long, env = "ATMOST_API_KEY_FILE", value_name = "FILE")]
+    #[arg(long, env = "ATMOST_MCP_API_KEY_FILE", value_name = "FILE")]
     pub api_key_file: Option<PathBuf>,
     /// With an https:// --server: the CA certificate (PEM) that signed
     /// atmost's, instead of the system's trust store.
-    #[arg(long, env = "ATMOST_TLS_CA", value_name = "FILE")]
+    #[arg(long, env = "ATMOST_MCP_TLS_CA", value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
     /// mTLS to atmost: this client certificate (PEM); with --tls-key.
     #[arg(
         long,
-        env = "ATMOST_TLS_CERT",
+        env = "ATMOST_MCP_TLS_CERT",
         value_name = "FILE",
         requires = "tls_key"
     )]
@@ -45,18 +50,18 @@ pub struct Args {
     /// mTLS to atmost: the private key of --tls-cert (PEM).
     #[arg(
         long,
-        env = "ATMOST_TLS_KEY",
+        env = "ATMOST_MCP_TLS_KEY",
         value_name = "FILE",
         requires = "tls_cert"
     )]
     pub tls_key: Option<PathBuf>,
     /// The name atmost's certificate must carry, when it is not the
     /// --server host.
-    #[arg(long, env = "ATMOST_TLS_SERVER_NAME", value_name = "NAME")]
+    #[arg(long, env = "ATMOST_MCP_TLS_SERVER_NAME", value_name = "NAME")]
     pub tls_server_name: Option<String>,
     /// Each atmost RPC's deadline (Authorize, Commit, MarkUncertain), and
     /// the time to open the connection.
-    #[arg(long, env = "ATMOST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ATMOST_MCP_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 
     /// The upstream MCP server's Streamable HTTP endpoint (http:// or
