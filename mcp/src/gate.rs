@@ -6,7 +6,7 @@
 //! says why (docs/gateways.md, "atmost-mcp", lists every case).
 
 use crate::config::{Costs, PermitSource};
-use crate::upstream::{CallError, Upstream};
+use crate::upstream::{self, CallError, Upstream};
 use atmost_client::{
     Client, DispatchError, Dispatched, GuardError, GuardedCall, Outcome, Unrecorded,
 };
@@ -15,6 +15,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, MetaObject,
     RequestId, RequestMetaObject, ResultType,
 };
+use rmcp::service::{Peer, RoleClient};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex};
@@ -129,6 +130,22 @@ impl Gate {
         let tool = request.name.to_string();
         let permit = self.permit(&origin)?;
         let (key, source) = self.key(&meta, &origin)?;
+        // The upstream first: one that cannot be reached costs no attempt.
+        let peer = self.upstream.connected().await.map_err(|why| {
+            tracing::warn!(%permit, %tool, %key, %why, "the upstream cannot be reached; not authorized");
+            let mut data = json!({
+                "reason": reason::NOT_SENT,
+                "tool": tool,
+                "permit_id": permit,
+                "idempotency_key": key,
+            });
+            data["upstream_error"] = why.clone().into();
+            ErrorData::new(
+                ErrorCode(code::NOT_SENT),
+                "the upstream could not be reached: nothing was authorized or sent, and the key is free",
+                Some(data),
+            )
+        })?;
         let arguments = request.arguments.clone().unwrap_or_default();
         let canonical = json!({"name": tool, "arguments": Value::Object(arguments)});
         let cost = self.costs.of(&tool);
@@ -144,14 +161,13 @@ impl Gate {
         let fresh: Arc<Mutex<Option<Fresh>>> = Arc::default();
         let slot = Arc::clone(&fresh);
         let task = tokio::spawn(async move {
-            let upstream = Arc::clone(&gate.upstream);
             gate.client
                 .guarded(call, move |attempt_id| async move {
                     let mut meta = forwarded;
                     meta.insert(META_ATTEMPT_ID.into(), attempt_id.as_str().into());
                     let mut request = request;
                     request.meta = Some(RequestMetaObject(MetaObject(meta)));
-                    dispatch(&upstream, request, &slot).await
+                    dispatch(&peer, request, &slot).await
                 })
                 .await
         });
@@ -265,7 +281,7 @@ fn forwarded_meta(meta: RequestMetaObject) -> Map<String, Value> {
 /// The guarded call's dispatch: the request sent once; its answer kept in
 /// `slot` for the agent and told to the guarded call.
 async fn dispatch(
-    upstream: &Upstream,
+    peer: &Peer<RoleClient>,
     request: CallToolRequestParams,
     slot: &Mutex<Option<Fresh>>,
 ) -> Result<Dispatched, DispatchError> {
@@ -274,7 +290,7 @@ async fn dispatch(
             *s = Some(fresh);
         }
     };
-    match upstream.call_tool(request).await {
+    match upstream::call_tool(peer, request).await {
         Ok(CallToolResponse::Complete(result)) => {
             let stored = serde_json::to_vec(&result).map_err(DispatchError::unknown)?;
             let failed = result.is_error == Some(true);

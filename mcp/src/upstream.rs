@@ -4,9 +4,12 @@
 //! the next request, so the proxy outlives an upstream restart.
 //!
 //! What matters to atmost is whether a tools/call may have reached the
-//! upstream: [`Upstream::call_tool`] answers [`CallError::NotSent`] only
-//! when it certainly did not (no connection could be opened, the upstream
-//! said the session was unknown, the child's stdin was already closed), and
+//! upstream. The gate opens the connection ([`Upstream::connected`]) before
+//! it asks atmost, so an upstream that cannot be reached costs no attempt.
+//! Then [`call_tool`] answers [`CallError::NotSent`] only when the request
+//! certainly did not reach it (the HTTP connection could not be opened, the
+//! upstream refused the session or the credentials before running
+//! anything, the child's stdin was already closed), and
 //! [`CallError::Unknown`] for every other failure after sending began.
 
 use crate::config::UpstreamSpec;
@@ -14,13 +17,18 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, Implementation,
     ListToolsResult, PaginatedRequestParams,
 };
-use rmcp::service::{Peer, RoleClient, RunningService, ServiceError};
+use rmcp::service::{ClientInitializeError, Peer, RoleClient, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ErrorData, ServiceExt};
+use std::time::Duration;
 use tokio::sync::Mutex;
+
+/// How long opening the upstream connection may take: TCP (and TLS) and
+/// MCP's initialize handshake, or a child process's start and handshake.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Connection = RunningService<RoleClient, ClientConfig>;
 
@@ -50,7 +58,7 @@ impl Upstream {
     pub fn new(spec: UpstreamSpec) -> Result<Self, String> {
         let http = match &spec {
             UpstreamSpec::Http { ca, .. } => {
-                let mut builder = reqwest::Client::builder();
+                let mut builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
                 if let Some(path) = ca {
                     let pem = std::fs::read(path)
                         .map_err(|e| format!("--upstream-tls-ca {}: {e}", path.display()))?;
@@ -85,8 +93,9 @@ impl Upstream {
     }
 
     /// The open connection's peer, connecting (again) when there is none
-    /// or it has closed. An error here means nothing was sent.
-    async fn peer(&self) -> Result<Peer<RoleClient>, String> {
+    /// or it has closed, within [`CONNECT_TIMEOUT`]. An error here means
+    /// nothing was sent.
+    pub async fn connected(&self) -> Result<Peer<RoleClient>, String> {
         let mut connection = self.connection.lock().await;
         if let Some(open) = connection.as_ref()
             && !open.is_closed()
@@ -98,7 +107,14 @@ impl Upstream {
             tracing::info!(upstream = %self.describe(), "the upstream connection closed; opening a new one");
             drop(closed);
         }
-        let open = self.connect().await?;
+        let open = tokio::time::timeout(CONNECT_TIMEOUT, self.connect())
+            .await
+            .map_err(|_| {
+                format!(
+                    "the upstream {} did not answer within {CONNECT_TIMEOUT:?}",
+                    self.describe()
+                )
+            })??;
         let peer = open.peer().clone();
         *connection = Some(open);
         Ok(peer)
@@ -127,8 +143,8 @@ impl Upstream {
             }
             (UpstreamSpec::Http { .. }, None) => unreachable!("an HTTP upstream has its client"),
         };
-        let connection =
-            connection.map_err(|e| format!("cannot open the upstream {upstream}: {e}"))?;
+        let connection = connection
+            .map_err(|e| format!("cannot open the upstream {upstream}: {}", with_sources(&e)))?;
         tracing::info!(%upstream, "connected to the upstream");
         Ok(connection)
     }
@@ -136,13 +152,13 @@ impl Upstream {
     /// Connects now if not yet connected (at start-up, for an early word in
     /// the log when the upstream cannot be reached).
     pub async fn warm_up(&self) -> Result<(), String> {
-        self.peer().await.map(|_| ())
+        self.connected().await.map(|_| ())
     }
 
     /// The upstream's instructions to agents, when connected and it has
     /// some.
     pub async fn instructions(&self) -> Option<String> {
-        let peer = self.peer().await.ok()?;
+        let peer = self.connected().await.ok()?;
         peer.peer_info().and_then(|info| info.instructions.clone())
     }
 
@@ -151,17 +167,49 @@ impl Upstream {
         &self,
         request: Option<PaginatedRequestParams>,
     ) -> Result<ListToolsResult, CallError> {
-        let peer = self.peer().await.map_err(CallError::NotSent)?;
+        let peer = self.connected().await.map_err(CallError::NotSent)?;
         peer.list_tools(request).await.map_err(classify)
     }
+}
 
-    /// Sends one tools/call, once (never retried here).
-    pub async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-    ) -> Result<CallToolResponse, CallError> {
-        let peer = self.peer().await.map_err(CallError::NotSent)?;
-        peer.call_tool_once(request).await.map_err(classify)
+/// Sends one tools/call on an open connection, once (never retried here).
+pub async fn call_tool(
+    peer: &Peer<RoleClient>,
+    request: CallToolRequestParams,
+) -> Result<CallToolResponse, CallError> {
+    peer.call_tool_once(request).await.map_err(classify)
+}
+
+/// An error and its sources in one line (a transport error's own text is
+/// often only "error sending request"; its sources say what happened: a
+/// refused connection, an untrusted certificate). Each said once.
+fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = next_source(error);
+    while let Some(s) = source {
+        let said = s.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        source = next_source(s);
+    }
+    text
+}
+
+/// The error's source; two of rmcp's errors name the error beneath them
+/// without giving it as their source.
+fn next_source<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a (dyn std::error::Error + 'static)> {
+    if let Some(source) = error.source() {
+        return Some(source);
+    }
+    if let Some(ClientInitializeError::TransportError { error, .. }) = error.downcast_ref() {
+        return Some(error);
+    }
+    match error.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+        Some(StreamableHttpError::Client(e)) => Some(e),
+        _ => None,
     }
 }
 
@@ -170,22 +218,26 @@ fn classify(error: ServiceError) -> CallError {
     match error {
         ServiceError::McpError(answer) => CallError::Answered(answer),
         ServiceError::TransportSend(ref sending) if never_sent(sending.error.as_ref()) => {
-            CallError::NotSent(error.to_string())
+            CallError::NotSent(with_sources(&error))
         }
-        other => CallError::Unknown(other.to_string()),
+        other => CallError::Unknown(with_sources(&other)),
     }
 }
 
 /// Whether a transport's send error proves the request did not reach the
-/// upstream: the HTTP connection (TCP, TLS) could not be opened; the
+/// upstream's tool: the HTTP connection (TCP, TLS) could not be opened; the
 /// upstream answered 404 to the session, which it does only for a session
-/// it does not know and so did not run the request in; the child's stdin
-/// was closed (it had exited) before the request was written.
+/// it does not know and so did not run the request in; it answered 401 or
+/// 403 with an authentication challenge, refusing the credentials before
+/// anything ran; the child's stdin was closed (it had exited) before the
+/// request was written. Any other failure may have come after the tool ran.
 fn never_sent(error: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
     if let Some(http) = error.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
         return match http {
             StreamableHttpError::Client(e) => e.is_connect(),
-            StreamableHttpError::SessionExpired => true,
+            StreamableHttpError::SessionExpired
+            | StreamableHttpError::AuthRequired(_)
+            | StreamableHttpError::InsufficientScope(_) => true,
             _ => false,
         };
     }

@@ -445,10 +445,13 @@ async def test_https_upstream_trusted_through_its_ca(memory_atmost, tmp_path, st
             done = await charge(agent, 1, key="tls-1")
             assert done.meta[REPLAYED] is False
         async with Client(untrusted.url, mode="legacy") as agent:
-            # The handshake fails before anything is sent: the slot comes back.
+            # The handshake fails: the proxy has no upstream to send to, so
+            # it does not even ask atmost.
             unsent = await refused(charge(agent, 1, key="tls-2"))
         assert unsent.code == NOT_SENT
-        assert memory_atmost.attempt(permit, "tls-2")["state"] == "ATTEMPT_STATE_RELEASED"
+        assert "attempt_id" not in unsent.error.data
+        assert "certificate" in unsent.error.data["upstream_error"].lower()
+        assert memory_atmost.calls_made(permit, "charge") == 1
         assert len(upstream.entries("charge")) == 1
     finally:
         upstream.stop()
