@@ -10,6 +10,8 @@ The tests taking the `atmost` fixture run once per store (memory, Redis).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import sys
@@ -18,7 +20,7 @@ from typing import Any, Dict, List, Optional
 import anyio
 import httpx2
 import pytest
-from conftest import UPSTREAM, Atmost, Upstream, clean_env, proxy_bin
+from conftest import UPSTREAM, Atmost, Upstream, clean_env, proxy_bin, run_proxy
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -97,6 +99,11 @@ async def test_replay_returns_the_original_result(atmost, upstream, start_proxy)
     # atmost's receipt is the CallToolResult as the upstream gave it.
     stored = atmost.receipt_json(permit, "order-1")
     assert stored["content"] == body(first)["content"]
+    # The fingerprint is SHA-256 of the RFC 8785 JSON of the name and the
+    # arguments (for this ASCII, integer-only request, sorted compact JSON).
+    canonical = json.dumps({"name": "charge", "arguments": {"amount": 500}}, sort_keys=True, separators=(",", ":"))
+    fingerprint = base64.b64encode(hashlib.sha256(canonical.encode()).digest()).decode()
+    assert atmost.attempt(permit, "order-1")["requestFingerprint"] == fingerprint
 
     # Another request under the same key: refused, nothing sent.
     async with Client(proxy.url, mode="legacy") as agent:
@@ -476,12 +483,9 @@ def test_only_allowed_hosts_are_served(memory_atmost, upstream, start_proxy):
 
 
 async def test_tls_and_api_keys(tmp_path, upstream, start_proxy):
-    import hashlib
     import secrets
 
     import trustme
-
-    from conftest import Atmost
 
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
@@ -574,8 +578,6 @@ async def test_atmost_unreachable_fails_closed(upstream, start_proxy):
     ],
 )
 def test_bad_configuration_is_refused(args, says):
-    from conftest import run_proxy
-
     done = run_proxy(*args)
     assert done.returncode == 2, done.stderr
     assert says in done.stderr.decode()
@@ -592,8 +594,6 @@ def test_bad_configuration_is_refused(args, says):
     ],
 )
 def test_bad_cost_table_is_refused(tmp_path, text, says):
-    from conftest import run_proxy
-
     (tmp_path / "costs.toml").write_text(text)
     done = run_proxy("--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--costs", str(tmp_path / "costs.toml"))
     assert done.returncode == 2, done.stderr
