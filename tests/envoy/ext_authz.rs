@@ -875,6 +875,82 @@ async fn reflection_and_health_name_the_envoy_services_and_they_can_be_turned_of
     assert_eq!(status.code(), Code::Unimplemented);
 }
 
+/// The binary reads `--envoy-mapping` at start-up: a bad file stops it
+/// (exit 2, naming the file and the setting), as does a mapping with
+/// `--envoy=false`; a good one takes effect; `--envoy=false` serves no
+/// front door.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_reads_the_mapping_at_start_up() {
+    let _machine = shared().await;
+    let dir = std::env::temp_dir().join(format!("atmost-envoy-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[tool.route]]\npath = \"/v1/charges\"\ntool = \"no spaces\"\n",
+    )
+    .unwrap();
+    let (status, stderr) = run_to_exit(&["--envoy-mapping", bad.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--envoy-mapping: {}: tool.route[1].tool",
+            bad.display()
+        )),
+        "{stderr}"
+    );
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        "[[tool.route]]\nmethod = \"POST\"\npath = \"/v1/charges\"\ntool = \"wallet.charge\"\n",
+    )
+    .unwrap();
+    let (status, stderr) =
+        run_to_exit(&["--envoy=false", "--envoy-mapping", good.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--envoy=false"), "{stderr}");
+
+    let process = spawn_atmost(&["--envoy-mapping", good.to_str().unwrap()]);
+    let client = process.client().await;
+    let permit = client
+        .create_permit(
+            NewPermit::new([TOOL])
+                .expires_at_ms(atmost_client::now_ms() + 3_600_000)
+                .build(),
+        )
+        .await
+        .unwrap()
+        .permit_id;
+    // No context extension: the route table names the tool.
+    let response = AuthorizationClient::new(client.channel())
+        .check(check_request(
+            "POST",
+            "/v1/charges",
+            &[("x-atmost-permit", &permit), ("idempotency-key", "bin-1")],
+            BODY,
+            None,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(read(response), Checked::Allowed { .. }));
+    let a = client
+        .get_attempt(&permit, "bin-1")
+        .await
+        .unwrap()
+        .attempt
+        .unwrap();
+    assert_eq!(a.tool, TOOL);
+
+    let off = spawn_atmost(&["--envoy=false"]);
+    let status = AuthorizationClient::new(off.client().await.channel())
+        .check(CheckRequest::default())
+        .await
+        .expect_err("not served");
+    assert_eq!(status.code(), Code::Unimplemented);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 on_each_store!(
     dispatch_then_the_upstream_commits_and_the_key_replays,
     a_binary_result_replays_base64_encoded,
