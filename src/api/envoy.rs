@@ -44,8 +44,6 @@ pub const ATTEMPT_HEADER: &str = "x-atmost-attempt-id";
 pub const REASON_HEADER: &str = "x-atmost-reason";
 /// On a replayed result (the IETF idempotency-key draft's header).
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-/// The dynamic metadata namespace jwt_authn writes its payloads under.
-pub const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";
 
 /// The front doors' own reasons, beside the contract's `ErrorReason`s.
 pub mod reasons {
@@ -246,12 +244,13 @@ impl Mapping {
                 read.required(name, "it names the permit").map(text)
             }
             mapping::PermitSource::Jwt {
+                namespace,
                 payload,
                 claim: path,
             } => {
                 let found = request
                     .metadata
-                    .and_then(|m| m.filter_metadata.get(JWT_AUTHN))
+                    .and_then(|m| m.filter_metadata.get(namespace))
                     .and_then(|ns| ns.fields.get(payload))
                     .and_then(|v| match v.kind.as_ref() {
                         Some(Kind::StructValue(p)) => claim(p, path),
@@ -261,7 +260,7 @@ impl Mapping {
                     read.violations.push(violation(
                         format!("jwt claim {}", path.join(".")),
                         format!(
-                            "missing: no verified JWT names the permit (jwt_authn payload_in_metadata {payload:?})"
+                            "missing: no verified JWT names the permit (metadata {namespace:?}, payload {payload:?})"
                         ),
                     ));
                 }

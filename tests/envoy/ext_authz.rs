@@ -875,6 +875,48 @@ async fn reflection_and_health_name_the_envoy_services_and_they_can_be_turned_of
     assert_eq!(status.code(), Code::Unimplemented);
 }
 
+/// docs/gateways.md's grpcurl example is a request atmost accepts: its
+/// JSON, read through the descriptors reflection serves (as grpcurl reads
+/// it), is forwarded, and the same command again is 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpcurl_example_in_the_docs_is_served() {
+    let _machine = shared().await;
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/gateways.md"))
+        .expect("docs/gateways.md");
+    let block = docs
+        .split("<!-- gateways-check: grpcurl-check -->")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("the marked grpcurl block");
+    assert!(
+        block.contains("envoy.service.auth.v3.Authorization/Check"),
+        "{block}"
+    );
+    let json = block
+        .split("<<EOF\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\nEOF").next())
+        .expect("a heredoc");
+    let h = Harness::start(Kind::Memory).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let json = json.replace("$PERMIT", &permit);
+    let pool = prost_reflect::DescriptorPool::decode(atmost::api::envoy::FILE_DESCRIPTOR_SET)
+        .expect("descriptors");
+    let desc = pool
+        .get_message_by_name("envoy.service.auth.v3.CheckRequest")
+        .expect("CheckRequest");
+    let mut de = serde_json::Deserializer::from_str(&json);
+    let dynamic = prost_reflect::DynamicMessage::deserialize(desc, &mut de).expect("the JSON");
+    let request = <CheckRequest as prost::Message>::decode(
+        prost::Message::encode_to_vec(&dynamic).as_slice(),
+    )
+    .unwrap();
+    let id = allowed(check(&h, request.clone()).await);
+    assert_eq!(attempt(&h, &permit, "order-1").await.attempt_id, id);
+    denied(check(&h, request).await, 409, "IDEMPOTENCY_IN_PROGRESS");
+}
+
 /// The binary reads `--envoy-mapping` at start-up: a bad file stops it
 /// (exit 2, naming the file and the setting), as does a mapping with
 /// `--envoy=false`; a good one takes effect; `--envoy=false` serves no

@@ -23,6 +23,8 @@ pub enum PermitSource {
     /// A claim of the JWT Envoy's `jwt_authn` filter verified, which it put
     /// in the request's dynamic metadata (`payload_in_metadata`).
     Jwt {
+        /// The dynamic metadata namespace (jwt_authn's, by default).
+        namespace: String,
         /// The `payload_in_metadata` name in jwt_authn's config.
         payload: String,
         /// The claim's path in the payload, split at dots.
@@ -181,6 +183,8 @@ pub struct Mapping {
 /// The defaults, as docs/gateways.md lists them.
 pub const DEFAULT_PERMIT_HEADER: &str = "x-atmost-permit";
 pub const DEFAULT_JWT_PAYLOAD: &str = "jwt_payload";
+/// The dynamic metadata namespace Envoy's jwt_authn filter writes.
+pub const DEFAULT_JWT_NAMESPACE: &str = "envoy.filters.http.jwt_authn";
 pub const DEFAULT_CONTEXT_EXTENSION: &str = "atmost.tool";
 pub const DEFAULT_GRPC_METADATA: &str = "x-atmost-tool";
 pub const DEFAULT_KEY_HEADER: &str = "idempotency-key";
@@ -218,6 +222,7 @@ struct PermitFile {
     header: Option<String>,
     jwt_claim: Option<String>,
     jwt_payload: Option<String>,
+    jwt_namespace: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -416,9 +421,9 @@ impl Mapping {
         let p = file.permit;
         let permit = match p.from.as_deref().unwrap_or("header") {
             "header" => {
-                if p.jwt_claim.is_some() || p.jwt_payload.is_some() {
+                if p.jwt_claim.is_some() || p.jwt_payload.is_some() || p.jwt_namespace.is_some() {
                     return Err(
-                        "permit: jwt-claim and jwt-payload are for from = \"jwt\"; the permit has one source"
+                        "permit: jwt-claim, jwt-payload and jwt-namespace are for from = \"jwt\"; the permit has one source"
                             .into(),
                     );
                 }
@@ -444,7 +449,14 @@ impl Mapping {
                 if payload.is_empty() {
                     return Err("permit.jwt-payload: must not be empty".into());
                 }
+                let namespace = p
+                    .jwt_namespace
+                    .unwrap_or_else(|| DEFAULT_JWT_NAMESPACE.into());
+                if namespace.is_empty() {
+                    return Err("permit.jwt-namespace: must not be empty".into());
+                }
                 PermitSource::Jwt {
+                    namespace,
                     payload,
                     claim: path,
                 }

@@ -44,6 +44,7 @@ fn a_full_file_reads_as_written() {
 from = "jwt"
 jwt-claim = "atmost.permit"
 jwt-payload = "claims"
+jwt-namespace = "dev.agentgateway.jwt"
 
 [tool]
 context-extension = ""
@@ -76,6 +77,7 @@ otherwise = "failed"
     assert_eq!(
         m.permit,
         PermitSource::Jwt {
+            namespace: "dev.agentgateway.jwt".into(),
             payload: "claims".into(),
             claim: vec!["atmost".into(), "permit".into()],
         }
@@ -133,7 +135,7 @@ fn every_bad_file_names_the_setting_and_what_is_wrong() {
         ("[permit]\nfrom = \"cookie\"", "permit.from: \"cookie\""),
         (
             "[permit]\nheader = \"x\"\njwt-claim = \"p\"",
-            "jwt-claim and jwt-payload are for from = \"jwt\"",
+            "jwt-claim, jwt-payload and jwt-namespace are for from = \"jwt\"",
         ),
         ("[permit]\nfrom = \"jwt\"", "needs jwt-claim"),
         (
@@ -341,7 +343,7 @@ fn the_permit_comes_from_a_verified_jwt_claim_only() {
     ]);
     let metadata = Metadata {
         filter_metadata: [(
-            JWT_AUTHN.to_owned(),
+            mapping::DEFAULT_JWT_NAMESPACE.to_owned(),
             Struct {
                 fields: [("jwt_payload".to_owned(), payload)].into_iter().collect(),
             },
@@ -602,7 +604,7 @@ fn the_vendored_descriptors_describe_the_messages_served() {
         raw_value: b"v".to_vec(),
     };
     let metadata = envoy_types::pb::envoy::config::core::v3::Metadata {
-        filter_metadata: [(JWT_AUTHN.to_owned(), Struct::default())]
+        filter_metadata: [(mapping::DEFAULT_JWT_NAMESPACE.to_owned(), Struct::default())]
             .into_iter()
             .collect(),
         ..Default::default()
