@@ -545,6 +545,17 @@ async fn a_lost_response_is_marked_uncertain(kind: Kind) {
         "the gateway's stream ended after the tool's HTTP 200, before its body"
     );
 
+    // A response body past --max-request-bytes (128 KiB): atmost cannot
+    // read it, the stream fails (Envoy fails the request), and the call,
+    // which reached the tool, is UNCERTAIN.
+    let mut envoy = open_charge(&h).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "huge"), BODY).await);
+    let answer = envoy.exchange(response_headers(200, false)).await;
+    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    envoy.send(response_body(&vec![b'x'; 200 * 1024], true), false);
+    assert_eq!(envoy.ended().await, Code::OutOfRange);
+    until_state(&h, &permit, "huge", AttemptState::Uncertain).await;
+
     // Response headers without a status: nothing is known, the stream
     // fails, and the attempt is UNCERTAIN.
     let mut envoy = open_charge(&h).await;
@@ -670,6 +681,21 @@ async fn an_envoy_configuration_that_cannot_gate_is_refused(kind: Kind) {
     let mut envoy = open_charge(&h).await;
     envoy.send(response_headers(200, false), false);
     assert_eq!(envoy.ended().await, Code::InvalidArgument);
+
+    // A request body past --max-request-bytes: the stream fails, never
+    // ends cleanly (Envoy would then forward without atmost's answer).
+    let mut envoy = open_charge(&h).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "POST",
+            PATH,
+            &charge_headers(&permit, "m-1"),
+            false,
+        ))
+        .await;
+    assert!(continued(&answer).is_empty());
+    envoy.send(request_body(&vec![b'x'; 200 * 1024]), false);
+    assert_eq!(envoy.ended().await, Code::OutOfRange);
 
     expect_error(
         h.client.get_attempt(&permit, "m-1").await,

@@ -102,7 +102,21 @@ impl ExternalProcessor for ExtProcService {
             protocol: None,
             pending: None,
         };
-        tokio::spawn(exchange.run(inbound));
+        // The stream ends cleanly when the exchange is over, and with an
+        // error if it panicked: a clean end would let Envoy go on without
+        // atmost's answer.
+        let on_panic = exchange.tx.clone();
+        let task = tokio::spawn(exchange.run(inbound));
+        tokio::spawn(async move {
+            if let Err(e) = task.await
+                && e.is_panic()
+            {
+                tracing::error!("ext_proc: a stream's task panicked; the stream fails");
+                let _ = on_panic
+                    .send(Err(Status::internal("atmost failed while processing")))
+                    .await;
+            }
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
@@ -338,7 +352,12 @@ impl Exchange {
                     Ok(Some(message)) => message,
                     Ok(None) => break,
                     Err(status) => {
+                        // A message atmost could not read (one past
+                        // --max-request-bytes, say), or a reset. Never a
+                        // clean end in answer: Envoy would go on without
+                        // atmost, forwarding a request it never authorized.
                         tracing::debug!(%status, "ext_proc: the stream ended with an error");
+                        let _ = self.tx.send(Err(status)).await;
                         break;
                     }
                 },
