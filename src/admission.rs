@@ -55,6 +55,10 @@ pub struct Admission {
     /// last one was in time.
     late_since_ns: AtomicU64,
     base: Instant,
+    /// Requests refused before their body was read, and after waiting for
+    /// a slot (or finding none while shedding): for the metrics.
+    shed_before_body: AtomicU64,
+    shed_queue: AtomicU64,
 }
 
 impl Admission {
@@ -67,7 +71,28 @@ impl Admission {
             shed_until_ns: AtomicU64::new(0),
             late_since_ns: AtomicU64::new(0),
             base: Instant::now(),
+            shed_before_body: AtomicU64::new(0),
+            shed_queue: AtomicU64::new(0),
         }
+    }
+
+    /// Store calls holding a slot now.
+    pub fn in_flight(&self) -> usize {
+        self.max_in_flight
+            .saturating_sub(self.slots.available_permits())
+    }
+
+    /// The number of slots (`--max-in-flight`).
+    pub fn limit(&self) -> usize {
+        self.max_in_flight
+    }
+
+    /// Requests refused so far: (before their body, waiting for a slot).
+    pub fn shed(&self) -> (u64, u64) {
+        (
+            self.shed_before_body.load(Ordering::Relaxed),
+            self.shed_queue.load(Ordering::Relaxed),
+        )
     }
 
     fn now_ns(&self) -> u64 {
@@ -87,12 +112,18 @@ impl Admission {
     pub fn precheck(&self, arrived: Instant) -> Result<(), Error> {
         if self.late(arrived) {
             self.dropping();
-            return Err(self.overloaded());
+            return Err(self.shed_at(&self.shed_before_body));
         }
         if self.slots.available_permits() == 0 && self.shedding() {
-            return Err(self.overloaded());
+            return Err(self.shed_at(&self.shed_before_body));
         }
         Ok(())
+    }
+
+    /// OVERLOADED, counted where it was decided.
+    fn shed_at(&self, counter: &AtomicU64) -> Error {
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.overloaded()
     }
 
     /// A slot for one store call, held until the permit is dropped; or
@@ -103,7 +134,7 @@ impl Admission {
             return Ok(slot);
         }
         if self.shedding() || self.max_wait.is_zero() {
-            return Err(self.overloaded());
+            return Err(self.shed_at(&self.shed_queue));
         }
         match tokio::time::timeout(self.max_wait, self.slots.clone().acquire_owned()).await {
             Ok(Ok(slot)) => Ok(slot),
@@ -111,7 +142,7 @@ impl Admission {
             // whole wait passed: a standing queue.
             _ => {
                 self.dropping();
-                Err(self.overloaded())
+                Err(self.shed_at(&self.shed_queue))
             }
         }
     }
@@ -288,6 +319,9 @@ mod tests {
         assert!(admission.admit().await.is_err());
         assert_eq!(started.elapsed(), Duration::ZERO);
         assert!(admission.precheck(Instant::now()).is_err());
+        // Counted where each was refused, for the metrics.
+        assert_eq!(admission.shed(), (1, 2));
+        assert_eq!((admission.in_flight(), admission.limit()), (1, 1));
         // A free slot is taken even then.
         drop(held);
         assert!(admission.precheck(Instant::now()).is_ok());

@@ -1,4 +1,8 @@
 #![forbid(unsafe_code)]
+// The handlers' futures nest the store's inside the telemetry's spans
+// (instrumented futures): computing their layout goes deeper than the
+// default 128 (a compile-time limit, no runtime cost).
+#![recursion_limit = "256"]
 //! # atmost
 //!
 //! A permit and receipt boundary in front of side-effecting tool calls made
@@ -23,6 +27,8 @@
 //! - [`server`]: [`run`], which `main` and the tests both call;
 //!   [`transport`]: the limits on what one connection may cost;
 //!   [`admission`]: how much store-bound work is taken on at once.
+//! - [`telemetry`]: a span per RPC (joined to the caller's trace) and per
+//!   store call, the metric instruments, OTLP and Prometheus export.
 
 pub mod admission;
 pub mod api;
@@ -32,6 +38,7 @@ pub mod domain;
 pub mod receipts;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod transport;
 
 pub use server::{App, run};

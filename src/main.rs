@@ -365,6 +365,15 @@ struct ServeArgs {
     /// 0: no limit.
     #[arg(long, env = "ATMOST_MEMORY_MAX_BYTES", default_value_t = 1 << 30)]
     memory_max_bytes: u64,
+    /// Serve Prometheus metrics (GET /metrics, plaintext HTTP) on this
+    /// address. Traces and OTLP metrics are set by the OTEL_* variables
+    /// (docs/telemetry.md).
+    #[arg(long, env = "ATMOST_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// While metrics are exported: time between the end of one census of
+    /// UNCERTAIN attempts and the start of the next (1s to 1h).
+    #[arg(long, env = "ATMOST_UNCERTAIN_CENSUS_INTERVAL", default_value = "10s", value_parser = census_interval)]
+    uncertain_census_interval: Duration,
     /// Log format (logs go to stderr; filter with RUST_LOG).
     #[arg(long, env = "ATMOST_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -401,14 +410,22 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    init_logging(args.log_format);
-    no_huge_pages();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.worker_threads {
         runtime.worker_threads(n.max(1));
     }
     let served = match runtime.enable_all().build() {
-        Ok(runtime) => runtime.block_on(serve(args, prepared)),
+        Ok(runtime) => match init_logging(&runtime, &args) {
+            Ok(telemetry) => {
+                no_huge_pages();
+                let served = runtime.block_on(serve(args, prepared, telemetry.clone()));
+                // Flushes the spans and metrics, while the runtime the
+                // exporters' channels run on is still there.
+                telemetry.shutdown();
+                served
+            }
+            Err(e) => Err(e.into()),
+        },
         Err(e) => Err(e.into()),
     };
     match served {
@@ -537,6 +554,8 @@ fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
             Ok(())
         }
     };
+    // The OTEL_* variables: one atmost cannot honour stops it here too.
+    atmost::telemetry::Plan::from_env(|name| std::env::var(name).ok())?;
     needs(
         args.tls_cert.is_some() && args.tls_key.is_none(),
         "tls-cert",
@@ -647,6 +666,7 @@ fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
 async fn serve(
     args: ServeArgs,
     prepared: Prepared,
+    telemetry: atmost::telemetry::Telemetry,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let Prepared {
         retention_ms,
@@ -698,6 +718,8 @@ async fn serve(
         .with_max_queue_wait(args.max_queue_wait)
         .with_reflection(args.reflection)
         .with_envoy(envoy)
+        .with_telemetry(telemetry)
+        .with_census_interval(args.uncertain_census_interval)
         .with_limits(atmost::transport::Limits {
             max_connections: args.max_connections,
             max_concurrent_streams: args.max_concurrent_streams,
@@ -741,11 +763,26 @@ async fn serve(
         ),
     }
 
+    if let Some(addr) = args.metrics_listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("--metrics-listen {addr}: {e}"))?;
+        let bound = listener.local_addr()?;
+        // On stdout, so scripts and tests learn the port of
+        // --metrics-listen :0; before the gRPC line, which stays the last
+        // line at start-up (a reader that stops there misses nothing, and
+        // nothing is written to a pipe it may have closed).
+        println!("atmost metrics on {bound}");
+        tracing::info!(addr = %bound, "serving /metrics");
+        app = app.with_metrics_listener(listener);
+    }
+
     // Listening for signals before the port is announced.
     let signals = signals();
     let listener = TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
-    // One line on stdout, so scripts and tests learn the port of --listen :0.
+    // On stdout, so scripts and tests learn the port of --listen :0: the
+    // last line at start-up (every listener is bound).
     println!("atmost listening on {addr}");
     tracing::info!(%addr, store = ?args.store_name(), "serving");
     let mut second = signals.clone();
@@ -870,16 +907,22 @@ fn request_timeout(text: &str) -> Result<Duration, String> {
     bounded(text, Duration::from_millis(10), Duration::from_secs(3600))
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+fn census_interval(text: &str) -> Result<Duration, String> {
+    bounded(text, Duration::from_secs(1), Duration::from_secs(3600))
+}
+
+/// Logs, and the traces and metrics the OTEL_* variables and
+/// --metrics-listen ask for (inside the runtime, which the OTLP exporters
+/// run on).
+fn init_logging(
+    runtime: &tokio::runtime::Runtime,
+    args: &ServeArgs,
+) -> Result<atmost::telemetry::Telemetry, String> {
+    let _runtime = runtime.enter();
+    atmost::telemetry::Telemetry::init(atmost::telemetry::Config {
+        json_logs: matches!(args.log_format, LogFormat::Json),
+        prometheus: args.metrics_listen.is_some(),
+    })
 }
 
 /// Counts SIGTERMs and Ctrl-Cs: the first starts the shutdown, a second cuts

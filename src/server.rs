@@ -11,6 +11,7 @@ use crate::auth::{AuthLayer, Authenticator};
 use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
+use crate::telemetry::{RpcLayer, Telemetry};
 use crate::transport::{Limits, Track};
 use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
@@ -52,10 +53,18 @@ pub struct App {
     limits: Limits,
     /// The Envoy front doors' mapping; `None`: they are not served.
     envoy: Option<Arc<api::envoy::Mapping>>,
+    telemetry: Telemetry,
+    /// Where `GET /metrics` is served (`--metrics-listen`).
+    metrics_listener: Option<TcpListener>,
+    census_interval: Duration,
 }
 
 /// Most sweep batches run back to back before the sweeper sleeps again.
 const SWEEP_ROUNDS: usize = 16;
+
+/// Default time between the end of one uncertain census pass and the start
+/// of the next ([`crate::telemetry::census`]).
+pub const DEFAULT_CENSUS_INTERVAL: Duration = Duration::from_secs(10);
 
 impl App {
     /// The defaults: system clock, 2 s store deadline, store health checked
@@ -80,6 +89,9 @@ impl App {
             receipts: None,
             limits: Limits::default(),
             envoy: Some(Arc::new(api::envoy::Mapping::default())),
+            telemetry: Telemetry::off(),
+            metrics_listener: None,
+            census_interval: DEFAULT_CENSUS_INTERVAL,
         }
     }
 
@@ -88,6 +100,26 @@ impl App {
     /// mapping.
     pub fn with_envoy(mut self, mapping: Option<api::envoy::Mapping>) -> Self {
         self.envoy = mapping.map(Arc::new);
+        self
+    }
+
+    /// Records spans and metrics through this handle
+    /// ([`Telemetry::init`] or [`Telemetry::build`]); off by default.
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
+    }
+
+    /// Serves `GET /metrics` (Prometheus text) on this listener; the
+    /// telemetry must have been built with Prometheus on.
+    pub fn with_metrics_listener(mut self, listener: TcpListener) -> Self {
+        self.metrics_listener = Some(listener);
+        self
+    }
+
+    /// Time between uncertain census passes (while metrics are exported).
+    pub fn with_census_interval(mut self, interval: Duration) -> Self {
+        self.census_interval = interval;
         self
     }
 
@@ -262,6 +294,24 @@ pub async fn run(
         watch_stop.clone(),
     ));
 
+    let telemetry = app.telemetry.clone();
+    telemetry.observe_admission(&admission);
+    let census_task = telemetry.metrics().then(|| {
+        tokio::spawn(census_store(
+            ctx.clone(),
+            telemetry.clone(),
+            app.census_interval,
+            watch_stop.clone(),
+        ))
+    });
+    let metrics_task = app.metrics_listener.map(|listener| {
+        tokio::spawn(crate::telemetry::prometheus::serve(
+            listener,
+            telemetry.clone(),
+            watch_stop.clone(),
+        ))
+    });
+
     let files_task = tokio::spawn(watch_files(
         app.auth.clone(),
         app.receipts.clone(),
@@ -303,6 +353,7 @@ pub async fn run(
         None => (None, None),
     };
     let serve = builder
+        .layer(RpcLayer::new(&telemetry))
         .layer(Track)
         .layer(AuthLayer::new(app.auth.clone()))
         .layer(AdmissionLayer::new(admission))
@@ -379,7 +430,65 @@ pub async fn run(
     let _ = (&mut sweep_task).await;
     files_task.abort();
     let _ = files_task.await;
+    for task in census_task.into_iter().chain(metrics_task) {
+        task.abort();
+        let _ = task.await;
+    }
     result
+}
+
+/// Runs the uncertain census while metrics are exported
+/// ([`crate::telemetry::census`]): a pass at once, then one `interval`
+/// after each pass ends, until `stop`. A pass is batches back to back,
+/// each under the store deadline (no admission slot: like the sweep, it is
+/// the server's own work); a failed batch abandons the pass, and the last
+/// figures stay, growing older.
+async fn census_store(ctx: Ctx, telemetry: Telemetry, interval: Duration, stop: CancellationToken) {
+    let Some(census) = telemetry.census() else {
+        return;
+    };
+    // Whether the last pass failed: a failure is logged once (WARN), and
+    // the pass that ends it once (INFO), not every interval.
+    let mut failing = false;
+    loop {
+        let mut tally = crate::telemetry::census::Tally::default();
+        let mut after = None;
+        let complete = loop {
+            match ctx
+                .deadline(ctx.store.census(after.as_ref(), ctx.clock.now()))
+                .await
+            {
+                Ok(batch) => {
+                    tally.add(&batch);
+                    match batch.next {
+                        Some(next) => after = Some(next),
+                        None => break true,
+                    }
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(
+                            error = %e,
+                            "uncertain census failed: atmost_uncertain_* keep their last figures; \
+                             retried every interval"
+                        );
+                    }
+                    break false;
+                }
+            }
+        };
+        if complete {
+            census.publish(tally.uncertain, tally.oldest_age);
+            if failing {
+                tracing::info!("uncertain census completed again");
+            }
+        }
+        failing = !complete;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
 }
 
 /// Re-reads the key files (API keys, receipt keys) on SIGHUP, and every

@@ -61,6 +61,31 @@ pub struct Page {
     pub next: Option<Cursor>,
 }
 
+/// Where a census pass goes on from: after this permit of this tenant's
+/// index (tenants are walked in order of their names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CensusCursor {
+    pub tenant: String,
+    pub expires_at: Millis,
+    pub permit_id: String,
+}
+
+/// One batch of the uncertain census ([`Store::census`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CensusBatch {
+    /// Attempts UNCERTAIN (marked, or RESERVED past their lease) in the
+    /// permits of this batch, each permit read at once.
+    pub uncertain: u64,
+    /// How long the oldest of them had been uncertain when its permit was
+    /// read, on the store's clock (0: none).
+    pub oldest_age_ms: Millis,
+    /// Where the next batch starts; `None`: the pass is complete.
+    pub next: Option<CensusCursor>,
+}
+
+/// Most permits one census batch looks into.
+pub const CENSUS_BATCH: usize = 64;
+
 /// Most permits one ListUncertain call looks into across all permits, so a
 /// page over a large, mostly settled index stays bounded (the page may then
 /// come back short, with a cursor to continue from). The Redis store also
@@ -149,6 +174,15 @@ pub trait Store: Send + Sync + 'static {
     fn sweep(&self, now: Millis) -> impl Future<Output = Result<usize, Error>> + Send;
     /// Succeeds when the store can serve requests (for health checks).
     fn ping(&self) -> impl Future<Output = Result<(), Error>> + Send;
+    /// One batch of the uncertain census (crate::telemetry::census), across
+    /// every tenant: at most [`CENSUS_BATCH`] permits that may hold an open
+    /// attempt, after `after` (from the start with `None`), each read
+    /// atomically at `now` (Redis: on its own clock). Changes nothing.
+    fn census(
+        &self,
+        after: Option<&CensusCursor>,
+        now: Millis,
+    ) -> impl Future<Output = Result<CensusBatch, Error>> + Send;
 }
 
 /// The backend chosen at start-up.
@@ -157,18 +191,20 @@ pub enum Backend {
     Redis(redis::RedisStore),
 }
 
+/// Calls the chosen store, as one store call of the RPC's telemetry
+/// (a child span, timed by operation: [`crate::telemetry::store_call`]).
 macro_rules! delegate {
-    ($self:ident, $store:ident => $call:expr) => {
+    ($self:ident, $op:literal, $store:ident => $call:expr) => {
         match $self {
-            Backend::Memory($store) => $call.await,
-            Backend::Redis($store) => $call.await,
+            Backend::Memory($store) => crate::telemetry::store_call($op, "memory", $call).await,
+            Backend::Redis($store) => crate::telemetry::store_call($op, "redis", $call).await,
         }
     };
 }
 
 impl Store for Backend {
     async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
-        delegate!(self, s => s.create_permit(permit))
+        delegate!(self, "create_permit", s => s.create_permit(permit))
     }
     async fn get_permit(
         &self,
@@ -176,7 +212,7 @@ impl Store for Backend {
         permit_id: &str,
         now: Millis,
     ) -> Result<PermitView, Error> {
-        delegate!(self, s => s.get_permit(scope, permit_id, now))
+        delegate!(self, "get_permit", s => s.get_permit(scope, permit_id, now))
     }
     async fn revoke_permit(
         &self,
@@ -184,7 +220,7 @@ impl Store for Backend {
         permit_id: &str,
         now: Millis,
     ) -> Result<Permit, Error> {
-        delegate!(self, s => s.revoke_permit(scope, permit_id, now))
+        delegate!(self, "revoke_permit", s => s.revoke_permit(scope, permit_id, now))
     }
     async fn get_attempt(
         &self,
@@ -192,7 +228,7 @@ impl Store for Backend {
         cmd: &GetAttemptCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        delegate!(self, s => s.get_attempt(scope, cmd, now))
+        delegate!(self, "get_attempt", s => s.get_attempt(scope, cmd, now))
     }
     async fn authorize(
         &self,
@@ -201,7 +237,7 @@ impl Store for Backend {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        delegate!(self, s => s.authorize(scope, cmd, now, attempt_id))
+        delegate!(self, "authorize", s => s.authorize(scope, cmd, now, attempt_id))
     }
     async fn commit(
         &self,
@@ -210,7 +246,7 @@ impl Store for Backend {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        delegate!(self, s => s.commit(scope, cmd, now, receipt_id))
+        delegate!(self, "commit", s => s.commit(scope, cmd, now, receipt_id))
     }
     async fn mark_uncertain(
         &self,
@@ -218,7 +254,7 @@ impl Store for Backend {
         cmd: &MarkUncertainCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        delegate!(self, s => s.mark_uncertain(scope, cmd, now))
+        delegate!(self, "mark_uncertain", s => s.mark_uncertain(scope, cmd, now))
     }
     async fn resolve(
         &self,
@@ -227,7 +263,7 @@ impl Store for Backend {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        delegate!(self, s => s.resolve(scope, cmd, now, receipt_id))
+        delegate!(self, "resolve", s => s.resolve(scope, cmd, now, receipt_id))
     }
     async fn list_uncertain(
         &self,
@@ -237,12 +273,19 @@ impl Store for Backend {
         limit: usize,
         now: Millis,
     ) -> Result<Page, Error> {
-        delegate!(self, s => s.list_uncertain(scope, permit_id, after, limit, now))
+        delegate!(self, "list_uncertain", s => s.list_uncertain(scope, permit_id, after, limit, now))
     }
     async fn sweep(&self, now: Millis) -> Result<usize, Error> {
-        delegate!(self, s => s.sweep(now))
+        delegate!(self, "sweep", s => s.sweep(now))
     }
     async fn ping(&self) -> Result<(), Error> {
-        delegate!(self, s => s.ping())
+        delegate!(self, "ping", s => s.ping())
+    }
+    async fn census(
+        &self,
+        after: Option<&CensusCursor>,
+        now: Millis,
+    ) -> Result<CensusBatch, Error> {
+        delegate!(self, "census", s => s.census(after, now))
     }
 }

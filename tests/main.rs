@@ -37,6 +37,9 @@
 //! - `redis_keys`: the Redis key layout and retention, read from Redis.
 //! - `redis_settings`: eviction policies refused or accepted, CONFIG
 //!   disabled, `maxmemory` reached.
+//! - `telemetry`: spans sent to an OTLP receiver in the test (the caller's
+//!   trace joined, the attributes, nothing secret), and the Prometheus
+//!   scrape after a known sequence of calls on each store.
 //! - `tools`: the stress checker and the load generator, in process.
 //! - `transport`: transport abuse against each limit's flag: streams past
 //!   the limit, stalled bodies, missing prefaces, reset floods, thousands
@@ -64,5 +67,6 @@ mod redis_keys;
 mod redis_settings;
 mod replicas;
 mod scale_out;
+mod telemetry;
 mod tools;
 mod transport;

@@ -85,6 +85,8 @@ impl Audit {
         attempt_id: &str,
     ) {
         self.about = None;
+        // The same answer, for the RPC's span and metrics.
+        crate::telemetry::note(permit_id, tool, outcome, attempt_id);
         if !self.enabled {
             return;
         }

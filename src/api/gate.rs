@@ -107,6 +107,7 @@ impl GateService {
         if let (Decision::Dispatch, Some(earlier_key)) =
             (authorized.decision, &authorized.duplicate_of)
         {
+            crate::telemetry::note_duplicate();
             tracing::warn!(
                 permit_id = %cmd.permit_id,
                 tool = %cmd.tool,

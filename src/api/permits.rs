@@ -66,6 +66,7 @@ impl Permits for PermitsService {
         let deadline = Deadline::of(&request);
         let scope = scope_of(&request, &[Role::Admin, Role::Operator]);
         let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
+        crate::telemetry::note_permit(&id);
         let view = self
             .ctx
             .call(
@@ -93,6 +94,7 @@ impl Permits for PermitsService {
         let scope = scope_of(&request, &[Role::Admin, Role::Operator]);
         let mut cmd = convert::get_attempt_cmd(request.into_inner());
         cmd.validate().map_err(to_status)?;
+        crate::telemetry::note_permit(&cmd.permit_id);
         let attempt = self
             .ctx
             .call(
@@ -150,6 +152,7 @@ impl Permits for PermitsService {
         let scope = tenant_of(&request);
         let r = request.into_inner();
         let (permit_id, after, limit) = list_args(&r).map_err(to_status)?;
+        crate::telemetry::note_permit(permit_id.as_deref().unwrap_or_default());
         let now = self.ctx.clock.now();
         let page = self
             .ctx

@@ -26,7 +26,11 @@ pub fn rfc3339(ms: Millis) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
+/// The status of `error`; its reason is also noted for the RPC's
+/// telemetry ([`crate::telemetry::note_reason`]), so every error answered
+/// is counted once, wherever it was decided.
 pub fn to_status(error: Error) -> Status {
+    crate::telemetry::note_reason(error.reason().as_str());
     let message = error.to_string();
     let (code, metadata) = code_and_metadata(&error);
     let metadata: HashMap<String, String> = metadata

@@ -251,6 +251,16 @@ impl Ledger {
             .collect()
     }
 
+    /// The census of this permit at `now` (crate::telemetry::census): how
+    /// many attempts are UNCERTAIN (including RESERVED ones past their
+    /// lease), and since when the oldest has been.
+    pub fn uncertain_census(&self, now: Millis) -> (u64, Option<Millis>) {
+        let mut uncertain = self.open.iter().take_while(|(at, _)| *at <= now);
+        let oldest = uncertain.next().map(|(at, _)| *at);
+        let rest = uncertain.count() as u64;
+        (oldest.map_or(0, |_| 1 + rest), oldest)
+    }
+
     /// The order of checks:
     /// 1. the key exists (and was not released): same request -> REPLAY, or
     ///    IN_PROGRESS while RESERVED within its lease; different -> KEY_REUSED;

@@ -2,7 +2,7 @@
 //! one lock. It is the reference semantics of atmost and keeps nothing
 //! across restarts.
 
-use super::{Cursor, MAX_PERMITS_PER_PAGE, Page, Store};
+use super::{CENSUS_BATCH, CensusBatch, CensusCursor, Cursor, MAX_PERMITS_PER_PAGE, Page, Store};
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, GetAttemptCmd, Ledger, MarkUncertainCmd,
     Millis, Permit, PermitView, Quota, Quotas, ResolveCmd, Scope, Settled,
@@ -393,6 +393,55 @@ impl Store for MemoryStore {
 
     async fn ping(&self) -> Result<(), Error> {
         Ok(())
+    }
+
+    /// Walks the permits with an open attempt (the `open` sets), tenant by
+    /// tenant in name order, under the lock for one batch.
+    async fn census(
+        &self,
+        after: Option<&CensusCursor>,
+        now: Millis,
+    ) -> Result<CensusBatch, Error> {
+        let inner = self.lock();
+        let mut tenants: Vec<&Arc<str>> = inner
+            .open
+            .keys()
+            .filter(|t| after.is_none_or(|c| t.as_ref() >= c.tenant.as_str()))
+            .collect();
+        tenants.sort();
+        let mut batch = CensusBatch::default();
+        let mut looked = 0;
+        for tenant in tenants {
+            let start = match after {
+                Some(c) if c.tenant == tenant.as_ref() => {
+                    Bound::Excluded((c.expires_at, Arc::from(c.permit_id.as_str())))
+                }
+                _ => Bound::Unbounded,
+            };
+            for (expires_at, id) in inner.open[tenant].range((start, Bound::Unbounded)) {
+                if looked == CENSUS_BATCH {
+                    return Ok(batch);
+                }
+                let ledger = inner.ledgers.get(id).ok_or_else(|| {
+                    Error::StoreUnavailable(format!(
+                        "permit {id} is listed as open but has no ledger"
+                    ))
+                })?;
+                let (uncertain, oldest) = ledger.uncertain_census(now);
+                batch.uncertain += uncertain;
+                if let Some(since) = oldest {
+                    batch.oldest_age_ms = batch.oldest_age_ms.max(now - since);
+                }
+                looked += 1;
+                batch.next = Some(CensusCursor {
+                    tenant: tenant.to_string(),
+                    expires_at: *expires_at,
+                    permit_id: id.to_string(),
+                });
+            }
+        }
+        batch.next = None;
+        Ok(batch)
     }
 }
 

@@ -39,7 +39,10 @@ pub use reply::unpack_reply;
 pub use scripts::{script_body, script_text};
 
 use super::memory::full_page;
-use super::{Cursor, INDEX_MARGIN_MS, MAX_PERMITS_PER_PAGE, Page, Store};
+use super::{
+    CENSUS_BATCH, CensusBatch, CensusCursor, Cursor, INDEX_MARGIN_MS, MAX_PERMITS_PER_PAGE, Page,
+    Store,
+};
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GetAttemptCmd, MAX_RETENTION_MS,
     MarkUncertainCmd, Millis, Outcome, Permit, PermitView, Quotas, ResolveCmd, Scope, Settled,
@@ -311,6 +314,22 @@ impl RedisStore {
     /// retried on a fresh connection, with a backoff; any other error,
     /// and a lost reply above all, answers UNAVAILABLE.
     async fn run(&self, inv: &Invocation) -> Result<Vec<Value>, Error> {
+        use tracing::Instrument as _;
+        // A child span of the store call, per script run (no key, no
+        // argument: the script's name only).
+        let span = tracing::info_span!(
+            target: crate::telemetry::SPAN_TARGET,
+            "redis",
+            otel.name = inv.lua.name(),
+            otel.kind = "client",
+            db.system.name = "redis",
+            db.operation.name = "EVALSHA",
+            atmost.script = inv.lua.name(),
+        );
+        self.run_script(inv).instrument(span).await
+    }
+
+    async fn run_script(&self, inv: &Invocation) -> Result<Vec<Value>, Error> {
         let mut backoff = Duration::from_millis(10);
         let mut tries = 1;
         loop {
@@ -705,6 +724,75 @@ impl Store for RedisStore {
             dropped += self.sweep_tenant(&mut conn, &tenant, now).await?;
         }
         Ok(dropped)
+    }
+
+    /// Walks the tenants' indexes (the tenants set and dev mode's "", in
+    /// name order), one census.lua run per permit.
+    async fn census(
+        &self,
+        after: Option<&CensusCursor>,
+        now: Millis,
+    ) -> Result<CensusBatch, Error> {
+        let mut conn = self.conn().await?;
+        let mut tenants: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.tenants_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.lost(e))?;
+        tenants.push(String::new());
+        tenants.retain(|t| after.is_none_or(|c| *t >= c.tenant));
+        tenants.sort();
+        tenants.dedup();
+        let mut batch = CensusBatch::default();
+        let mut looked = 0;
+        for tenant in &tenants {
+            let mut from = match after {
+                Some(c) if c.tenant == *tenant => {
+                    format!("({}", index_member(c.expires_at, &c.permit_id))
+                }
+                _ => "-".to_owned(),
+            };
+            loop {
+                let want = CENSUS_BATCH - looked;
+                let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
+                    .arg(self.index_key(tenant))
+                    .arg(&from)
+                    .arg("+")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(want)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.lost(e))?;
+                for member in &members {
+                    let (expires_at, id) = parse_index_member(member)?;
+                    let k = self.keys(id);
+                    let mut inv = Lua::Census.prepare_invoke();
+                    inv.key(&k.permit).key(&k.open).arg(self.now_arg(now));
+                    let mut f = open_ok(self.run(&inv).await?, &About::permit(id))?;
+                    let (read_at, uncertain, since) = (f.int()?, f.count()?, f.int()?);
+                    batch.uncertain += uncertain;
+                    if uncertain > 0 {
+                        batch.oldest_age_ms = batch.oldest_age_ms.max(read_at - since);
+                    }
+                    looked += 1;
+                    batch.next = Some(CensusCursor {
+                        tenant: tenant.clone(),
+                        expires_at,
+                        permit_id: id.to_owned(),
+                    });
+                }
+                if looked == CENSUS_BATCH {
+                    return Ok(batch);
+                }
+                match members.last() {
+                    Some(last) if members.len() == want => from = format!("({last}"),
+                    _ => break,
+                }
+            }
+        }
+        batch.next = None;
+        Ok(batch)
     }
 
     /// Redis answers, and (read afresh: CONFIG SET or a failover can change

@@ -917,6 +917,55 @@ async fn the_grpcurl_example_in_the_docs_is_served() {
     denied(check(&h, request).await, 409, "IDEMPOTENCY_IN_PROGRESS");
 }
 
+/// With metrics on, a Check is an RPC of its own in the RPC metrics, and
+/// its store call is timed (docs/telemetry.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_is_measured() {
+    let _machine = shared().await;
+    let server = spawn_atmost(&["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = server.metrics_addr().expect("atmost metrics on ADDR");
+    let client = server.client().await;
+    let permit = client
+        .create_permit(
+            NewPermit::new([TOOL])
+                .expires_at_ms(atmost_client::now_ms() + 3_600_000)
+                .build(),
+        )
+        .await
+        .unwrap()
+        .permit_id;
+    let response = AuthorizationClient::new(client.channel())
+        .check(charge(&permit, "measured"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(read(response), Checked::Allowed { .. }));
+    let samples = crate::telemetry::scrape(metrics).await;
+    let count = |prefix: &str, label: &str| {
+        samples
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix) && k.contains(label))
+            .map(|(_, v)| *v)
+            .sum::<f64>()
+    };
+    assert_eq!(
+        count(
+            "rpc_server_call_duration_seconds_count",
+            "rpc_method=\"Check\""
+        ),
+        1.0,
+        "{samples:#?}"
+    );
+    assert_eq!(
+        count(
+            "atmost_store_duration_seconds_count",
+            "operation=\"authorize\""
+        ),
+        1.0,
+        "{samples:#?}"
+    );
+}
+
 /// The binary reads `--envoy-mapping` at start-up: a bad file stops it
 /// (exit 2, naming the file and the setting), as does a mapping with
 /// `--envoy=false`; a good one takes effect; `--envoy=false` serves no

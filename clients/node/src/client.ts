@@ -17,6 +17,7 @@ import type {
   AuthorizeResponse,
   CommitRequest,
   CommitResponse,
+  GetAttemptResponse,
   GetPermitResponse,
   GetSigningKeysResponse,
   ListUncertainRequest,
@@ -85,7 +86,8 @@ export class Client {
   private readonly permits: PermitsClient;
   private readonly receipts: ReceiptsClient;
   private readonly authorization?: string;
-  private readonly deadlineMs: number;
+  /** Each RPC's deadline in milliseconds, unless the call gives its own ({@link ClientOptions.deadlineMs}). */
+  readonly deadlineMs: number;
 
   constructor(options: ClientOptions) {
     if (typeof options?.address !== "string" || options.address === "") {
@@ -115,7 +117,10 @@ export class Client {
     this.receipts = new atmostV1.Receipts(options.address, credentials, shared);
   }
 
-  /** Closes the channel; calls still open fail with CANCELLED. */
+  /**
+   * Closes the channel: new calls fail at once; calls already open run to
+   * their answer or their deadline (grpc-js does not cancel them).
+   */
   close(): void {
     this.gate.close();
   }
@@ -146,6 +151,16 @@ export class Client {
 
   getPermit(permitId: string, options?: CallOptions): Promise<GetPermitResponse> {
     return this.unary(options, (md, opts, cb) => this.permits.getPermit({ permitId }, md, opts, cb));
+  }
+
+  /**
+   * One key's attempt as atmost sees it now (a RESERVED one past its lease
+   * reads UNCERTAIN, `lease_expired`). Reads only. A key the permit never
+   * saw is an AtmostError ATTEMPT_NOT_FOUND; an unknown permit Denied
+   * PERMIT_NOT_FOUND.
+   */
+  getAttempt(permitId: string, idempotencyKey: string, options?: CallOptions): Promise<GetAttemptResponse> {
+    return this.unary(options, (md, opts, cb) => this.permits.getAttempt({ permitId, idempotencyKey }, md, opts, cb));
   }
 
   /** Stops new keys; existing attempts keep working. */

@@ -26,7 +26,7 @@ import {
 import { fingerprint as fingerprintOf } from "./fingerprint.js";
 import { isAuthorizeRetryable, isTransient, retryPolicy, withRetries, type RetryEvent, type RetryPolicy } from "./retry.js";
 import type { Attempt, Receipt, Timestamp } from "./types.js";
-import type { Client } from "./client.js";
+import type { CallOptions, Client } from "./client.js";
 
 /** One logical call. Keep `idempotencyKey` (and `holderToken`, if you persist one) the same across your own retries of it. */
 export interface GuardedCall {
@@ -100,18 +100,26 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   if (typeof dispatch !== "function") throw new TypeError("dispatch must be a function (attemptId, signal) => result");
   const retry = retryPolicy(call.retry, "retry");
   const { permitId, idempotencyKey } = input;
+  // Each try's deadline: what is left of the retry budget, or the client's
+  // own deadline when sooner, as the Rust and Python clients do. With the
+  // client's whole deadline, one try hanging on a stalled atmost would
+  // outlast the budget by up to that long.
+  const within = (leftMs: number): CallOptions => ({ deadlineMs: Math.min(client.deadlineMs, leftMs) });
 
   // Before the first try: any reservation a try of this call made is younger.
   const firstTry = performance.now();
-  const answer = await withRetries("Authorize", retry, isAuthorizeRetryable, call.onRetry, () =>
-    client.authorize({
-      permitId,
-      tool: input.tool,
-      idempotencyKey,
-      requestFingerprint: input.fingerprint,
-      cost: input.cost,
-      holderToken: input.holderToken,
-    }),
+  const answer = await withRetries("Authorize", retry, isAuthorizeRetryable, call.onRetry, (leftMs) =>
+    client.authorize(
+      {
+        permitId,
+        tool: input.tool,
+        idempotencyKey,
+        requestFingerprint: input.fingerprint,
+        cost: input.cost,
+        holderToken: input.holderToken,
+      },
+      within(leftMs),
+    ),
   );
   // The dispatch deadline counts from here: the local clock only.
   const arrived = performance.now();
@@ -125,12 +133,12 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   }
 
   const attemptId = attempt.attemptId;
-  const record = <R>(rpc: string, outcome: RecordedOutcome, send: () => Promise<R>, result?: unknown): Promise<R> =>
-    withRetries(rpc, retry, isTransient, call.onRetry, send).catch((error: unknown) => {
+  const record = <R>(rpc: string, outcome: RecordedOutcome, send: (options: CallOptions) => Promise<R>, result?: unknown): Promise<R> =>
+    withRetries(rpc, retry, isTransient, call.onRetry, (leftMs) => send(within(leftMs))).catch((error: unknown) => {
       throw error instanceof AtmostError ? new CommitNotRecorded(attemptId, outcome, error, result) : error;
     });
   const commitNotSent = () =>
-    record("Commit", "not_sent", () => client.commit({ permitId, idempotencyKey, attemptId, notSent: {} }));
+    record("Commit", "not_sent", (options) => client.commit({ permitId, idempotencyKey, attemptId, notSent: {} }, options));
 
   // The time dispatch gets, from when the DISPATCH arrived. The lease is
   // atmost's; it is counted on our clock from an instant we know. A fresh
@@ -167,7 +175,7 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
     const done = await record(
       "Commit",
       "succeeded",
-      () => client.commit({ permitId, idempotencyKey, attemptId, succeeded: { result: stored } }),
+      (options) => client.commit({ permitId, idempotencyKey, attemptId, succeeded: { result: stored } }, options),
       ran.value,
     );
     const receipt = done.attempt?.receipt;
@@ -178,8 +186,8 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   const error = ran.error;
   if (error instanceof ToolFailed) {
     const reason = clip(error.failureReason);
-    const done = await record("Commit", "failed", () =>
-      client.commit({ permitId, idempotencyKey, attemptId, failed: { reason } }),
+    const done = await record("Commit", "failed", (options) =>
+      client.commit({ permitId, idempotencyKey, attemptId, failed: { reason } }, options),
     );
     throw new ToolFailed(reason, { attemptId, attempt: done.attempt ?? undefined, cause: error });
   }
@@ -191,8 +199,8 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
 
   async function uncertain(cause: unknown, why: string): Promise<never> {
     const reason = clip(why);
-    const done = await record("MarkUncertain", "uncertain", () =>
-      client.markUncertain({ permitId, idempotencyKey, attemptId, reason }),
+    const done = await record("MarkUncertain", "uncertain", (options) =>
+      client.markUncertain({ permitId, idempotencyKey, attemptId, reason }, options),
     );
     throw new OutcomeUncertain(`attempt ${attemptId} is UNCERTAIN (${reason}): it may have taken effect; it is not sent again`, {
       attemptId,

@@ -15,8 +15,9 @@ export interface RetryPolicy {
   /** Tries in all, the first included (default 5). */
   maxTries?: number;
   /**
-   * Total time in milliseconds (default 10 000): no try starts, and no wait
-   * begins, that would end past it; the last error is raised instead.
+   * Total time in milliseconds (default 10 000): each try's deadline is
+   * what is left of it (or the client's own deadline, when sooner), and no
+   * wait begins that would end past it; the last error is raised instead.
    */
   maxTotalMs?: number;
 }
@@ -78,27 +79,33 @@ export function retryPolicy(policy: RetryPolicy | undefined, name: string): Requ
   if (!Number.isSafeInteger(maxTries) || maxTries < 1) {
     throw new RangeError(`${name}.maxTries must be an integer >= 1, got ${String(maxTries)}`);
   }
-  if (typeof maxTotalMs !== "number" || !Number.isFinite(maxTotalMs) || maxTotalMs < 0) {
-    throw new RangeError(`${name}.maxTotalMs must be a finite number >= 0, got ${String(maxTotalMs)}`);
+  if (typeof maxTotalMs !== "number" || !Number.isFinite(maxTotalMs) || maxTotalMs <= 0) {
+    throw new RangeError(`${name}.maxTotalMs must be a finite number of milliseconds > 0, got ${String(maxTotalMs)}`);
   }
   return { maxTries, maxTotalMs };
 }
 
+/** The least deadline a try is given, when the budget is (all but) spent. */
+const MIN_TRY_MS = 1;
+
 /**
- * Runs `call` until it succeeds, fails with an error `retryable` refuses,
- * or the policy is spent; then raises the last error.
+ * Runs `call(leftMs)` until it succeeds, fails with an error `retryable`
+ * refuses, or the policy is spent; then raises the last error. `leftMs` is
+ * what is left of `maxTotalMs` as the try starts (at least 1 ms): the
+ * try's deadline, so a try that hangs ends with the budget rather than
+ * with the client's whole deadline.
  */
 export async function withRetries<T>(
   rpc: string,
   policy: Required<RetryPolicy>,
   retryable: (error: AtmostError) => boolean,
   onRetry: ((event: RetryEvent) => void) | undefined,
-  call: () => Promise<T>,
+  call: (leftMs: number) => Promise<T>,
 ): Promise<T> {
   const start = performance.now();
   for (let tryNumber = 1; ; tryNumber++) {
     try {
-      return await call();
+      return await call(Math.max(policy.maxTotalMs - (performance.now() - start), MIN_TRY_MS));
     } catch (error) {
       if (!(error instanceof AtmostError) || !retryable(error) || tryNumber >= policy.maxTries) throw error;
       const delayMs = error.retryAfterMs ?? backoffMs(tryNumber);

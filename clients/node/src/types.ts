@@ -16,6 +16,7 @@ export type { MarkUncertainResponse__Output as MarkUncertainResponse } from "./g
 export type { Permit as NewPermit } from "./generated/atmost/v1/Permit.js";
 export type { Permit__Output as Permit } from "./generated/atmost/v1/Permit.js";
 export type { GetPermitResponse__Output as GetPermitResponse } from "./generated/atmost/v1/GetPermitResponse.js";
+export type { GetAttemptResponse__Output as GetAttemptResponse } from "./generated/atmost/v1/GetAttemptResponse.js";
 export type { ListUncertainRequest } from "./generated/atmost/v1/ListUncertainRequest.js";
 export type { ListUncertainResponse__Output as ListUncertainResponse } from "./generated/atmost/v1/ListUncertainResponse.js";
 export type { ResolveRequest } from "./generated/atmost/v1/ResolveRequest.js";

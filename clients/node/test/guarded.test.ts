@@ -298,6 +298,7 @@ describe("guarded call", { timeout: 120_000 }, () => {
       ["a 65-byte fingerprint", { permitId: base.permitId, tool: TOOL, idempotencyKey: base.idempotencyKey, fingerprint: Buffer.alloc(65) }, /fingerprint must be 1 to 64 bytes/],
       ["a zero dispatch timeout", { ...base, dispatchTimeoutMs: 0 }, /dispatchTimeoutMs must be/],
       ["zero tries", { ...base, retry: { maxTries: 0 } }, /retry.maxTries must be/],
+      ["a zero retry budget", { ...base, retry: { maxTotalMs: 0 } }, /retry.maxTotalMs must be/],
     ];
     for (const [name, call, message] of cases) {
       await assert.rejects(client.guarded(call as never, dispatch), message, name);
@@ -460,6 +461,102 @@ describe("guarded call, with atmost going away or coming late", { timeout: 120_0
     } finally {
       client.close();
       relay.close();
+      await atmost.stop();
+    }
+  });
+
+  test("each Authorize and Commit try is given what is left of the retry budget, not the client's deadline", async () => {
+    // The client's deadline (10 min) is far past the budget (30 s). The
+    // first tries are refused (nothing listens yet), the relay opens at the
+    // first retry, and the call goes through: every try, the late ones
+    // included, got at most the budget left when it started.
+    const atmost = await Atmost.start();
+    const setup = atmost.client();
+    const permit = await createPermit(setup, [TOOL], { [TOOL]: 1 });
+    setup.close();
+    const port = await freePort();
+    const relay = tcpRelay(atmost.address);
+    const client = new Client({ address: `127.0.0.1:${port}`, deadlineMs: 600_000 });
+    // Spies on the real methods: the requests still go to atmost.
+    const given: [string, number | undefined][] = [];
+    const authorize = client.authorize.bind(client);
+    const commit = client.commit.bind(client);
+    client.authorize = (request, options) => {
+      given.push(["Authorize", options?.deadlineMs]);
+      return authorize(request, options);
+    };
+    client.commit = (request, options) => {
+      given.push(["Commit", options?.deadlineMs]);
+      return commit(request, options);
+    };
+    const maxTotalMs = 30_000;
+    try {
+      const tool = new FakeTool();
+      let retries = 0;
+      const out = await client.guarded(
+        {
+          permitId: permit.permitId,
+          tool: TOOL,
+          idempotencyKey: key("budget"),
+          request: CHARGE,
+          retry: { maxTries: 20, maxTotalMs },
+          onRetry: () => {
+            if (++retries === 1) relay.listen(port, "127.0.0.1");
+          },
+        },
+        async (attemptId) => {
+          tool.hit(attemptId);
+          return "charged";
+        },
+      );
+      assert.equal(out.result, "charged");
+      assert.equal(tool.calls.length, 1);
+      const tries = given.filter(([rpc]) => rpc === "Authorize").map(([, ms]) => ms);
+      assert.ok(tries.length >= 2, `the first Authorize was refused and retried: ${JSON.stringify(given)}`);
+      assert.deepEqual(
+        given.map(([rpc]) => rpc),
+        [...tries.map(() => "Authorize"), "Commit"],
+      );
+      for (const [rpc, ms] of given) {
+        assert.ok(ms !== undefined && ms > 0 && ms <= maxTotalMs, `${rpc} was given ${ms} ms, not what is left of the ${maxTotalMs} ms budget`);
+      }
+      for (let i = 1; i < tries.length; i++) {
+        assert.ok(tries[i]! < tries[i - 1]!, `try ${i + 1} was given ${tries[i]} ms, try ${i} ${tries[i - 1]} ms: the budget only shrinks`);
+      }
+    } finally {
+      client.close();
+      relay.close();
+      await atmost.stop();
+    }
+  });
+
+  test("an Authorize try on a stalled atmost ends with the retry budget, not the client's deadline", { timeout: 60_000 }, async () => {
+    // atmost stopped (SIGSTOP): its socket accepts, nothing answers. Given
+    // the budget left (1 s), the try ends DEADLINE_EXCEEDED, no wait fits
+    // in the budget, and that is raised. Given the client's deadline
+    // (10 min), it would hang: the hang guard then lets atmost go on, its
+    // DISPATCH comes through, and the call's success fails the test.
+    const atmost = await Atmost.start();
+    const client = atmost.client({ deadlineMs: 600_000 });
+    const hangGuard = setTimeout(() => atmost.process.kill("SIGCONT"), 30_000);
+    try {
+      const permit = await createPermit(client, [TOOL]);
+      const tool = new FakeTool();
+      atmost.process.kill("SIGSTOP");
+      const error = await rejection(
+        client.guarded(
+          { permitId: permit.permitId, tool: TOOL, idempotencyKey: key("stalled"), request: CHARGE, retry: { maxTotalMs: 1_000 } },
+          async (attemptId) => tool.hit(attemptId),
+        ),
+      );
+      assert.ok(error instanceof Unavailable, String(error));
+      assert.equal(error.code, Code.DEADLINE_EXCEEDED);
+      assert.equal(error.reason, undefined, "the client's deadline, not atmost's answer");
+      assert.equal(tool.calls.length, 0);
+    } finally {
+      clearTimeout(hangGuard);
+      atmost.process.kill("SIGCONT");
+      client.close();
       await atmost.stop();
     }
   });

@@ -66,6 +66,7 @@ scripts! {
     ListUncertain => "list_uncertain",
     ClosePermit => "close_permit",
     IndexPermit => "index_permit",
+    Census => "census",
 }
 
 /// Each script of [`TABLE`] as sent (with `lib.lua`), and its SHA-1,
@@ -94,6 +95,11 @@ impl Lua {
     /// The script as sent to Redis (`SCRIPT LOAD`).
     pub(super) fn text(self) -> &'static str {
         &SCRIPTS[self as usize].0
+    }
+
+    /// The script's name (its file's, without `.lua`).
+    pub(super) fn name(self) -> &'static str {
+        TABLE[self as usize].0
     }
 
     /// Whether the script may write (it is not `flags=no-writes`).
@@ -157,7 +163,8 @@ mod tests {
         assert_eq!(TABLE[Lua::Settle as usize].0, "settle");
         assert!(Lua::Authorize.writes() && Lua::IndexPermit.writes());
         assert!(!Lua::GetPermit.writes() && !Lua::ListUncertain.writes());
-        assert!(!Lua::GetAttempt.writes());
+        assert!(!Lua::GetAttempt.writes() && !Lua::Census.writes());
+        assert_eq!(Lua::Census.name(), "census");
     }
 
     /// Every `{'ERR', 'NAME', ...}` a script can return names a domain

@@ -294,6 +294,16 @@ class Client:
     def get_permit(self, permit_id: str, *, timeout: Optional[float] = None) -> pb.GetPermitResponse:
         return self._call(self._permits.GetPermit, pb.GetPermitRequest(permit_id=permit_id), timeout)
 
+    def get_attempt(
+        self, permit_id: str, idempotency_key: str, *, timeout: Optional[float] = None
+    ) -> pb.GetAttemptResponse:
+        """The key's attempt as every reader sees it now (a RESERVED one past
+        its lease reads UNCERTAIN, ``lease_expired``). Reads only. A key the
+        permit never saw raises AtmostError ATTEMPT_NOT_FOUND; an unknown
+        permit Denied PERMIT_NOT_FOUND."""
+        request = pb.GetAttemptRequest(permit_id=permit_id, idempotency_key=idempotency_key)
+        return self._call(self._permits.GetAttempt, request, timeout)
+
     def revoke_permit(self, permit_id: str, *, timeout: Optional[float] = None) -> pb.Permit:
         return self._call(self._permits.RevokePermit, pb.RevokePermitRequest(permit_id=permit_id), timeout)
 
