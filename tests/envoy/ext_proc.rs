@@ -28,6 +28,9 @@ use tonic::Code;
 const TOOL: &str = "wallet.charge";
 const PATH: &str = "/v1/charges";
 const BODY: &[u8] = br#"{"amount":500,"currency":"EUR"}"#;
+/// How long a test waits for an answer before it fails (a hang guard,
+/// never a timing assertion).
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 // === Envoy's side of one stream ===
 
@@ -89,7 +92,11 @@ impl Envoy {
         let (response, send) = connection
             .send_request(request.body(()).unwrap(), false)
             .expect("open the stream");
-        let (head, body) = response.await.expect("response headers").into_parts();
+        let (head, body) = tokio::time::timeout(PATIENCE, response)
+            .await
+            .expect("response headers within the patience")
+            .expect("response headers")
+            .into_parts();
         // A refusal before the service (no key, say) is trailers-only.
         let status = tonic::Status::from_header_map(&head.headers).map(|s| s.code());
         Self {
@@ -131,7 +138,11 @@ impl Envoy {
                     return Some(message);
                 }
             }
-            match self.body.data().await {
+            // A server that never answers fails the test, never hangs it.
+            let next = tokio::time::timeout(PATIENCE, self.body.data())
+                .await
+                .expect("an answer from atmost within the patience");
+            match next {
                 Some(Ok(chunk)) => {
                     let _ = self.body.flow_control().release_capacity(chunk.len());
                     self.buf.extend_from_slice(&chunk);
@@ -139,7 +150,10 @@ impl Envoy {
                 Some(Err(e)) => panic!("the stream broke: {e}"),
                 None => {
                     if self.status.is_none() {
-                        let trailers = self.body.trailers().await.expect("trailers");
+                        let trailers = tokio::time::timeout(PATIENCE, self.body.trailers())
+                            .await
+                            .expect("trailers within the patience")
+                            .expect("trailers");
                         self.status = Some(
                             trailers
                                 .as_ref()
