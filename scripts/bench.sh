@@ -77,7 +77,11 @@ start_atmost() {
   ATMOST_PID=$!
   PIDS+=("$ATMOST_PID")
   local line
-  read -r line <"$fifo"
+  # The listening line is the last at start-up ("atmost metrics on ADDR"
+  # comes first with --metrics-listen).
+  while read -r line; do
+    case $line in "atmost listening on "*) break ;; esac
+  done <"$fifo"
   rm -f "$fifo"
   ATMOST_URL="http://${line#atmost listening on }"
 }

@@ -43,17 +43,18 @@ cargo test --locked --workspace --doc 2>&1 | tee -a "$log"
 scripts/readme.sh
 # The Python example that verifies a live receipt with `cryptography`.
 scripts/receipt_example.sh
-# The clients in other languages, each against live atmost servers of its
-# own (each script installs what it needs: pip packages, npm packages).
-for client in clients/*/test.sh; do
-  "$client" 2>&1 | tee -a "$log"
+# The clients in other languages, and the MCP proxy with the official
+# Python MCP SDK, each against live atmost servers of its own (each script
+# installs what it needs: pip packages, npm packages).
+for suite in clients/*/test.sh mcp/test.sh; do
+  "$suite" 2>&1 | tee -a "$log"
 done
 
 # One closing line for the whole run: every cargo test binary, plus the
 # README check and the receipt example, plus each client's closing line
-# ("<language> client: N passed, M failed").
+# ("<language> client: N passed, M failed", "mcp proxy: N passed, M failed").
 read -r passed failed < <(awk '
   /^test result:/ { p += $4; f += $6 }
-  /^[a-z]+ client: [0-9]+ passed, [0-9]+ failed$/ { p += $3; f += $5 }
+  /^[a-z]+ (client|proxy): [0-9]+ passed, [0-9]+ failed$/ { p += $3; f += $5 }
   END { print p + 2, f }' "$log")
 echo "test.sh: ${passed} passed, ${failed} failed"

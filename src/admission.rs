@@ -186,7 +186,10 @@ const MIN_SOJOURN: Duration = Duration::from_millis(1);
 
 /// Whether a path is an atmost RPC that reaches the store.
 fn admitted_path(path: &str) -> bool {
-    path.starts_with("/atmost.v1.Gate/") || path.starts_with("/atmost.v1.Permits/")
+    path.starts_with("/atmost.v1.Gate/")
+        || path.starts_with("/atmost.v1.Permits/")
+        || path == "/envoy.service.auth.v3.Authorization/Check"
+        || path == "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 }
 
 /// The tower layer that admits requests to the store-bound services.

@@ -1,10 +1,13 @@
-//! The gRPC edge: the `atmost.v1.Gate` and `atmost.v1.Permits` services.
-//! Each handler decodes its request into a domain command, validates it,
-//! calls the store with the service's one clock, and encodes the answer.
-//! Errors become gRPC statuses only in [`status`].
+//! The gRPC edge: the `atmost.v1.Gate` and `atmost.v1.Permits` services,
+//! and the Envoy front doors ([`envoy`]: ext_authz and ext_proc), which
+//! call the Gate's own methods. Each handler decodes its request into a
+//! domain command, validates it, calls the store with the service's one
+//! clock, and encodes the answer. Errors become gRPC statuses only in
+//! [`status`] (and HTTP answers, from the same table, in [`envoy`]).
 
 pub mod audit;
 pub mod convert;
+pub mod envoy;
 #[cfg(test)]
 pub(crate) mod fuzz;
 pub mod gate;

@@ -48,7 +48,8 @@ use subtle::ConstantTimeEq;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     /// Callers around a dispatch: Authorize, Commit, MarkUncertain,
-    /// GetPermit, GetAttempt.
+    /// GetPermit, GetAttempt; and gateways, through the Envoy front doors
+    /// (ext_authz Check, ext_proc Process).
     Agent,
     /// Reconcilers: GetPermit, GetAttempt, ListUncertain, Resolve.
     Operator,
@@ -92,6 +93,15 @@ pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
         .any(|open| path.starts_with(open) && (open.ends_with('/') || path == *open))
     {
         return None;
+    }
+    // The Envoy front doors authorize and settle calls, as an agent does
+    // through the Gate: a gateway's key needs the agent role.
+    if matches!(
+        path,
+        "/envoy.service.auth.v3.Authorization/Check"
+            | "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+    ) {
+        return Some(&[Agent, Admin]);
     }
     Some(match path.strip_prefix("/atmost.v1.") {
         Some("Gate/Authorize" | "Gate/Commit" | "Gate/MarkUncertain") => &[Agent, Admin],

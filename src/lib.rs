@@ -17,7 +17,8 @@
 //! touches.
 //! - `proto/atmost/v1/`: the wire contract, compiled into [`pb`].
 //! - [`api`]: the tonic services. Decode, call the store, encode, and map
-//!   errors to gRPC status in one place ([`api::status`]).
+//!   errors to gRPC status in one place ([`api::status`]); the Envoy front
+//!   doors ([`api::envoy`]: ext_authz, ext_proc) call the Gate's methods.
 //! - [`domain`]: the pure model: permits, attempts, the state machine
 //!   ([`domain::Ledger`]), the order of checks, the one error enum.
 //! - [`store`]: one trait, two backends: [`store::memory`] (embedded,

@@ -272,6 +272,18 @@ struct ServeArgs {
     /// service's shape, no data). `--reflection=false` turns it off.
     #[arg(long, env = "ATMOST_REFLECTION", default_value_t = true, action = clap::ArgAction::Set)]
     reflection: bool,
+    /// Serve the Envoy front doors on this port: ext_authz
+    /// (envoy.service.auth.v3.Authorization/Check) and ext_proc
+    /// (envoy.service.ext_proc.v3.ExternalProcessor/Process), for the agent
+    /// role (docs/gateways.md). `--envoy=false` turns them off.
+    #[arg(long, env = "ATMOST_ENVOY", default_value_t = true, action = clap::ArgAction::Set)]
+    envoy: bool,
+    /// The Envoy front doors' mapping (TOML): where the permit, tool, key,
+    /// fingerprint and cost of a request come from, and how ext_proc
+    /// settles an attempt from the response (docs/gateways.md, "The
+    /// mapping"). Without it, the defaults.
+    #[arg(long, env = "ATMOST_ENVOY_MAPPING", value_name = "FILE")]
+    envoy_mapping: Option<std::path::PathBuf>,
     /// Connections open at once; past it a new connection is closed as soon
     /// as it is accepted (docs/security.md, "Transport limits").
     #[arg(long, env = "ATMOST_MAX_CONNECTIONS", default_value_t = LIMITS.max_connections,
@@ -549,6 +561,8 @@ struct Prepared {
     tls: Option<tonic::transport::ServerTlsConfig>,
     receipts: Option<atmost::receipts::ReceiptSigner>,
     auth: Option<Authenticator>,
+    /// The Envoy front doors' mapping; `None`: not served.
+    envoy: Option<atmost::api::envoy::Mapping>,
 }
 
 fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
@@ -589,6 +603,11 @@ fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
         "receipt-verify-keys",
         "receipt-signing-key",
     )?;
+    if !args.envoy && args.envoy_mapping.is_some() {
+        return Err(
+            "--envoy-mapping is for the Envoy front doors, which --envoy=false turns off".into(),
+        );
+    }
     if args.insecure_no_auth && args.auth_keys.is_some() {
         return Err("--insecure-no-auth and --auth-keys contradict each other: give one".into());
     }
@@ -693,6 +712,14 @@ fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
             Some(path) => Some(Authenticator::load(path).map_err(|e| format!("--auth-keys: {e}"))?),
             None => None,
         },
+        envoy: match (&args.envoy_mapping, args.envoy) {
+            (Some(path), _) => Some(
+                atmost::api::envoy::Mapping::load(path)
+                    .map_err(|e| format!("--envoy-mapping: {e}"))?,
+            ),
+            (None, true) => Some(atmost::api::envoy::Mapping::default()),
+            (None, false) => None,
+        },
     })
 }
 
@@ -708,6 +735,7 @@ async fn serve(
         tls,
         receipts,
         auth,
+        envoy,
     } = prepared;
     let store = match redis {
         None => Backend::Memory(
@@ -731,6 +759,7 @@ async fn serve(
         .with_max_in_flight(args.max_in_flight)
         .with_max_queue_wait(args.max_queue_wait)
         .with_reflection(args.reflection)
+        .with_envoy(envoy)
         .with_telemetry(telemetry)
         .with_census_interval(args.uncertain_census_interval)
         .with_limits(atmost::transport::Limits {
@@ -780,7 +809,13 @@ async fn serve(
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| Misconfigured(format!("--metrics-listen {addr}: {e}")))?;
-        tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
+        let bound = listener.local_addr()?;
+        // On stdout, so scripts and tests learn the port of
+        // --metrics-listen :0; before the gRPC line, which stays the last
+        // line at start-up (a reader that stops there misses nothing, and
+        // nothing is written to a pipe it may have closed).
+        println!("atmost metrics on {bound}");
+        tracing::info!(addr = %bound, "serving /metrics");
         app = app.with_metrics_listener(listener);
     }
 
@@ -790,7 +825,8 @@ async fn serve(
         .await
         .map_err(|e| Misconfigured(format!("--listen {}: {e}", args.listen)))?;
     let addr = listener.local_addr()?;
-    // One line on stdout, so scripts and tests learn the port of --listen :0.
+    // On stdout, so scripts and tests learn the port of --listen :0: the
+    // last line at start-up (every listener is bound).
     println!("atmost listening on {addr}");
     tracing::info!(%addr, store = ?args.store_name(), "serving");
     let mut second = signals.clone();

@@ -3,6 +3,7 @@
 //! the same way.
 
 use crate::admission::{Admission, AdmissionLayer};
+use crate::api::envoy::{self, ext_authz::ExtAuthzService, ext_proc::ExtProcService};
 use crate::api::{
     self, Ctx, gate::GateService, permits::PermitsService, receipts::ReceiptsService,
 };
@@ -12,6 +13,8 @@ use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
 use crate::telemetry::{RpcLayer, Telemetry};
 use crate::transport::{Limits, Track};
+use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +51,8 @@ pub struct App {
     tls: Option<tonic::transport::ServerTlsConfig>,
     receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
     limits: Limits,
+    /// The Envoy front doors' mapping; `None`: they are not served.
+    envoy: Option<Arc<api::envoy::Mapping>>,
     telemetry: Telemetry,
     /// Where `GET /metrics` is served (`--metrics-listen`).
     metrics_listener: Option<TcpListener>,
@@ -83,10 +88,19 @@ impl App {
             tls: None,
             receipts: None,
             limits: Limits::default(),
+            envoy: Some(Arc::new(api::envoy::Mapping::default())),
             telemetry: Telemetry::off(),
             metrics_listener: None,
             census_interval: DEFAULT_CENSUS_INTERVAL,
         }
+    }
+
+    /// Serves the Envoy front doors (ext_authz and ext_proc) with this
+    /// mapping, or not at all with `None`. On by default, with the default
+    /// mapping.
+    pub fn with_envoy(mut self, mapping: Option<api::envoy::Mapping>) -> Self {
+        self.envoy = mapping.map(Arc::new);
+        self
     }
 
     /// Records spans and metrics through this handle
@@ -213,8 +227,9 @@ impl App {
     }
 }
 
-/// Serves `atmost.v1.Gate`, `atmost.v1.Permits`, `grpc.health.v1.Health`
-/// and server reflection on `listener` until `shutdown` completes; then
+/// Serves `atmost.v1.Gate`, `atmost.v1.Permits`, `grpc.health.v1.Health`,
+/// server reflection and the Envoy front doors (ext_authz, ext_proc) on
+/// `listener` until `shutdown` completes; then
 /// reports NOT_SERVING, goes on serving for the drain delay, stops
 /// accepting, and lets in-flight RPCs finish within the shutdown grace.
 pub async fn run(
@@ -234,10 +249,16 @@ pub async fn run(
     // Reflection in both versions: grpc.reflection.v1, and v1alpha for the
     // clients that still speak only it (grpcurl before 1.8.8, grpcio's
     // reflection client, grpcui).
+    // The Envoy services are listed only when served.
+    let envoy = app.envoy.clone();
     let reflection = || {
-        tonic_reflection::server::Builder::configure()
+        let builder = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        match envoy {
+            Some(_) => builder.register_encoded_file_descriptor_set(envoy::FILE_DESCRIPTOR_SET),
+            None => builder,
+        }
     };
     let (reflection_v1, reflection_v1alpha) = if app.reflection {
         (
@@ -255,11 +276,13 @@ pub async fn run(
     // is served (connections wait in the listen backlog meanwhile), so the
     // first probe hears the store's state: never NOT_FOUND for a service
     // not yet registered, never SERVING before the store answered.
+    let services = health_services(app.envoy.is_some());
     let first = store_status(&ctx, None).await;
-    set_all(&reporter, first).await;
+    set_all(&reporter, services, first).await;
     let mut health_task = tokio::spawn(watch_store(
         ctx.clone(),
         reporter.clone(),
+        services,
         app.health_interval,
         watch_stop.clone(),
         first,
@@ -309,6 +332,26 @@ pub async fn run(
                 .max_encoding_message_size(limits.max_response_bytes)
         };
     }
+    // The Envoy front doors call the Gate's own methods (api::envoy).
+    let (ext_authz, ext_proc) = match &app.envoy {
+        Some(mapping) => (
+            Some(tonic::service::interceptor::InterceptedService::new(
+                sized!(AuthorizationServer::new(ExtAuthzService::new(
+                    GateService::new(ctx.clone()),
+                    mapping.clone(),
+                ))),
+                api::stamp,
+            )),
+            Some(tonic::service::interceptor::InterceptedService::new(
+                sized!(ExternalProcessorServer::new(ExtProcService::new(
+                    GateService::new(ctx.clone()),
+                    mapping.clone(),
+                ))),
+                api::stamp,
+            )),
+        ),
+        None => (None, None),
+    };
     let serve = builder
         .layer(RpcLayer::new(&telemetry))
         .layer(Track)
@@ -328,6 +371,8 @@ pub async fn run(
         .add_service(sized!(pb::receipts_server::ReceiptsServer::new(
             ReceiptsService::new(ctx),
         )))
+        .add_optional_service(ext_authz)
+        .add_optional_service(ext_proc)
         .serve_with_incoming_shutdown(limits.incoming(listener), stop.clone().cancelled_owned());
     tokio::pin!(serve);
 
@@ -341,7 +386,7 @@ pub async fn run(
             // sending, then stop accepting and drain.
             health_task.abort();
             let _ = (&mut health_task).await;
-            set_all(&reporter, ServingStatus::NotServing).await;
+            set_all(&reporter, services, ServingStatus::NotServing).await;
             let interrupt = async move {
                 match drain_interrupt {
                     Some(interrupt) => interrupt.await,
@@ -508,12 +553,24 @@ async fn sweep_store(ctx: Ctx, interval: Duration, stop: CancellationToken) {
     }
 }
 
-async fn set_all(reporter: &HealthReporter, status: ServingStatus) {
-    reporter.set_service_status("", status).await;
-    reporter.set_service_status("atmost.v1.Gate", status).await;
-    reporter
-        .set_service_status("atmost.v1.Permits", status)
-        .await;
+/// The services whose health is reported: the server's (""), atmost's,
+/// and the Envoy front doors' when served (an Envoy cluster's gRPC health
+/// check names one).
+fn health_services(envoy: bool) -> &'static [&'static str] {
+    const ALL: &[&str] = &[
+        "",
+        "atmost.v1.Gate",
+        "atmost.v1.Permits",
+        envoy::EXT_AUTHZ_SERVICE,
+        envoy::EXT_PROC_SERVICE,
+    ];
+    if envoy { ALL } else { &ALL[..3] }
+}
+
+async fn set_all(reporter: &HealthReporter, services: &[&str], status: ServingStatus) {
+    for service in services {
+        reporter.set_service_status(*service, status).await;
+    }
 }
 
 /// The store's health now: SERVING if it answers its ping within the store
@@ -540,6 +597,7 @@ async fn store_status(ctx: &Ctx, last: Option<ServingStatus>) -> ServingStatus {
 async fn watch_store(
     ctx: Ctx,
     reporter: HealthReporter,
+    services: &'static [&'static str],
     interval: Duration,
     stop: CancellationToken,
     mut last: ServingStatus,
@@ -554,7 +612,7 @@ async fn watch_store(
             return;
         }
         if last != status {
-            set_all(&reporter, status).await;
+            set_all(&reporter, services, status).await;
             last = status;
         }
     }

@@ -23,6 +23,7 @@ on_each_store!(
     a_hung_dispatch_ends_uncertain_and_is_never_sent_again,
     an_error_in_dispatch_ends_uncertain,
     the_lease_bounds_dispatch_without_a_timeout,
+    a_dispatch_timeout_never_outlasts_the_lease,
     a_lost_dispatch_is_redelivered_to_its_holder_only,
     a_server_not_up_yet_is_retried_until_it_is,
     an_outcome_atmost_refuses_to_record_says_so,
@@ -369,6 +370,46 @@ async fn the_lease_bounds_dispatch_without_a_timeout(kind: Kind) {
     none_left.lease = Some(atmost_client::duration(Duration::from_secs(1)));
     let q = h.create(none_left).await.permit_id;
     let late = h.client.guarded(call(&q, "charge-1"), tool.charge()).await;
+    assert!(
+        matches!(late, Err(GuardError::NoTimeToDispatch { .. })),
+        "{late:?}"
+    );
+    assert_eq!(tool.sent(), 1, "not called");
+    assert_eq!(calls_made(&h, &q).await, 0, "released unsent");
+}
+
+/// A dispatch timeout past the lease-based deadline is cut to it: past the
+/// lease the attempt reads UNCERTAIN, an operator may resolve it NotSent
+/// and the key be used again, and a call still being sent then would
+/// exceed the cap. A 1.5 s lease with a 5 s timeout gives dispatch 500 ms;
+/// a lease that leaves no time is given back unsent, whatever the timeout.
+async fn a_dispatch_timeout_never_outlasts_the_lease(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let mut short = h.permit(&[TOOL]);
+    short.lease = Some(atmost_client::duration(Duration::from_millis(1_500)));
+    let p = h.create(short).await.permit_id;
+    let tool = FakeTool::default();
+    let long = call(&p, "charge-1").dispatch_timeout(Duration::from_secs(5));
+    let lost = h.client.guarded(long, tool.hang()).await;
+    let Err(GuardError::OutcomeUncertain {
+        reason,
+        replayed: false,
+        ..
+    }) = lost
+    else {
+        panic!("expected OutcomeUncertain, got {lost:?}");
+    };
+    assert_eq!(
+        reason,
+        "dispatch still running at its deadline, 500ms after the DISPATCH: dropped"
+    );
+    assert_eq!(tool.sent(), 1);
+
+    let mut none_left = h.permit(&[TOOL]);
+    none_left.lease = Some(atmost_client::duration(Duration::from_secs(1)));
+    let q = h.create(none_left).await.permit_id;
+    let long = call(&q, "charge-1").dispatch_timeout(Duration::from_secs(5));
+    let late = h.client.guarded(long, tool.charge()).await;
     assert!(
         matches!(late, Err(GuardError::NoTimeToDispatch { .. })),
         "{late:?}"

@@ -6,9 +6,12 @@
 //!
 //! - every `ATMOST_*` variable is one the binary reads, and every value
 //!   parses: the binary starts with the ConfigMap's, the compose file's
-//!   and the Dockerfile's environment, and serves health SERVING;
-//! - the ports agree (container, Service, probes, listen address,
-//!   EXPOSE, compose's mapping, NetworkPolicy);
+//!   and the Dockerfile's environment (its metrics address moved to
+//!   loopback), and serves health SERVING; with the ConfigMap's it answers
+//!   the scrape the pod annotations describe;
+//! - the ports agree, gRPC's and metrics' (container, Service, probes,
+//!   listen addresses, pod annotations, PodMonitor, EXPOSE, compose's
+//!   mappings, NetworkPolicy), and only Prometheus may reach metrics;
 //! - every health probe asks for a service atmost reports, over TLS when
 //!   atmost serves TLS;
 //! - Kubernetes waits for the drain: terminationGracePeriodSeconds (and
@@ -22,7 +25,9 @@
 //! - every metric the Prometheus alert rules (`deploy/prometheus/`) and the
 //!   Grafana dashboard (`deploy/grafana/`) read is one a live server
 //!   exports, and the rules cover UNCERTAIN age and count, store errors,
-//!   shedding and a replica that cannot be scraped.
+//!   shedding and a replica that cannot be scraped; and Prometheus scrapes
+//!   the replicas as the job those rules read (the PodMonitor, and the
+//!   scrape job docs/deploy.md gives).
 
 use crate::support::*;
 use saphyr::{LoadableYamlNode, ScalarOwned, YamlOwned};
@@ -40,6 +45,15 @@ const HEALTH_SERVICES: [&str; 3] = ["", "atmost.v1.Gate", "atmost.v1.Permits"];
 /// Where the image puts the probe (deploy/Dockerfile's COPY).
 const PROBE: &str = "/usr/local/bin/grpc-health-probe";
 
+/// The one path atmost's metrics listener answers (anything else is 404:
+/// src/telemetry/prometheus.rs); the Kubernetes test scrapes it.
+const METRICS_PATH: &str = "/metrics";
+
+/// deploy/kubernetes files outside kustomization.yaml's resources, each
+/// for a cluster that has what it needs (a PodMonitor needs the
+/// Prometheus Operator's kind). Parsed and checked like the others.
+const NOT_IN_KUSTOMIZATION: [&str; 1] = ["podmonitor.yaml"];
+
 // === reading the files ===
 
 fn read(path: &str) -> String {
@@ -48,8 +62,12 @@ fn read(path: &str) -> String {
 
 /// Every YAML document of a file, as JSON values.
 fn yaml(path: &str) -> Vec<Value> {
-    let text = read(path);
-    YamlOwned::load_from_str(&text)
+    yaml_of(&read(path), path)
+}
+
+/// Every YAML document of `text` (from `path`), as JSON values.
+fn yaml_of(text: &str, path: &str) -> Vec<Value> {
+    YamlOwned::load_from_str(text)
         .unwrap_or_else(|e| panic!("{path}: {e}"))
         .iter()
         .map(|doc| to_json(doc, path))
@@ -196,7 +214,8 @@ fn assert_read_by_the_binary<'a>(
 
 // === Kubernetes ===
 
-/// deploy/kubernetes: one object per file, by kind.
+/// deploy/kubernetes: one object per file, by kind (the files outside the
+/// kustomization's resources included).
 fn kubernetes() -> BTreeMap<String, Value> {
     let kustomization = yaml("deploy/kubernetes/kustomization.yaml").remove(0);
     let listed: BTreeSet<String> = strings(at(&kustomization, "/resources"))
@@ -207,9 +226,15 @@ fn kubernetes() -> BTreeMap<String, Value> {
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .filter(|f| f != "kustomization.yaml")
         .collect();
+    let optional: BTreeSet<String> = NOT_IN_KUSTOMIZATION.map(String::from).into();
+    assert!(
+        listed.is_disjoint(&optional),
+        "kustomization.yaml lists one of {optional:?}, which a cluster without its kind cannot apply"
+    );
     assert_eq!(
-        listed, files,
-        "kustomization.yaml's resources are not the files of deploy/kubernetes"
+        listed.union(&optional).cloned().collect::<BTreeSet<_>>(),
+        files,
+        "kustomization.yaml's resources (and {optional:?}) are not the files of deploy/kubernetes"
     );
     let mut objects = BTreeMap::new();
     for file in files {
@@ -228,6 +253,7 @@ fn kubernetes() -> BTreeMap<String, Value> {
         "PodDisruptionBudget",
         "HorizontalPodAutoscaler",
         "NetworkPolicy",
+        "PodMonitor",
     ] {
         assert!(objects.contains_key(kind), "no {kind} in deploy/kubernetes");
     }
@@ -547,34 +573,101 @@ fn every_atmost_variable_in_deploy_is_one_the_binary_reads() {
     );
 }
 
+/// The pod template's `prometheus.io/*` annotation `name`, which must be
+/// there.
+fn pod_annotation(deployment: &Value, name: &str) -> String {
+    let annotations = at(deployment, "/spec/template/metadata/annotations");
+    text(
+        annotations
+            .get(name)
+            .unwrap_or_else(|| panic!("no pod annotation {name}: {annotations}")),
+    )
+}
+
 #[test]
 fn the_ports_agree() {
     let k8s = kubernetes();
     let deployment = &k8s["Deployment"];
     let container = atmost_container(deployment);
+    // The container's ports by name: gRPC's, and metrics'.
     let ports = at(container, "/ports").as_array().expect("ports");
-    assert_eq!(ports.len(), 1, "one port: gRPC");
-    let port_name = text(at(&ports[0], "/name"));
-    let port = at(&ports[0], "/containerPort").as_u64().expect("a number") as u16;
+    let named: BTreeMap<String, u16> = ports
+        .iter()
+        .map(|p| {
+            (
+                text(at(p, "/name")),
+                at(p, "/containerPort").as_u64().expect("a number") as u16,
+            )
+        })
+        .collect();
+    assert_eq!(
+        (
+            ports.len(),
+            named.keys().map(String::as_str).collect::<Vec<_>>()
+        ),
+        (2, vec!["grpc", "metrics"]),
+        "two ports: grpc and metrics"
+    );
+    let (port, metrics) = (named["grpc"], named["metrics"]);
+    assert_ne!(port, metrics, "gRPC and metrics on one port");
     // A port named or numbered, as Kubernetes resolves it.
     let resolve = |v: &Value| match v {
         Value::Number(n) => n.as_u64().expect("a port") as u16,
-        Value::String(name) if *name == port_name => port,
-        other => panic!("port {other} is not the container's ({port_name}, {port})"),
+        Value::String(name) => *named
+            .get(name)
+            .unwrap_or_else(|| panic!("port {name} is not one of the container's: {named:?}")),
+        other => panic!("port {other}"),
     };
     let env = pod_env(&k8s);
-    let listen = env["ATMOST_LISTEN"]
-        .clone()
-        .expect("ATMOST_LISTEN in the ConfigMap");
-    assert_eq!(port_of(&listen), port, "ATMOST_LISTEN");
-    assert!(
-        listen
-            .parse::<std::net::SocketAddr>()
-            .unwrap()
-            .ip()
-            .is_unspecified(),
-        "ATMOST_LISTEN={listen}: the kubelet and the Service reach the pod's own address"
+    for (var, port) in [("ATMOST_LISTEN", port), ("ATMOST_METRICS_LISTEN", metrics)] {
+        let listen = env
+            .get(var)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| panic!("{var} in the ConfigMap"));
+        assert_eq!(port_of(&listen), port, "{var}");
+        assert!(
+            listen
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .ip()
+                .is_unspecified(),
+            "{var}={listen}: the kubelet, the Service and Prometheus reach the pod's own address"
+        );
+    }
+    // Prometheus, by annotation or by PodMonitor, scrapes the metrics port.
+    assert_eq!(
+        pod_annotation(deployment, "prometheus.io/scrape"),
+        "true",
+        "prometheus.io/scrape"
     );
+    assert_eq!(
+        pod_annotation(deployment, "prometheus.io/port")
+            .parse::<u16>()
+            .ok(),
+        Some(metrics),
+        "prometheus.io/port"
+    );
+    assert_eq!(
+        pod_annotation(deployment, "prometheus.io/path"),
+        METRICS_PATH,
+        "prometheus.io/path"
+    );
+    let endpoints = at(&k8s["PodMonitor"], "/spec/podMetricsEndpoints")
+        .as_array()
+        .expect("podMetricsEndpoints");
+    assert_eq!(endpoints.len(), 1, "PodMonitor: one endpoint");
+    assert_eq!(
+        resolve(at(&endpoints[0], "/port")),
+        metrics,
+        "PodMonitor port"
+    );
+    assert_eq!(
+        endpoints[0].get("path").map_or("/metrics".into(), text),
+        METRICS_PATH,
+        "PodMonitor path"
+    );
+    // The Service carries gRPC only: metrics are scraped pod by pod.
     let service = &k8s["Service"];
     for p in at(service, "/spec/ports").as_array().expect("ports") {
         assert_eq!(resolve(at(p, "/targetPort")), port, "Service targetPort");
@@ -593,39 +686,94 @@ fn the_ports_agree() {
             }
         }
     }
+    // Ingress: callers to gRPC, and the monitoring namespace's Prometheus,
+    // alone, to metrics.
     let policy = &k8s["NetworkPolicy"];
+    let mut admitted = BTreeSet::new();
     for rule in at(policy, "/spec/ingress").as_array().expect("ingress") {
-        for p in at(rule, "/ports").as_array().expect("ports") {
-            assert_eq!(resolve(at(p, "/port")), port, "NetworkPolicy ingress");
+        let to: BTreeSet<u16> = at(rule, "/ports")
+            .as_array()
+            .expect("ports")
+            .iter()
+            .map(|p| resolve(at(p, "/port")))
+            .collect();
+        for p in &to {
+            assert!(
+                [port, metrics].contains(p),
+                "NetworkPolicy ingress to {p}: atmost serves {port} and {metrics}"
+            );
         }
+        if to.contains(&metrics) {
+            assert_eq!(
+                to,
+                [metrics].into(),
+                "NetworkPolicy: metrics in a rule of its own (its callers are not Prometheus)"
+            );
+            let from = at(rule, "/from").as_array().expect("from");
+            assert!(!from.is_empty(), "NetworkPolicy: metrics from anywhere");
+            for peer in from {
+                for selector in ["/namespaceSelector/matchLabels", "/podSelector/matchLabels"] {
+                    assert!(
+                        peer.pointer(selector)
+                            .and_then(Value::as_object)
+                            .is_some_and(|labels| !labels.is_empty()),
+                        "NetworkPolicy: metrics from {peer}: only Prometheus's pods in the \
+                         monitoring namespace, by label ({selector})"
+                    );
+                }
+            }
+        }
+        admitted.extend(to);
     }
+    assert_eq!(
+        admitted,
+        [port, metrics].into(),
+        "NetworkPolicy ingress: gRPC for callers, metrics for Prometheus (or every replica \
+         is AtmostScrapeDown)"
+    );
 
-    // The image.
-    let exposed = dockerfile_expose();
-    assert_eq!(exposed, [port], "Dockerfile EXPOSE");
+    // The image: what it exposes, and where it listens.
+    let mut exposed = dockerfile_expose();
+    exposed.sort_unstable();
+    let mut expected = [port, metrics];
+    expected.sort_unstable();
+    assert_eq!(exposed, expected, "Dockerfile EXPOSE: gRPC and metrics");
     let image_env = dockerfile_env();
     assert_eq!(
         port_of(&image_env["ATMOST_LISTEN"]),
         port,
         "Dockerfile ATMOST_LISTEN"
     );
+    if let Some(listen) = image_env.get("ATMOST_METRICS_LISTEN") {
+        assert_eq!(port_of(listen), metrics, "Dockerfile ATMOST_METRICS_LISTEN");
+    }
     assert_eq!(
         port_of(&dockerfile_probe().addr),
         port,
         "Dockerfile HEALTHCHECK"
     );
 
-    // Compose: the container's side of each mapping.
+    // Compose: the container's side of each mapping; every replica
+    // publishes both ports, on loopback.
     let compose = compose();
     let mut host_ports = BTreeSet::new();
     for (name, service) in compose_atmost(&compose) {
         let env = compose_env(&service);
         assert_eq!(port_of(&env["ATMOST_LISTEN"]), port, "{name} ATMOST_LISTEN");
+        let metrics_listen = env
+            .get("ATMOST_METRICS_LISTEN")
+            .unwrap_or_else(|| panic!("{name}: no ATMOST_METRICS_LISTEN"));
+        assert_eq!(
+            port_of(metrics_listen),
+            metrics,
+            "{name} ATMOST_METRICS_LISTEN"
+        );
         assert_eq!(
             port_of(&compose_probe(&name, &service).addr),
             port,
             "{name} healthcheck"
         );
+        let mut published = BTreeSet::new();
         for mapping in at(&service, "/ports").as_array().expect("ports") {
             let (host, container) = match mapping {
                 Value::Object(m) => (text(&m["published"]), text(&m["target"])),
@@ -636,21 +784,32 @@ fn the_ports_agree() {
                     assert_eq!(parts.len(), 3, "{name}: publish on an address: {spec}");
                     assert_eq!(
                         parts[0], "127.0.0.1",
-                        "{name}: dev keys, loopback only: {spec}"
+                        "{name}: dev keys and unauthenticated metrics, loopback only: {spec}"
                     );
                     (parts[1].to_owned(), parts[2].to_owned())
                 }
             };
-            assert_eq!(
-                container.parse::<u16>().ok(),
-                Some(port),
-                "{name}: {mapping}"
+            let container = container
+                .parse::<u16>()
+                .unwrap_or_else(|e| panic!("{name}: {mapping}: {e}"));
+            assert!(
+                [port, metrics].contains(&container),
+                "{name}: {mapping} publishes no port of atmost's ({port}, {metrics})"
+            );
+            assert!(
+                published.insert(container),
+                "{name}: {container} published twice"
             );
             assert!(
                 host_ports.insert(host.clone()),
                 "{name}: host port {host} taken twice"
             );
         }
+        assert_eq!(
+            published,
+            [port, metrics].into(),
+            "{name}: publishes gRPC and metrics"
+        );
     }
 }
 
@@ -887,6 +1046,10 @@ fn selectors_and_targets_match_the_deployment() {
         "NetworkPolicy",
         at(&k8s["NetworkPolicy"], "/spec/podSelector/matchLabels"),
     );
+    matches(
+        "PodMonitor",
+        at(&k8s["PodMonitor"], "/spec/selector/matchLabels"),
+    );
     for c in at(deployment, "/spec/template/spec/topologySpreadConstraints")
         .as_array()
         .into_iter()
@@ -1044,13 +1207,25 @@ fn every_secret_and_config_map_is_documented_and_mounted() {
     );
 }
 
-/// What a configuration's environment gives the binary here: loopback
-/// address (AtmostProcess's `--listen 127.0.0.1:0`, which wins over
-/// ATMOST_LISTEN), the test's Redis, and `files` for the paths that exist
-/// only in the container.
+/// Starts the binary with a configuration's environment, on loopback:
+/// AtmostProcess's `--listen 127.0.0.1:0` wins over ATMOST_LISTEN, and
+/// [`on_loopback`] moves the metrics.
 fn start_with(env: &BTreeMap<String, String>) -> AtmostProcess {
+    let env = on_loopback(env);
     let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     spawn_atmost_with_env::<&str>(&[], &pairs)
+}
+
+/// `env` with its ATMOST_METRICS_LISTEN, if it sets one (the pod's own
+/// address, on a fixed port), moved to `127.0.0.1:0`: no test binds a
+/// fixed port or an address but loopback. atmost announces the port it
+/// got ("atmost metrics on ADDR": [`AtmostProcess::metrics_addr`]).
+fn on_loopback(env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut env = env.clone();
+    if let Some(metrics) = env.get_mut("ATMOST_METRICS_LISTEN") {
+        *metrics = "127.0.0.1:0".into();
+    }
+    env
 }
 
 /// Every health service the probes ask for is SERVING.
@@ -1065,9 +1240,10 @@ async fn assert_serving(client: &Client) {
 }
 
 /// The ConfigMap's values, given to the binary on a real Redis: every one
-/// parses (a value out of range or misspelt stops atmost at start-up).
-/// The files only the pod has (keys, certificates) are left out; the test
-/// above checks each is in a mounted Secret.
+/// parses (a value out of range or misspelt stops atmost at start-up), and
+/// it answers the scrape the pod annotations describe. The files only the
+/// pod has (keys, certificates) are left out; the test above checks each
+/// is in a mounted Secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_serves_with_the_kubernetes_configuration() {
     let _machine = shared().await;
@@ -1084,6 +1260,27 @@ async fn the_binary_serves_with_the_kubernetes_configuration() {
     env.insert("ATMOST_REDIS_URL".into(), redis.url.clone());
     let process = start_with(&env);
     assert_serving(&process.client().await).await;
+
+    // Prometheus's scrape: the annotations' path, on the metrics listener
+    // the ConfigMap turns on.
+    let metrics = process
+        .metrics_addr()
+        .expect("the ConfigMap's ATMOST_METRICS_LISTEN: atmost announced no metrics address");
+    let path = pod_annotation(&k8s["Deployment"], "prometheus.io/path");
+    let answer = crate::telemetry::get(metrics, &path).await;
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "GET {path}: {head}"
+    );
+    let build_info = format!(
+        "atmost_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(
+        body.lines().any(|l| l == build_info),
+        "GET {path}: no {build_info}:\n{body}"
+    );
 }
 
 /// compose.yaml's environment and key file, on a redis-server started with
@@ -1136,6 +1333,10 @@ async fn the_binary_serves_with_the_compose_configuration() {
     let process = start_with(&env);
     let client = process.client().await;
     assert_serving(&client).await;
+    assert!(
+        process.metrics_addr().is_some(),
+        "{name}: serves no metrics"
+    );
 
     // Each key of the file: its comment's plaintext hashes to its digest,
     // docs/deploy.md gives it, and it works.
@@ -1197,7 +1398,7 @@ async fn the_binary_serves_with_the_images_environment() {
     let process = start_with(&env);
     assert_serving(&process.client().await).await;
     // The same environment on its real address, without keys: refused.
-    let mut on_all = env.clone();
+    let mut on_all = on_loopback(&env);
     on_all.insert("ATMOST_LISTEN".into(), "0.0.0.0:0".into());
     let (status, stderr) = run_to_exit_with_env(&[], &on_all);
     assert!(!status.success(), "served without keys on 0.0.0.0");
@@ -1399,4 +1600,89 @@ async fn every_metric_the_rules_and_the_dashboard_read_is_exported() {
     ] {
         assert!(read.contains(name), "nothing reads {name}");
     }
+}
+
+/// The `job` the alert rules and the dashboard read (`up{job="..."}`):
+/// one name, wherever it is written.
+fn rules_job() -> String {
+    let mut jobs = BTreeSet::new();
+    for (source, expr) in rule_and_dashboard_exprs() {
+        for part in expr.split("job=\"").skip(1) {
+            let job = part.split('"').next().expect("a quoted job");
+            jobs.insert(job.to_owned());
+            assert!(!job.is_empty(), "{source}: an empty job in {expr}");
+        }
+    }
+    assert_eq!(
+        jobs.len(),
+        1,
+        "the rules and the dashboard read jobs {jobs:?}"
+    );
+    jobs.pop_first().expect("a job")
+}
+
+/// Prometheus scrapes every replica as the job the rules read, so
+/// AtmostScrapeDown watches them: the PodMonitor takes its job from a pod
+/// label of that value, and the scrape job docs/deploy.md gives (for a
+/// Prometheus without the Operator) has that name and keeps atmost's pods
+/// and their metrics port.
+#[test]
+fn prometheus_scrapes_the_replicas_as_the_job_the_rules_read() {
+    let job = rules_job();
+    let k8s = kubernetes();
+    let labels = at(&k8s["Deployment"], "/spec/template/metadata/labels");
+    let label = text(at(&k8s["PodMonitor"], "/spec/jobLabel"));
+    assert_eq!(
+        labels.get(&label).map(text),
+        Some(job.clone()),
+        "PodMonitor jobLabel {label}: the pods' {label} is not the rules' job {job:?}"
+    );
+
+    let docs = read("docs/deploy.md");
+    let section = docs
+        .split("\n## Metrics")
+        .nth(1)
+        .expect("docs/deploy.md has a \"## Metrics\" section")
+        .split("\n## ")
+        .next()
+        .expect("the section");
+    let block = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("docs/deploy.md, \"Metrics\": a yaml block, the scrape job");
+    let config = yaml_of(block, "docs/deploy.md, \"Metrics\"").remove(0);
+    let scrape = at(&config, "/scrape_configs/0");
+    assert_eq!(text(at(scrape, "/job_name")), job, "the scrape job's name");
+    assert_eq!(
+        text(at(scrape, "/kubernetes_sd_configs/0/role")),
+        "pod",
+        "the scrape job discovers pods"
+    );
+    assert_eq!(
+        scrape.get("metrics_path").map_or("/metrics".into(), text),
+        METRICS_PATH
+    );
+    // Its `keep` rules: (source labels, regex).
+    let keeps: Vec<(Vec<String>, String)> = at(scrape, "/relabel_configs")
+        .as_array()
+        .expect("relabel_configs")
+        .iter()
+        .filter(|r| r.get("action").map(text).as_deref() == Some("keep"))
+        .map(|r| (strings(at(r, "/source_labels")), text(at(r, "/regex"))))
+        .collect();
+    let kept = |source: &str, value: &str| {
+        keeps
+            .iter()
+            .any(|(sources, regex)| sources == &[source] && regex == value)
+    };
+    let name = text(at(labels, "/app.kubernetes.io~1name"));
+    assert!(
+        kept("__meta_kubernetes_pod_label_app_kubernetes_io_name", &name),
+        "the scrape job keeps the pods labelled app.kubernetes.io/name={name}: {keeps:?}"
+    );
+    assert!(
+        kept("__meta_kubernetes_pod_container_port_name", "metrics"),
+        "the scrape job keeps the container port `metrics`: {keeps:?}"
+    );
 }

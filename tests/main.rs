@@ -27,6 +27,8 @@
 //! - `deploy`: the manifests of `deploy/` (Dockerfile, compose,
 //!   Kubernetes) parsed and checked against the binary, which must serve
 //!   with their configuration.
+//! - `envoy`: the Envoy front doors (ext_authz, ext_proc), driven with
+//!   Envoy's own messages in Envoy's order, on both stores.
 //! - `faults`: Redis killed, a replica killed, replies slow or lost,
 //!   SIGTERM mid-flight, load shedding.
 //! - `operations`: health, reflection, failing closed, script reloads,
@@ -56,6 +58,7 @@ mod cli;
 mod clients;
 mod clock_skew;
 mod deploy;
+mod envoy;
 mod faults;
 mod model;
 mod operations;

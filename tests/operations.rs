@@ -79,6 +79,8 @@ async fn reflection_lists_the_services() {
             "atmost.v1.Permits",
             "atmost.v1.Receipts",
             "grpc.health.v1.Health",
+            "envoy.service.auth.v3.Authorization",
+            "envoy.service.ext_proc.v3.ExternalProcessor",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
         }

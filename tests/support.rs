@@ -239,6 +239,23 @@ impl Harness {
         quotas: atmost::domain::Quotas,
         memory_max_bytes: u64,
     ) -> Self {
+        let (backend, redis) = Self::backend(kind, quotas, memory_max_bytes);
+        Self::serve(backend, redis, |app| app).await
+    }
+
+    /// [`start`](Self::start), with the server configured by `configure`
+    /// (the Envoy mapping, say).
+    pub async fn start_configured(kind: Kind, configure: impl FnOnce(App) -> App) -> Self {
+        let (backend, redis) = Self::backend(kind, atmost::domain::Quotas::DEFAULT, 0);
+        Self::serve(backend, redis, configure).await
+    }
+
+    /// The store of `kind`, and the Redis started for it.
+    fn backend(
+        kind: Kind,
+        quotas: atmost::domain::Quotas,
+        memory_max_bytes: u64,
+    ) -> (Backend, Option<Redis>) {
         let redis = (kind == Kind::Redis).then(Redis::start);
         let backend = match (kind, &redis) {
             (Kind::Cluster, _) => {
@@ -258,7 +275,7 @@ impl Harness {
             ),
             (Kind::Redis, None) => unreachable!("a Redis was started for Kind::Redis"),
         };
-        Self::serve(backend, redis, |app| app).await
+        (backend, redis)
     }
 
     /// The server on `backend`, configured by `configure`.

@@ -379,14 +379,6 @@ async fn spans_join_the_callers_trace_redis() {
 
 // === Prometheus ===
 
-/// A free loopback port (free when asked).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind")
-        .port()
-}
-
 /// `GET /metrics`: the samples, by name and labels as written
 /// (`name{a="x",b="y"}`).
 pub async fn scrape(addr: std::net::SocketAddr) -> HashMap<String, f64> {
@@ -406,7 +398,7 @@ pub async fn scrape(addr: std::net::SocketAddr) -> HashMap<String, f64> {
 }
 
 /// One HTTP/1.0 GET: the whole answer.
-async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+pub async fn get(addr: std::net::SocketAddr, path: &str) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     stream
         .write_all(format!("GET {path} HTTP/1.0\r\nHost: atmost\r\n\r\n").as_bytes())
@@ -456,15 +448,15 @@ fn authorize(permit_id: &str, key: &str, fingerprint: &[u8]) -> pb::AuthorizeReq
 }
 
 async fn a_scrape_counts_each_decision_and_the_uncertain(redis: Option<Redis>) {
-    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let mut args = redis.as_ref().map(Redis::serve_args).unwrap_or_default();
     args.extend([
         "--metrics-listen".to_owned(),
-        metrics.to_string(),
+        "127.0.0.1:0".to_owned(),
         "--uncertain-census-interval".to_owned(),
         "1s".to_owned(),
     ]);
     let server = spawn_atmost_with_env::<String>(&args, &[]);
+    let metrics = server.metrics_addr().expect("atmost metrics on ADDR");
     let client = server.client().await;
     let permit = |guard| {
         NewPermit::new(["t"])
@@ -752,14 +744,14 @@ fn an_otel_setting_atmost_cannot_honour_stops_it_at_start_up() {
 /// census pass), read from its `/metrics`: what deploy/'s rules and
 /// dashboard may use (tests/deploy.rs).
 pub async fn exported_metric_names() -> std::collections::BTreeSet<String> {
-    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let args = [
         "--metrics-listen".to_owned(),
-        metrics.to_string(),
+        "127.0.0.1:0".to_owned(),
         "--uncertain-census-interval".to_owned(),
         "1s".to_owned(),
     ];
     let server = spawn_atmost_with_env::<String>(&args, &[]);
+    let metrics = server.metrics_addr().expect("atmost metrics on ADDR");
     let client = server.client().await;
     let permit = client
         .create_permit(
@@ -796,17 +788,17 @@ pub async fn exported_metric_names() -> std::collections::BTreeSet<String> {
 async fn a_census_that_cannot_run_keeps_its_figures_and_says_how_old() {
     let _machine = crate::support::shared().await;
     let mut redis = Redis::start_persistent();
-    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let mut args = redis.serve_args();
     args.extend([
         "--metrics-listen".to_owned(),
-        metrics.to_string(),
+        "127.0.0.1:0".to_owned(),
         "--uncertain-census-interval".to_owned(),
         "1s".to_owned(),
         "--store-timeout".to_owned(),
         "200ms".to_owned(),
     ]);
     let server = spawn_atmost_with_env::<String>(&args, &[]);
+    let metrics = server.metrics_addr().expect("atmost metrics on ADDR");
     let client = server.client().await;
     // A lease of 1 ms: UNCERTAIN as soon as it is reserved.
     let permit = client
@@ -857,17 +849,17 @@ async fn a_census_that_never_completed_says_how_long_since_start_up() {
     let _machine = crate::support::shared().await;
     let mut redis = Redis::start_persistent();
     redis.kill();
-    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let mut args = redis.serve_args();
     args.extend([
         "--metrics-listen".to_owned(),
-        metrics.to_string(),
+        "127.0.0.1:0".to_owned(),
         "--uncertain-census-interval".to_owned(),
         "1s".to_owned(),
         "--store-timeout".to_owned(),
         "200ms".to_owned(),
     ]);
-    let _server = spawn_atmost_with_env::<String>(&args, &[]);
+    let server = spawn_atmost_with_env::<String>(&args, &[]);
+    let metrics = server.metrics_addr().expect("atmost metrics on ADDR");
     let blind = scrape_until(metrics, "a census age with no pass behind it", |s| {
         value(s, "atmost_uncertain_census_age_seconds") > 3.0
     })

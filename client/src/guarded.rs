@@ -38,9 +38,10 @@ pub const DEFAULT_MAX_RETRY_TIME: Duration = Duration::from_secs(10);
 /// The first backoff; it doubles per try, up to [`MAX_BACKOFF`].
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// Without a dispatch timeout, `dispatch` must finish this long before the
-/// attempt's lease ends: the lease is decided on the server's clock, and
-/// the margin covers the answer's trip and the clocks' rates.
+/// `dispatch` must finish this long before the attempt's lease ends (a
+/// dispatch timeout only shortens that): the lease is decided on the
+/// server's clock, and the margin covers the answer's trip and the clocks'
+/// rates.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 /// The largest result atmost stores (docs/api.md, "Limits"). A larger one
 /// is stored as the text `sha256:<hex>` of its digest.
@@ -188,8 +189,11 @@ impl GuardedCall {
         self
     }
 
-    /// How long `dispatch` may run, from when the DISPATCH arrived; by
-    /// default the attempt's lease less [`LEASE_MARGIN`].
+    /// How long `dispatch` may run, from when the DISPATCH arrived; never
+    /// past the default, the attempt's lease less [`LEASE_MARGIN`] (a
+    /// longer timeout is cut to it). Give one with a holder token of your
+    /// own: its reservation may be older than this call, which the default
+    /// cannot see.
     pub fn dispatch_timeout(mut self, timeout: Duration) -> Self {
         self.dispatch_timeout = Some(timeout);
         self
@@ -543,23 +547,18 @@ impl Client {
         match answer.decision() {
             pb::Decision::Replay => replay(attempt),
             pb::Decision::Dispatch => {
-                // Without a timeout: the lease's length (by the server's
-                // clock) less the margin, counted from when the DISPATCH
-                // arrived. A redelivery to this call's own random token
-                // repeats a reservation one of its earlier tries made, so
-                // its lease began after the first try was sent: counted
-                // from there, it cannot be overestimated.
-                let deadline = match call.dispatch_timeout {
-                    Some(timeout) => arrived + timeout,
-                    None => {
-                        let from = if answer.redelivered && token_is_ours {
-                            sent
-                        } else {
-                            arrived
-                        };
-                        from + lease_of(&attempt)?.saturating_sub(LEASE_MARGIN)
-                    }
+                // The lease's length (by the server's clock) counted from
+                // when the DISPATCH arrived. A redelivery to this call's
+                // own random token repeats a reservation one of its earlier
+                // tries made, so its lease began after the first try was
+                // sent: counted from there, it cannot be overestimated.
+                let from = if answer.redelivered && token_is_ours {
+                    sent
+                } else {
+                    arrived
                 };
+                let deadline =
+                    dispatch_deadline(lease_of(&attempt)?, from, arrived, call.dispatch_timeout);
                 self.dispatch_once(&call, attempt, arrived, deadline, dispatch)
                     .await
             }
@@ -849,6 +848,25 @@ fn replay(attempt: pb::Attempt) -> Result<Outcome, GuardError> {
             source: None,
         }),
         other => Err(broken(&format!("a REPLAY of an attempt {other:?}"))),
+    }
+}
+
+/// When `dispatch` must be done: the lease less [`LEASE_MARGIN`], counted
+/// from `from` (before the reservation was made). A caller's `timeout`,
+/// counted from when the DISPATCH `arrived`, can only shorten it: past the
+/// lease the attempt reads UNCERTAIN, an operator may resolve it NotSent
+/// and the key be used again, and a call still being sent then would
+/// exceed the cap.
+fn dispatch_deadline(
+    lease: Duration,
+    from: Instant,
+    arrived: Instant,
+    timeout: Option<Duration>,
+) -> Instant {
+    let by_lease = from + lease.saturating_sub(LEASE_MARGIN);
+    match timeout {
+        Some(timeout) => by_lease.min(arrived + timeout),
+        None => by_lease,
     }
 }
 

@@ -1,4 +1,10 @@
 //! `atmost.v1.Gate`: Authorize, Commit, MarkUncertain.
+//!
+//! Each RPC is one method whose error is still the domain's ([`Error`]):
+//! the gRPC service maps it to a status ([`to_status`]), and the Envoy
+//! front doors ([`super::envoy`]) to an HTTP answer. Both run exactly this
+//! path: validation, the caller's scope and deadline, admission, the
+//! store, the audit trail.
 
 use super::{Ctx, Deadline, audit::Audit, convert, scope_of, status::to_status};
 use crate::auth::Role;
@@ -28,6 +34,40 @@ impl Gate for GateService {
         &self,
         request: Request<pb::AuthorizeRequest>,
     ) -> Result<Response<pb::AuthorizeResponse>, Status> {
+        self.do_authorize(request)
+            .await
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
+    async fn commit(
+        &self,
+        request: Request<pb::CommitRequest>,
+    ) -> Result<Response<pb::CommitResponse>, Status> {
+        self.do_commit(request)
+            .await
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
+    async fn mark_uncertain(
+        &self,
+        request: Request<pb::MarkUncertainRequest>,
+    ) -> Result<Response<pb::MarkUncertainResponse>, Status> {
+        self.do_mark_uncertain(request)
+            .await
+            .map(Response::new)
+            .map_err(to_status)
+    }
+}
+
+impl GateService {
+    /// Authorize, as the Gate serves it. The request's extensions carry the
+    /// caller ([`crate::auth::Identity`]) and its [`Deadline`].
+    pub async fn do_authorize(
+        &self,
+        request: Request<pb::AuthorizeRequest>,
+    ) -> Result<pb::AuthorizeResponse, Error> {
         let deadline = Deadline::of(&request);
         let mut audit = Audit::of("Authorize", &request);
         let scope = scope_of(&request, &[Role::Admin]);
@@ -63,7 +103,7 @@ impl Gate for GateService {
             outcome,
             attempt_id,
         );
-        let authorized = result.map_err(to_status)?;
+        let authorized = result?;
         if let (Decision::Dispatch, Some(earlier_key)) =
             (authorized.decision, &authorized.duplicate_of)
         {
@@ -76,7 +116,7 @@ impl Gate for GateService {
                 "duplicate request suspected: a new key carries the same request as an earlier dispatch (guard LOG: dispatched anyway)"
             );
         }
-        Ok(Response::new(pb::AuthorizeResponse {
+        Ok(pb::AuthorizeResponse {
             decision: match authorized.decision {
                 Decision::Dispatch => pb::Decision::Dispatch,
                 Decision::Replay => pb::Decision::Replay,
@@ -88,13 +128,14 @@ impl Gate for GateService {
             usage: Some(convert::usage(authorized.usage)),
             duplicate_of: authorized.duplicate_of.unwrap_or_default(),
             redelivered: authorized.redelivered,
-        }))
+        })
     }
 
-    async fn commit(
+    /// Commit, as the Gate serves it.
+    pub async fn do_commit(
         &self,
         request: Request<pb::CommitRequest>,
-    ) -> Result<Response<pb::CommitResponse>, Status> {
+    ) -> Result<pb::CommitResponse, Error> {
         let deadline = Deadline::of(&request);
         let mut audit = Audit::of("Commit", &request);
         let scope = scope_of(&request, &[Role::Admin]);
@@ -114,20 +155,21 @@ impl Gate for GateService {
             Err(e) => Err(e),
         };
         audit.attempt(&permit_id, &key, result.as_ref().map(|s| &s.attempt));
-        let settled = result.map_err(to_status)?;
-        Ok(Response::new(pb::CommitResponse {
+        let settled = result?;
+        Ok(pb::CommitResponse {
             attempt: Some(convert::attempt(
                 settled.attempt,
                 self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
             )),
             usage: Some(convert::usage(settled.usage)),
-        }))
+        })
     }
 
-    async fn mark_uncertain(
+    /// MarkUncertain, as the Gate serves it.
+    pub async fn do_mark_uncertain(
         &self,
         request: Request<pb::MarkUncertainRequest>,
-    ) -> Result<Response<pb::MarkUncertainResponse>, Status> {
+    ) -> Result<pb::MarkUncertainResponse, Error> {
         let deadline = Deadline::of(&request);
         let mut audit = Audit::of("MarkUncertain", &request);
         let scope = scope_of(&request, &[Role::Admin]);
@@ -143,12 +185,12 @@ impl Gate for GateService {
             Err(e) => Err(e),
         };
         audit.attempt(&cmd.permit_id, &cmd.idempotency_key, result.as_ref());
-        let attempt = result.map_err(to_status)?;
-        Ok(Response::new(pb::MarkUncertainResponse {
+        let attempt = result?;
+        Ok(pb::MarkUncertainResponse {
             attempt: Some(convert::attempt(
                 attempt,
                 self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
             )),
-        }))
+        })
     }
 }

@@ -1,6 +1,8 @@
 //! The one mapping from [`Error`] to a gRPC status with
 //! `google.rpc.ErrorInfo` (domain `atmost`), plus `RetryInfo` for
 //! IN_PROGRESS and `BadRequest` field violations for INVALID_REQUEST.
+//! The Envoy front doors (`api::envoy`) read the same table
+//! ([`code_and_metadata`], [`retry_after`]) for their HTTP answers.
 
 use crate::domain::{Error, MAX_TIMESTAMP_MS, Millis};
 use std::collections::HashMap;
@@ -30,7 +32,42 @@ pub fn rfc3339(ms: Millis) -> String {
 pub fn to_status(error: Error) -> Status {
     crate::telemetry::note_reason(error.reason().as_str());
     let message = error.to_string();
-    let (code, metadata): (Code, Vec<(&str, String)>) = match &error {
+    let (code, metadata) = code_and_metadata(&error);
+    let metadata: HashMap<String, String> = metadata
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    let mut details = ErrorDetails::with_error_info(error.reason().as_str(), DOMAIN, metadata);
+    if let Some(delay) = retry_after(&error) {
+        details.set_retry_info(Some(delay));
+    }
+    if let Error::InvalidRequest(violations) = &error {
+        for v in violations {
+            details.add_bad_request_violation(&v.field, &v.description);
+        }
+    }
+    Status::with_error_details(code, message, details)
+}
+
+/// How long a caller refused with `error` should wait before it retries
+/// as it is: the time to the lease's end for IDEMPOTENCY_IN_PROGRESS, a
+/// short pause for OVERLOADED; `None` when a retry as is cannot succeed
+/// by waiting. The RetryInfo of [`to_status`], for the Envoy front doors'
+/// `Retry-After`.
+pub fn retry_after(error: &Error) -> Option<Duration> {
+    match error {
+        Error::InProgress { retry_after_ms, .. } => {
+            Some(Duration::from_millis((*retry_after_ms).max(0) as u64))
+        }
+        Error::Overloaded { .. } => Some(Duration::from_millis(OVERLOAD_RETRY_MS)),
+        _ => None,
+    }
+}
+
+/// The gRPC code of `error` and its ErrorInfo metadata: the one table
+/// [`to_status`] and the Envoy front doors (`api::envoy`) both answer from.
+pub fn code_and_metadata(error: &Error) -> (Code, Vec<(&'static str, String)>) {
+    match error {
         Error::PermitNotFound { permit_id } => {
             (Code::NotFound, vec![("permit_id", permit_id.clone())])
         }
@@ -139,27 +176,7 @@ pub fn to_status(error: Error) -> Status {
         Error::QuotaExceeded { limit, .. } => {
             (Code::ResourceExhausted, vec![("limit", limit.to_string())])
         }
-    };
-    let metadata: HashMap<String, String> = metadata
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
-    let mut details = ErrorDetails::with_error_info(error.reason().as_str(), DOMAIN, metadata);
-    match &error {
-        Error::InProgress { retry_after_ms, .. } => {
-            details.set_retry_info(Some(Duration::from_millis((*retry_after_ms).max(0) as u64)));
-        }
-        Error::Overloaded { .. } => {
-            details.set_retry_info(Some(Duration::from_millis(OVERLOAD_RETRY_MS)));
-        }
-        Error::InvalidRequest(violations) => {
-            for v in violations {
-                details.add_bad_request_violation(&v.field, &v.description);
-            }
-        }
-        _ => {}
     }
-    Status::with_error_details(code, message, details)
 }
 
 #[cfg(test)]

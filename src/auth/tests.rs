@@ -116,6 +116,21 @@ fn every_rpc_names_its_roles() {
         ("/atmost.v1.Permits/CreatePermit", &[Admin]),
         ("/atmost.v1.Permits/RevokePermit", &[Admin]),
         ("/atmost.v1.Permits/SomethingNew", &[Admin]),
+        // The Envoy front doors: a gateway authorizes and settles calls.
+        (
+            "/envoy.service.auth.v3.Authorization/Check",
+            &[Agent, Admin],
+        ),
+        (
+            "/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+            &[Agent, Admin],
+        ),
+        ("/envoy.service.auth.v3.Authorization/Check/", &[Admin]),
+        ("/envoy.service.auth.v2.Authorization/Check", &[Admin]),
+        (
+            "/envoy.service.ext_proc.v3.ExternalProcessor/Other",
+            &[Admin],
+        ),
         // Fails closed: any other path, or a variant of an atmost one.
         ("/atmost.v2.Gate/Authorize", &[Admin]),
         ("/Atmost.v1.Gate/Authorize", &[Admin]),

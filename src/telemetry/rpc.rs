@@ -61,6 +61,18 @@ const METHODS: &[(&str, &str, &str)] = &[
         "atmost.v1.Receipts",
         "GetSigningKeys",
     ),
+    // The Envoy front doors (crate::api::envoy): a Check, or a whole
+    // ext_proc stream, is one RPC here.
+    (
+        "/envoy.service.auth.v3.Authorization/Check",
+        "envoy.service.auth.v3.Authorization",
+        "Check",
+    ),
+    (
+        "/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+        "Process",
+    ),
 ];
 
 /// An RPC as the telemetry names it.
@@ -479,10 +491,13 @@ mod tests {
     /// reported as `_OTHER`.
     #[test]
     fn every_rpc_of_the_contract_is_named() {
-        let set = prost_types::FileDescriptorSet::decode(crate::pb::FILE_DESCRIPTOR_SET)
-            .expect("descriptor set");
         let mut declared = Vec::new();
-        for file in set.file {
+        let sets = [
+            crate::pb::FILE_DESCRIPTOR_SET,
+            crate::api::envoy::FILE_DESCRIPTOR_SET,
+        ]
+        .map(|bytes| prost_types::FileDescriptorSet::decode(bytes).expect("descriptor set"));
+        for file in sets.into_iter().flat_map(|set| set.file) {
             for service in &file.service {
                 for method in &service.method {
                     declared.push(format!(

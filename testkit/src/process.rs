@@ -233,6 +233,8 @@ fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> std::io::Result<Tethe
 pub struct AtmostProcess {
     child: Child,
     addr: SocketAddr,
+    /// From its "atmost metrics on ADDR" line (with --metrics-listen).
+    metrics_addr: Option<SocketAddr>,
     bin: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
@@ -240,7 +242,8 @@ pub struct AtmostProcess {
 
 impl AtmostProcess {
     /// Starts `<bin> serve --listen 127.0.0.1:0 <args>` and waits for its
-    /// "atmost listening on ADDR" line.
+    /// "atmost listening on ADDR" line (after "atmost metrics on ADDR"
+    /// with --metrics-listen).
     pub fn spawn<S: AsRef<str>>(bin: &Path, args: &[S]) -> std::io::Result<Self> {
         Self::spawn_with_env::<S, &str>(bin, args, &[])
     }
@@ -258,10 +261,11 @@ impl AtmostProcess {
             .iter()
             .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
             .collect();
-        let (child, addr) = spawn_atmost(bin, "127.0.0.1:0", &args, &env)?;
+        let (child, addr, metrics_addr) = spawn_atmost(bin, "127.0.0.1:0", &args, &env)?;
         Ok(Self {
             child,
             addr,
+            metrics_addr,
             bin: bin.to_owned(),
             args,
             env,
@@ -270,6 +274,13 @@ impl AtmostProcess {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where it serves `GET /metrics`: the address it announced, `None`
+    /// without --metrics-listen (ATMOST_METRICS_LISTEN). After a
+    /// [`restart`](Self::restart) on `:0`, the new port.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// A client connected to it.
@@ -301,8 +312,9 @@ impl AtmostProcess {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             match spawn_atmost(&self.bin, &self.addr.to_string(), &self.args, &self.env) {
-                Ok((child, _)) => {
+                Ok((child, _, metrics_addr)) => {
                     self.child = child;
+                    self.metrics_addr = metrics_addr;
                     return Ok(());
                 }
                 Err(e) if Instant::now() > deadline => return Err(e),
@@ -333,12 +345,14 @@ impl Drop for AtmostProcess {
     }
 }
 
+/// Starts it and reads its start-up lines: (the child, the gRPC address,
+/// the metrics address if it serves metrics).
 fn spawn_atmost(
     bin: &Path,
     listen: &str,
     args: &[String],
     env: &[(String, String)],
-) -> std::io::Result<(Child, SocketAddr)> {
+) -> std::io::Result<(Child, SocketAddr, Option<SocketAddr>)> {
     let mut child = Command::new(bin)
         .args(["serve", "--listen", listen])
         .args(args)
@@ -351,19 +365,30 @@ fn spawn_atmost(
         .stderr(Stdio::inherit())
         .spawn()?;
     let stdout = child.stdout.take().expect("piped stdout");
+    let mut stdout = std::io::BufReader::new(stdout);
     let mut line = String::new();
-    std::io::BufReader::new(stdout).read_line(&mut line)?;
+    // "atmost metrics on ADDR" first, with --metrics-listen; the gRPC line
+    // is the last at start-up, so nothing is written after the pipe closes.
+    stdout.read_line(&mut line)?;
+    let mut metrics_addr = None;
+    if let Some(metrics) = line.trim().strip_prefix("atmost metrics on ") {
+        metrics_addr = metrics.parse().ok();
+        if metrics_addr.is_some() {
+            line.clear();
+            stdout.read_line(&mut line)?;
+        }
+    }
     let addr = line
         .trim()
         .strip_prefix("atmost listening on ")
         .and_then(|a| a.parse().ok());
     match addr {
-        Some(addr) => Ok((child, addr)),
+        Some(addr) => Ok((child, addr, metrics_addr)),
         None => {
             let _ = child.kill();
             let status = child.wait()?;
             Err(std::io::Error::other(format!(
-                "atmost did not start ({status}); first line {line:?}"
+                "atmost did not start ({status}); stdout said {line:?}"
             )))
         }
     }

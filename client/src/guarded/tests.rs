@@ -200,6 +200,38 @@ fn settings_that_allow_no_call_are_refused_before_any_rpc() {
 }
 
 #[test]
+fn a_dispatch_timeout_only_shortens_the_lease_based_deadline() {
+    let arrived = Instant::now();
+    let lease = Duration::from_millis(1_500);
+    let ms = |d: Instant| d.duration_since(arrived).as_millis();
+    let deadline = |timeout: Option<u64>| {
+        ms(dispatch_deadline(
+            lease,
+            arrived,
+            arrived,
+            timeout.map(Duration::from_millis),
+        ))
+    };
+    assert_eq!(deadline(None), 500, "the lease less the 1 s margin");
+    assert_eq!(deadline(Some(5_000)), 500, "a longer timeout is cut to it");
+    assert_eq!(deadline(Some(200)), 200, "a shorter one is kept");
+    // A lease under the margin leaves nothing, whatever the timeout.
+    let none = dispatch_deadline(
+        Duration::from_millis(900),
+        arrived,
+        arrived,
+        Some(Duration::from_secs(5)),
+    );
+    assert_eq!(none, arrived);
+    // A redelivery counted from the first try, 300 ms before it arrived:
+    // the lease's deadline is 200 ms after the arrival, and so is the
+    // timeout's of 5 s.
+    let first_try = arrived - Duration::from_millis(300);
+    let redelivered = dispatch_deadline(lease, first_try, arrived, Some(Duration::from_secs(5)));
+    assert_eq!(ms(redelivered), 200);
+}
+
+#[test]
 fn a_status_without_details_still_reads() {
     // StatusExt is what Error uses; a plain status has no RetryInfo.
     let e = Error::from(Status::unavailable("down"));

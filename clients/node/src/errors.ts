@@ -174,8 +174,10 @@ export interface OutcomeInit {
 /**
  * The tool answered and refused. A dispatch throws `new ToolFailed(reason)`;
  * the guarded call commits Failed(reason) (cost released, slot kept) and
- * raises a ToolFailed of its own, and raises one with `replayed` when the
- * key's attempt had already FAILED.
+ * raises a ToolFailed of its own, naming the attempt, and raises one with
+ * `replayed` when the key's attempt had already FAILED. One that names
+ * another attempt (a guarded call's, thrown through a dispatch) is not a
+ * dispatch's report: the guarded call takes it as an unknown outcome.
  */
 export class ToolFailed extends AtmostError {
   /** What the tool said: the Failed reason recorded. */
@@ -195,7 +197,10 @@ export class ToolFailed extends AtmostError {
 /**
  * The call never left. A dispatch throws `new NotSent()` only when it knows
  * nothing reached the tool; the guarded call commits NotSent (slot and cost
- * come back, the key is free) and raises a NotSent of its own.
+ * come back, the key is free) and raises a NotSent of its own, naming the
+ * attempt. One that names another attempt (a guarded call's, thrown through
+ * a dispatch) is not a dispatch's report: the guarded call takes it as an
+ * unknown outcome, and keeps the slot.
  */
 export class NotSent extends AtmostError {
   readonly attempt?: Attempt;

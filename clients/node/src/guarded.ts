@@ -43,11 +43,11 @@ export interface GuardedCall {
   /** 1..=64 bytes proving this caller holds the call, for callers that persist it across restarts; default 16 random bytes per guarded call. */
   holderToken?: Uint8Array;
   /**
-   * The dispatch's deadline in milliseconds from when the DISPATCH arrived;
-   * default the attempt's lease minus a 1 s margin, counted from when the
-   * DISPATCH arrived, or for one redelivered to the call's own random token
-   * from its first Authorize try. Give one with a `holderToken` of your own:
-   * its reservation may be older than this call.
+   * The dispatch's deadline in milliseconds from when the DISPATCH arrived,
+   * never past the default: the attempt's lease minus a 1 s margin, counted
+   * from when the DISPATCH arrived, or for one redelivered to the call's own
+   * random token from its first Authorize try. Give one with a
+   * `holderToken` of your own: its reservation may be older than this call.
    */
   dispatchTimeoutMs?: number;
   /** How long Authorize, Commit and MarkUncertain are each retried (default 5 tries, 10 s). */
@@ -62,6 +62,9 @@ export interface GuardedCall {
  * dispatch deadline. Return the tool's result (bytes as they are, anything
  * else is stored as its JSON); throw {@link ToolFailed} when the tool
  * answered and refused, {@link NotSent} only when nothing reached the tool.
+ * A ToolFailed or NotSent that a guarded call made inside `dispatch` raised
+ * (it names that call's attempt) is not this call's report: like any other
+ * error, it marks this attempt UNCERTAIN.
  */
 export type Dispatch<T> = (attemptId: string, signal: AbortSignal) => Promise<T> | T;
 
@@ -149,9 +152,13 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   // waits): counted from the first try, sent before any of them, the lease
   // cannot be overrun. A token the caller gave may hold a reservation older
   // than this call, which nothing here can see: the caller gives
-  // dispatchTimeoutMs then.
+  // dispatchTimeoutMs then. The caller's timeout can only shorten it: past
+  // the lease the attempt reads UNCERTAIN, an operator may resolve it
+  // NotSent and the key be used again, and a call still sent then would
+  // exceed the cap.
   const lostMs = answer.redelivered && input.tokenIsOurs ? arrived - firstTry : 0;
-  const grantedMs = input.dispatchTimeoutMs ?? leaseMs(attempt) - LEASE_MARGIN_MS - lostMs;
+  const leaseGrantedMs = leaseMs(attempt) - LEASE_MARGIN_MS - lostMs;
+  const grantedMs = input.dispatchTimeoutMs === undefined ? leaseGrantedMs : Math.min(input.dispatchTimeoutMs, leaseGrantedMs);
   const leftMs = grantedMs - (performance.now() - arrived);
   if (!(leftMs > 0)) {
     // Sending now could land after the lease, when an operator may already
@@ -184,14 +191,14 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   }
 
   const error = ran.error;
-  if (error instanceof ToolFailed) {
+  if (error instanceof ToolFailed && ours(error, attemptId)) {
     const reason = clip(error.failureReason);
     const done = await record("Commit", "failed", (options) =>
       client.commit({ permitId, idempotencyKey, attemptId, failed: { reason } }, options),
     );
     throw new ToolFailed(reason, { attemptId, attempt: done.attempt ?? undefined, cause: error });
   }
-  if (error instanceof NotSent) {
+  if (error instanceof NotSent && ours(error, attemptId)) {
     const done = await commitNotSent();
     throw new NotSent(error.details, { attemptId, attempt: done.attempt ?? undefined, cause: error });
   }
@@ -208,6 +215,20 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
       cause,
     });
   }
+}
+
+/**
+ * Whether a ToolFailed or NotSent is the dispatch's own report on this
+ * attempt: one it made, naming no attempt (or this one). One that names
+ * another attempt, or is a replay, was raised by a guarded call made inside
+ * the dispatch and passed through it: it tells what became of that inner
+ * call, not of this one, which may well have sent (the inner call did, or
+ * tried). Honoured, a NotSent would give this call's slot back; so it is
+ * treated like any other error: MarkUncertain.
+ */
+function ours(error: ToolFailed | NotSent, attemptId: string): boolean {
+  if (error instanceof ToolFailed && error.replayed) return false;
+  return error.attemptId === undefined || error.attemptId === attemptId;
 }
 
 /** A REPLAY: the key's recorded outcome, nothing sent. */

@@ -21,6 +21,7 @@ import {
   ToolFailed,
   Unavailable,
   fingerprint,
+  type Dispatch,
   type RetryEvent,
 } from "../src/index.js";
 import { Atmost, FakeTool, createPermit, freePort, key } from "./support.js";
@@ -218,6 +219,77 @@ describe("guarded call", { timeout: 120_000 }, () => {
     assert.equal(refused.attempt?.state, "ATTEMPT_STATE_RELEASED");
     assert.equal(tool.calls.length, 1, "nothing sent under the 1 s lease");
     assert.equal(await callsMade(short.permitId), 0);
+  });
+
+  test("a dispatchTimeoutMs past the lease is cut to the lease minus 1 s; under a 1 s lease nothing is sent whatever the timeout", async () => {
+    // Past the lease the attempt reads UNCERTAIN, an operator may resolve it
+    // NotSent and the key be used again: a call still being sent then would
+    // exceed the cap.
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 1 }, { lease: { seconds: 1, nanos: 500_000_000 } });
+    const tool = new FakeTool();
+    const hung = await rejection(
+      client.guarded(
+        { permitId: permit.permitId, tool: TOOL, idempotencyKey: key("long-timeout"), request: CHARGE, dispatchTimeoutMs: 5_000 },
+        (id) => {
+          tool.hit(id);
+          return new Promise<never>(() => {});
+        },
+      ),
+    );
+    assert.ok(hung instanceof OutcomeUncertain, String(hung));
+    assert.equal(hung.attempt?.uncertainReason, "dispatch deadline of 500 ms passed");
+    assert.equal(tool.calls.length, 1);
+
+    const short = await createPermit(client, [TOOL], { [TOOL]: 1 }, { lease: { seconds: 1, nanos: 0 } });
+    const refused = await rejection(
+      client.guarded(
+        { permitId: short.permitId, tool: TOOL, idempotencyKey: key("short"), request: CHARGE, dispatchTimeoutMs: 5_000 },
+        (id) => tool.hit(id),
+      ),
+    );
+    assert.ok(refused instanceof NotSent, String(refused));
+    assert.equal(refused.attempt?.state, "ATTEMPT_STATE_RELEASED");
+    assert.equal(tool.calls.length, 1, "nothing sent under the 1 s lease");
+    assert.equal(await callsMade(short.permitId), 0);
+  });
+
+  test("a ToolFailed or NotSent of a guarded call made inside dispatch does not settle the outer call: it is UNCERTAIN", async () => {
+    // The inner call's error tells what became of the inner call, not of
+    // the outer one, which went out. Taken as the outer call's NotSent, it
+    // would give the slot back, and the key be free to send again.
+    const permit = await createPermit(client, [TOOL]);
+    const outerSent: string[] = [];
+    const cases: [string, Dispatch<never>, typeof NotSent | typeof ToolFailed][] = [
+      [
+        key("outer-not-sent"),
+        () => {
+          throw new NotSent("the mailer's host did not resolve");
+        },
+        NotSent,
+      ],
+      [
+        key("outer-failed"),
+        () => {
+          throw new ToolFailed("card declined");
+        },
+        ToolFailed,
+      ],
+    ];
+    for (const [k, inner, kind] of cases) {
+      const error = await rejection(
+        client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE }, async (attemptId) => {
+          outerSent.push(attemptId); // the outer call's side effect went out
+          return client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: `inner-of-${attemptId}`, request: 2 }, inner);
+        }),
+      );
+      assert.ok(error instanceof OutcomeUncertain, String(error));
+      assert.ok(error.cause instanceof kind, String(error.cause));
+      assert.ok(error.cause.attemptId && error.cause.attemptId !== error.attemptId, "the inner call's error names the inner attempt");
+      assert.equal(error.attempt?.state, "ATTEMPT_STATE_UNCERTAIN");
+    }
+    const listed = await client.listUncertain({ permitId: permit.permitId });
+    assert.deepEqual(listed.attempts.map((a) => a.attemptId).sort(), [...outerSent].sort());
+    assert.equal(await callsMade(permit.permitId), 3, "the two outer calls and the inner FAILED one hold their slots");
   });
 
   test("the lost DISPATCH: the same key and holder token get the redelivered DISPATCH and send once; another token gets InProgress", async () => {

@@ -209,6 +209,88 @@ def test_an_explicit_dispatch_timeout_and_a_raising_dispatch_end_uncertain(clien
         release.set()
 
 
+def test_a_dispatch_timeout_never_outlasts_the_lease(client):
+    # Past the lease the attempt reads UNCERTAIN, an operator may resolve it
+    # NotSent and the key be used again: a call still being sent then would
+    # exceed the cap. So a timeout longer than the lease-based deadline (a
+    # 1.5 s lease less the 1 s margin) is cut to it.
+    permit = new_permit(client, cap=1, lease=1.5)
+    release = threading.Event()
+    sent: List[str] = []
+
+    def hangs(attempt_id: str) -> Any:
+        sent.append(attempt_id)
+        release.wait(30)
+        return {"tx": "late"}
+
+    try:
+        with pytest.raises(OutcomeUncertain) as caught:
+            client.call_guarded(permit, TOOL, "charge-1", hangs, request=REQUEST, dispatch_timeout=5)
+        assert not caught.value.replayed and caught.value.attempt_id == sent[0]
+        assert caught.value.attempt.uncertain_reason == (
+            "dispatch did not return within its deadline of 0.5 s"
+        )
+    finally:
+        release.set()
+
+    # The default 30 s lease: a longer timeout is cut to 29 s, a shorter one kept.
+    roomy = new_permit(client)
+    for key, timeout, granted in (("long", 60, 29.0), ("short", 5, 5.0)):
+        with client.guard(roomy, TOOL, key, request=REQUEST, timeout=timeout) as call:
+            assert call.timeout == granted
+            call.succeeded({"tx": key})
+    # A lease under the margin leaves nothing, whatever the timeout: given back unsent.
+    short = new_permit(client, cap=1, lease=0.9)
+    with pytest.raises(NotSent):
+        client.call_guarded(short, TOOL, "charge-1", never, request=REQUEST, dispatch_timeout=5)
+    assert client.get_permit(short).usage[0].calls_made == 0
+
+
+def test_a_guarded_call_inside_dispatch_does_not_settle_the_outer_call(client):
+    # The outer dispatch makes a guarded call of its own and lets its
+    # NotSent or ToolFailed through. That tells what became of the inner
+    # call, not the outer one, which went out: the outer call is uncertain,
+    # its slot held. (Taken as the outer call's NotSent, it would give the
+    # slot back, and the key be free to send again.)
+    permit = new_permit(client)
+
+    def offline(attempt_id: str) -> Any:
+        raise NotSent("the mailer's host did not resolve")
+
+    def declined(attempt_id: str) -> Any:
+        raise ToolFailed("card declined")
+
+    outer_sent: List[str] = []
+
+    def outer(inner: Any) -> Any:
+        def dispatch(attempt_id: str) -> Any:
+            outer_sent.append(attempt_id)  # the outer call's side effect went out
+            return client.call_guarded(permit, TOOL, f"inner-of-{attempt_id}", inner, request=2)
+
+        return dispatch
+
+    for key, inner, kind in (("outer-1", offline, NotSent), ("outer-2", declined, ToolFailed)):
+        with pytest.raises(OutcomeUncertain) as caught:
+            client.call_guarded(permit, TOOL, key, outer(inner), request=1)
+        cause = caught.value.__cause__
+        assert isinstance(cause, kind), cause
+        assert cause.attempt_id and cause.attempt_id != caught.value.attempt_id
+        assert caught.value.attempt.state == pb.ATTEMPT_STATE_UNCERTAIN
+    # The context manager: the same.
+    with pytest.raises(OutcomeUncertain) as caught:
+        with client.guard(permit, TOOL, "outer-3", request=1) as call:
+            outer_sent.append(call.attempt_id)
+            client.call_guarded(permit, TOOL, "inner-of-outer-3", offline, request=2)
+    assert isinstance(caught.value.__cause__, NotSent)
+
+    uncertain = {a.idempotency_key: a.attempt_id for a in client.iter_uncertain(permit)}
+    assert set(uncertain) == {"outer-1", "outer-2", "outer-3"}
+    assert sorted(uncertain.values()) == sorted(outer_sent)
+    # The three outer calls and the inner FAILED one hold their slots; the
+    # inner NotSent ones gave theirs back.
+    assert client.get_permit(permit).usage[0].calls_made == 4
+
+
 def test_a_lease_too_short_to_send_in_gives_the_slot_back(client):
     permit = new_permit(client, cap=1, lease=0.9)  # less than the 1 s margin
     with pytest.raises(NotSent) as caught:
@@ -565,6 +647,29 @@ def test_a_lost_commit_answer_is_retried_and_answered_the_same(client, server, r
     assert outcome.attempt.state == pb.ATTEMPT_STATE_SUCCEEDED and len(tool.sent) == 1
     replay = client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST)
     assert replay.receipt.receipt_id == outcome.receipt.receipt_id
+
+
+@pytest.mark.parametrize("lose, rpc", [(1, "Authorize"), (2, "Commit")])
+def test_a_retry_hook_that_raises_stops_nothing(client, server, relays, lose, rpc):
+    # The lost answer makes one retry; the hook raises on it. The retry
+    # still happens, and the outcome is still recorded.
+    permit = new_permit(client)
+    relay = Relay(free_port(), server.address, lose_response=lose)
+    relays.append(relay)
+    told: List[str] = []
+
+    def broken_hook(rpc: str, error: Any, delay: float) -> None:
+        told.append(rpc)
+        raise RuntimeError("the metrics backend is down")
+
+    port = relay.listener.getsockname()[1]
+    with Client(f"127.0.0.1:{port}", retry=Retry(on_retry=broken_hook)) as c:
+        tool = Tool()
+        outcome = c.call_guarded(permit, TOOL, "charge-1", tool, request=REQUEST)
+    assert relay.lost.is_set() and told == [rpc]
+    assert outcome.attempt.state == pb.ATTEMPT_STATE_SUCCEEDED and len(tool.sent) == 1
+    replay = client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST)
+    assert replay.replayed and replay.receipt.receipt_id == outcome.receipt.receipt_id
 
 
 def test_a_commit_that_cannot_be_recorded_says_so(start_server):

@@ -11,6 +11,7 @@ knows which requests are safe to send again.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import random
 import time
@@ -25,6 +26,8 @@ from .errors import AtmostError, InProgress, Unavailable, from_rpc_error
 from .guard import GuardedCall, Outcome, call_guarded, guarded
 
 PemSource = Union[bytes, str, "os.PathLike[str]"]
+
+_log = logging.getLogger("atmost_client")
 
 #: Channel options applied under the caller's: grpc's reconnect backoff
 #: starts at 1 s and grows to 120 s by default, and while it waits every
@@ -51,7 +54,9 @@ class Retry:
     error is raised at once (an IDEMPOTENCY_IN_PROGRESS whose RetryInfo
     delay, the other holder's lease, outlasts the budget raises InProgress
     without waiting). ``on_retry(rpc, error, delay)`` is called before each
-    wait (for logs and metrics).
+    wait (for logs and metrics); an exception it raises is logged (logger
+    ``atmost_client``) and ignored, so the retries and the recording of the
+    outcome go on.
     """
 
     max_tries: int = 5
@@ -404,7 +409,14 @@ class Client:
                 if time.monotonic() - start + delay > retry.max_time:
                     raise
                 if retry.on_retry is not None:
-                    retry.on_retry(rpc, error, delay)
+                    try:
+                        retry.on_retry(rpc, error, delay)
+                    except Exception:  # noqa: BLE001 (a hook for logs and metrics)
+                        # A broken hook must not stop an outcome from being
+                        # recorded: raised through a Commit, it would leave
+                        # the attempt RESERVED and the caller with neither
+                        # the result nor CommitNotRecorded.
+                        _log.warning("Retry.on_retry raised; ignored", exc_info=True)
                 time.sleep(delay)
 
 

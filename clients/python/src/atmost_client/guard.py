@@ -24,7 +24,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
 
 from . import pb
 from .errors import AtmostError, CommitNotRecorded, NotSent, OutcomeUncertain, ToolFailed
@@ -116,17 +116,20 @@ class GuardedCall:
       seconds, then ``call.succeeded(result)``; ``raise ToolFailed(reason)``
       when the tool refused, ``raise NotSent(...)`` when the call surely
       never left. Any other exception leaving the block marks the attempt
-      UNCERTAIN and raises OutcomeUncertain from it; so does leaving it
-      without settling, a programming error. Keeping to the deadline is the
-      block's job here: the function forms enforce it.
+      UNCERTAIN and raises OutcomeUncertain from it, and so does a
+      ToolFailed or NotSent a guarded call made inside the block raised
+      (it names that call's attempt: this one may have sent); so does
+      leaving the block without settling, a programming error. Keeping to
+      the deadline is the block's job here: the function forms enforce it.
 
     Options: ``request`` (a JSON value, fingerprinted) or ``fingerprint``
     (bytes), ``cost`` (default 0), ``holder_token`` (bytes; default 16
     random ones, for this call only), ``timeout`` (the dispatch deadline in
-    seconds from when DISPATCH arrived; default the attempt's lease less
-    1 s, counted from when DISPATCH arrived, or for a DISPATCH redelivered
-    to the call's own random token from its first Authorize try),
-    ``retry`` (a :class:`Retry`; default the client's).
+    seconds from when DISPATCH arrived; never past the lease-based one, the
+    default: the attempt's lease less 1 s, counted from when DISPATCH
+    arrived, or for a DISPATCH redelivered to the call's own random token
+    from its first Authorize try), ``retry`` (a :class:`Retry`; default the
+    client's).
     """
 
     def __init__(
@@ -259,24 +262,27 @@ class GuardedCall:
             raise AtmostError(f"atmost answered decision {answer.decision}, which this client does not know")
         self._state = "dispatch"
         self.redelivered = answer.redelivered
+        expires, created = attempt.lease_expires_at, attempt.created_at
+        # In whole seconds and nanoseconds: exact, where two epoch floats would round.
+        lease = (expires.seconds - created.seconds) + (expires.nanos - created.nanos) / 1e9
+        # The lease is the server's; it is counted on our clock from an
+        # instant we know. A fresh DISPATCH was reserved by the try that
+        # answered it: counted from its arrival, only the answer's trip is
+        # overcounted, and the margin covers that. A redelivery to this
+        # call's own token repeats a reservation an earlier try made, maybe
+        # long before (its answer lost, the retries' waits): counted from
+        # the first try, sent before any of them, the lease cannot be
+        # overrun. A token the caller gave may hold a reservation older than
+        # this call, which nothing here can see: the caller gives
+        # ``timeout`` then.
+        since = first_try if self.redelivered and self._token_is_ours else arrived
+        self.timeout = lease - LEASE_MARGIN - (arrived - since)
         if self._timeout is not None:
-            self.timeout = float(self._timeout)
-        else:
-            expires, created = attempt.lease_expires_at, attempt.created_at
-            # In whole seconds and nanoseconds: exact, where two epoch floats would round.
-            lease = (expires.seconds - created.seconds) + (expires.nanos - created.nanos) / 1e9
-            # The lease is the server's; it is counted on our clock from an
-            # instant we know. A fresh DISPATCH was reserved by the try that
-            # answered it: counted from its arrival, only the answer's trip
-            # is overcounted, and the margin covers that. A redelivery to
-            # this call's own token repeats a reservation an earlier try
-            # made, maybe long before (its answer lost, the retries' waits):
-            # counted from the first try, sent before any of them, the lease
-            # cannot be overrun. A token the caller gave may hold a
-            # reservation older than this call, which nothing here can see:
-            # the caller gives ``timeout`` then.
-            since = first_try if self.redelivered and self._token_is_ours else arrived
-            self.timeout = lease - LEASE_MARGIN - (arrived - since)
+            # The caller's timeout can only shorten it: past the lease the
+            # attempt reads UNCERTAIN, an operator may resolve it NotSent and
+            # the key be used again, and a call still sent then would exceed
+            # the cap.
+            self.timeout = min(float(self._timeout), self.timeout)
         self.deadline = arrived + self.timeout
         if self.time_left() <= 0:
             self.not_sent(
@@ -366,9 +372,9 @@ class GuardedCall:
             raise self.uncertain("the guarded block ended without settling the call") from RuntimeError(
                 "leave the block by call.succeeded(result), raise ToolFailed(reason) or raise NotSent()"
             )
-        if isinstance(error, ToolFailed):
+        if isinstance(error, ToolFailed) and _ours(error, self.attempt_id):
             self.failed(error)
-        if isinstance(error, NotSent):
+        if isinstance(error, NotSent) and _ours(error, self.attempt_id):
             self.not_sent(error)
         uncertain = self.uncertain(_describe(error))
         if not isinstance(error, Exception):
@@ -409,6 +415,19 @@ class GuardedCall:
             ) from error
 
 
+def _ours(error: Union[ToolFailed, NotSent], attempt_id: str) -> bool:
+    """Whether a ToolFailed or NotSent is the dispatch's own report on this
+    attempt: one it made, naming no attempt (or this one). One that names
+    another attempt, or is a replay, was raised by a guarded call made
+    inside the dispatch and passed through it: it tells what became of that
+    inner call, not of this one, which may well have sent (the inner call
+    did, or tried). Honoured, a NotSent would give this call's slot back;
+    so it is treated like any other error: MarkUncertain."""
+    if getattr(error, "replayed", False):
+        return False
+    return error.attempt_id is None or error.attempt_id == attempt_id
+
+
 def _describe(error: BaseException) -> str:
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
@@ -432,12 +451,14 @@ def call_guarded(
     Returns the :class:`Outcome` (the dispatch's result, or the stored one
     on a REPLAY, which never calls ``dispatch``). ``dispatch`` runs in a
     worker thread and is waited for until the deadline (``dispatch_timeout``
-    seconds, else the lease less 1 s): past it the attempt is marked
-    UNCERTAIN and OutcomeUncertain raised; the thread cannot be stopped and
-    whatever it returns later is dropped. ``dispatch`` raising ToolFailed
-    or NotSent is recorded as such and raised; anything else it raises is
-    recorded UNCERTAIN and raised as OutcomeUncertain from it. The other
-    options are :class:`GuardedCall`'s.
+    seconds, but never past the lease less 1 s, the default): past it the
+    attempt is marked UNCERTAIN and OutcomeUncertain raised; the thread
+    cannot be stopped and whatever it returns later is dropped.
+    ``dispatch`` raising a ToolFailed or NotSent of its own is recorded as
+    such and raised; anything else it raises, a ToolFailed or NotSent of a
+    guarded call made inside it included, is recorded UNCERTAIN and raised
+    as OutcomeUncertain from it. The other options are
+    :class:`GuardedCall`'s.
     """
     if not callable(dispatch):
         raise TypeError("dispatch must be callable: dispatch(attempt_id) -> result")
@@ -471,9 +492,9 @@ def call_guarded(
             if call._state != "dispatch":
                 raise
             error = e  # a result json cannot encode: the call went out, what it did is not recorded
-    if isinstance(error, ToolFailed):
+    if isinstance(error, ToolFailed) and _ours(error, call.attempt_id):
         call.failed(error)
-    if isinstance(error, NotSent):
+    if isinstance(error, NotSent) and _ours(error, call.attempt_id):
         call.not_sent(error)
     raise call.uncertain(_describe(error)) from error
 

@@ -1,0 +1,105 @@
+use super::*;
+
+fn args(argv: &[&str]) -> Args {
+    Args::try_parse_from(std::iter::once("atmost-mcp").chain(argv.iter().copied()))
+        .expect("the flags parse")
+}
+
+#[test]
+fn a_cost_table_gives_each_tool_its_cost_and_the_rest_the_default() {
+    let costs =
+        Costs::parse("default = 3\n[tools]\n\"wallet.charge\" = 500\nsearch = 0\n").unwrap();
+    assert_eq!(costs.of("wallet.charge"), 500);
+    assert_eq!(costs.of("search"), 0);
+    assert_eq!(costs.of("anything.else"), 3);
+    assert_eq!(Costs::parse("").unwrap().of("x"), 0);
+    assert_eq!(Costs::default().of("x"), 0);
+}
+
+#[test]
+fn a_cost_table_with_a_bad_entry_is_refused_naming_it() {
+    let max = Costs::parse("[tools]\nbig = 9007199254740991\n").unwrap();
+    assert_eq!(max.of("big"), (1 << 53) - 1);
+    for (text, says) in [
+        ("default = -1", "default = -1"),
+        ("[tools]\nbig = 9007199254740992", "tools.\"big\""),
+        ("[tools]\ncharge = 1.5", "invalid type"),
+        ("budget = 3", "unknown field"),
+        ("[tool]\ncharge = 3", "unknown field"),
+        ("default = ", "TOML parse error"),
+    ] {
+        let error = Costs::parse(text).expect_err(text);
+        assert!(error.contains(says), "{text:?}: {error}");
+    }
+}
+
+#[test]
+fn the_upstream_is_a_url_or_a_command_never_both() {
+    let http = args(&["--permit", "p", "--upstream", "http://127.0.0.1:8000/mcp"]);
+    assert_eq!(
+        http.upstream_spec().unwrap(),
+        UpstreamSpec::Http {
+            url: "http://127.0.0.1:8000/mcp".into(),
+            ca: None
+        }
+    );
+    let child = args(&["--permit", "p", "--", "python3", "server.py", "--stdio"]);
+    assert_eq!(
+        child.upstream_spec().unwrap(),
+        UpstreamSpec::Command {
+            program: "python3".into(),
+            args: vec!["server.py".into(), "--stdio".into()]
+        }
+    );
+    let both = args(&["--upstream", "http://x/mcp", "--", "python3"]);
+    assert!(both.upstream_spec().unwrap_err().contains("not both"));
+    assert!(
+        args(&[])
+            .upstream_spec()
+            .unwrap_err()
+            .contains("no upstream")
+    );
+    let ftp = args(&["--upstream", "ftp://x"]);
+    assert!(ftp.upstream_spec().unwrap_err().contains("http://"));
+    let ca_without_tls = args(&["--upstream", "http://x/mcp", "--upstream-tls-ca", "ca.pem"]);
+    assert!(
+        ca_without_tls
+            .upstream_spec()
+            .unwrap_err()
+            .contains("https://")
+    );
+    let ca = args(&["--upstream", "https://x/mcp", "--upstream-tls-ca", "ca.pem"]);
+    assert!(matches!(
+        ca.upstream_spec().unwrap(),
+        UpstreamSpec::Http { ca: Some(_), .. }
+    ));
+}
+
+#[test]
+fn the_permit_comes_from_the_flag_or_a_header() {
+    let fixed = args(&["--permit", "p-1"]).permit_source().unwrap();
+    assert_eq!(fixed.fixed.as_deref(), Some("p-1"));
+    assert!(fixed.header.is_none());
+    let header = args(&["--permit-header", "X-Atmost-Permit"])
+        .permit_source()
+        .unwrap();
+    assert_eq!(header.header.unwrap().as_str(), "x-atmost-permit");
+    assert!(args(&[]).permit_source().unwrap_err().contains("no permit"));
+    assert!(
+        args(&["--permit", " "])
+            .permit_source()
+            .unwrap_err()
+            .contains("empty")
+    );
+    let bad = args(&["--permit-header", "not a header"]).permit_source();
+    assert!(bad.unwrap_err().contains("not an HTTP header name"));
+    let stdio = args(&["--stdio", "--permit-header", "x-p"]).permit_source();
+    assert!(stdio.unwrap_err().contains("needs HTTP"));
+}
+
+#[test]
+fn listen_and_stdio_do_not_go_together() {
+    let error = Args::try_parse_from(["atmost-mcp", "--stdio", "--listen", "127.0.0.1:1"]);
+    assert!(error.is_err());
+    assert!(args(&["--stdio"]).stdio);
+}

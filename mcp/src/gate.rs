@@ -1,0 +1,623 @@
+//! One tools/call through atmost: the call's permit, idempotency key,
+//! fingerprint and cost; the guarded call of atmost's Rust client
+//! (Authorize, the call forwarded at most once on DISPATCH, Commit or
+//! MarkUncertain); and its outcome as the agent sees it: the tool's result
+//! (now, or replayed from the receipt) or a JSON-RPC error whose `data`
+//! says why (docs/gateways.md, "atmost-mcp", lists every case).
+
+use crate::config::{Costs, PermitSource};
+use crate::upstream::{self, CallError, Upstream};
+use atmost_client::{
+    Client, DispatchError, Dispatched, GuardError, GuardedCall, Outcome, Unrecorded,
+};
+use rmcp::ErrorData;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, MetaObject,
+    RequestId, RequestMetaObject, ResultType,
+};
+use rmcp::service::{Peer, RoleClient};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// `params._meta` key: the agent's idempotency key for this call.
+pub const META_IDEMPOTENCY_KEY: &str = "io.atmost/idempotency-key";
+/// `_meta` key on the forwarded request and on the result: the attempt id,
+/// for the upstream to use as its own idempotency key.
+pub const META_ATTEMPT_ID: &str = "io.atmost/attempt-id";
+/// `_meta` key on the result: the key the call was authorized under (the
+/// one to retry with when the key was derived).
+pub const META_KEY_USED: &str = "io.atmost/idempotency-key";
+/// `_meta` key on the result: true when it is the key's earlier outcome.
+pub const META_REPLAYED: &str = "io.atmost/replayed";
+
+/// JSON-RPC error codes (implementation-defined server errors,
+/// -32000..-32099, clear of the ones MCP and its SDKs use).
+pub mod code {
+    /// atmost refused the call (cap, budget, scope, revoked, expired,
+    /// unknown permit, key reused, in progress, ...). Nothing was sent.
+    pub const DENIED: i32 = -32080;
+    /// atmost could not be asked (unreachable, store unavailable) or
+    /// answered something unusable. Nothing was sent; the same key may be
+    /// tried again.
+    pub const UNAVAILABLE: i32 = -32081;
+    /// The call may or may not have taken effect (now, or replayed). It is
+    /// not sent again under this key; an operator resolves it.
+    pub const UNCERTAIN: i32 = -32082;
+    /// The call was certainly not sent (the upstream could not be reached);
+    /// its slot was given back and the key is free.
+    pub const NOT_SENT: i32 = -32083;
+}
+
+/// The reasons the proxy itself gives in an error's `data.reason` (atmost's
+/// own reasons, by name, for everything atmost refused).
+pub mod reason {
+    pub const PERMIT_MISSING: &str = "PERMIT_MISSING";
+    pub const INVALID_IDEMPOTENCY_KEY: &str = "INVALID_IDEMPOTENCY_KEY";
+    pub const UNSUPPORTED_REQUEST: &str = "UNSUPPORTED_REQUEST";
+    pub const OUTCOME_UNCERTAIN: &str = "OUTCOME_UNCERTAIN";
+    pub const NOT_SENT: &str = "NOT_SENT";
+    pub const OUTCOME_NOT_RECORDED: &str = "OUTCOME_NOT_RECORDED";
+    pub const ATMOST_UNAVAILABLE: &str = "ATMOST_UNAVAILABLE";
+}
+
+/// The longest failure reason atmost stores (docs/api.md, "Limits").
+const MAX_REASON_BYTES: usize = 1024;
+/// The longest idempotency key atmost takes.
+const MAX_KEY_BYTES: usize = 255;
+
+/// What every tools/call is checked with: atmost, the permit's source, the
+/// cost table, the upstream.
+pub struct Gate {
+    pub client: Client,
+    pub permits: PermitSource,
+    pub costs: Costs,
+    pub dispatch_timeout: Option<Duration>,
+    pub upstream: Arc<Upstream>,
+    /// The session id of a transport that has one for the whole process
+    /// (stdio: one agent, one session), made at start-up.
+    pub process_session: Option<String>,
+}
+
+/// Where the call came from, as far as the key and the permit care.
+#[derive(Debug, Default, Clone)]
+pub struct Origin {
+    /// The JSON-RPC request id.
+    pub request_id: Option<RequestId>,
+    /// The HTTP request's headers (Streamable HTTP only).
+    pub headers: Option<http::HeaderMap>,
+}
+
+/// How the key was chosen (logged; an operator reading a key knows where
+/// it came from by its shape).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeySource {
+    /// `_meta["io.atmost/idempotency-key"]`.
+    Agent,
+    /// The session and the JSON-RPC request id.
+    Session,
+    /// Neither a key nor a session: a key of its own, so the call is a new
+    /// intent (counted against the cap) and can never replay another's.
+    Fresh,
+}
+
+/// The upstream's answer to a call dispatched now, kept whole for the
+/// agent (what atmost stores of it may be shortened).
+enum Fresh {
+    Result(CallToolResult),
+    Error(ErrorData),
+}
+
+impl Gate {
+    /// Authorizes `request` with atmost, forwards it on DISPATCH, records
+    /// the outcome, and answers the agent. The guarded call runs in a task
+    /// of its own: an agent that goes away mid-call does not stop the
+    /// outcome from being recorded.
+    pub async fn call_tool(
+        self: &Arc<Self>,
+        request: CallToolRequestParams,
+        meta: RequestMetaObject,
+        origin: Origin,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if request.input_responses.is_some() || request.request_state.is_some() {
+            return Err(invalid(
+                reason::UNSUPPORTED_REQUEST,
+                "atmost-mcp does not forward input_required rounds (inputResponses, requestState)",
+                json!({}),
+            ));
+        }
+        let tool = request.name.to_string();
+        let permit = self.permit(&origin)?;
+        let (key, source) = self.key(&meta, &origin)?;
+        // The upstream first: one that cannot be reached costs no attempt.
+        let peer = self.upstream.connected().await.map_err(|why| {
+            tracing::warn!(%permit, %tool, %key, %why, "the upstream cannot be reached; not authorized");
+            let mut data = json!({
+                "reason": reason::NOT_SENT,
+                "tool": tool,
+                "permit_id": permit,
+                "idempotency_key": key,
+            });
+            data["upstream_error"] = why.clone().into();
+            ErrorData::new(
+                ErrorCode(code::NOT_SENT),
+                "the upstream could not be reached: nothing was authorized or sent, and the key is free",
+                Some(data),
+            )
+        })?;
+        let arguments = request.arguments.clone().unwrap_or_default();
+        let canonical = json!({"name": tool, "arguments": Value::Object(arguments)});
+        let cost = self.costs.of(&tool);
+
+        let mut call = GuardedCall::new(&permit, &tool, &key)
+            .request(&canonical)
+            .cost(cost);
+        if let Some(timeout) = self.dispatch_timeout {
+            call = call.dispatch_timeout(timeout);
+        }
+        let forwarded = forwarded_meta(meta);
+        let gate = Arc::clone(self);
+        let fresh: Arc<Mutex<Option<Fresh>>> = Arc::default();
+        let slot = Arc::clone(&fresh);
+        let task = tokio::spawn(async move {
+            gate.client
+                .guarded(call, move |attempt_id| async move {
+                    let mut meta = forwarded;
+                    meta.insert(META_ATTEMPT_ID.into(), attempt_id.as_str().into());
+                    let mut request = request;
+                    request.meta = Some(RequestMetaObject(MetaObject(meta)));
+                    dispatch(&peer, request, &slot).await
+                })
+                .await
+        });
+        let outcome = match task.await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                // A panic in the guarded call: nothing more is known.
+                tracing::error!(%permit, %tool, %key, error = %e, "the guarded call stopped");
+                return Err(ErrorData::internal_error(
+                    format!("the guarded call stopped: {e}"),
+                    None,
+                ));
+            }
+        };
+        let fresh = fresh.lock().map(|mut f| f.take()).unwrap_or(None);
+        let ctx = Answer {
+            permit: &permit,
+            tool: &tool,
+            key: &key,
+        };
+        log(&ctx, source, &outcome);
+        ctx.answer(outcome, fresh)
+    }
+
+    /// The request's header when configured and sent, else --permit.
+    fn permit(&self, origin: &Origin) -> Result<String, ErrorData> {
+        if let (Some(name), Some(headers)) = (&self.permits.header, &origin.headers)
+            && let Some(value) = headers.get(name)
+        {
+            return match value.to_str().map(str::trim) {
+                Ok(permit) if !permit.is_empty() => Ok(permit.to_owned()),
+                _ => Err(invalid(
+                    reason::PERMIT_MISSING,
+                    &format!("the {name} header is empty or not visible ASCII"),
+                    json!({}),
+                )),
+            };
+        }
+        match &self.permits.fixed {
+            Some(permit) => Ok(permit.clone()),
+            None => Err(invalid(
+                reason::PERMIT_MISSING,
+                &format!(
+                    "no permit: send the {} header",
+                    self.permits
+                        .header
+                        .as_ref()
+                        .map_or("permit", |h| h.as_str())
+                ),
+                json!({}),
+            )),
+        }
+    }
+
+    /// The agent's key from `_meta`, else one derived from the session and
+    /// the JSON-RPC request id, else a fresh one.
+    fn key(
+        &self,
+        meta: &RequestMetaObject,
+        origin: &Origin,
+    ) -> Result<(String, KeySource), ErrorData> {
+        match meta.get(META_IDEMPOTENCY_KEY) {
+            Some(Value::String(key)) => return Ok((key.clone(), KeySource::Agent)),
+            Some(other) => {
+                return Err(invalid(
+                    reason::INVALID_IDEMPOTENCY_KEY,
+                    &format!("_meta[\"{META_IDEMPOTENCY_KEY}\"] must be a string, not {other}"),
+                    json!({}),
+                ));
+            }
+            None => {}
+        }
+        let session = origin
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .or_else(|| self.process_session.clone());
+        Ok(match (session, &origin.request_id) {
+            (Some(session), Some(id)) => (derived_key(&session, id), KeySource::Session),
+            _ => (
+                format!("mcp:fresh:{}", uuid::Uuid::new_v4()),
+                KeySource::Fresh,
+            ),
+        })
+    }
+}
+
+/// `mcp:<session>:<request id as JSON>`, or `mcp:sha256:<hex>` of the same
+/// when that is not a key atmost takes (too long, not printable ASCII).
+pub fn derived_key(session: &str, id: &RequestId) -> String {
+    let id = serde_json::to_string(id).unwrap_or_default();
+    let key = format!("mcp:{session}:{id}");
+    if key.len() <= MAX_KEY_BYTES && key.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return key;
+    }
+    let digest = Sha256::digest(key.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("mcp:sha256:{hex}")
+}
+
+/// The agent's `_meta` to forward, without the protocol's own keys (the
+/// proxy's connection to the upstream sets its own).
+fn forwarded_meta(meta: RequestMetaObject) -> Map<String, Value> {
+    let RequestMetaObject(MetaObject(mut map)) = meta;
+    map.retain(|k, _| !k.starts_with("io.modelcontextprotocol/") && k != "progressToken");
+    map
+}
+
+/// The guarded call's dispatch: the request sent once; its answer kept in
+/// `slot` for the agent and told to the guarded call.
+async fn dispatch(
+    peer: &Peer<RoleClient>,
+    request: CallToolRequestParams,
+    slot: &Mutex<Option<Fresh>>,
+) -> Result<Dispatched, DispatchError> {
+    let keep = |fresh: Fresh| {
+        if let Ok(mut s) = slot.lock() {
+            *s = Some(fresh);
+        }
+    };
+    match upstream::call_tool(peer, request).await {
+        Ok(CallToolResponse::Complete(result)) => {
+            let stored = serde_json::to_vec(&result).map_err(DispatchError::unknown)?;
+            let failed = result.is_error == Some(true);
+            let reason = failed.then(|| failure_record(&Fresh::Result(result.clone())));
+            keep(Fresh::Result(result));
+            match reason {
+                Some(reason) => Err(DispatchError::Failed(reason)),
+                None => Ok(Dispatched::bytes(stored)),
+            }
+        }
+        Ok(CallToolResponse::InputRequired(_)) => Err(DispatchError::unknown(
+            "the upstream answered input_required, which atmost-mcp does not forward",
+        )),
+        Ok(CallToolResponse::Task(_)) => Err(DispatchError::unknown(
+            "the upstream answered with a task, which atmost-mcp does not follow",
+        )),
+        Ok(_) => Err(DispatchError::unknown(
+            "the upstream answered a kind of result atmost-mcp does not know",
+        )),
+        Err(CallError::Answered(error)) => {
+            let reason = failure_record(&Fresh::Error(error.clone()));
+            keep(Fresh::Error(error));
+            Err(DispatchError::Failed(reason))
+        }
+        Err(CallError::NotSent(why)) => {
+            tracing::warn!(%why, "not sent to the upstream");
+            Err(DispatchError::NotSent)
+        }
+        Err(e @ CallError::Unknown(_)) => Err(DispatchError::unknown(e.to_string())),
+    }
+}
+
+// === what atmost stores of a refusal ===
+
+/// A failure as atmost stores it (at most 1024 bytes): the isError
+/// result's JSON, or `{"error": {...}}` for a JSON-RPC error; shortened to
+/// fit, still valid JSON, so a replay gives the agent the same kind of
+/// answer.
+fn failure_record(fresh: &Fresh) -> String {
+    match fresh {
+        Fresh::Result(result) => {
+            let whole = serde_json::to_string(result).unwrap_or_default();
+            if whole.len() <= MAX_REASON_BYTES {
+                return whole;
+            }
+            let text: String = result
+                .content
+                .iter()
+                .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+                .collect::<Vec<_>>()
+                .join("\n");
+            fit(&text, |t| {
+                serde_json::to_string(&CallToolResult::error(vec![ContentBlock::text(t)]))
+                    .unwrap_or_default()
+            })
+        }
+        Fresh::Error(error) => {
+            let whole = json!({"error": error}).to_string();
+            if whole.len() <= MAX_REASON_BYTES {
+                return whole;
+            }
+            fit(&error.message, |m| {
+                json!({"error": {"code": error.code.0, "message": m}}).to_string()
+            })
+        }
+    }
+}
+
+/// `render(text cut short)` at most [`MAX_REASON_BYTES`] long.
+fn fit(text: &str, render: impl Fn(&str) -> String) -> String {
+    let mut keep = text.len();
+    loop {
+        let mut end = keep.min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = if end < text.len() {
+            format!("{}…", &text[..end])
+        } else {
+            text.to_owned()
+        };
+        let rendered = render(&cut);
+        if rendered.len() <= MAX_REASON_BYTES || end == 0 {
+            return rendered;
+        }
+        keep = end.saturating_sub(rendered.len() - MAX_REASON_BYTES + 8);
+    }
+}
+
+// === the answer to the agent ===
+
+/// The call's names, for errors and logs.
+struct Answer<'a> {
+    permit: &'a str,
+    tool: &'a str,
+    key: &'a str,
+}
+
+impl Answer<'_> {
+    fn answer(
+        &self,
+        outcome: Result<Outcome, GuardError>,
+        fresh: Option<Fresh>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        match outcome {
+            Ok(outcome) => {
+                let attempt_id = outcome.attempt.attempt_id.clone();
+                let result = match (outcome.replayed, fresh) {
+                    (false, Some(Fresh::Result(result))) => result,
+                    _ => stored_success(&outcome.result),
+                };
+                Ok(self.result(result, &attempt_id, outcome.replayed))
+            }
+            Err(GuardError::ToolFailed {
+                attempt_id,
+                reason,
+                replayed,
+            }) => {
+                let fresh = if replayed { None } else { fresh };
+                match fresh.unwrap_or_else(|| stored_failure(&reason)) {
+                    Fresh::Result(result) => Ok(self.result(result, attempt_id.as_str(), replayed)),
+                    Fresh::Error(error) => Err(error),
+                }
+            }
+            Err(GuardError::CommitNotRecorded {
+                attempt_id,
+                outcome,
+                source,
+            }) => {
+                // The tool answered but atmost could not record it: the
+                // agent still gets the answer; the attempt reads UNCERTAIN
+                // at its lease, for an operator to resolve.
+                match (outcome, fresh) {
+                    (Unrecorded::Succeeded { .. } | Unrecorded::Failed { .. }, Some(fresh)) => {
+                        match fresh {
+                            Fresh::Result(result) => {
+                                Ok(self.result(result, attempt_id.as_str(), false))
+                            }
+                            Fresh::Error(error) => Err(error),
+                        }
+                    }
+                    (outcome, _) => Err(self.error(
+                        code::UNCERTAIN,
+                        reason::OUTCOME_NOT_RECORDED,
+                        format!(
+                            "atmost could not record the call's outcome ({}): it reads UNCERTAIN at its lease, for an operator to resolve",
+                            source.reason_or_code()
+                        ),
+                        json!({"attempt_id": attempt_id.as_str(), "outcome": unrecorded_name(&outcome)}),
+                    )),
+                }
+            }
+            Err(GuardError::OutcomeUncertain {
+                attempt_id,
+                reason,
+                replayed,
+                ..
+            }) => Err(self.error(
+                code::UNCERTAIN,
+                reason::OUTCOME_UNCERTAIN,
+                format!(
+                    "the call's outcome is unknown{}: it is not sent again under this key; an operator resolves it ({reason})",
+                    if replayed { " (replayed)" } else { "" }
+                ),
+                json!({"attempt_id": attempt_id.as_str(), "replayed": replayed, "uncertain_reason": reason}),
+            )),
+            Err(GuardError::NotSent { attempt_id } | GuardError::NoTimeToDispatch { attempt_id }) => {
+                Err(self.error(
+                    code::NOT_SENT,
+                    reason::NOT_SENT,
+                    "the call was not sent to the upstream (it could not be reached); its slot was given back and the key is free".into(),
+                    json!({"attempt_id": attempt_id.as_str()}),
+                ))
+            }
+            Err(GuardError::Denied(e) | GuardError::InProgress(e)) => Err(self.refusal(code::DENIED, &e)),
+            Err(GuardError::InvalidRequest(e)) => {
+                let mut error = self.refusal(ErrorCode::INVALID_PARAMS.0, &e);
+                if let Some(Value::Object(data)) = &mut error.data {
+                    data.insert("fields".into(), json!(e.violated_fields()));
+                }
+                Err(error)
+            }
+            Err(GuardError::Unavailable(e) | GuardError::Rpc(e)) => {
+                let mut error = self.refusal(code::UNAVAILABLE, &e);
+                if let Some(Value::Object(data)) = &mut error.data
+                    && e.reason().is_none()
+                {
+                    data.insert("reason".into(), reason::ATMOST_UNAVAILABLE.into());
+                }
+                Err(error)
+            }
+            Err(GuardError::InvalidCall(why)) => Err(ErrorData::invalid_params(why, None)),
+            Err(e @ GuardError::NoRandomness(_)) => Err(ErrorData::internal_error(e.to_string(), None)),
+        }
+    }
+
+    /// The tool's result, marked with the attempt and whether it is a replay.
+    fn result(
+        &self,
+        mut result: CallToolResult,
+        attempt_id: &str,
+        replayed: bool,
+    ) -> CallToolResponse {
+        // A legacy upstream sends no resultType; an agent on 2026-07-28
+        // requires it (rmcp drops it again for an agent on an older
+        // version).
+        result.result_type.get_or_insert(ResultType::COMPLETE);
+        let meta = result.meta.get_or_insert_with(MetaObject::default);
+        meta.0.insert(META_ATTEMPT_ID.into(), attempt_id.into());
+        meta.0.insert(META_KEY_USED.into(), self.key.into());
+        meta.0.insert(META_REPLAYED.into(), replayed.into());
+        CallToolResponse::Complete(result)
+    }
+
+    /// atmost's refusal: its reason, the tool, and the ErrorInfo numbers.
+    fn refusal(&self, code: i32, e: &atmost_client::Error) -> ErrorData {
+        let reason = e.reason_or_code();
+        let mut data = json!({"metadata": e.metadata()});
+        if let Some(limit) = e.limit() {
+            data["limit"] = limit.into();
+        }
+        if let Some(calls_made) = e.calls_made() {
+            data["calls_made"] = calls_made.into();
+        }
+        if let Some(retry_after) = e.retry_after() {
+            data["retry_after_ms"] = (retry_after.as_millis() as u64).into();
+        }
+        let mut error = self.error(
+            code,
+            &reason,
+            format!(
+                "atmost refused the call: {reason}: {}",
+                e.status().message()
+            ),
+            data,
+        );
+        if let (Some(tool), Some(Value::Object(data))) = (e.tool(), &mut error.data) {
+            data.insert("tool".into(), tool.into());
+        }
+        error
+    }
+
+    /// A JSON-RPC error whose `data` names the reason, the tool, the permit
+    /// and the key, with `extra` besides.
+    fn error(&self, code: i32, reason: &str, message: String, extra: Value) -> ErrorData {
+        let mut data = json!({
+            "reason": reason,
+            "tool": self.tool,
+            "permit_id": self.permit,
+            "idempotency_key": self.key,
+        });
+        if let (Value::Object(data), Value::Object(extra)) = (&mut data, extra) {
+            data.extend(extra);
+        }
+        ErrorData::new(ErrorCode(code), message, Some(data))
+    }
+}
+
+/// A bad request from the agent: INVALID_PARAMS with the reason in `data`.
+fn invalid(reason: &str, message: &str, extra: Value) -> ErrorData {
+    let mut data = json!({"reason": reason});
+    if let (Value::Object(data), Value::Object(extra)) = (&mut data, extra) {
+        data.extend(extra);
+    }
+    ErrorData::invalid_params(message.to_owned(), Some(data))
+}
+
+/// A SUCCEEDED receipt's result as a tool result: the CallToolResult the
+/// proxy stored, else the bytes as text (a result an operator gave with
+/// Resolve, or the digest atmost keeps of one over 64 KiB).
+fn stored_success(stored: &[u8]) -> CallToolResult {
+    if let Ok(result) = serde_json::from_slice::<CallToolResult>(stored) {
+        return result;
+    }
+    let text = String::from_utf8_lossy(stored);
+    let text = if text.starts_with("sha256:") && stored.len() == 71 {
+        format!(
+            "The call succeeded earlier; its result was over 64 KiB, so atmost kept only its digest ({text})."
+        )
+    } else {
+        text.into_owned()
+    };
+    CallToolResult::success(vec![ContentBlock::text(text)])
+}
+
+/// A FAILED attempt's stored reason as the agent's answer: the isError
+/// result or the JSON-RPC error the proxy stored, else the reason as an
+/// isError result's text (a reason an operator gave with Resolve).
+fn stored_failure(reason: &str) -> Fresh {
+    if let Ok(Value::Object(object)) = serde_json::from_str::<Value>(reason) {
+        if let Some(error) = object.get("error")
+            && let Ok(error) = serde_json::from_value::<ErrorData>(error.clone())
+        {
+            return Fresh::Error(error);
+        }
+        if let Ok(result) = serde_json::from_value::<CallToolResult>(Value::Object(object)) {
+            return Fresh::Result(result);
+        }
+    }
+    Fresh::Result(CallToolResult::error(vec![ContentBlock::text(reason)]))
+}
+
+fn unrecorded_name(outcome: &Unrecorded) -> &'static str {
+    match outcome {
+        Unrecorded::Succeeded { .. } => "SUCCEEDED",
+        Unrecorded::Failed { .. } => "FAILED",
+        Unrecorded::NotSent => "NOT_SENT",
+        Unrecorded::Uncertain { .. } => "UNCERTAIN",
+    }
+}
+
+/// One line per call: what was asked and how it ended.
+fn log(ctx: &Answer<'_>, source: KeySource, outcome: &Result<Outcome, GuardError>) {
+    let (permit, tool, key) = (ctx.permit, ctx.tool, ctx.key);
+    match outcome {
+        Ok(o) => tracing::info!(
+            permit, tool, key, key_source = ?source, attempt_id = %o.attempt.attempt_id,
+            replayed = o.replayed, "tools/call succeeded"
+        ),
+        Err(e @ GuardError::CommitNotRecorded { .. }) => tracing::error!(
+            permit, tool, key, key_source = ?source, error = %e, "tools/call outcome not recorded"
+        ),
+        Err(e) => tracing::info!(
+            permit, tool, key, key_source = ?source, error = %e, "tools/call did not succeed"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,149 @@
+use super::*;
+use rmcp::model::NumberOrString;
+
+#[test]
+fn a_derived_key_names_the_session_and_the_request_id() {
+    let session = "0b1f6a52-7d8e-4c1a-9a55-3f2b8c1d2e4f";
+    assert_eq!(
+        derived_key(session, &NumberOrString::Number(7)),
+        format!("mcp:{session}:7")
+    );
+    // A string id and a number id never share a key.
+    assert_eq!(
+        derived_key(session, &NumberOrString::String("7".into())),
+        format!("mcp:{session}:\"7\"")
+    );
+}
+
+#[test]
+fn a_derived_key_atmost_would_refuse_is_sent_as_a_digest() {
+    let long = "x".repeat(300);
+    let odd = "sessión";
+    for (session, id) in [
+        (long.as_str(), NumberOrString::Number(1)),
+        (odd, NumberOrString::Number(1)),
+        ("s", NumberOrString::String("línea\n".into())),
+    ] {
+        let key = derived_key(session, &id);
+        assert!(key.starts_with("mcp:sha256:"), "{key}");
+        assert_eq!(key.len(), "mcp:sha256:".len() + 64);
+        assert_eq!(
+            key,
+            derived_key(session, &id),
+            "the same request, the same key"
+        );
+    }
+    assert_ne!(
+        derived_key(&long, &NumberOrString::Number(1)),
+        derived_key(&long, &NumberOrString::Number(2))
+    );
+}
+
+#[test]
+fn the_forwarded_meta_keeps_the_agents_keys_but_not_the_protocols() {
+    let mut map = serde_json::Map::new();
+    map.insert(META_IDEMPOTENCY_KEY.into(), "k".into());
+    map.insert("traceparent".into(), "00-abc-def-01".into());
+    map.insert("progressToken".into(), 3.into());
+    map.insert(
+        "io.modelcontextprotocol/protocolVersion".into(),
+        "2026-07-28".into(),
+    );
+    let kept = forwarded_meta(RequestMetaObject(MetaObject(map)));
+    let mut keys: Vec<_> = kept.keys().cloned().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        vec![META_IDEMPOTENCY_KEY.to_owned(), "traceparent".into()]
+    );
+}
+
+fn text_of(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect()
+}
+
+#[test]
+fn a_refusal_is_stored_so_its_replay_is_the_same_answer() {
+    let result = CallToolResult::error(vec![ContentBlock::text("card declined")]);
+    let stored = failure_record(&Fresh::Result(result.clone()));
+    match stored_failure(&stored) {
+        Fresh::Result(replayed) => assert_eq!(replayed, result),
+        Fresh::Error(e) => panic!("a result came back as an error: {e:?}"),
+    }
+    let error = ErrorData::new(
+        ErrorCode(-32602),
+        "unknown tool",
+        Some(json!({"tool": "x"})),
+    );
+    let stored = failure_record(&Fresh::Error(error.clone()));
+    match stored_failure(&stored) {
+        Fresh::Error(replayed) => assert_eq!(replayed, error),
+        Fresh::Result(r) => panic!("an error came back as a result: {r:?}"),
+    }
+}
+
+#[test]
+fn a_long_refusal_is_shortened_to_what_atmost_stores_and_stays_json() {
+    let long = "é".repeat(3000);
+    let result = CallToolResult::error(vec![ContentBlock::text(&long)]);
+    let stored = failure_record(&Fresh::Result(result));
+    assert!(stored.len() <= MAX_REASON_BYTES, "{}", stored.len());
+    match stored_failure(&stored) {
+        Fresh::Result(replayed) => {
+            assert_eq!(replayed.is_error, Some(true));
+            let text = text_of(&replayed);
+            assert!(text.ends_with('…') && long.starts_with(text.trim_end_matches('…')));
+            assert!(text.len() > 900, "kept as much as fits: {}", text.len());
+        }
+        Fresh::Error(e) => panic!("{e:?}"),
+    }
+    // Quotes and control characters grow when escaped: still within bounds.
+    let escaped = "\"\u{1}".repeat(2000);
+    let stored = failure_record(&Fresh::Result(CallToolResult::error(vec![
+        ContentBlock::text(&escaped),
+    ])));
+    assert!(stored.len() <= MAX_REASON_BYTES, "{}", stored.len());
+    let error = ErrorData::new(
+        ErrorCode(-32603),
+        "x".repeat(5000),
+        Some(json!("y".repeat(5000))),
+    );
+    let stored = failure_record(&Fresh::Error(error));
+    assert!(stored.len() <= MAX_REASON_BYTES, "{}", stored.len());
+    match stored_failure(&stored) {
+        Fresh::Error(e) => {
+            assert_eq!(e.code, ErrorCode(-32603));
+            assert!(e.data.is_none() && e.message.ends_with('…'));
+        }
+        Fresh::Result(r) => panic!("{r:?}"),
+    }
+}
+
+#[test]
+fn a_reason_or_result_the_proxy_did_not_store_replays_as_text() {
+    // An operator's Resolve --failed / --succeeded, or another client's.
+    match stored_failure("wallet said no") {
+        Fresh::Result(r) => {
+            assert_eq!(r.is_error, Some(true));
+            assert_eq!(text_of(&r), "wallet said no");
+        }
+        Fresh::Error(e) => panic!("{e:?}"),
+    }
+    let r = stored_success(b"wallet tx 981");
+    assert_eq!(
+        (r.is_error, text_of(&r).as_str()),
+        (Some(false), "wallet tx 981")
+    );
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let r = stored_success(digest.as_bytes());
+    assert!(text_of(&r).contains("over 64 KiB") && text_of(&r).contains(&digest));
+    let result = CallToolResult::success(vec![ContentBlock::text("ok")]);
+    assert_eq!(
+        stored_success(&serde_json::to_vec(&result).unwrap()),
+        result
+    );
+}

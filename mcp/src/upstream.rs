@@ -1,0 +1,248 @@
+//! The one upstream MCP server the proxy forwards to: a Streamable HTTP
+//! endpoint, or a child process over stdio. A connection that has closed
+//! (the child exited, the HTTP client's worker stopped) is opened again on
+//! the next request, so the proxy outlives an upstream restart.
+//!
+//! What matters to atmost is whether a tools/call may have reached the
+//! upstream. The gate opens the connection ([`Upstream::connected`]) before
+//! it asks atmost, so an upstream that cannot be reached costs no attempt.
+//! Then [`call_tool`] answers [`CallError::NotSent`] only when the request
+//! certainly did not reach it (the HTTP connection could not be opened, the
+//! upstream refused the session or the credentials before running
+//! anything, the child's stdin was already closed), and
+//! [`CallError::Unknown`] for every other failure after sending began.
+
+use crate::config::UpstreamSpec;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, Implementation,
+    ListToolsResult, PaginatedRequestParams,
+};
+use rmcp::service::{ClientInitializeError, Peer, RoleClient, RunningService, ServiceError};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
+};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ErrorData, ServiceExt};
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// How long opening the upstream connection may take: TCP (and TLS) and
+/// MCP's initialize handshake, or a child process's start and handshake.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Connection = RunningService<RoleClient, ClientConfig>;
+
+/// Why a call to the upstream returned no result.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The upstream answered the request with a JSON-RPC error.
+    #[error("the upstream answered an error: {0}")]
+    Answered(ErrorData),
+    /// The request certainly never reached the upstream.
+    #[error("not sent to the upstream: {0}")]
+    NotSent(String),
+    /// The request may have reached the upstream; what happened is unknown.
+    #[error("the upstream's answer was lost: {0}")]
+    Unknown(String),
+}
+
+pub struct Upstream {
+    spec: UpstreamSpec,
+    /// The HTTP client, made once (its CA read at start-up).
+    http: Option<reqwest::Client>,
+    connection: Mutex<Option<Connection>>,
+}
+
+impl Upstream {
+    /// Checks the spec (reads the CA file); connects on first use.
+    pub fn new(spec: UpstreamSpec) -> Result<Self, String> {
+        let http = match &spec {
+            UpstreamSpec::Http { ca, .. } => {
+                let mut builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+                if let Some(path) = ca {
+                    let pem = std::fs::read(path)
+                        .map_err(|e| format!("--upstream-tls-ca {}: {e}", path.display()))?;
+                    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                        .map_err(|e| format!("--upstream-tls-ca {}: {e}", path.display()))?;
+                    builder = builder.tls_certs_merge(certs);
+                }
+                Some(
+                    builder
+                        .build()
+                        .map_err(|e| format!("the upstream's HTTP client: {e}"))?,
+                )
+            }
+            UpstreamSpec::Command { .. } => None,
+        };
+        Ok(Self {
+            spec,
+            http,
+            connection: Mutex::new(None),
+        })
+    }
+
+    /// For logs: the URL, or the command.
+    pub fn describe(&self) -> String {
+        match &self.spec {
+            UpstreamSpec::Http { url, .. } => url.clone(),
+            UpstreamSpec::Command { program, args } => std::iter::once(program.as_str())
+                .chain(args.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+
+    /// The open connection's peer, connecting (again) when there is none
+    /// or it has closed, within [`CONNECT_TIMEOUT`]. An error here means
+    /// nothing was sent.
+    pub async fn connected(&self) -> Result<Peer<RoleClient>, String> {
+        let mut connection = self.connection.lock().await;
+        if let Some(open) = connection.as_ref()
+            && !open.is_closed()
+            && !open.peer().is_transport_closed()
+        {
+            return Ok(open.peer().clone());
+        }
+        if let Some(closed) = connection.take() {
+            tracing::info!(upstream = %self.describe(), "the upstream connection closed; opening a new one");
+            drop(closed);
+        }
+        let open = tokio::time::timeout(CONNECT_TIMEOUT, self.connect())
+            .await
+            .map_err(|_| {
+                format!(
+                    "the upstream {} did not answer within {CONNECT_TIMEOUT:?}",
+                    self.describe()
+                )
+            })??;
+        let peer = open.peer().clone();
+        *connection = Some(open);
+        Ok(peer)
+    }
+
+    async fn connect(&self) -> Result<Connection, String> {
+        let config = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("atmost-mcp", env!("CARGO_PKG_VERSION")),
+        );
+        let upstream = self.describe();
+        let connection = match (&self.spec, &self.http) {
+            (UpstreamSpec::Http { url, .. }, Some(http)) => {
+                let transport = StreamableHttpClientTransport::with_client(
+                    http.clone(),
+                    StreamableHttpClientTransportConfig::with_uri(url.as_str()),
+                );
+                config.serve(transport).await
+            }
+            (UpstreamSpec::Command { program, args }, _) => {
+                let mut command = tokio::process::Command::new(program);
+                command.args(args);
+                let transport = TokioChildProcess::new(command)
+                    .map_err(|e| format!("cannot start the upstream {upstream:?}: {e}"))?;
+                config.serve(transport).await
+            }
+            (UpstreamSpec::Http { .. }, None) => unreachable!("an HTTP upstream has its client"),
+        };
+        let connection = connection
+            .map_err(|e| format!("cannot open the upstream {upstream}: {}", with_sources(&e)))?;
+        tracing::info!(%upstream, "connected to the upstream");
+        Ok(connection)
+    }
+
+    /// Connects now if not yet connected (at start-up, for an early word in
+    /// the log when the upstream cannot be reached).
+    pub async fn warm_up(&self) -> Result<(), String> {
+        self.connected().await.map(|_| ())
+    }
+
+    /// The upstream's instructions to agents, when connected and it has
+    /// some.
+    pub async fn instructions(&self) -> Option<String> {
+        let peer = self.connected().await.ok()?;
+        peer.peer_info().and_then(|info| info.instructions.clone())
+    }
+
+    /// One page of the upstream's tools.
+    pub async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+    ) -> Result<ListToolsResult, CallError> {
+        let peer = self.connected().await.map_err(CallError::NotSent)?;
+        peer.list_tools(request).await.map_err(classify)
+    }
+}
+
+/// Sends one tools/call on an open connection, once (never retried here).
+pub async fn call_tool(
+    peer: &Peer<RoleClient>,
+    request: CallToolRequestParams,
+) -> Result<CallToolResponse, CallError> {
+    peer.call_tool_once(request).await.map_err(classify)
+}
+
+/// An error and its sources in one line (a transport error's own text is
+/// often only "error sending request"; its sources say what happened: a
+/// refused connection, an untrusted certificate). Each said once.
+fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = next_source(error);
+    while let Some(s) = source {
+        let said = s.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        source = next_source(s);
+    }
+    text
+}
+
+/// The error's source; two of rmcp's errors name the error beneath them
+/// without giving it as their source.
+fn next_source<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a (dyn std::error::Error + 'static)> {
+    if let Some(source) = error.source() {
+        return Some(source);
+    }
+    if let Some(ClientInitializeError::TransportError { error, .. }) = error.downcast_ref() {
+        return Some(error);
+    }
+    match error.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+        Some(StreamableHttpError::Client(e)) => Some(e),
+        _ => None,
+    }
+}
+
+/// Sorts a failed request by whether it may have reached the upstream.
+fn classify(error: ServiceError) -> CallError {
+    match error {
+        ServiceError::McpError(answer) => CallError::Answered(answer),
+        ServiceError::TransportSend(ref sending) if never_sent(sending.error.as_ref()) => {
+            CallError::NotSent(with_sources(&error))
+        }
+        other => CallError::Unknown(with_sources(&other)),
+    }
+}
+
+/// Whether a transport's send error proves the request did not reach the
+/// upstream's tool: the HTTP connection (TCP, TLS) could not be opened; the
+/// upstream answered 404 to the session, which it does only for a session
+/// it does not know and so did not run the request in; it answered 401 or
+/// 403 with an authentication challenge, refusing the credentials before
+/// anything ran; the child's stdin was closed (it had exited) before the
+/// request was written. Any other failure may have come after the tool ran.
+fn never_sent(error: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    if let Some(http) = error.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+        return match http {
+            StreamableHttpError::Client(e) => e.is_connect(),
+            StreamableHttpError::SessionExpired
+            | StreamableHttpError::AuthRequired(_)
+            | StreamableHttpError::InsufficientScope(_) => true,
+            _ => false,
+        };
+    }
+    if let Some(io) = error.downcast_ref::<std::io::Error>() {
+        return io.kind() == std::io::ErrorKind::BrokenPipe;
+    }
+    false
+}

@@ -1,0 +1,569 @@
+//! The mapping from an HTTP request, as Envoy describes it, to the fields
+//! of an Authorize: where the permit, the tool, the idempotency key, the
+//! fingerprint and the cost come from; and, for ext_proc, how the tool's
+//! response settles the attempt. Read once at start-up from the TOML file
+//! `--envoy-mapping` names (docs/gateways.md, "The mapping"); without it,
+//! [`Mapping::default`].
+//!
+//! Every value is checked when the file is read, and an error names the
+//! file and the setting: a mapping that would send requests to the wrong
+//! tool, or take a cost from nowhere, never starts.
+
+use crate::domain::{MAX_AMOUNT, valid_tool};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Where the permit comes from: one source, never a fallback, so that a
+/// permit bound to a verified JWT cannot be swapped by a header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PermitSource {
+    /// A request header (default `x-atmost-permit`).
+    Header(String),
+    /// A claim of the JWT Envoy's `jwt_authn` filter verified, which it put
+    /// in the request's dynamic metadata (`payload_in_metadata`).
+    Jwt {
+        /// The dynamic metadata namespace (jwt_authn's, by default).
+        namespace: String,
+        /// The `payload_in_metadata` name in jwt_authn's config.
+        payload: String,
+        /// The claim's path in the payload, split at dots.
+        claim: Vec<String>,
+    },
+}
+
+/// One segment of a route's path template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    /// Matches this text exactly.
+    Literal(String),
+    /// `{name}`: matches any one non-empty segment.
+    Any,
+}
+
+/// One row of the route table: requests whose method and path match are
+/// calls of `tool`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Upper case; `None` matches every method.
+    method: Option<String>,
+    segments: Vec<Segment>,
+    /// The template ends in `/*`: any rest of the path matches.
+    rest: bool,
+    pub tool: String,
+}
+
+impl Route {
+    /// Whether `method` and `path` (the query string is ignored) match.
+    pub fn matches(&self, method: &str, path: &str) -> bool {
+        if self.method.as_deref().is_some_and(|m| m != method) {
+            return false;
+        }
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let Some(path) = path.strip_prefix('/') else {
+            return false;
+        };
+        let given: Vec<&str> = path.split('/').collect();
+        if given.len() < self.segments.len() || (!self.rest && given.len() != self.segments.len()) {
+            return false;
+        }
+        self.segments
+            .iter()
+            .zip(&given)
+            .all(|(segment, part)| match segment {
+                Segment::Literal(text) => text == part,
+                Segment::Any => !part.is_empty(),
+            })
+    }
+}
+
+/// Where the tool name comes from, first match wins in this order: the
+/// route's own configuration (ext_authz `context_extensions`, ext_proc
+/// gRPC initial metadata), the route table, then a request header (only
+/// when configured: a client then names its own tool).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolSources {
+    /// ext_authz: the key of the route's `check_settings.context_extensions`.
+    pub context_extension: Option<String>,
+    /// ext_proc: the gRPC metadata the route adds to its stream
+    /// (`grpc_initial_metadata`).
+    pub grpc_metadata: Option<String>,
+    pub routes: Vec<Route>,
+    pub header: Option<String>,
+}
+
+/// How the request fingerprint is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FingerprintSource {
+    /// SHA-256 of the method, the path and the body: Envoy must send the
+    /// body (ext_authz `with_request_body`, ext_proc `request_body_mode:
+    /// BUFFERED`).
+    Request,
+    /// The bytes of a header the client sends (1..=64 bytes).
+    Header(String),
+}
+
+/// Where the cost comes from: a header when configured and present, else
+/// the tool's default, else `default`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostSource {
+    pub header: Option<String>,
+    pub tools: BTreeMap<String, i64>,
+    pub default: i64,
+}
+
+/// What a successful response stores as the attempt's result (ext_proc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultMode {
+    /// The response body (its SHA-256 instead when it is over 64 KiB).
+    Body,
+    /// `sha256:<hex>` of the response body.
+    Digest,
+    /// `HTTP <status>`: the body is not read.
+    Status,
+}
+
+/// What a response that is not 2xx and not in the failed set does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Otherwise {
+    /// MarkUncertain: the tool may have acted (a 5xx, say).
+    Uncertain,
+    /// Commit Failed.
+    Failed,
+}
+
+/// How the tool's response settles the attempt (ext_proc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponsePolicy {
+    pub result: ResultMode,
+    /// Inclusive ranges of statuses that mean the tool refused: Failed.
+    failed: Vec<(u16, u16)>,
+    pub otherwise: Otherwise,
+}
+
+/// What a response status settles an attempt as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    Succeeded,
+    Failed,
+    Uncertain,
+}
+
+impl ResponsePolicy {
+    pub fn settle(&self, status: u16) -> Settle {
+        if (200..300).contains(&status) {
+            Settle::Succeeded
+        } else if self
+            .failed
+            .iter()
+            .any(|(lo, hi)| (*lo..=*hi).contains(&status))
+        {
+            Settle::Failed
+        } else {
+            match self.otherwise {
+                Otherwise::Uncertain => Settle::Uncertain,
+                Otherwise::Failed => Settle::Failed,
+            }
+        }
+    }
+}
+
+/// The whole mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub permit: PermitSource,
+    pub tool: ToolSources,
+    /// The idempotency key's header (the IETF draft's `Idempotency-Key`).
+    pub key_header: String,
+    pub fingerprint: FingerprintSource,
+    pub cost: CostSource,
+    pub response: ResponsePolicy,
+}
+
+/// The defaults, as docs/gateways.md lists them.
+pub const DEFAULT_PERMIT_HEADER: &str = "x-atmost-permit";
+pub const DEFAULT_JWT_PAYLOAD: &str = "jwt_payload";
+/// The dynamic metadata namespace Envoy's jwt_authn filter writes.
+pub const DEFAULT_JWT_NAMESPACE: &str = "envoy.filters.http.jwt_authn";
+pub const DEFAULT_CONTEXT_EXTENSION: &str = "atmost.tool";
+pub const DEFAULT_GRPC_METADATA: &str = "x-atmost-tool";
+pub const DEFAULT_KEY_HEADER: &str = "idempotency-key";
+pub const DEFAULT_FINGERPRINT_HEADER: &str = "x-atmost-fingerprint";
+
+impl Default for Mapping {
+    fn default() -> Self {
+        Self::parse(Path::new("(defaults)"), "").expect("the defaults are valid")
+    }
+}
+
+// === the file ===
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    permit: PermitFile,
+    #[serde(default)]
+    tool: ToolFile,
+    #[serde(default)]
+    key: KeyFile,
+    #[serde(default)]
+    fingerprint: FingerprintFile,
+    #[serde(default)]
+    cost: CostFile,
+    #[serde(default)]
+    response: ResponseFile,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct PermitFile {
+    from: Option<String>,
+    header: Option<String>,
+    jwt_claim: Option<String>,
+    jwt_payload: Option<String>,
+    jwt_namespace: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ToolFile {
+    context_extension: Option<String>,
+    grpc_metadata: Option<String>,
+    header: Option<String>,
+    #[serde(default)]
+    route: Vec<RouteFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteFile {
+    method: Option<String>,
+    path: String,
+    tool: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct KeyFile {
+    header: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FingerprintFile {
+    from: Option<String>,
+    header: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CostFile {
+    header: Option<String>,
+    default: Option<i64>,
+    #[serde(default)]
+    tools: BTreeMap<String, i64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ResponseFile {
+    result: Option<String>,
+    failed: Option<Vec<StatusEntry>>,
+    otherwise: Option<String>,
+}
+
+/// A status (`402`) or a class (`"4xx"`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StatusEntry {
+    Code(i64),
+    Class(String),
+}
+
+/// A header name as Envoy passes it: lower case. `""` turns an optional
+/// source off.
+fn header_name(at: &str, name: &str) -> Result<String, String> {
+    let lower = name.to_ascii_lowercase();
+    match http::HeaderName::from_bytes(lower.as_bytes()) {
+        Ok(_) if !lower.starts_with(':') => Ok(lower),
+        _ => Err(format!("{at}: {name:?} is not a header name")),
+    }
+}
+
+/// An optional header: absent or `""` is none.
+fn optional_header(at: &str, name: Option<String>) -> Result<Option<String>, String> {
+    match name.as_deref() {
+        None | Some("") => Ok(None),
+        Some(name) => header_name(at, name).map(Some),
+    }
+}
+
+fn cost(at: &str, cost: i64) -> Result<i64, String> {
+    if (0..=MAX_AMOUNT).contains(&cost) {
+        Ok(cost)
+    } else {
+        Err(format!("{at}: {cost} is not within 0..={MAX_AMOUNT}"))
+    }
+}
+
+fn tool(at: &str, tool: &str) -> Result<String, String> {
+    if valid_tool(tool) {
+        Ok(tool.to_owned())
+    } else {
+        Err(format!(
+            "{at}: {tool:?} is not a tool name (1..=128 of [A-Za-z0-9._:/-])"
+        ))
+    }
+}
+
+fn route(at: &str, row: RouteFile) -> Result<Route, String> {
+    let method = match row.method.as_deref() {
+        None | Some("*") => None,
+        Some(m) if !m.is_empty() && m.bytes().all(|b| b.is_ascii_alphabetic()) => {
+            Some(m.to_ascii_uppercase())
+        }
+        Some(m) => {
+            return Err(format!(
+                "{at}.method: {m:?} is not an HTTP method (or \"*\")"
+            ));
+        }
+    };
+    let Some(path) = row.path.strip_prefix('/') else {
+        return Err(format!("{at}.path: {:?} must start with '/'", row.path));
+    };
+    if row.path.contains(['?', '#']) {
+        return Err(format!(
+            "{at}.path: {:?}: a template matches the path only, without a query",
+            row.path
+        ));
+    }
+    let parts: Vec<&str> = path.split('/').collect();
+    let rest = parts.last() == Some(&"*");
+    let fixed = if rest {
+        &parts[..parts.len() - 1]
+    } else {
+        &parts[..]
+    };
+    let mut segments = Vec::with_capacity(fixed.len());
+    for part in fixed {
+        segments.push(
+            if part.starts_with('{') && part.ends_with('}') && part.len() > 2 {
+                Segment::Any
+            } else if part.contains(['{', '}', '*']) {
+                return Err(format!(
+                    "{at}.path: {:?}: a segment is text, {{name}}, or a final *",
+                    row.path
+                ));
+            } else {
+                Segment::Literal((*part).to_owned())
+            },
+        );
+    }
+    Ok(Route {
+        method,
+        segments,
+        rest,
+        tool: tool(&format!("{at}.tool"), &row.tool)?,
+    })
+}
+
+fn statuses(entries: Vec<StatusEntry>) -> Result<Vec<(u16, u16)>, String> {
+    let at = "response.failed";
+    let mut ranges = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let range = match entry {
+            StatusEntry::Code(code) if (100..=599).contains(&code) => (code as u16, code as u16),
+            StatusEntry::Code(code) => return Err(format!("{at}: {code} is not an HTTP status")),
+            StatusEntry::Class(class) => {
+                let digit = class
+                    .strip_suffix("xx")
+                    .and_then(|d| d.parse::<u16>().ok())
+                    .filter(|d| (1..=5).contains(d))
+                    .ok_or_else(|| {
+                        format!("{at}: {class:?} is neither a status (402) nor a class (\"4xx\")")
+                    })?;
+                (digit * 100, digit * 100 + 99)
+            }
+        };
+        if range.0 <= 299 && range.1 >= 200 {
+            return Err(format!(
+                "{at}: a 2xx status is a success (Commit Succeeded), never Failed"
+            ));
+        }
+        ranges.push(range);
+    }
+    Ok(ranges)
+}
+
+impl Mapping {
+    /// Reads and checks the mapping file.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Self::parse(path, &text)
+    }
+
+    /// [`Mapping::load`] of `text`, as if read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, String> {
+        let file: File = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            match line {
+                Some(line) => format!("{}: line {line}: {}", path.display(), e.message()),
+                None => format!("{}: {}", path.display(), e.message()),
+            }
+        })?;
+        Self::check(file).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    fn check(file: File) -> Result<Self, String> {
+        let p = file.permit;
+        let permit = match p.from.as_deref().unwrap_or("header") {
+            "header" => {
+                if p.jwt_claim.is_some() || p.jwt_payload.is_some() || p.jwt_namespace.is_some() {
+                    return Err(
+                        "permit: jwt-claim, jwt-payload and jwt-namespace are for from = \"jwt\"; the permit has one source"
+                            .into(),
+                    );
+                }
+                PermitSource::Header(header_name(
+                    "permit.header",
+                    p.header.as_deref().unwrap_or(DEFAULT_PERMIT_HEADER),
+                )?)
+            }
+            "jwt" => {
+                if p.header.is_some() {
+                    return Err(
+                        "permit: header is for from = \"header\"; the permit has one source".into(),
+                    );
+                }
+                let claim = p.jwt_claim.ok_or(
+                    "permit: from = \"jwt\" needs jwt-claim (the claim naming the permit)",
+                )?;
+                let path: Vec<String> = claim.split('.').map(str::to_owned).collect();
+                if path.iter().any(String::is_empty) {
+                    return Err(format!("permit.jwt-claim: {claim:?} is not a claim path"));
+                }
+                let payload = p.jwt_payload.unwrap_or_else(|| DEFAULT_JWT_PAYLOAD.into());
+                if payload.is_empty() {
+                    return Err("permit.jwt-payload: must not be empty".into());
+                }
+                let namespace = p
+                    .jwt_namespace
+                    .unwrap_or_else(|| DEFAULT_JWT_NAMESPACE.into());
+                if namespace.is_empty() {
+                    return Err("permit.jwt-namespace: must not be empty".into());
+                }
+                PermitSource::Jwt {
+                    namespace,
+                    payload,
+                    claim: path,
+                }
+            }
+            other => {
+                return Err(format!(
+                    "permit.from: {other:?}: give \"header\" or \"jwt\""
+                ));
+            }
+        };
+
+        let t = file.tool;
+        let tool_sources = ToolSources {
+            context_extension: match t.context_extension {
+                None => Some(DEFAULT_CONTEXT_EXTENSION.into()),
+                Some(name) if name.is_empty() => None,
+                Some(name) => Some(name),
+            },
+            grpc_metadata: match t.grpc_metadata {
+                None => Some(DEFAULT_GRPC_METADATA.into()),
+                Some(name) if name.is_empty() => None,
+                Some(name) => Some(header_name("tool.grpc-metadata", &name)?),
+            },
+            routes: t
+                .route
+                .into_iter()
+                .enumerate()
+                .map(|(n, row)| route(&format!("tool.route[{}]", n + 1), row))
+                .collect::<Result<_, _>>()?,
+            header: optional_header("tool.header", t.header)?,
+        };
+
+        let key_header = header_name(
+            "key.header",
+            file.key.header.as_deref().unwrap_or(DEFAULT_KEY_HEADER),
+        )?;
+
+        let f = file.fingerprint;
+        let fingerprint = match f.from.as_deref().unwrap_or("request") {
+            "request" => {
+                if f.header.is_some() {
+                    return Err(
+                        "fingerprint.header is for from = \"header\"; from = \"request\" hashes the request"
+                            .into(),
+                    );
+                }
+                FingerprintSource::Request
+            }
+            "header" => FingerprintSource::Header(header_name(
+                "fingerprint.header",
+                f.header.as_deref().unwrap_or(DEFAULT_FINGERPRINT_HEADER),
+            )?),
+            other => {
+                return Err(format!(
+                    "fingerprint.from: {other:?}: give \"request\" or \"header\""
+                ));
+            }
+        };
+
+        let c = file.cost;
+        let cost_source = CostSource {
+            header: optional_header("cost.header", c.header)?,
+            default: cost("cost.default", c.default.unwrap_or(0))?,
+            tools: c
+                .tools
+                .into_iter()
+                .map(|(name, n)| {
+                    let at = format!("cost.tools.{name:?}");
+                    Ok((tool(&at, &name)?, cost(&at, n)?))
+                })
+                .collect::<Result<_, String>>()?,
+        };
+
+        let r = file.response;
+        let response = ResponsePolicy {
+            result: match r.result.as_deref().unwrap_or("body") {
+                "body" => ResultMode::Body,
+                "digest" => ResultMode::Digest,
+                "status" => ResultMode::Status,
+                other => {
+                    return Err(format!(
+                        "response.result: {other:?}: give \"body\", \"digest\" or \"status\""
+                    ));
+                }
+            },
+            failed: statuses(
+                r.failed
+                    .unwrap_or_else(|| vec![StatusEntry::Class("4xx".into())]),
+            )?,
+            otherwise: match r.otherwise.as_deref().unwrap_or("uncertain") {
+                "uncertain" => Otherwise::Uncertain,
+                "failed" => Otherwise::Failed,
+                other => {
+                    return Err(format!(
+                        "response.otherwise: {other:?}: give \"uncertain\" or \"failed\""
+                    ));
+                }
+            },
+        };
+
+        Ok(Mapping {
+            permit,
+            tool: tool_sources,
+            key_header,
+            fingerprint,
+            cost: cost_source,
+            response,
+        })
+    }
+}

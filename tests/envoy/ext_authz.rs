@@ -1,0 +1,1056 @@
+//! ext_authz v3 (`envoy.service.auth.v3.Authorization/Check`) through the
+//! real server, on both stores: one CheckRequest per HTTP request, shaped
+//! as Envoy's ext_authz filter sends it (lower-case headers with the
+//! pseudo-headers, the path with its query, the body with
+//! `with_request_body` and `pack_as_bytes`, the route's
+//! `context_extensions`, jwt_authn's payload in `metadata_context`).
+
+use super::{attempt, fingerprint, mapping};
+use crate::support::*;
+use envoy_types::pb::envoy::config::core::v3::{Address, Metadata, SocketAddress, address};
+use envoy_types::pb::envoy::service::auth::v3::{
+    AttributeContext, CheckRequest, CheckResponse, attribute_context,
+    authorization_client::AuthorizationClient, check_response::HttpResponse,
+};
+use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind as V};
+use pb::AttemptState;
+use std::collections::HashMap;
+use tonic::Code;
+
+const TOOL: &str = "wallet.charge";
+const PATH: &str = "/v1/charges?expand=balance";
+const BODY: &[u8] = br#"{"amount":500,"currency":"EUR"}"#;
+
+fn peer(ip: &str, port: u32) -> attribute_context::Peer {
+    attribute_context::Peer {
+        address: Some(Address {
+            address: Some(address::Address::SocketAddress(SocketAddress {
+                address: ip.into(),
+                port_specifier: Some(
+                    envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier::PortValue(
+                        port,
+                    ),
+                ),
+                ..Default::default()
+            })),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A CheckRequest as Envoy's ext_authz filter builds it for `method`
+/// `path` with these headers and body, on a route whose
+/// `check_settings.context_extensions` name `tool`.
+fn check_request(
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    tool: Option<&str>,
+) -> CheckRequest {
+    let mut all: HashMap<String, String> = [
+        (":authority", "tools.example.com"),
+        (":method", method),
+        (":path", path),
+        (":scheme", "https"),
+        ("content-type", "application/json"),
+        ("user-agent", "agent-loop/1.0"),
+        ("x-forwarded-proto", "https"),
+        ("x-request-id", "8f1c5b9e-1f3a-4c55-9c0e-2b7d7c8a9e01"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    for (k, v) in headers {
+        all.insert(k.to_ascii_lowercase(), (*v).to_owned());
+    }
+    if !body.is_empty() {
+        all.insert("content-length".into(), body.len().to_string());
+    }
+    CheckRequest {
+        attributes: Some(AttributeContext {
+            source: Some(peer("10.0.3.7", 49152)),
+            destination: Some(peer("10.0.0.2", 8443)),
+            request: Some(attribute_context::Request {
+                time: Some(envoy_types::pb::google::protobuf::Timestamp {
+                    seconds: atmost_client::now_ms() / 1000,
+                    nanos: 0,
+                }),
+                http: Some(attribute_context::HttpRequest {
+                    id: "8f1c5b9e-1f3a-4c55-9c0e-2b7d7c8a9e01".into(),
+                    method: method.into(),
+                    headers: all,
+                    path: path.into(),
+                    host: "tools.example.com".into(),
+                    scheme: "https".into(),
+                    size: if body.is_empty() {
+                        0
+                    } else {
+                        body.len() as i64
+                    },
+                    protocol: "HTTP/1.1".into(),
+                    // with_request_body { pack_as_bytes: true }
+                    raw_body: body.to_vec(),
+                    ..Default::default()
+                }),
+            }),
+            context_extensions: tool
+                .map(|t| {
+                    [("atmost.tool".to_owned(), t.to_owned())]
+                        .into_iter()
+                        .collect()
+                })
+                .unwrap_or_default(),
+            ..Default::default()
+        }),
+    }
+}
+
+/// A charge of `key` under `permit`.
+fn charge(permit: &str, key: &str) -> CheckRequest {
+    check_request(
+        "POST",
+        PATH,
+        &[("x-atmost-permit", permit), ("idempotency-key", key)],
+        BODY,
+        Some(TOOL),
+    )
+}
+
+/// What Envoy does with a CheckResponse.
+#[derive(Debug)]
+enum Checked {
+    /// Forwards, adding these headers upstream and downstream.
+    Allowed {
+        upstream: HashMap<String, String>,
+        downstream: HashMap<String, String>,
+        metadata: Struct,
+    },
+    /// Answers the client itself.
+    Denied {
+        status: u16,
+        headers: HashMap<String, String>,
+        body: String,
+    },
+}
+
+fn read(response: CheckResponse) -> Checked {
+    let code = response.status.as_ref().map_or(0, |s| s.code);
+    let headers = |list: Vec<envoy_types::pb::envoy::config::core::v3::HeaderValueOption>| {
+        list.into_iter()
+            .map(|o| {
+                let h = o.header.expect("header");
+                (h.key, h.value)
+            })
+            .collect::<HashMap<_, _>>()
+    };
+    match response.http_response.expect("http_response") {
+        HttpResponse::OkResponse(ok) => {
+            assert_eq!(code, 0, "an OK response with status {code}");
+            Checked::Allowed {
+                upstream: headers(ok.headers),
+                downstream: headers(ok.response_headers_to_add),
+                metadata: response.dynamic_metadata.expect("metadata"),
+            }
+        }
+        HttpResponse::DeniedResponse(denied) => {
+            assert_ne!(code, 0, "a denied response must carry a non-OK status");
+            Checked::Denied {
+                status: denied.status.expect("status").code as u16,
+                headers: headers(denied.headers),
+                body: denied.body,
+            }
+        }
+        HttpResponse::ErrorResponse(e) => panic!("an error response: {e:?}"),
+    }
+}
+
+async fn check_with(h: &Harness, request: tonic::Request<CheckRequest>) -> Checked {
+    read(
+        AuthorizationClient::new(h.client.channel())
+            .check(request)
+            .await
+            .expect("Check")
+            .into_inner(),
+    )
+}
+
+async fn check(h: &Harness, request: CheckRequest) -> Checked {
+    check_with(h, tonic::Request::new(request)).await
+}
+
+/// The request was forwarded: the attempt's id.
+#[track_caller]
+fn allowed(checked: Checked) -> String {
+    match checked {
+        Checked::Allowed {
+            upstream,
+            downstream,
+            metadata,
+        } => {
+            let id = upstream["x-atmost-attempt-id"].clone();
+            assert_eq!(downstream["x-atmost-attempt-id"], id);
+            let field = |k: &str| match metadata.fields.get(k).and_then(|v| v.kind.as_ref()) {
+                Some(V::StringValue(s)) => s.clone(),
+                other => panic!("metadata {k}: {other:?}"),
+            };
+            assert_eq!(field("attempt_id"), id);
+            assert_eq!(field("tool"), TOOL);
+            id
+        }
+        denied => panic!("expected the request forwarded, got {denied:?}"),
+    }
+}
+
+/// The request was answered with `status` and `reason`: the headers and
+/// the JSON body.
+#[track_caller]
+fn denied(
+    checked: Checked,
+    status: u16,
+    reason: &str,
+) -> (HashMap<String, String>, serde_json::Value) {
+    match checked {
+        Checked::Denied {
+            status: got,
+            headers,
+            body,
+        } => {
+            assert_eq!(
+                (got, headers["x-atmost-reason"].as_str()),
+                (status, reason),
+                "{body}"
+            );
+            assert_eq!(headers["content-type"], "application/json");
+            let json: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
+            assert_eq!(json["reason"], reason);
+            (headers, json)
+        }
+        allowed => panic!("expected {status} {reason}, got {allowed:?}"),
+    }
+}
+
+/// A permit for `wallet.charge` (cap 1) and `search` (no cap).
+async fn wallet_permit(h: &Harness) -> String {
+    h.create_with(&[TOOL, "search"], &[(TOOL, 1)], Some(10_000))
+        .await
+}
+
+// === the answers ===
+
+/// DISPATCH: forwarded with the attempt's id, the attempt RESERVED with
+/// the request's fingerprint; the upstream commits it through the Gate
+/// with the headers it received (the ext_authz-only Commit path), and the
+/// same key again replays the result with 200, never calling the tool.
+async fn dispatch_then_the_upstream_commits_and_the_key_replays(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = wallet_permit(&h).await;
+    let id = allowed(check(&h, charge(&permit, "\"order-1\"")).await);
+    let a = attempt(&h, &permit, "order-1").await;
+    assert_eq!(a.attempt_id, id);
+    assert_eq!(a.state(), AttemptState::Reserved);
+    assert_eq!(a.tool, TOOL);
+    assert_eq!(a.request_fingerprint, fingerprint("POST", PATH, BODY));
+    assert_eq!(a.cost, 0);
+
+    // The upstream got x-atmost-permit, Idempotency-Key and
+    // x-atmost-attempt-id: all a Commit needs.
+    h.client
+        .commit(pb::CommitRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "order-1".into(),
+            attempt_id: id.clone(),
+            outcome: Some(succeeded(br#"{"charge":"ch_1"}"#, None)),
+        })
+        .await
+        .expect("commit");
+
+    match check(&h, charge(&permit, "order-1")).await {
+        Checked::Denied {
+            status,
+            headers,
+            body,
+        } => {
+            assert_eq!(status, 200, "the stored result, as the tool gave it");
+            assert_eq!(body, r#"{"charge":"ch_1"}"#);
+            assert_eq!(headers["idempotent-replayed"], "true");
+            assert_eq!(headers["x-atmost-reason"], "REPLAY_SUCCEEDED");
+            assert_eq!(headers["x-atmost-attempt-id"], id);
+            assert!(!headers["x-atmost-receipt-id"].is_empty());
+        }
+        other => panic!("expected the replay, got {other:?}"),
+    }
+    // One dispatch: the cap of 1 is used, nothing more was reserved.
+    let usage = h.get(&permit).await.unwrap().usage;
+    assert_eq!(usage.iter().find(|u| u.tool == TOOL).unwrap().calls_made, 1);
+}
+
+/// A result that is not UTF-8 replays base64-encoded (a denied response's
+/// body is a string), and says so.
+async fn a_binary_result_replays_base64_encoded(kind: Kind) {
+    use base64::Engine;
+    let h = Harness::start(kind).await;
+    let permit = wallet_permit(&h).await;
+    let id = allowed(check(&h, charge(&permit, "bin-1")).await);
+    let result = [0u8, 159, 146, 150, 255];
+    h.client
+        .commit(pb::CommitRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "bin-1".into(),
+            attempt_id: id,
+            outcome: Some(succeeded(&result, None)),
+        })
+        .await
+        .unwrap();
+    match check(&h, charge(&permit, "bin-1")).await {
+        Checked::Denied {
+            status,
+            headers,
+            body,
+        } => {
+            assert_eq!(status, 200);
+            assert_eq!(headers["x-atmost-result-encoding"], "base64");
+            assert_eq!(
+                base64::engine::general_purpose::STANDARD
+                    .decode(body)
+                    .unwrap(),
+                result
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The same key while its call is in flight: 409 with Retry-After; with
+/// another request: 422; a new key past the cap: 429 with the numbers.
+async fn in_flight_reused_and_capped(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = wallet_permit(&h).await;
+    allowed(check(&h, charge(&permit, "k-1")).await);
+
+    let (headers, body) = denied(
+        check(&h, charge(&permit, "k-1")).await,
+        409,
+        "IDEMPOTENCY_IN_PROGRESS",
+    );
+    let retry: u64 = headers["retry-after"].parse().expect("seconds");
+    assert!((1..=30).contains(&retry), "within the 30 s lease: {retry}");
+    assert_eq!(body["metadata"]["idempotency_key"], "k-1");
+
+    let mut other = charge(&permit, "k-1");
+    other
+        .attributes
+        .as_mut()
+        .unwrap()
+        .request
+        .as_mut()
+        .unwrap()
+        .http
+        .as_mut()
+        .unwrap()
+        .raw_body = br#"{"amount":900,"currency":"EUR"}"#.to_vec();
+    denied(check(&h, other).await, 422, "IDEMPOTENCY_KEY_REUSED");
+
+    let (_, body) = denied(
+        check(&h, charge(&permit, "k-2")).await,
+        429,
+        "PERMIT_MAX_CALLS_EXCEEDED",
+    );
+    assert_eq!(body["metadata"]["limit"], "1");
+    assert_eq!(body["metadata"]["calls_made"], "1");
+    // Refusals reserve nothing.
+    expect_error(
+        h.client.get_attempt(&permit, "k-2").await,
+        Code::NotFound,
+        "ATTEMPT_NOT_FOUND",
+    );
+}
+
+/// The cost from the tool's default in the mapping, then from a header:
+/// past the budget, 429.
+async fn costs_come_from_the_mapping_and_the_budget_refuses(kind: Kind) {
+    let h = Harness::start_configured(kind, |app| {
+        app.with_envoy(Some(mapping(
+            "[cost]\nheader = \"x-atmost-cost\"\ntools = { \"wallet.charge\" = 600 }\n",
+        )))
+    })
+    .await;
+    let permit = h.create_with(&[TOOL], &[], Some(1_000)).await;
+    allowed(check(&h, charge(&permit, "c-1")).await);
+    assert_eq!(attempt(&h, &permit, "c-1").await.cost, 600);
+    let (_, body) = denied(
+        check(&h, charge(&permit, "c-2")).await,
+        429,
+        "PERMIT_BUDGET_EXCEEDED",
+    );
+    assert_eq!(body["metadata"]["requested"], "600");
+    let mut cheap = charge(&permit, "c-3");
+    cheap
+        .attributes
+        .as_mut()
+        .unwrap()
+        .request
+        .as_mut()
+        .unwrap()
+        .http
+        .as_mut()
+        .unwrap()
+        .headers
+        .insert("x-atmost-cost".into(), "400".into());
+    allowed(check(&h, cheap).await);
+    assert_eq!(attempt(&h, &permit, "c-3").await.cost, 400);
+}
+
+/// A key whose call went UNCERTAIN, or FAILED: 409 and the reason, never
+/// forwarded again.
+async fn uncertain_and_failed_keys_are_not_sent_again(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let lost = allowed(check(&h, charge(&permit, "lost")).await);
+    h.client
+        .mark_uncertain(pb::MarkUncertainRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "lost".into(),
+            attempt_id: lost.clone(),
+            reason: "upstream timed out".into(),
+        })
+        .await
+        .unwrap();
+    let (headers, body) = denied(
+        check(&h, charge(&permit, "lost")).await,
+        409,
+        "REPLAY_UNCERTAIN",
+    );
+    assert_eq!(headers["x-atmost-attempt-id"], lost);
+    assert_eq!(body["uncertain_reason"], "upstream timed out");
+    assert_eq!(body["state"], "ATTEMPT_STATE_UNCERTAIN");
+
+    let refused = allowed(check(&h, charge(&permit, "refused")).await);
+    h.client
+        .commit(pb::CommitRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "refused".into(),
+            attempt_id: refused,
+            outcome: Some(failed("card declined")),
+        })
+        .await
+        .unwrap();
+    let (_, body) = denied(
+        check(&h, charge(&permit, "refused")).await,
+        409,
+        "REPLAY_FAILED",
+    );
+    assert_eq!(body["failure_reason"], "card declined");
+}
+
+/// Unknown, revoked and expired permits and a tool out of scope: 403.
+async fn permit_refusals_are_403(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = wallet_permit(&h).await;
+    let unknown = "0190f3c2-7a1b-7c3d-8e4f-a0b1c2d3e4f5";
+    denied(
+        check(&h, charge(unknown, "p-1")).await,
+        403,
+        "PERMIT_NOT_FOUND",
+    );
+
+    let mut out_of_scope = charge(&permit, "p-2");
+    out_of_scope
+        .attributes
+        .as_mut()
+        .unwrap()
+        .context_extensions
+        .insert("atmost.tool".into(), "bank.transfer".into());
+    let (_, body) = denied(check(&h, out_of_scope).await, 403, "TOOL_NOT_IN_SCOPE");
+    assert_eq!(body["metadata"]["tool"], "bank.transfer");
+
+    let revoked = wallet_permit(&h).await;
+    h.client.revoke_permit(&revoked).await.unwrap();
+    denied(
+        check(&h, charge(&revoked, "p-3")).await,
+        403,
+        "PERMIT_REVOKED",
+    );
+
+    h.clock.advance(2 * 3_600_000);
+    denied(
+        check(&h, charge(&permit, "p-4")).await,
+        403,
+        "PERMIT_EXPIRED",
+    );
+}
+
+/// What the client must fix: 400 with every violation, nothing asked of
+/// the store.
+async fn malformed_requests_are_400(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = wallet_permit(&h).await;
+    let (_, body) = denied(
+        check(&h, check_request("POST", PATH, &[], BODY, None)).await,
+        400,
+        "INVALID_REQUEST",
+    );
+    let fields: Vec<&str> = body["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        ["header x-atmost-permit", "header idempotency-key", "tool"]
+    );
+
+    // The Gate's own validation: a permit id that is no UUID, a key that
+    // is not printable ASCII.
+    let (_, body) = denied(
+        check(&h, charge("not-a-uuid", "k\u{7f}")).await,
+        400,
+        "INVALID_REQUEST",
+    );
+    let fields: Vec<&str> = body["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["permit_id", "idempotency_key"]);
+
+    // A body Envoy cut short (allow_partial_message): no fingerprint of
+    // part of it.
+    let partial = check_request(
+        "POST",
+        PATH,
+        &[
+            ("x-atmost-permit", &permit),
+            ("idempotency-key", "big"),
+            ("x-envoy-auth-partial-body", "true"),
+        ],
+        BODY,
+        Some(TOOL),
+    );
+    let (_, body) = denied(check(&h, partial).await, 400, "INVALID_REQUEST");
+    assert_eq!(body["violations"][0]["field"], "body");
+    expect_error(
+        h.client.get_attempt(&permit, "big").await,
+        Code::NotFound,
+        "ATTEMPT_NOT_FOUND",
+    );
+}
+
+/// A request with a body Envoy did not send (no `with_request_body`):
+/// 500, the gateway operator's to fix; nothing reserved.
+async fn a_body_envoy_did_not_send_is_a_misconfiguration(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = wallet_permit(&h).await;
+    let mut request = charge(&permit, "nobody");
+    let http = request
+        .attributes
+        .as_mut()
+        .unwrap()
+        .request
+        .as_mut()
+        .unwrap()
+        .http
+        .as_mut()
+        .unwrap();
+    http.raw_body.clear();
+    assert!(http.size > 0);
+    let (_, body) = denied(check(&h, request).await, 500, "GATEWAY_MISCONFIGURED");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("with_request_body"),
+        "{body}"
+    );
+    expect_error(
+        h.client.get_attempt(&permit, "nobody").await,
+        Code::NotFound,
+        "ATTEMPT_NOT_FOUND",
+    );
+}
+
+/// A Check whose deadline (Envoy's ext_authz timeout, sent as
+/// grpc-timeout) passed before its turn: 504, and the store never asked.
+async fn a_check_past_its_deadline_reserves_nothing(kind: Kind) {
+    use prost::Message;
+    let h = Harness::start(kind).await;
+    let permit = wallet_permit(&h).await;
+    let bytes = raw_unary(
+        h.addr,
+        "/envoy.service.auth.v3.Authorization/Check",
+        &charge(&permit, "late"),
+        "1n",
+    )
+    .await
+    .expect("a CheckResponse");
+    let response = CheckResponse::decode(bytes.as_slice()).expect("decode");
+    denied(read(response), 504, "DEADLINE_EXCEEDED");
+    expect_error(
+        h.client.get_attempt(&permit, "late").await,
+        Code::NotFound,
+        "ATTEMPT_NOT_FOUND",
+    );
+}
+
+// === the mapping's other sources ===
+
+/// The permit from the JWT jwt_authn verified (metadata_context), the tool
+/// from the route table, the fingerprint from a header the client sends.
+async fn jwt_permit_route_table_and_header_fingerprint(kind: Kind) {
+    let h = Harness::start_configured(kind, |app| {
+        app.with_envoy(Some(mapping(
+            r#"
+[permit]
+from = "jwt"
+jwt-claim = "atmost.permit"
+
+[[tool.route]]
+method = "POST"
+path = "/v1/charges"
+tool = "wallet.charge"
+
+[[tool.route]]
+path = "/v1/search/*"
+tool = "search"
+
+[fingerprint]
+from = "header"
+"#,
+        )))
+    })
+    .await;
+    let permit = wallet_permit(&h).await;
+    let jwt = |permit: &str| {
+        let string = |s: &str| Value {
+            kind: Some(V::StringValue(s.into())),
+        };
+        let object = |fields: Vec<(&str, Value)>| Value {
+            kind: Some(V::StructValue(Struct {
+                fields: fields.into_iter().map(|(k, v)| (k.into(), v)).collect(),
+            })),
+        };
+        Metadata {
+            filter_metadata: [(
+                "envoy.filters.http.jwt_authn".to_owned(),
+                Struct {
+                    fields: [(
+                        "jwt_payload".to_owned(),
+                        object(vec![
+                            ("sub", string("agent-7")),
+                            ("atmost", object(vec![("permit", string(permit))])),
+                        ]),
+                    )]
+                    .into_iter()
+                    .collect(),
+                },
+            )]
+            .into_iter()
+            .collect(),
+            ..Default::default()
+        }
+    };
+    let request = |path: &str, key: &str, with_jwt: bool| {
+        let mut r = check_request(
+            "POST",
+            path,
+            &[
+                // Not a source when the permit comes from the JWT.
+                ("x-atmost-permit", "0190f3c2-7a1b-7c3d-8e4f-a0b1c2d3e4f5"),
+                ("idempotency-key", key),
+                ("x-atmost-fingerprint", "client-fp-1"),
+            ],
+            BODY,
+            None,
+        );
+        if with_jwt {
+            r.attributes.as_mut().unwrap().metadata_context = Some(jwt(&permit));
+        }
+        r
+    };
+    let id = allowed(check(&h, request("/v1/charges", "j-1", true)).await);
+    let a = attempt(&h, &permit, "j-1").await;
+    assert_eq!((a.attempt_id, a.tool.as_str()), (id, TOOL));
+    assert_eq!(a.request_fingerprint, b"client-fp-1");
+    match check(&h, request("/v1/search/docs?q=x", "j-2", true)).await {
+        Checked::Allowed { .. } => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(attempt(&h, &permit, "j-2").await.tool, "search");
+    let (_, body) = denied(
+        check(&h, request("/v1/charges", "j-3", false)).await,
+        400,
+        "INVALID_REQUEST",
+    );
+    assert_eq!(body["violations"][0]["field"], "jwt claim atmost.permit");
+    let (_, body) = denied(
+        check(&h, request("/v2/other", "j-4", true)).await,
+        400,
+        "INVALID_REQUEST",
+    );
+    assert_eq!(body["violations"][0]["field"], "tool");
+}
+
+// === the store ===
+
+/// Redis down: 503, fail closed; back up, the same key dispatches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_unreachable_is_503_and_nothing_passes() {
+    let _machine = shared().await;
+    let mut redis = Redis::start_persistent();
+    let store = redis_store(
+        &redis.url,
+        &redis.prefix,
+        std::time::Duration::from_millis(500),
+    );
+    let h = Harness::serve(atmost::store::Backend::Redis(store), None, |app| app).await;
+    let permit = wallet_permit(&h).await;
+    redis.kill();
+    denied(
+        check(&h, charge(&permit, "down")).await,
+        503,
+        "STORE_UNAVAILABLE",
+    );
+    // Back up (with what it had persisted), the same key is a fresh
+    // DISPATCH: the 503 reserved nothing.
+    redis.restart();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        match check(&h, charge(&permit, "down")).await {
+            Checked::Denied { status: 503, .. } => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "Redis never came back"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            other => {
+                allowed(other);
+                break;
+            }
+        }
+    }
+}
+
+// === keys, tenants, reflection ===
+
+/// With API keys, the gateway sends its own (Envoy's grpc_service
+/// initial_metadata): no key is refused before anything is read; a key
+/// without the agent role too; the key's tenant scopes the permits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_authenticates_with_an_agent_key_of_its_tenant() {
+    use crate::auth::{KeyFile, entry};
+    let _machine = shared().await;
+    let keys = KeyFile::new(
+        &[
+            entry("admin-1", "admin-key-0123456789", "acme", "\"admin\""),
+            entry("gateway-1", "gateway-key-0123456789", "acme", "\"agent\""),
+            entry("ops-1", "ops-key-0123456789", "acme", "\"operator\""),
+            entry("gateway-2", "other-key-0123456789", "globex", "\"agent\""),
+        ]
+        .concat(),
+    );
+    let auth = std::sync::Arc::new(atmost::auth::Authenticator::load(&keys.path).unwrap());
+    let h = Harness::serve(
+        atmost::store::Backend::Memory(atmost::store::memory::MemoryStore::new(DAY_MS)),
+        None,
+        |app| app.with_auth(auth),
+    )
+    .await;
+    let admin = h
+        .client
+        .clone()
+        .with_api_key("admin-key-0123456789")
+        .unwrap();
+    let mut p = h.permit(&[TOOL]);
+    p.max_calls_per_tool = [(TOOL.to_owned(), 1)].into_iter().collect();
+    let permit = admin.create_permit(p).await.unwrap().permit_id;
+    let with_key = |key: Option<&str>, request: CheckRequest| {
+        let mut r = tonic::Request::new(request);
+        if let Some(key) = key {
+            r.metadata_mut()
+                .insert("authorization", format!("Bearer {key}").parse().unwrap());
+        }
+        r
+    };
+    let client = AuthorizationClient::new(h.client.channel());
+    let status = client
+        .clone()
+        .check(with_key(None, charge(&permit, "a-1")))
+        .await
+        .expect_err("no key");
+    assert_eq!(status.code(), Code::Unauthenticated);
+    let status = client
+        .clone()
+        .check(with_key(Some("ops-key-0123456789"), charge(&permit, "a-1")))
+        .await
+        .expect_err("an operator's key");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    // Another tenant's gateway: the permit does not exist for it.
+    denied(
+        check_with(
+            &h,
+            with_key(Some("other-key-0123456789"), charge(&permit, "a-1")),
+        )
+        .await,
+        403,
+        "PERMIT_NOT_FOUND",
+    );
+    allowed(
+        check_with(
+            &h,
+            with_key(Some("gateway-key-0123456789"), charge(&permit, "a-1")),
+        )
+        .await,
+    );
+    let a = admin
+        .get_attempt(&permit, "a-1")
+        .await
+        .unwrap()
+        .attempt
+        .unwrap();
+    assert_eq!(a.state(), AttemptState::Reserved);
+}
+
+/// Reflection lists both Envoy services (grpcurl can call Check) and
+/// health reports them; `--envoy=false` serves neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_and_health_name_the_envoy_services_and_they_can_be_turned_off() {
+    let _machine = shared().await;
+    let services = |h: &Harness| {
+        let channel = h.client.channel();
+        async move {
+            use tonic_reflection::pb::v1::{
+                ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+                server_reflection_request::MessageRequest,
+                server_reflection_response::MessageResponse,
+            };
+            let mut answers = ServerReflectionClient::new(channel)
+                .server_reflection_info(tokio_stream::iter(vec![ServerReflectionRequest {
+                    host: String::new(),
+                    message_request: Some(MessageRequest::ListServices(String::new())),
+                }]))
+                .await
+                .expect("reflection")
+                .into_inner();
+            let answer = answers.message().await.expect("answer").expect("one");
+            match answer.message_response {
+                Some(MessageResponse::ListServicesResponse(list)) => {
+                    list.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    let h = Harness::start(Kind::Memory).await;
+    let listed = services(&h).await;
+    for name in [
+        "envoy.service.auth.v3.Authorization",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+        "atmost.v1.Gate",
+    ] {
+        assert!(listed.iter().any(|s| s == name), "{name} in {listed:?}");
+    }
+    for name in [
+        "envoy.service.auth.v3.Authorization",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+    ] {
+        assert_eq!(
+            health(&h.client, name).await.expect("health"),
+            ServingStatus::Serving
+        );
+    }
+
+    let off = Harness::start_configured(Kind::Memory, |app| app.with_envoy(None)).await;
+    let listed = services(&off).await;
+    assert!(
+        !listed.iter().any(|s| s.starts_with("envoy.")),
+        "{listed:?}"
+    );
+    let status = AuthorizationClient::new(off.client.channel())
+        .check(CheckRequest::default())
+        .await
+        .expect_err("not served");
+    assert_eq!(status.code(), Code::Unimplemented);
+}
+
+/// docs/gateways.md's grpcurl example is a request atmost accepts: its
+/// JSON, read through the descriptors reflection serves (as grpcurl reads
+/// it), is forwarded, and the same command again is 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpcurl_example_in_the_docs_is_served() {
+    let _machine = shared().await;
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/gateways.md"))
+        .expect("docs/gateways.md");
+    let block = docs
+        .split("<!-- gateways-check: grpcurl-check -->")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("the marked grpcurl block");
+    assert!(
+        block.contains("envoy.service.auth.v3.Authorization/Check"),
+        "{block}"
+    );
+    let json = block
+        .split("<<EOF\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\nEOF").next())
+        .expect("a heredoc");
+    let h = Harness::start(Kind::Memory).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let json = json.replace("$PERMIT", &permit);
+    let pool = prost_reflect::DescriptorPool::decode(atmost::api::envoy::FILE_DESCRIPTOR_SET)
+        .expect("descriptors");
+    let desc = pool
+        .get_message_by_name("envoy.service.auth.v3.CheckRequest")
+        .expect("CheckRequest");
+    let mut de = serde_json::Deserializer::from_str(&json);
+    let dynamic = prost_reflect::DynamicMessage::deserialize(desc, &mut de).expect("the JSON");
+    let request = <CheckRequest as prost::Message>::decode(
+        prost::Message::encode_to_vec(&dynamic).as_slice(),
+    )
+    .unwrap();
+    let id = allowed(check(&h, request.clone()).await);
+    assert_eq!(attempt(&h, &permit, "order-1").await.attempt_id, id);
+    denied(check(&h, request).await, 409, "IDEMPOTENCY_IN_PROGRESS");
+}
+
+/// With metrics on, a Check is an RPC of its own in the RPC metrics, and
+/// its store call is timed (docs/telemetry.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_is_measured() {
+    let _machine = shared().await;
+    let server = spawn_atmost(&["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = server.metrics_addr().expect("atmost metrics on ADDR");
+    let client = server.client().await;
+    let permit = client
+        .create_permit(
+            NewPermit::new([TOOL])
+                .expires_at_ms(atmost_client::now_ms() + 3_600_000)
+                .build(),
+        )
+        .await
+        .unwrap()
+        .permit_id;
+    let response = AuthorizationClient::new(client.channel())
+        .check(charge(&permit, "measured"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(read(response), Checked::Allowed { .. }));
+    let samples = crate::telemetry::scrape(metrics).await;
+    let count = |prefix: &str, label: &str| {
+        samples
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix) && k.contains(label))
+            .map(|(_, v)| *v)
+            .sum::<f64>()
+    };
+    assert_eq!(
+        count(
+            "rpc_server_call_duration_seconds_count",
+            "rpc_method=\"Check\""
+        ),
+        1.0,
+        "{samples:#?}"
+    );
+    assert_eq!(
+        count(
+            "atmost_store_duration_seconds_count",
+            "operation=\"authorize\""
+        ),
+        1.0,
+        "{samples:#?}"
+    );
+}
+
+/// The binary reads `--envoy-mapping` at start-up: a bad file stops it
+/// (exit 2, naming the file and the setting), as does a mapping with
+/// `--envoy=false`; a good one takes effect; `--envoy=false` serves no
+/// front door.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_reads_the_mapping_at_start_up() {
+    let _machine = shared().await;
+    let dir = std::env::temp_dir().join(format!("atmost-envoy-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[tool.route]]\npath = \"/v1/charges\"\ntool = \"no spaces\"\n",
+    )
+    .unwrap();
+    let (status, stderr) = run_to_exit(&["--envoy-mapping", bad.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--envoy-mapping: {}: tool.route[1].tool",
+            bad.display()
+        )),
+        "{stderr}"
+    );
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        "[[tool.route]]\nmethod = \"POST\"\npath = \"/v1/charges\"\ntool = \"wallet.charge\"\n",
+    )
+    .unwrap();
+    let (status, stderr) =
+        run_to_exit(&["--envoy=false", "--envoy-mapping", good.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--envoy=false"), "{stderr}");
+
+    let process = spawn_atmost(&["--envoy-mapping", good.to_str().unwrap()]);
+    let client = process.client().await;
+    let permit = client
+        .create_permit(
+            NewPermit::new([TOOL])
+                .expires_at_ms(atmost_client::now_ms() + 3_600_000)
+                .build(),
+        )
+        .await
+        .unwrap()
+        .permit_id;
+    // No context extension: the route table names the tool.
+    let response = AuthorizationClient::new(client.channel())
+        .check(check_request(
+            "POST",
+            "/v1/charges",
+            &[("x-atmost-permit", &permit), ("idempotency-key", "bin-1")],
+            BODY,
+            None,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(read(response), Checked::Allowed { .. }));
+    let a = client
+        .get_attempt(&permit, "bin-1")
+        .await
+        .unwrap()
+        .attempt
+        .unwrap();
+    assert_eq!(a.tool, TOOL);
+
+    let off = spawn_atmost(&["--envoy=false"]);
+    let status = AuthorizationClient::new(off.client().await.channel())
+        .check(CheckRequest::default())
+        .await
+        .expect_err("not served");
+    assert_eq!(status.code(), Code::Unimplemented);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+on_each_store!(
+    dispatch_then_the_upstream_commits_and_the_key_replays,
+    a_binary_result_replays_base64_encoded,
+    in_flight_reused_and_capped,
+    costs_come_from_the_mapping_and_the_budget_refuses,
+    uncertain_and_failed_keys_are_not_sent_again,
+    permit_refusals_are_403,
+    malformed_requests_are_400,
+    a_body_envoy_did_not_send_is_a_misconfiguration,
+    a_check_past_its_deadline_reserves_nothing,
+    jwt_permit_route_table_and_header_fingerprint,
+);

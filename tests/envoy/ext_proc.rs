@@ -1,0 +1,887 @@
+//! ext_proc v3 (`envoy.service.ext_proc.v3.ExternalProcessor/Process`)
+//! through the real server, on both stores. Each test plays Envoy's
+//! ext_proc filter over raw HTTP/2: one stream per HTTP request, the
+//! ProcessingRequest messages in Envoy's order (request headers with the
+//! protocol configuration, the BUFFERED body, response headers, the
+//! response body), each waiting for its answer as Envoy does, and the
+//! stream's end as Envoy ends it: closed after the response, closed
+//! before atmost's answer (its message timeout), or reset (the client went
+//! away). A request counts as sent to the tool only when Envoy would
+//! forward it: on CONTINUE.
+
+use super::{attempt, fingerprint, mapping, until_state};
+use crate::support::*;
+use bytes::Bytes;
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+    common_response::ResponseStatus, processing_request::Request as Message,
+    processing_response::Response as Answer,
+};
+use envoy_types::pb::google::protobuf::value::Kind as V;
+use pb::AttemptState;
+use prost::Message as _;
+use std::collections::HashMap;
+use tonic::Code;
+
+const TOOL: &str = "wallet.charge";
+const PATH: &str = "/v1/charges";
+const BODY: &[u8] = br#"{"amount":500,"currency":"EUR"}"#;
+/// How long a test waits for an answer before it fails (a hang guard,
+/// never a timing assertion).
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+// === Envoy's side of one stream ===
+
+/// One ext_proc stream, as Envoy's filter drives it, over its own HTTP/2
+/// connection.
+struct Envoy {
+    connection: h2::client::SendRequest<Bytes>,
+    send: h2::SendStream<Bytes>,
+    /// `None` once the server ended the stream.
+    body: h2::RecvStream,
+    /// gRPC frames read and not yet decoded.
+    buf: Vec<u8>,
+    /// The stream's grpc-status, once known.
+    status: Option<Code>,
+    addr: std::net::SocketAddr,
+    /// The first message carries the protocol configuration.
+    first: bool,
+    /// What the filter is configured with (ProtocolConfiguration).
+    protocol: Option<ProtocolConfiguration>,
+}
+
+/// Envoy's ProcessingMode for atmost: bodies BUFFERED both ways.
+fn buffered() -> Option<ProtocolConfiguration> {
+    Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::Buffered as i32,
+        response_body_mode: BodySendMode::Buffered as i32,
+        send_body_without_waiting_for_header_response: false,
+    })
+}
+
+impl Envoy {
+    /// Opens a stream with these gRPC initial metadata (the route's
+    /// `x-atmost-tool`, the gateway's `authorization`), the bodies BUFFERED.
+    async fn open(h: &Harness, metadata: &[(&str, &str)]) -> Self {
+        Self::open_with(h, metadata, buffered()).await
+    }
+
+    async fn open_with(
+        h: &Harness,
+        metadata: &[(&str, &str)],
+        protocol: Option<ProtocolConfiguration>,
+    ) -> Self {
+        let tcp = tokio::net::TcpStream::connect(h.addr)
+            .await
+            .expect("connect");
+        let (mut connection, driver) = h2::client::handshake(tcp).await.expect("HTTP/2");
+        tokio::spawn(driver);
+        let mut request = http::Request::builder()
+            .method("POST")
+            .uri(format!(
+                "http://{}/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+                h.addr
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
+        for (k, v) in metadata {
+            request = request.header(*k, *v);
+        }
+        let (response, send) = connection
+            .send_request(request.body(()).unwrap(), false)
+            .expect("open the stream");
+        let (head, body) = tokio::time::timeout(PATIENCE, response)
+            .await
+            .expect("response headers within the patience")
+            .expect("response headers")
+            .into_parts();
+        // A refusal before the service (no key, say) is trailers-only.
+        let status = tonic::Status::from_header_map(&head.headers).map(|s| s.code());
+        Self {
+            connection,
+            send,
+            body,
+            buf: Vec::new(),
+            status,
+            addr: h.addr,
+            first: true,
+            protocol,
+        }
+    }
+
+    /// Sends one message; `end` closes Envoy's side in the same frame.
+    fn send(&mut self, mut message: ProcessingRequest, end: bool) {
+        if std::mem::take(&mut self.first) {
+            message.protocol_config = self.protocol;
+        }
+        let bytes = message.encode_to_vec();
+        let mut frame = vec![0u8];
+        frame.extend((bytes.len() as u32).to_be_bytes());
+        frame.extend(bytes);
+        self.send
+            .send_data(Bytes::from(frame), end)
+            .expect("send a message");
+    }
+
+    /// The next answer; `None` when the server ended the stream (then
+    /// [`Envoy::status`] says how).
+    async fn recv(&mut self) -> Option<ProcessingResponse> {
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
+                if self.buf.len() >= 5 + len {
+                    let message =
+                        ProcessingResponse::decode(&self.buf[5..5 + len]).expect("decode");
+                    self.buf.drain(..5 + len);
+                    return Some(message);
+                }
+            }
+            // A server that never answers fails the test, never hangs it.
+            let next = tokio::time::timeout(PATIENCE, self.body.data())
+                .await
+                .expect("an answer from atmost within the patience");
+            match next {
+                Some(Ok(chunk)) => {
+                    let _ = self.body.flow_control().release_capacity(chunk.len());
+                    self.buf.extend_from_slice(&chunk);
+                }
+                Some(Err(e)) => panic!("the stream broke: {e}"),
+                None => {
+                    if self.status.is_none() {
+                        let trailers = tokio::time::timeout(PATIENCE, self.body.trailers())
+                            .await
+                            .expect("trailers within the patience")
+                            .expect("trailers");
+                        self.status = Some(
+                            trailers
+                                .as_ref()
+                                .and_then(tonic::Status::from_header_map)
+                                .map_or(Code::Unknown, |s| s.code()),
+                        );
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Sends one message and waits for its answer, as Envoy does.
+    async fn exchange(&mut self, message: ProcessingRequest) -> ProcessingResponse {
+        self.send(message, false);
+        self.recv().await.expect("an answer")
+    }
+
+    /// Envoy's filter is done: it closes its side, and the server ends the
+    /// stream once it has recorded what it must. The stream's status.
+    async fn close(mut self) -> Code {
+        self.send.send_data(Bytes::new(), true).expect("half-close");
+        assert!(self.recv().await.is_none(), "no answer after the end");
+        self.status.expect("a status")
+    }
+
+    /// The stream ended by the server: its status.
+    async fn ended(mut self) -> Code {
+        assert!(self.recv().await.is_none(), "no answer expected");
+        self.status.expect("a status")
+    }
+
+    /// The downstream client went away: Envoy resets the stream. Returns
+    /// once the server's connection has read the reset (a health check on
+    /// the same connection, after it, has been answered).
+    async fn reset(mut self) {
+        self.send.send_reset(h2::Reason::CANCEL);
+        let request = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{}/grpc.health.v1.Health/Check", self.addr))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (response, mut send) = self.connection.send_request(request, false).unwrap();
+        send.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+            .unwrap();
+        let mut body = response.await.expect("health").into_body();
+        while body.data().await.is_some() {}
+    }
+}
+
+fn header(key: &str, value: &str) -> HeaderValue {
+    // Envoy sends header values as raw_value.
+    HeaderValue {
+        key: key.to_owned(),
+        raw_value: value.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+/// The request headers Envoy sends for `method` `path`.
+fn request_headers(
+    method: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    end: bool,
+) -> ProcessingRequest {
+    let mut headers = vec![
+        header(":authority", "tools.example.com"),
+        header(":path", path),
+        header(":method", method),
+        header(":scheme", "https"),
+        header("content-type", "application/json"),
+        header("x-forwarded-proto", "https"),
+        header("x-request-id", "3cb7e724-0743-4509-ab4c-7df78decc7a0"),
+    ];
+    headers.extend(extra.iter().map(|(k, v)| header(k, v)));
+    ProcessingRequest {
+        request: Some(Message::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap { headers }),
+            end_of_stream: end,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn request_body(body: &[u8]) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Message::RequestBody(HttpBody {
+            body: body.to_vec(),
+            end_of_stream: true,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn response_headers(status: u16, end: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Message::ResponseHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    header(":status", &status.to_string()),
+                    header("content-type", "application/json"),
+                ],
+            }),
+            end_of_stream: end,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn response_body(body: &[u8], end: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Message::ResponseBody(HttpBody {
+            body: body.to_vec(),
+            end_of_stream: end,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// A CONTINUE for this message kind: the headers it sets.
+#[track_caller]
+fn continued(answer: &ProcessingResponse) -> HashMap<String, String> {
+    let common = match answer.response.as_ref().expect("a response") {
+        Answer::RequestHeaders(h) | Answer::ResponseHeaders(h) => h.response.clone(),
+        Answer::RequestBody(b) | Answer::ResponseBody(b) => b.response.clone(),
+        other => panic!("expected CONTINUE, got {other:?}"),
+    }
+    .unwrap_or_default();
+    assert_eq!(common.status(), ResponseStatus::Continue);
+    common
+        .header_mutation
+        .map(|m| m.set_headers)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|o| {
+            let h = o.header.unwrap();
+            (h.key, String::from_utf8(h.raw_value).unwrap())
+        })
+        .collect()
+}
+
+/// An ImmediateResponse: (status, headers, body).
+#[track_caller]
+fn immediate(answer: &ProcessingResponse) -> (u16, HashMap<String, String>, Vec<u8>) {
+    match answer.response.as_ref().expect("a response") {
+        Answer::ImmediateResponse(r) => (
+            r.status.as_ref().unwrap().code as u16,
+            r.headers
+                .clone()
+                .unwrap_or_default()
+                .set_headers
+                .into_iter()
+                .map(|o| {
+                    let h = o.header.unwrap();
+                    (h.key, String::from_utf8(h.raw_value).unwrap())
+                })
+                .collect(),
+            r.body.clone(),
+        ),
+        other => panic!("expected an ImmediateResponse, got {other:?}"),
+    }
+}
+
+/// What Envoy did with one request.
+#[derive(Debug)]
+enum Sent {
+    /// Forwarded it to the tool: the attempt id atmost added.
+    Forwarded(String),
+    /// Answered the client itself: (status, headers, body).
+    Answered(u16, HashMap<String, String>, Vec<u8>),
+}
+
+/// The request phase of one POST with a body, as Envoy runs it with the
+/// body BUFFERED: headers (answered CONTINUE, the request held), then the
+/// body, whose answer decides.
+async fn post(envoy: &mut Envoy, headers: &[(&str, &str)], body: &[u8]) -> Sent {
+    let answer = envoy
+        .exchange(request_headers("POST", PATH, headers, false))
+        .await;
+    if let Some(Answer::ImmediateResponse(_)) = &answer.response {
+        let (status, headers, body) = immediate(&answer);
+        return Sent::Answered(status, headers, body);
+    }
+    assert!(
+        continued(&answer).is_empty(),
+        "the request is held for its body"
+    );
+    let answer = envoy.exchange(request_body(body)).await;
+    match &answer.response {
+        Some(Answer::RequestBody(_)) => {
+            let set = continued(&answer);
+            let id = set["x-atmost-attempt-id"].clone();
+            // The attempt in the dynamic metadata, atmost's namespace.
+            let ns = &answer.dynamic_metadata.as_ref().unwrap().fields["atmost"];
+            match &ns.kind {
+                Some(V::StructValue(s)) => match &s.fields["attempt_id"].kind {
+                    Some(V::StringValue(v)) => assert_eq!(v, &id),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            }
+            Sent::Forwarded(id)
+        }
+        _ => {
+            let (status, headers, body) = immediate(&answer);
+            Sent::Answered(status, headers, body)
+        }
+    }
+}
+
+fn charge_headers<'a>(permit: &'a str, key: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![("x-atmost-permit", permit), ("idempotency-key", key)]
+}
+
+#[track_caller]
+fn forwarded(sent: Sent) -> String {
+    match sent {
+        Sent::Forwarded(id) => id,
+        other => panic!("expected the request forwarded, got {other:?}"),
+    }
+}
+
+/// Answered with `status` and `reason`: the headers and body.
+#[track_caller]
+fn answered(sent: Sent, status: u16, reason: &str) -> (HashMap<String, String>, Vec<u8>) {
+    match sent {
+        Sent::Answered(got, headers, body) => {
+            assert_eq!(
+                (got, headers["x-atmost-reason"].as_str()),
+                (status, reason),
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+            (headers, body)
+        }
+        other => panic!("expected {status} {reason}, got {other:?}"),
+    }
+}
+
+/// The tool's response, as Envoy passes it through: headers, then the
+/// BUFFERED body; each answered CONTINUE with the attempt's id added.
+async fn tool_answers(envoy: &mut Envoy, status: u16, body: &[u8], id: &str) {
+    let answer = envoy.exchange(response_headers(status, false)).await;
+    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    let answer = envoy.exchange(response_body(body, true)).await;
+    assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+}
+
+async fn open_charge(h: &Harness) -> Envoy {
+    Envoy::open(h, &[("x-atmost-tool", TOOL)]).await
+}
+
+// === the lifecycle ===
+
+/// Request -> Authorize -> forwarded -> 200 -> Commit Succeeded with the
+/// body as the result; the same key on a new stream replays it (200,
+/// Idempotent-Replayed) and is never forwarded again.
+async fn a_full_cycle_commits_the_result_and_a_retry_replays_it(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[(TOOL, 1)], None).await;
+    let mut envoy = open_charge(&h).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "order-1"), BODY).await);
+    let a = attempt(&h, &permit, "order-1").await;
+    assert_eq!(
+        (a.attempt_id.as_str(), a.state()),
+        (id.as_str(), AttemptState::Reserved)
+    );
+    assert_eq!(a.request_fingerprint, fingerprint("POST", PATH, BODY));
+    tool_answers(&mut envoy, 200, br#"{"charge":"ch_1"}"#, &id).await;
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "order-1").await;
+    assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(a.receipt.unwrap().result, br#"{"charge":"ch_1"}"#);
+
+    let mut retry = open_charge(&h).await;
+    let (headers, body) = answered(
+        post(&mut retry, &charge_headers(&permit, "order-1"), BODY).await,
+        200,
+        "REPLAY_SUCCEEDED",
+    );
+    assert_eq!(body, br#"{"charge":"ch_1"}"#);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(headers["x-atmost-attempt-id"], id);
+    assert_eq!(retry.close().await, Code::Ok);
+    let usage = h.get(&permit).await.unwrap().usage;
+    assert_eq!(usage[0].calls_made, 1, "one dispatch");
+}
+
+/// A GET without a body is authorized on its headers, and its 204
+/// (headers only) settles it.
+async fn a_request_without_a_body_is_authorized_on_its_headers(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let mut envoy = open_charge(&h).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "GET",
+            "/v1/balance",
+            &charge_headers(&permit, "get-1"),
+            true,
+        ))
+        .await;
+    assert!(matches!(answer.response, Some(Answer::RequestHeaders(_))));
+    let id = continued(&answer)["x-atmost-attempt-id"].clone();
+    let answer = envoy.exchange(response_headers(204, true)).await;
+    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "get-1").await;
+    assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(
+        a.request_fingerprint,
+        fingerprint("GET", "/v1/balance", b"")
+    );
+    assert!(a.receipt.unwrap().result.is_empty());
+}
+
+/// A status in the failed set (4xx by default): Commit Failed, and the
+/// key is not sent again (409).
+async fn a_refusing_tool_fails_the_attempt(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let mut envoy = open_charge(&h).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "declined"), BODY).await);
+    tool_answers(&mut envoy, 402, br#"{"error":"card_declined"}"#, &id).await;
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "declined").await;
+    assert_eq!(a.state(), AttemptState::Failed);
+    assert_eq!(a.failure_reason, "the tool answered HTTP 402");
+
+    let mut retry = open_charge(&h).await;
+    answered(
+        post(&mut retry, &charge_headers(&permit, "declined"), BODY).await,
+        409,
+        "REPLAY_FAILED",
+    );
+}
+
+/// Any other status (a 5xx: the tool may have acted): MarkUncertain. The
+/// slot stays held: a new key past the cap is 429, the key itself 409.
+async fn a_5xx_leaves_the_attempt_uncertain(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[(TOOL, 1)], None).await;
+    let mut envoy = open_charge(&h).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "flaky"), BODY).await);
+    tool_answers(&mut envoy, 503, b"upstream connect error", &id).await;
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "flaky").await;
+    assert_eq!(a.state(), AttemptState::Uncertain);
+    assert_eq!(a.uncertain_reason, "the tool answered HTTP 503");
+
+    let mut other = open_charge(&h).await;
+    answered(
+        post(&mut other, &charge_headers(&permit, "flaky-2"), BODY).await,
+        429,
+        "PERMIT_MAX_CALLS_EXCEEDED",
+    );
+    let mut same = open_charge(&h).await;
+    answered(
+        post(&mut same, &charge_headers(&permit, "flaky"), BODY).await,
+        409,
+        "REPLAY_UNCERTAIN",
+    );
+}
+
+/// Forwarded, and no response ever: the client reset (Envoy resets the
+/// stream), Envoy closed the stream, or the response ended between its
+/// status and its body. Each is MarkUncertain: the call may have acted.
+async fn a_lost_response_is_marked_uncertain(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "reset"), BODY).await);
+    envoy.reset().await;
+    let a = until_state(&h, &permit, "reset", AttemptState::Uncertain).await;
+    assert_eq!(
+        a.uncertain_reason,
+        "the gateway's stream ended after the request was forwarded, before its response"
+    );
+
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "closed"), BODY).await);
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "closed").await;
+    assert_eq!(a.state(), AttemptState::Uncertain);
+
+    let mut envoy = open_charge(&h).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "half"), BODY).await);
+    let answer = envoy.exchange(response_headers(200, false)).await;
+    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    envoy.reset().await;
+    let a = until_state(&h, &permit, "half", AttemptState::Uncertain).await;
+    assert_eq!(
+        a.uncertain_reason,
+        "the gateway's stream ended after the tool's HTTP 200, before its body"
+    );
+
+    // A response body past --max-request-bytes (128 KiB): atmost cannot
+    // read it, the stream fails (Envoy fails the request), and the call,
+    // which reached the tool, is UNCERTAIN.
+    let mut envoy = open_charge(&h).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "huge"), BODY).await);
+    let answer = envoy.exchange(response_headers(200, false)).await;
+    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    envoy.send(response_body(&vec![b'x'; 200 * 1024], true), false);
+    assert_eq!(envoy.ended().await, Code::OutOfRange);
+    until_state(&h, &permit, "huge", AttemptState::Uncertain).await;
+
+    // Response headers without a status: nothing is known, the stream
+    // fails, and the attempt is UNCERTAIN.
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "nostatus"), BODY).await);
+    envoy.send(
+        ProcessingRequest {
+            request: Some(Message::ResponseHeaders(HttpHeaders::default())),
+            ..Default::default()
+        },
+        false,
+    );
+    assert_eq!(envoy.ended().await, Code::InvalidArgument);
+    assert_eq!(
+        attempt(&h, &permit, "nostatus").await.state(),
+        AttemptState::Uncertain
+    );
+}
+
+/// The stream ends before atmost's DISPATCH reaches Envoy (Envoy closes it
+/// with the body: its message timeout fired, or the client left): the
+/// request was never forwarded, so Commit NotSent returns the slot, and
+/// the same key dispatches afresh.
+async fn a_stream_ended_before_the_answer_is_not_sent(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[(TOOL, 1)], None).await;
+    let mut envoy = open_charge(&h).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "POST",
+            PATH,
+            &charge_headers(&permit, "gone"),
+            false,
+        ))
+        .await;
+    assert!(continued(&answer).is_empty());
+    // The body, and the end of Envoy's side, in one frame.
+    envoy.send(request_body(BODY), true);
+    assert_eq!(envoy.ended().await, Code::Ok);
+    let a = attempt(&h, &permit, "gone").await;
+    assert_eq!(a.state(), AttemptState::Released);
+    assert_eq!(h.get(&permit).await.unwrap().usage[0].calls_made, 0);
+
+    let mut again = open_charge(&h).await;
+    let id = forwarded(post(&mut again, &charge_headers(&permit, "gone"), BODY).await);
+    assert_ne!(id, a.attempt_id, "a new attempt");
+}
+
+/// Refusals through ext_proc: the request is answered, never forwarded.
+async fn refusals_answer_instead_of_forwarding(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let mut first = open_charge(&h).await;
+    forwarded(post(&mut first, &charge_headers(&permit, "busy"), BODY).await);
+
+    let mut second = open_charge(&h).await;
+    let (headers, _) = answered(
+        post(&mut second, &charge_headers(&permit, "busy"), BODY).await,
+        409,
+        "IDEMPOTENCY_IN_PROGRESS",
+    );
+    assert!(headers["retry-after"].parse::<u64>().unwrap() >= 1);
+    assert_eq!(second.close().await, Code::Ok);
+
+    let mut third = open_charge(&h).await;
+    answered(
+        post(
+            &mut third,
+            &charge_headers(&permit, "busy"),
+            b"{\"amount\":1}",
+        )
+        .await,
+        422,
+        "IDEMPOTENCY_KEY_REUSED",
+    );
+    let mut fourth = open_charge(&h).await;
+    let (_, body) = answered(
+        post(&mut fourth, &[("x-atmost-permit", &permit)], BODY).await,
+        400,
+        "INVALID_REQUEST",
+    );
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["violations"][0]["field"], "header idempotency-key");
+
+    // The refused streams changed nothing: the first is still in flight.
+    assert_eq!(
+        attempt(&h, &permit, "busy").await.state(),
+        AttemptState::Reserved
+    );
+}
+
+/// What Envoy's configuration must give, refused before anything is
+/// reserved: a body fingerprint without the BUFFERED body mode (or an
+/// Envoy that does not say), observability mode, a request whose headers
+/// were not sent.
+async fn an_envoy_configuration_that_cannot_gate_is_refused(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+
+    let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], None).await;
+    let (_, body) = answered(
+        post(&mut envoy, &charge_headers(&permit, "m-1"), BODY).await,
+        500,
+        "GATEWAY_MISCONFIGURED",
+    );
+    assert!(String::from_utf8_lossy(&body).contains("request_body_mode"));
+    let streamed = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::Streamed as i32,
+        ..Default::default()
+    });
+    let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], streamed).await;
+    answered(
+        post(&mut envoy, &charge_headers(&permit, "m-1"), BODY).await,
+        500,
+        "GATEWAY_MISCONFIGURED",
+    );
+
+    let mut envoy = open_charge(&h).await;
+    let mut observed = request_headers("POST", PATH, &charge_headers(&permit, "m-1"), false);
+    observed.observability_mode = true;
+    envoy.send(observed, false);
+    assert_eq!(envoy.ended().await, Code::FailedPrecondition);
+
+    let mut envoy = open_charge(&h).await;
+    envoy.send(response_headers(200, false), false);
+    assert_eq!(envoy.ended().await, Code::InvalidArgument);
+
+    // A request body past --max-request-bytes: the stream fails, never
+    // ends cleanly (Envoy would then forward without atmost's answer).
+    let mut envoy = open_charge(&h).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "POST",
+            PATH,
+            &charge_headers(&permit, "m-1"),
+            false,
+        ))
+        .await;
+    assert!(continued(&answer).is_empty());
+    envoy.send(request_body(&vec![b'x'; 200 * 1024]), false);
+    assert_eq!(envoy.ended().await, Code::OutOfRange);
+
+    expect_error(
+        h.client.get_attempt(&permit, "m-1").await,
+        Code::NotFound,
+        "ATTEMPT_NOT_FOUND",
+    );
+}
+
+/// The result as the mapping asks: a digest; the body streamed in chunks;
+/// a body over 64 KiB stored as its digest.
+async fn results_follow_the_mapping(kind: Kind) {
+    use sha2::{Digest, Sha256};
+    let hex = |b: &[u8]| -> String {
+        Sha256::digest(b)
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect()
+    };
+    let h = Harness::start_configured(kind, |app| {
+        app.with_envoy(Some(mapping("[response]\nresult = \"digest\"\n")))
+    })
+    .await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let mut envoy = open_charge(&h).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "d-1"), BODY).await);
+    tool_answers(&mut envoy, 201, b"secret result", &id).await;
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "d-1").await;
+    assert_eq!(
+        a.receipt.unwrap().result,
+        format!("sha256:{}", hex(b"secret result")).into_bytes()
+    );
+
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let streamed = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::Buffered as i32,
+        response_body_mode: BodySendMode::Streamed as i32,
+        ..Default::default()
+    });
+    let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], streamed).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "s-1"), BODY).await);
+    let answer = envoy.exchange(response_headers(200, false)).await;
+    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    for (chunk, end) in [(&b"part one, "[..], false), (b"part two", true)] {
+        let answer = envoy.exchange(response_body(chunk, end)).await;
+        assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+    }
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "s-1").await;
+    assert_eq!(a.receipt.unwrap().result, b"part one, part two");
+
+    let big = vec![b'x'; 70 * 1024];
+    let mut envoy = open_charge(&h).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "big"), BODY).await);
+    tool_answers(&mut envoy, 200, &big, &id).await;
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "big").await;
+    assert_eq!(
+        a.receipt.unwrap().result,
+        format!("sha256:{}", hex(&big)).into_bytes()
+    );
+}
+
+// === the slow store ===
+
+/// Redis slow to answer the Authorize (replies held at a proxy), and Envoy
+/// resets the stream meanwhile (its message timeout, the client gone):
+/// when the DISPATCH comes, nobody will forward it, so it is given back
+/// with NotSent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_while_the_store_decides_is_not_sent() {
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let proxy = proxy::Proxy::for_redis(&redis.url).await;
+    let store = redis_store(
+        &proxy.url(),
+        &redis.prefix,
+        std::time::Duration::from_secs(30),
+    );
+    let h = Harness::serve(atmost::store::Backend::Redis(store), None, |app| app).await;
+    let permit = h.create_with(&[TOOL], &[(TOOL, 1)], None).await;
+    let mut envoy = open_charge(&h).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "POST",
+            PATH,
+            &charge_headers(&permit, "slow"),
+            false,
+        ))
+        .await;
+    assert!(continued(&answer).is_empty());
+    proxy.set_mode(proxy::HOLD);
+    envoy.send(request_body(BODY), false);
+    assert!(
+        proxy
+            .wait_count("slow", 1, std::time::Duration::from_secs(15))
+            .await,
+        "the Authorize reached Redis"
+    );
+    envoy.reset().await;
+    proxy.set_mode(proxy::Mode::Pass);
+    let a = until_state(&h, &permit, "slow", AttemptState::Released).await;
+    assert!(!a.attempt_id.is_empty());
+    assert_eq!(h.get(&permit).await.unwrap().usage[0].calls_made, 0);
+}
+
+// === keys ===
+
+/// The gateway authenticates with its key in the stream's initial
+/// metadata (grpc_service initial_metadata); without one, the stream is
+/// refused before anything is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_key_opens_the_stream() {
+    use crate::auth::{KeyFile, entry};
+    let _machine = shared().await;
+    let keys = KeyFile::new(
+        &[
+            entry("admin-1", "admin-key-0123456789", "acme", "\"admin\""),
+            entry("gateway-1", "gateway-key-0123456789", "acme", "\"agent\""),
+        ]
+        .concat(),
+    );
+    let auth = std::sync::Arc::new(atmost::auth::Authenticator::load(&keys.path).unwrap());
+    let h = Harness::serve(
+        atmost::store::Backend::Memory(atmost::store::memory::MemoryStore::new(DAY_MS)),
+        None,
+        |app| app.with_auth(auth),
+    )
+    .await;
+    let admin = h
+        .client
+        .clone()
+        .with_api_key("admin-key-0123456789")
+        .unwrap();
+    let permit = admin
+        .create_permit(h.permit(&[TOOL]))
+        .await
+        .unwrap()
+        .permit_id;
+
+    let refused = Envoy::open(&h, &[("x-atmost-tool", TOOL)]).await;
+    assert_eq!(refused.status, Some(Code::Unauthenticated));
+
+    let mut envoy = Envoy::open(
+        &h,
+        &[
+            ("x-atmost-tool", TOOL),
+            ("authorization", "Bearer gateway-key-0123456789"),
+        ],
+    )
+    .await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "keyed"), BODY).await);
+    tool_answers(&mut envoy, 200, b"ok", &id).await;
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = admin
+        .get_attempt(&permit, "keyed")
+        .await
+        .unwrap()
+        .attempt
+        .unwrap();
+    assert_eq!(a.state(), AttemptState::Succeeded);
+}
+
+on_each_store!(
+    a_full_cycle_commits_the_result_and_a_retry_replays_it,
+    a_request_without_a_body_is_authorized_on_its_headers,
+    a_refusing_tool_fails_the_attempt,
+    a_5xx_leaves_the_attempt_uncertain,
+    a_lost_response_is_marked_uncertain,
+    a_stream_ended_before_the_answer_is_not_sent,
+    refusals_answer_instead_of_forwarding,
+    an_envoy_configuration_that_cannot_gate_is_refused,
+    results_follow_the_mapping,
+);
