@@ -581,16 +581,25 @@ async fn a_check_past_its_deadline_reserves_nothing(kind: Kind) {
     use prost::Message;
     let h = Harness::start(kind).await;
     let permit = wallet_permit(&h).await;
-    let bytes = raw_unary(
+    // atmost's own refusal (504), or tonic's server timeout when it fires
+    // before the body has even been read (then the handler never ran at
+    // all): as for the Gate (behaviour::authorize). Either way, nothing is
+    // reserved.
+    match raw_unary(
         h.addr,
         "/envoy.service.auth.v3.Authorization/Check",
         &charge(&permit, "late"),
         "1n",
     )
     .await
-    .expect("a CheckResponse");
-    let response = CheckResponse::decode(bytes.as_slice()).expect("decode");
-    denied(read(response), 504, "DEADLINE_EXCEEDED");
+    {
+        Ok(bytes) => {
+            let response = CheckResponse::decode(bytes.as_slice()).expect("decode");
+            denied(read(response), 504, "DEADLINE_EXCEEDED");
+        }
+        Err(e) if e.code() == Code::Cancelled && e.reason().is_none() => {}
+        Err(e) => panic!("a Check past its deadline: {e:?}"),
+    }
     expect_error(
         h.client.get_attempt(&permit, "late").await,
         Code::NotFound,
