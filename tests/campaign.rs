@@ -1093,11 +1093,13 @@ fn get_attempt_rows(f: &Fixture) -> Vec<Row> {
             &get(&f.p, key),
             read(&f.succeeded),
         ),
+        // An open attempt's id is its fencing token: GetAttempt withholds it
+        // (behaviour::get_attempt checks that), so the answer names the key.
         row(
             "get attempt: the RESERVED key, held by its holder",
             GET_ATTEMPT,
             &get(&f.reserved.permit_id, &f.reserved.idempotency_key),
-            read(&f.reserved),
+            Read(Some(f.reserved.idempotency_key.clone())),
         ),
         row(
             "get attempt: the UNCERTAIN key, marked with control characters",
