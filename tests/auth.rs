@@ -54,6 +54,14 @@ impl KeyFile {
         std::fs::write(&next, text).expect("write keys");
         std::fs::rename(&next, &self.path).expect("rename keys");
     }
+
+    /// Writes `text` to `name` beside the key file (a certificate or a
+    /// key, removed with it) and returns its path, for a flag.
+    pub fn beside(&self, name: &str, text: &str) -> String {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).expect("write pem");
+        path.to_str().expect("utf-8").to_owned()
+    }
 }
 
 impl Drop for KeyFile {
@@ -979,11 +987,7 @@ async fn tls_and_client_certificates_authenticate_callers() {
         "{}[[cert]]\nid = \"runner\"\nsan = \"spiffe://test/ns/agents/sa/runner\"\ntenant = \"acme\"\nroles = [\"agent\"]\n",
         three_keys()
     ));
-    let file = |name: &str, text: &str| {
-        let path = keys.dir.join(name);
-        std::fs::write(&path, text).expect("write pem");
-        path.to_str().expect("utf-8").to_owned()
-    };
+    let file = |name: &str, text: &str| keys.beside(name, text);
     let (cert, key, ca) = (
         file("server.pem", &server.0),
         file("server.key", &server.1),

@@ -722,11 +722,7 @@ async fn tls_and_mtls(kind: Kind) {
     let keys = key_file(
         "[[cert]]\nid = \"runner\"\nsan = \"spiffe://test/ns/agents/sa/runner\"\ntenant = \"acme\"\nroles = [\"agent\"]\n",
     );
-    let file = |name: &str, text: &str| {
-        let path = keys.dir.join(name);
-        std::fs::write(&path, text).expect("write pem");
-        path.to_str().expect("utf-8").to_owned()
-    };
+    let file = |name: &str, text: &str| keys.beside(name, text);
     let (cert, key, ca) = (
         file("server.pem", &server_cert.0),
         file("server.key", &server_cert.1),
