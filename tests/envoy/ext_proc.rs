@@ -167,6 +167,25 @@ impl Envoy {
         }
     }
 
+    /// Sends these messages in one DATA frame, as Envoy may when it sends
+    /// the body without waiting for the headers' answer: atmost has them
+    /// all before it answers the first.
+    fn send_together(&mut self, messages: Vec<ProcessingRequest>) {
+        let mut frame = Vec::new();
+        for mut message in messages {
+            if std::mem::take(&mut self.first) {
+                message.protocol_config = self.protocol;
+            }
+            let bytes = message.encode_to_vec();
+            frame.push(0u8);
+            frame.extend((bytes.len() as u32).to_be_bytes());
+            frame.extend(bytes);
+        }
+        self.send
+            .send_data(Bytes::from(frame), false)
+            .expect("send the messages");
+    }
+
     /// Sends one message and waits for its answer, as Envoy does.
     async fn exchange(&mut self, message: ProcessingRequest) -> ProcessingResponse {
         self.send(message, false);
@@ -401,11 +420,23 @@ fn answered(sent: Sent, status: u16, reason: &str) -> (HashMap<String, String>, 
     }
 }
 
+/// A CONTINUE of the response that adds nothing: above all not the
+/// attempt's id, the fencing token of an attempt still open (its outcome
+/// is recorded after this answer), which must never reach the client.
+#[track_caller]
+fn passed_on(answer: &ProcessingResponse) {
+    let set = continued(answer);
+    assert!(
+        !set.contains_key("x-atmost-attempt-id"),
+        "an open attempt's id on the response: {set:?}"
+    );
+}
+
 /// The tool's response, as Envoy passes it through: headers, then the
-/// BUFFERED body; each answered CONTINUE with the attempt's id added.
-async fn tool_answers(envoy: &mut Envoy, status: u16, body: &[u8], id: &str) {
+/// BUFFERED body; each answered CONTINUE, the attempt's id not added.
+async fn tool_answers(envoy: &mut Envoy, status: u16, body: &[u8]) {
     let answer = envoy.exchange(response_headers(status, false)).await;
-    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    passed_on(&answer);
     let answer = envoy.exchange(response_body(body, true)).await;
     assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
 }
@@ -432,7 +463,7 @@ async fn a_full_cycle_commits_the_result_and_a_retry_replays_it(kind: Kind) {
         ("", AttemptState::Reserved)
     );
     assert_eq!(a.request_fingerprint, fingerprint("POST", PATH, BODY));
-    tool_answers(&mut envoy, 200, br#"{"charge":"ch_1"}"#, &id).await;
+    tool_answers(&mut envoy, 200, br#"{"charge":"ch_1"}"#).await;
     assert_eq!(envoy.close().await, Code::Ok);
     let a = attempt(&h, &permit, "order-1").await;
     assert_eq!(a.state(), AttemptState::Succeeded);
@@ -470,10 +501,11 @@ async fn a_request_without_a_body_is_authorized_on_its_headers(kind: Kind) {
     assert!(matches!(answer.response, Some(Answer::RequestHeaders(_))));
     let id = continued(&answer)["x-atmost-attempt-id"].clone();
     let answer = envoy.exchange(response_headers(204, true)).await;
-    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    passed_on(&answer);
     assert_eq!(envoy.close().await, Code::Ok);
     let a = attempt(&h, &permit, "get-1").await;
     assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(a.attempt_id, id, "the id forwarded upstream");
     assert_eq!(
         a.request_fingerprint,
         fingerprint("GET", "/v1/balance", b"")
@@ -488,10 +520,11 @@ async fn a_refusing_tool_fails_the_attempt(kind: Kind) {
     let permit = h.create_with(&[TOOL], &[], None).await;
     let mut envoy = open_charge(&h).await;
     let id = forwarded(post(&mut envoy, &charge_headers(&permit, "declined"), BODY).await);
-    tool_answers(&mut envoy, 402, br#"{"error":"card_declined"}"#, &id).await;
+    tool_answers(&mut envoy, 402, br#"{"error":"card_declined"}"#).await;
     assert_eq!(envoy.close().await, Code::Ok);
     let a = attempt(&h, &permit, "declined").await;
     assert_eq!(a.state(), AttemptState::Failed);
+    assert_eq!(a.attempt_id, id);
     assert_eq!(a.failure_reason, "the tool answered HTTP 402");
 
     let mut retry = open_charge(&h).await;
@@ -508,8 +541,8 @@ async fn a_5xx_leaves_the_attempt_uncertain(kind: Kind) {
     let h = Harness::start(kind).await;
     let permit = h.create_with(&[TOOL], &[(TOOL, 1)], None).await;
     let mut envoy = open_charge(&h).await;
-    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "flaky"), BODY).await);
-    tool_answers(&mut envoy, 503, b"upstream connect error", &id).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "flaky"), BODY).await);
+    tool_answers(&mut envoy, 503, b"upstream connect error").await;
     assert_eq!(envoy.close().await, Code::Ok);
     let a = attempt(&h, &permit, "flaky").await;
     assert_eq!(a.state(), AttemptState::Uncertain);
@@ -552,9 +585,9 @@ async fn a_lost_response_is_marked_uncertain(kind: Kind) {
     assert_eq!(a.state(), AttemptState::Uncertain);
 
     let mut envoy = open_charge(&h).await;
-    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "half"), BODY).await);
+    forwarded(post(&mut envoy, &charge_headers(&permit, "half"), BODY).await);
     let answer = envoy.exchange(response_headers(200, false)).await;
-    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    passed_on(&answer);
     envoy.reset().await;
     let a = until_state(&h, &permit, "half", AttemptState::Uncertain).await;
     assert_eq!(
@@ -566,9 +599,9 @@ async fn a_lost_response_is_marked_uncertain(kind: Kind) {
     // read it, the stream fails (Envoy fails the request), and the call,
     // which reached the tool, is UNCERTAIN.
     let mut envoy = open_charge(&h).await;
-    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "huge"), BODY).await);
+    forwarded(post(&mut envoy, &charge_headers(&permit, "huge"), BODY).await);
     let answer = envoy.exchange(response_headers(200, false)).await;
-    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    passed_on(&answer);
     envoy.send(response_body(&vec![b'x'; 200 * 1024], true), false);
     assert_eq!(envoy.ended().await, Code::OutOfRange);
     until_state(&h, &permit, "huge", AttemptState::Uncertain).await;
@@ -608,15 +641,50 @@ async fn a_stream_ended_before_the_answer_is_not_sent(kind: Kind) {
         ))
         .await;
     assert!(continued(&answer).is_empty());
-    // The body, and the end of Envoy's side, in one frame.
+    // The body, and the end of Envoy's side, in one frame. The stream
+    // ends with an error, never cleanly: Envoy takes a clean end as "go
+    // on", and this request was never authorized.
     envoy.send(request_body(BODY), true);
-    assert_eq!(envoy.ended().await, Code::Ok);
+    assert_eq!(envoy.ended().await, Code::Aborted);
     let a = attempt(&h, &permit, "gone").await;
     assert_eq!(a.state(), AttemptState::Released);
     assert_eq!(h.get(&permit).await.unwrap().usage[0].calls_made, 0);
 
     let mut again = open_charge(&h).await;
     let id = forwarded(post(&mut again, &charge_headers(&permit, "gone"), BODY).await);
+    assert_ne!(id, a.attempt_id, "a new attempt");
+}
+
+/// A message atmost cannot read (past --max-request-bytes, 128 KiB) arrives
+/// while the Authorize it answers runs (here in the same frame as the body
+/// it authorizes): the stream fails with that error, never ends cleanly
+/// (Envoy would take that as "go on" and forward a request atmost never
+/// answered), no CONTINUE is sent, and the DISPATCH is given back with
+/// NotSent: the key is free and the slot back.
+async fn a_read_error_while_the_store_decides_fails_the_stream(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[(TOOL, 1)], None).await;
+    let mut envoy = open_charge(&h).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "POST",
+            PATH,
+            &charge_headers(&permit, "broken"),
+            false,
+        ))
+        .await;
+    assert!(continued(&answer).is_empty());
+    envoy.send_together(vec![
+        request_body(BODY),
+        request_body(&vec![b'x'; 200 * 1024]),
+    ]);
+    // ended(): no answer at all before the end, so no CONTINUE.
+    assert_eq!(envoy.ended().await, Code::OutOfRange);
+    let a = until_state(&h, &permit, "broken", AttemptState::Released).await;
+    assert_eq!(h.get(&permit).await.unwrap().usage[0].calls_made, 0);
+
+    let mut again = open_charge(&h).await;
+    let id = forwarded(post(&mut again, &charge_headers(&permit, "broken"), BODY).await);
     assert_ne!(id, a.attempt_id, "a new attempt");
 }
 
@@ -738,9 +806,10 @@ async fn results_follow_the_mapping(kind: Kind) {
     let permit = h.create_with(&[TOOL], &[], None).await;
     let mut envoy = open_charge(&h).await;
     let id = forwarded(post(&mut envoy, &charge_headers(&permit, "d-1"), BODY).await);
-    tool_answers(&mut envoy, 201, b"secret result", &id).await;
+    tool_answers(&mut envoy, 201, b"secret result").await;
     assert_eq!(envoy.close().await, Code::Ok);
     let a = attempt(&h, &permit, "d-1").await;
+    assert_eq!(a.attempt_id, id);
     assert_eq!(
         a.receipt.unwrap().result,
         format!("sha256:{}", hex(b"secret result")).into_bytes()
@@ -756,25 +825,63 @@ async fn results_follow_the_mapping(kind: Kind) {
     let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], streamed).await;
     let id = forwarded(post(&mut envoy, &charge_headers(&permit, "s-1"), BODY).await);
     let answer = envoy.exchange(response_headers(200, false)).await;
-    assert_eq!(continued(&answer)["x-atmost-attempt-id"], id);
+    passed_on(&answer);
     for (chunk, end) in [(&b"part one, "[..], false), (b"part two", true)] {
         let answer = envoy.exchange(response_body(chunk, end)).await;
         assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
     }
     assert_eq!(envoy.close().await, Code::Ok);
     let a = attempt(&h, &permit, "s-1").await;
+    assert_eq!(a.attempt_id, id);
     assert_eq!(a.receipt.unwrap().result, b"part one, part two");
 
     let big = vec![b'x'; 70 * 1024];
     let mut envoy = open_charge(&h).await;
     let id = forwarded(post(&mut envoy, &charge_headers(&permit, "big"), BODY).await);
-    tool_answers(&mut envoy, 200, &big, &id).await;
+    tool_answers(&mut envoy, 200, &big).await;
     assert_eq!(envoy.close().await, Code::Ok);
     let a = attempt(&h, &permit, "big").await;
+    assert_eq!(a.attempt_id, id);
     assert_eq!(
         a.receipt.unwrap().result,
         format!("sha256:{}", hex(&big)).into_bytes()
     );
+}
+
+/// `response_body_mode: BUFFERED_PARTIAL`: Envoy sends the body in one
+/// message, whole if it fits its buffer (end_of_stream), else only its
+/// first part, the rest passing by unseen. A whole body is the result; of
+/// a part no body or digest can be made, so the result is the status
+/// alone (never an empty body passed off as the result).
+async fn a_buffered_partial_body_is_the_result_only_when_whole(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let partial = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::Buffered as i32,
+        response_body_mode: BodySendMode::BufferedPartial as i32,
+        ..Default::default()
+    });
+    let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], partial).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "p-whole"), BODY).await);
+    passed_on(&envoy.exchange(response_headers(200, false)).await);
+    let answer = envoy.exchange(response_body(b"all of it", true)).await;
+    assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "p-whole").await;
+    assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(a.receipt.unwrap().result, b"all of it");
+
+    let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], partial).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "p-part"), BODY).await);
+    passed_on(&envoy.exchange(response_headers(200, false)).await);
+    let answer = envoy
+        .exchange(response_body(b"the first part", false))
+        .await;
+    assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "p-part").await;
+    assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(a.receipt.unwrap().result, b"HTTP 200");
 }
 
 // === the slow store ===
@@ -818,6 +925,107 @@ async fn a_reset_while_the_store_decides_is_not_sent() {
     let a = until_state(&h, &permit, "slow", AttemptState::Released).await;
     assert!(!a.attempt_id.is_empty());
     assert_eq!(h.get(&permit).await.unwrap().usage[0].calls_made, 0);
+}
+
+/// The same through a slow store: the Authorize is held at Redis, and
+/// the message atmost cannot read arrives meanwhile. When the DISPATCH
+/// comes, the stream fails with the read's error (never a clean end, no
+/// CONTINUE) and the DISPATCH is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_error_while_redis_holds_the_authorize_fails_the_stream() {
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let proxy = proxy::Proxy::for_redis(&redis.url).await;
+    let store = redis_store(
+        &proxy.url(),
+        &redis.prefix,
+        std::time::Duration::from_secs(30),
+    );
+    let h = Harness::serve(atmost::store::Backend::Redis(store), None, |app| app).await;
+    let permit = h.create_with(&[TOOL], &[(TOOL, 1)], None).await;
+    let mut envoy = open_charge(&h).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "POST",
+            PATH,
+            &charge_headers(&permit, "held"),
+            false,
+        ))
+        .await;
+    assert!(continued(&answer).is_empty());
+    proxy.set_mode(proxy::HOLD);
+    envoy.send(request_body(BODY), false);
+    assert!(
+        proxy
+            .wait_count("held", 1, std::time::Duration::from_secs(15))
+            .await,
+        "the Authorize reached Redis"
+    );
+    envoy.send(request_body(&vec![b'x'; 200 * 1024]), false);
+    proxy.set_mode(proxy::Mode::Pass);
+    assert_eq!(envoy.ended().await, Code::OutOfRange);
+    let a = until_state(&h, &permit, "held", AttemptState::Released).await;
+    assert!(!a.attempt_id.is_empty());
+    assert_eq!(h.get(&permit).await.unwrap().usage[0].calls_made, 0);
+}
+
+/// Redis refuses writes for a moment (maxmemory reached under
+/// `noeviction`: every write is refused whole, before it runs) just as
+/// the tool's 200 comes back: the Commit is refused, asked again, and
+/// recorded once Redis takes writes again, instead of being dropped (the
+/// attempt would have turned UNCERTAIN at its lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_the_store_refuses_for_a_moment_is_asked_again() {
+    let _machine = shared().await;
+    let redis = Redis::start_owned_with(&["--maxmemory-policy", "noeviction"]);
+    let proxy = proxy::Proxy::for_redis(&redis.url).await;
+    let store = redis_store(
+        &proxy.url(),
+        &redis.prefix,
+        std::time::Duration::from_secs(2),
+    );
+    let h = Harness::serve(atmost::store::Backend::Redis(store), Some(redis), |app| app).await;
+    let mut conn = h.redis.as_ref().expect("redis").connect().await;
+    let maxmemory = |bytes: u64| {
+        ::redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(bytes)
+            .clone()
+    };
+    let permit = h.create_with(&[TOOL], &[(TOOL, 2)], None).await;
+    // A whole cycle first, so that Redis has every script: each try of
+    // the Commit below is then one command.
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "warm"), BODY).await);
+    tool_answers(&mut envoy, 200, b"warm").await;
+    assert_eq!(envoy.close().await, Code::Ok);
+
+    let mut envoy = open_charge(&h).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "blip"), BODY).await);
+    let _: () = maxmemory(1)
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET maxmemory");
+    let before = proxy.count("blip");
+    tool_answers(&mut envoy, 200, br#"{"charge":"ch_2"}"#).await;
+    assert!(
+        proxy
+            .wait_count("blip", before + 2, std::time::Duration::from_secs(15))
+            .await,
+        "the refused Commit was asked again: {:?}",
+        proxy.commands()
+    );
+    let _: () = maxmemory(0)
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET maxmemory");
+    // The stream ends once the outcome is recorded.
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "blip").await;
+    assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(a.attempt_id, id);
+    assert_eq!(a.receipt.unwrap().result, br#"{"charge":"ch_2"}"#);
 }
 
 // === keys ===
@@ -866,7 +1074,7 @@ async fn a_gateway_key_opens_the_stream() {
     )
     .await;
     let id = forwarded(post(&mut envoy, &charge_headers(&permit, "keyed"), BODY).await);
-    tool_answers(&mut envoy, 200, b"ok", &id).await;
+    tool_answers(&mut envoy, 200, b"ok").await;
     assert_eq!(envoy.close().await, Code::Ok);
     let a = admin
         .get_attempt(&permit, "keyed")
@@ -875,6 +1083,7 @@ async fn a_gateway_key_opens_the_stream() {
         .attempt
         .unwrap();
     assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(a.attempt_id, id);
 }
 
 on_each_store!(
@@ -887,4 +1096,6 @@ on_each_store!(
     refusals_answer_instead_of_forwarding,
     an_envoy_configuration_that_cannot_gate_is_refused,
     results_follow_the_mapping,
+    a_read_error_while_the_store_decides_fails_the_stream,
+    a_buffered_partial_body_is_the_result_only_when_whole,
 );

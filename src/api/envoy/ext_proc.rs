@@ -7,7 +7,8 @@
 //!  request headers (+ body) ─▶ Authorize ─▶ DISPATCH: CONTINUE (forwarded)
 //!                                        └▶ otherwise: ImmediateResponse
 //!  response headers (+ body) ─▶ Commit Succeeded (2xx) / Failed / MarkUncertain
-//!  the stream ends before CONTINUE reached Envoy ─▶ Commit NotSent
+//!  the stream ends before CONTINUE reached Envoy ─▶ Commit NotSent, and
+//!                                                   the stream fails
 //!  the stream ends after it, before a response   ─▶ MarkUncertain
 //! ```
 //!
@@ -16,7 +17,13 @@
 //! through the Gate's own methods with the stream's caller; Authorize also
 //! with its deadline, while the outcomes are recorded whatever the
 //! deadline (a dispatched call's outcome must not be dropped for being
-//! late).
+//! late), and asked again while the store cannot take them ([`Recorder`]).
+//!
+//! The stream never ends cleanly while a message of Envoy's is
+//! unanswered: Envoy takes a clean end as "processing complete" and goes
+//! on with the request. An attempt's id goes upstream (the request header,
+//! the dynamic metadata), never to the client: the response passes
+//! unchanged.
 //!
 //! Envoy requirements (docs/gateways.md): request and response headers
 //! SEND (the defaults); a body fingerprint needs `request_body_mode:
@@ -30,7 +37,7 @@ use super::{
     mapping::{ResultMode, Settle},
 };
 use crate::api::{Deadline, gate::GateService};
-use crate::domain::MAX_RESULT_BYTES;
+use crate::domain::{DEFAULT_LEASE_MS, Error, MAX_RESULT_BYTES};
 use crate::pb;
 use envoy_types::pb::envoy::config::core::v3::{
     HeaderMap, HeaderValue, HeaderValueOption, Metadata, header_value_option::HeaderAppendAction,
@@ -47,7 +54,10 @@ use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming, metadata::MetadataMap};
 
@@ -93,14 +103,17 @@ impl ExternalProcessor for ExtProcService {
         // One answer per message, and Envoy reads them as they come.
         let (tx, rx) = mpsc::channel(4);
         let exchange = Exchange {
-            gate: self.gate.clone(),
+            recorder: Recorder {
+                gate: self.gate.clone(),
+                extensions,
+            },
             mapping: self.mapping.clone(),
-            extensions,
             route_tool,
             tx,
             phase: Phase::Start,
             protocol: None,
             pending: None,
+            settling: None,
         };
         // The stream ends cleanly when the exchange is over, and with an
         // error if it panicked: a clean end would let Envoy go on without
@@ -131,10 +144,10 @@ enum Phase {
     Body { request: Described, body: Vec<u8> },
     /// DISPATCH, and CONTINUE handed to Envoy: the request may have been
     /// forwarded, so only its response (or MarkUncertain) settles it.
-    Forwarded(pb::Attempt),
+    Forwarded(Held),
     /// A 2xx response's headers seen; its body is awaited as the result.
     Responding {
-        attempt: pb::Attempt,
+        held: Held,
         status: u16,
         body: ResultBody,
     },
@@ -153,6 +166,30 @@ impl Phase {
             Phase::Done => "after the request was settled",
         }
     }
+}
+
+/// The attempt a DISPATCH reserved, and when its lease ends by this
+/// process's clock (reckoned from the DISPATCH's arrival: a little late,
+/// never early by more than the Authorize's own trip).
+struct Held {
+    attempt: pb::Attempt,
+    lease_end: Instant,
+}
+
+/// When the lease of a freshly reserved `attempt` ends, by this process's
+/// clock: its length (the store's `lease_expires_at - created_at`) from
+/// now. The store's clock may differ from this one (Redis's time), so only
+/// the length is taken from it.
+fn lease_end(attempt: &pb::Attempt) -> Instant {
+    let ms = |t: &Option<prost_types::Timestamp>| {
+        t.as_ref()
+            .map(|t| t.seconds.saturating_mul(1000) + i64::from(t.nanos) / 1_000_000)
+    };
+    let lease = match (ms(&attempt.created_at), ms(&attempt.lease_expires_at)) {
+        (Some(created), Some(expires)) => expires.saturating_sub(created),
+        _ => DEFAULT_LEASE_MS,
+    };
+    Instant::now() + Duration::from_millis(u64::try_from(lease).unwrap_or(0))
 }
 
 /// A request's headers, kept until its body arrives.
@@ -213,10 +250,9 @@ enum Flow {
 }
 
 struct Exchange {
-    gate: Arc<GateService>,
+    /// The Gate, with the stream's caller and deadline.
+    recorder: Recorder,
     mapping: Arc<Mapping>,
-    /// The stream's caller and deadline.
-    extensions: http::Extensions,
     route_tool: Option<String>,
     tx: Outbound,
     phase: Phase,
@@ -224,6 +260,10 @@ struct Exchange {
     protocol: Option<ProtocolConfiguration>,
     /// A message that arrived while the store was being asked.
     pending: Option<ProcessingRequest>,
+    /// The response's outcome, being recorded beside the stream (so that
+    /// Envoy's next messages are answered meanwhile); the stream ends only
+    /// once it is.
+    settling: Option<JoinHandle<()>>,
 }
 
 /// A header Envoy sets, replacing any the client or the tool sent. Envoy
@@ -414,34 +454,56 @@ impl Exchange {
                 self.authorize(request, &body, Stage::Trailers, inbound)
                     .await
             }
-            (Phase::Forwarded(attempt), Message::ResponseHeaders(h)) => {
-                self.response_headers(attempt, h).await
+            (Phase::Forwarded(held), Message::ResponseHeaders(h)) => {
+                self.response_headers(held, h).await
             }
             (
                 Phase::Responding {
-                    attempt,
+                    held,
                     status,
                     mut body,
                 },
                 kind @ (Message::ResponseBody(_) | Message::ResponseTrailers(_)),
             ) => {
-                let complete = match &kind {
+                let mode = self.response_body_mode();
+                let result = self.mapping.response.result;
+                // How to record the result once the body is complete, or
+                // known to be all atmost will see; None while more comes.
+                let settled = match &kind {
                     Message::ResponseBody(b) => {
                         body.push(&b.body);
-                        b.end_of_stream || self.response_body_mode() == Some(BodySendMode::Buffered)
+                        match mode {
+                            // BUFFERED: the whole body in one message.
+                            Some(BodySendMode::Buffered) => Some(result),
+                            // BUFFERED_PARTIAL: one message, the whole body
+                            // if it fit Envoy's buffer (end_of_stream), else
+                            // its first part, the rest passing by unseen: no
+                            // body or digest of the result can be made of a
+                            // part, so only its status is recorded.
+                            Some(BodySendMode::BufferedPartial) if b.end_of_stream => Some(result),
+                            Some(BodySendMode::BufferedPartial) => {
+                                tracing::warn!(
+                                    permit_id = %held.attempt.permit_id,
+                                    seen = body.len,
+                                    "ext_proc: the response body was larger than Envoy's buffer \
+                                     (response_body_mode BUFFERED_PARTIAL) and reached atmost only \
+                                     in part: the result recorded is the status alone; use \
+                                     STREAMED for a body or digest of any size"
+                                );
+                                Some(ResultMode::Status)
+                            }
+                            _ if b.end_of_stream => Some(result),
+                            _ => None,
+                        }
                     }
-                    _ => true,
+                    _ => Some(result),
                 };
                 let sent = self.send(pass(&kind)).await;
-                if complete {
-                    let result = body.result(self.mapping.response.result, status);
-                    self.commit(&attempt, succeeded(result)).await;
-                } else {
-                    self.phase = Phase::Responding {
-                        attempt,
-                        status,
-                        body,
-                    };
+                match settled {
+                    Some(mode) => self.settle(held, succeeded(body.result(mode, status))),
+                    None => {
+                        self.phase = Phase::Responding { held, status, body };
+                    }
                 }
                 if sent { Flow::Next } else { Flow::Ended }
             }
@@ -574,22 +636,24 @@ impl Exchange {
             Ok(authorize) => authorize,
             Err(unmapped) => return self.refuse(Reply::unmapped(unmapped)).await,
         };
-        let call = Box::pin(self.gate.do_authorize(Request::from_parts(
+        let call = Box::pin(self.recorder.gate.do_authorize(Request::from_parts(
             MetadataMap::new(),
-            self.extensions.clone(),
+            self.recorder.extensions.clone(),
             authorize,
         )));
-        let (result, ended) = watching(call, inbound, &mut self.pending).await;
+        let (result, stream) = watching(call, inbound, &mut self.pending).await;
         match Answer::of(result) {
             Answer::Forward(attempt) => {
                 let attempt = *attempt;
-                if ended {
+                let lease_end = lease_end(&attempt);
+                if !matches!(stream, Watched::Open) {
                     // Envoy gave up on the request (its message timeout, the
-                    // client reset) before DISPATCH could reach it: it was
-                    // never forwarded.
-                    self.commit(&attempt, not_sent()).await;
+                    // client reset), or its stream broke, before DISPATCH
+                    // could reach it: it was never forwarded. The slot is
+                    // given back first, so that a retry finds the key free.
+                    self.recorder.commit(&attempt, not_sent(), lease_end).await;
                     self.phase = Phase::Done;
-                    return Flow::Ended;
+                    return self.unanswered(stream).await;
                 }
                 let headers = vec![set(ATTEMPT_HEADER, &attempt.attempt_id)];
                 let response = ProcessingResponse {
@@ -598,26 +662,49 @@ impl Exchange {
                     ..Default::default()
                 };
                 if self.send(response).await {
-                    self.phase = Phase::Forwarded(attempt);
+                    self.phase = Phase::Forwarded(Held { attempt, lease_end });
                     Flow::Next
                 } else {
                     // The stream was gone: CONTINUE never reached Envoy.
-                    self.commit(&attempt, not_sent()).await;
+                    self.recorder.commit(&attempt, not_sent(), lease_end).await;
                     self.phase = Phase::Done;
                     Flow::Ended
                 }
             }
             Answer::Respond(reply) => {
-                if ended {
-                    self.phase = Phase::Done;
-                    return Flow::Ended;
+                self.phase = Phase::Done;
+                if matches!(stream, Watched::Open) {
+                    self.refuse(reply).await
+                } else {
+                    self.unanswered(stream).await
                 }
-                self.refuse(reply).await
             }
         }
     }
 
-    async fn response_headers(&mut self, attempt: pb::Attempt, h: HttpHeaders) -> Flow {
+    /// Ends a stream whose last message went unanswered: always with an
+    /// error status, never cleanly. Envoy takes a processor stream that
+    /// closes cleanly as "processing complete" and goes on with the
+    /// request, and this one was never authorized. After a read error the
+    /// error is that status; after Envoy closed its side (it gave up, and
+    /// normally no longer listens) ABORTED, in case it still waits: with
+    /// `failure_mode_allow: false` it then fails the request.
+    async fn unanswered(&mut self, stream: Watched) -> Flow {
+        let status = match stream {
+            Watched::Broken(status) => {
+                tracing::debug!(%status, "ext_proc: the stream broke while the store decided");
+                status
+            }
+            Watched::Open | Watched::Closed => Status::aborted(
+                "the gateway closed the stream before atmost answered: the request is not \
+                 authorized",
+            ),
+        };
+        let _ = self.tx.send(Err(status)).await;
+        Flow::Ended
+    }
+
+    async fn response_headers(&mut self, held: Held, h: HttpHeaders) -> Flow {
         let headers = headers_of(h.headers);
         let Some(status) = headers
             .get(":status")
@@ -626,17 +713,15 @@ impl Exchange {
         else {
             // Without a status nothing is known: the stream's end marks the
             // attempt UNCERTAIN.
-            self.phase = Phase::Forwarded(attempt);
+            self.phase = Phase::Forwarded(held);
             return Flow::Fail(Status::invalid_argument(
                 "response_headers without a :status",
             ));
         };
-        let answer = ProcessingResponse {
-            response: Some(Outgoing::ResponseHeaders(HeadersResponse {
-                response: Some(proceed(vec![set(ATTEMPT_HEADER, &attempt.attempt_id)])),
-            })),
-            ..Default::default()
-        };
+        // CONTINUE, and nothing added: the attempt is still open (its
+        // outcome is recorded after this answer), and an open attempt's id,
+        // the fencing token Commit checks, never goes to the client.
+        let answer = pass(&Message::ResponseHeaders(HttpHeaders::default()));
         let policy = &self.mapping.response;
         match policy.settle(status) {
             Settle::Succeeded => {
@@ -644,11 +729,15 @@ impl Exchange {
                     && policy.result != ResultMode::Status
                     && matches!(
                         self.response_body_mode(),
-                        Some(BodySendMode::Buffered | BodySendMode::Streamed)
+                        Some(
+                            BodySendMode::Buffered
+                                | BodySendMode::BufferedPartial
+                                | BodySendMode::Streamed
+                        )
                     );
                 if body_follows {
                     self.phase = Phase::Responding {
-                        attempt,
+                        held,
                         status,
                         body: ResultBody::default(),
                     };
@@ -665,57 +754,124 @@ impl Exchange {
                          atmost (response_body_mode BUFFERED or STREAMED): recorded as an empty body"
                     );
                 }
-                let sent = self.send(answer).await;
                 let result = ResultBody::default().result(policy.result, status);
-                self.commit(&attempt, succeeded(result)).await;
+                let sent = self.send(answer).await;
+                self.settle(held, succeeded(result));
                 if sent { Flow::Next } else { Flow::Ended }
             }
             Settle::Failed => {
                 let sent = self.send(answer).await;
-                self.commit(
-                    &attempt,
+                self.settle(
+                    held,
                     pb::commit_request::Outcome::Failed(pb::Failed {
                         reason: format!("the tool answered HTTP {status}"),
                     }),
-                )
-                .await;
+                );
                 if sent { Flow::Next } else { Flow::Ended }
             }
             Settle::Uncertain => {
                 let sent = self.send(answer).await;
-                self.mark_uncertain(&attempt, format!("the tool answered HTTP {status}"))
-                    .await;
+                let recorder = self.recorder.clone();
+                let reason = format!("the tool answered HTTP {status}");
+                self.settling = Some(tokio::spawn(async move {
+                    recorder
+                        .mark_uncertain(&held.attempt, reason, held.lease_end)
+                        .await;
+                }));
                 if sent { Flow::Next } else { Flow::Ended }
             }
         }
     }
 
-    /// What the end of the stream means for the attempt.
+    /// Records the response's outcome beside the stream: the answer to
+    /// Envoy has already been handed over, and Envoy's next messages are
+    /// answered while the store is asked (and asked again); the stream
+    /// ends once the outcome is recorded or given up.
+    fn settle(&mut self, held: Held, outcome: pb::commit_request::Outcome) {
+        let recorder = self.recorder.clone();
+        self.settling = Some(tokio::spawn(async move {
+            recorder
+                .commit(&held.attempt, outcome, held.lease_end)
+                .await;
+        }));
+    }
+
+    /// What the end of the stream means for the attempt, once the
+    /// response's outcome (if any) is recorded.
     async fn finish(&mut self) {
+        if let Some(settling) = self.settling.take()
+            && let Err(e) = settling.await
+        {
+            tracing::error!(error = %e, "ext_proc: recording an outcome failed");
+        }
         match std::mem::replace(&mut self.phase, Phase::Done) {
-            Phase::Forwarded(attempt) => {
-                self.mark_uncertain(
-                    &attempt,
-                    "the gateway's stream ended after the request was forwarded, before its response"
-                        .into(),
-                )
-                .await;
+            Phase::Forwarded(held) => {
+                self.recorder
+                    .mark_uncertain(
+                        &held.attempt,
+                        "the gateway's stream ended after the request was forwarded, before its response"
+                            .into(),
+                        held.lease_end,
+                    )
+                    .await;
             }
-            Phase::Responding {
-                attempt, status, ..
-            } => {
-                self.mark_uncertain(
-                    &attempt,
-                    format!(
-                        "the gateway's stream ended after the tool's HTTP {status}, before its body"
-                    ),
-                )
-                .await;
+            Phase::Responding { held, status, .. } => {
+                self.recorder
+                    .mark_uncertain(
+                        &held.attempt,
+                        format!(
+                            "the gateway's stream ended after the tool's HTTP {status}, before its body"
+                        ),
+                        held.lease_end,
+                    )
+                    .await;
             }
             Phase::Start | Phase::Body { .. } | Phase::Done => {}
         }
     }
+}
 
+// === recording outcomes ===
+
+/// The first pause before an outcome is asked again; it doubles with each
+/// try, up to [`MAX_BACKOFF`], jittered (half of it at random) so that the
+/// streams a store blip failed together do not come back together.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a Succeeded or Failed is asked at least, past the lease if
+/// need be: an UNCERTAIN attempt still takes them from its holder, and
+/// each one recorded is one an operator need not resolve. A minute rides
+/// out a Redis failover (Sentinel's own default notices a dead primary in
+/// 30 s).
+const OUTCOME_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The Gate, as the stream's caller, for the outcomes.
+///
+/// Each outcome is asked again while the store cannot answer it for now
+/// (STORE_UNAVAILABLE: unreachable, no answer within --store-timeout; or
+/// OVERLOADED: shed by admission), never after a definitive answer (a
+/// domain refusal: the attempt settled otherwise, resolved by an operator,
+/// another attempt's id). Asking again is safe: a Commit or MarkUncertain
+/// that reached the store and whose answer was lost is answered the same
+/// when repeated with the same attempt id and outcome (a repeated NotSent
+/// of a RELEASED attempt included, domain::ledger `settle`).
+///
+/// The outcomes go through admission like any store call, rather than
+/// around it: admission is what keeps a struggling store from more work
+/// than it can take, and it sheds only while every slot is busy, for a
+/// moment (its queue wait, then CoDel's interval); an outcome that waits
+/// a backoff and asks again costs the store nothing meanwhile, where
+/// outcomes exempt from admission would pile onto the store exactly when
+/// it is slowest. A stream holds at most one outcome at a time, so these
+/// retries are bounded by the streams Envoy holds open.
+#[derive(Clone)]
+struct Recorder {
+    gate: Arc<GateService>,
+    /// The stream's caller and deadline.
+    extensions: http::Extensions,
+}
+
+impl Recorder {
     /// The stream's caller, without its deadline: an outcome is recorded
     /// however late (refusing it would leave the attempt to its lease).
     fn caller<T>(&self, message: T) -> Request<T> {
@@ -724,16 +880,33 @@ impl Exchange {
         Request::from_parts(MetadataMap::new(), extensions, message)
     }
 
+    /// Commits `outcome`. NotSent is asked until the lease's end: after it
+    /// the attempt is UNCERTAIN, which a holder's NotSent can no longer
+    /// release. Succeeded and Failed are asked until then too, or for
+    /// [`OUTCOME_PATIENCE`] if that is later.
     // The Gate's futures are boxed here: nested in this stream's own, they
     // made one state machine too deep for the compiler to lay out.
-    async fn commit(&self, attempt: &pb::Attempt, outcome: pb::commit_request::Outcome) {
-        let request = self.caller(pb::CommitRequest {
+    async fn commit(
+        &self,
+        attempt: &pb::Attempt,
+        outcome: pb::commit_request::Outcome,
+        lease_end: Instant,
+    ) {
+        let until = match outcome {
+            pb::commit_request::Outcome::NotSent(_) => lease_end,
+            _ => lease_end.max(Instant::now() + OUTCOME_PATIENCE),
+        };
+        let request = pb::CommitRequest {
             permit_id: attempt.permit_id.clone(),
             idempotency_key: attempt.idempotency_key.clone(),
             attempt_id: attempt.attempt_id.clone(),
             outcome: Some(outcome),
-        });
-        if let Err(e) = Box::pin(self.gate.do_commit(request)).await {
+        };
+        let asked = retrying("Commit", attempt, until, || {
+            Box::pin(self.gate.do_commit(self.caller(request.clone())))
+        })
+        .await;
+        if let Err(e) = asked {
             tracing::warn!(
                 permit_id = %attempt.permit_id,
                 attempt_id = %attempt.attempt_id,
@@ -743,14 +916,20 @@ impl Exchange {
         }
     }
 
-    async fn mark_uncertain(&self, attempt: &pb::Attempt, reason: String) {
-        let request = self.caller(pb::MarkUncertainRequest {
+    /// MarkUncertain, asked until the lease's end: after it the attempt
+    /// reads UNCERTAIN anyway, and only the reason would be added.
+    async fn mark_uncertain(&self, attempt: &pb::Attempt, reason: String, lease_end: Instant) {
+        let request = pb::MarkUncertainRequest {
             permit_id: attempt.permit_id.clone(),
             idempotency_key: attempt.idempotency_key.clone(),
             attempt_id: attempt.attempt_id.clone(),
             reason,
-        });
-        if let Err(e) = Box::pin(self.gate.do_mark_uncertain(request)).await {
+        };
+        let asked = retrying("MarkUncertain", attempt, lease_end, || {
+            Box::pin(self.gate.do_mark_uncertain(self.caller(request.clone())))
+        })
+        .await;
+        if let Err(e) = asked {
             tracing::warn!(
                 permit_id = %attempt.permit_id,
                 attempt_id = %attempt.attempt_id,
@@ -759,6 +938,60 @@ impl Exchange {
             );
         }
     }
+}
+
+/// Whether the store may answer `e` otherwise if asked again: it could
+/// not answer (or was not asked), as opposed to a decision.
+fn transient(e: &Error) -> bool {
+    matches!(e, Error::StoreUnavailable(_) | Error::Overloaded { .. })
+}
+
+/// Asks `once` until it answers, it fails other than [`transient`]ly, or
+/// the next try would start after `until`.
+async fn retrying<T, Fut>(
+    rpc: &'static str,
+    attempt: &pb::Attempt,
+    until: Instant,
+    mut once: impl FnMut() -> Fut,
+) -> Result<T, Error>
+where
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let mut tries: u32 = 0;
+    loop {
+        tries += 1;
+        let error = match once().await {
+            Ok(answer) => return Ok(answer),
+            Err(error) => error,
+        };
+        let delay = backoff(tries);
+        if !transient(&error) || Instant::now() + delay >= until {
+            return Err(error);
+        }
+        tracing::debug!(
+            rpc,
+            tries,
+            permit_id = %attempt.permit_id,
+            attempt_id = %attempt.attempt_id,
+            error = %error,
+            ?delay,
+            "ext_proc: an outcome could not be recorded yet; asking again"
+        );
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// The pause after the `tries`-th try: [`FIRST_BACKOFF`] doubled per try
+/// up to [`MAX_BACKOFF`], of which a random half is waited.
+fn backoff(tries: u32) -> Duration {
+    let full = FIRST_BACKOFF
+        .saturating_mul(1 << tries.saturating_sub(1).min(16))
+        .min(MAX_BACKOFF);
+    let half = full / 2;
+    // The random bits of a UUIDv7 (uuid's own generator, as for attempt
+    // ids): no random-number crate of its own for a jitter.
+    let random = uuid::Uuid::now_v7().as_u128() as u64;
+    half + Duration::from_micros(random % (half.as_micros() as u64 + 1))
 }
 
 /// Which part of the request an Authorize answers.
@@ -797,26 +1030,39 @@ fn not_sent() -> pb::commit_request::Outcome {
     pb::commit_request::Outcome::NotSent(pb::NotSent {})
 }
 
+/// How Envoy's side of the stream stood when a store call returned.
+enum Watched {
+    /// Open: the answer can be handed over.
+    Open,
+    /// Envoy closed its side cleanly before the answer (it gave up).
+    Closed,
+    /// A message atmost could not read (one past --max-request-bytes, a
+    /// decoding error), or a reset: the stream is broken with this status.
+    Broken(Status),
+}
+
 /// Runs `call` (a store call, never cancelled halfway) while watching the
-/// stream: a message that arrives meanwhile is kept in `pending`; the
-/// stream's end is reported as `true`.
+/// stream: a message that arrives meanwhile is kept in `pending`; an end
+/// or an error is reported, never taken for the other.
 async fn watching<T>(
     call: impl Future<Output = T>,
     inbound: &mut Streaming<ProcessingRequest>,
     pending: &mut Option<ProcessingRequest>,
-) -> (T, bool) {
+) -> (T, Watched) {
     tokio::pin!(call);
-    let mut ended = false;
+    let mut stream = Watched::Open;
     loop {
         tokio::select! {
             // The stream first: an end that has already arrived is seen
             // before a DISPATCH is handed over.
             biased;
-            next = inbound.message(), if !ended && pending.is_none() => match next {
+            next = inbound.message(),
+                if matches!(stream, Watched::Open) && pending.is_none() => match next {
                 Ok(Some(message)) => *pending = Some(message),
-                Ok(None) | Err(_) => ended = true,
+                Ok(None) => stream = Watched::Closed,
+                Err(status) => stream = Watched::Broken(status),
             },
-            out = &mut call => return (out, ended),
+            out = &mut call => return (out, stream),
         }
     }
 }
