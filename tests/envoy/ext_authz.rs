@@ -147,6 +147,14 @@ fn read(response: CheckResponse) -> Checked {
     match response.http_response.expect("http_response") {
         HttpResponse::OkResponse(ok) => {
             assert_eq!(code, 0, "an OK response with status {code}");
+            // Each replaces whatever the client sent under that name.
+            for o in &ok.headers {
+                assert_eq!(
+                    o.append_action(),
+                    envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd,
+                    "{o:?}"
+                );
+            }
             Checked::Allowed {
                 upstream: headers(ok.headers),
                 downstream: headers(ok.response_headers_to_add),
@@ -179,27 +187,44 @@ async fn check(h: &Harness, request: CheckRequest) -> Checked {
     check_with(h, tonic::Request::new(request)).await
 }
 
-/// The request was forwarded: the attempt's id.
+/// The request was forwarded: the headers Envoy adds to it upstream
+/// (the attempt's id, the permit id and the key as atmost used them).
+/// Nothing is added to the response the client gets: while the tool runs
+/// the attempt is RESERVED, and its id is the fencing token of its Commit.
 #[track_caller]
-fn allowed(checked: Checked) -> String {
+fn forwarded(checked: Checked) -> HashMap<String, String> {
     match checked {
         Checked::Allowed {
             upstream,
             downstream,
             metadata,
         } => {
-            let id = upstream["x-atmost-attempt-id"].clone();
-            assert_eq!(downstream["x-atmost-attempt-id"], id);
+            assert_eq!(
+                downstream,
+                HashMap::new(),
+                "nothing goes downstream, least of all the open attempt's id"
+            );
             let field = |k: &str| match metadata.fields.get(k).and_then(|v| v.kind.as_ref()) {
                 Some(V::StringValue(s)) => s.clone(),
                 other => panic!("metadata {k}: {other:?}"),
             };
-            assert_eq!(field("attempt_id"), id);
+            assert_eq!(field("attempt_id"), upstream["x-atmost-attempt-id"]);
+            assert_eq!(field("permit_id"), upstream["x-atmost-permit-id"]);
+            assert_eq!(
+                field("idempotency_key"),
+                upstream["x-atmost-idempotency-key"]
+            );
             assert_eq!(field("tool"), TOOL);
-            id
+            upstream
         }
         denied => panic!("expected the request forwarded, got {denied:?}"),
     }
+}
+
+/// The request was forwarded: the attempt's id.
+#[track_caller]
+fn allowed(checked: Checked) -> String {
+    forwarded(checked)["x-atmost-attempt-id"].clone()
 }
 
 /// The request was answered with `status` and `reason`: the headers and
@@ -240,13 +265,21 @@ async fn wallet_permit(h: &Harness) -> String {
 
 /// DISPATCH: forwarded with the attempt's id, the attempt RESERVED with
 /// the request's fingerprint; the upstream commits it through the Gate
-/// with the headers it received (the ext_authz-only Commit path), and the
-/// same key again replays the result with 200, never calling the tool.
+/// with nothing but the x-atmost-* headers it received (the ext_authz-only
+/// Commit path), though the client wrote its key as a structured-field
+/// string with escapes and its permit id in upper case; the same key
+/// again replays the result with 200, never calling the tool.
 async fn dispatch_then_the_upstream_commits_and_the_key_replays(kind: Kind) {
     let h = Harness::start(kind).await;
     let permit = wallet_permit(&h).await;
-    let id = allowed(check(&h, charge(&permit, "\"order-1\"")).await);
-    let a = attempt(&h, &permit, "order-1").await;
+    // The IETF draft's sf-string: the key atmost uses is order-"1".
+    let sent_key = r#""order-\"1\"""#;
+    let key = r#"order-"1""#;
+    let upstream = forwarded(check(&h, charge(&permit.to_uppercase(), sent_key)).await);
+    let id = upstream["x-atmost-attempt-id"].clone();
+    assert_eq!(upstream["x-atmost-permit-id"], permit);
+    assert_eq!(upstream["x-atmost-idempotency-key"], key);
+    let a = attempt(&h, &permit, key).await;
     // GetAttempt withholds a RESERVED attempt's id (its fencing token):
     // the upstream has it from the headers, and the Commit below with it
     // is what shows it is the reservation's.
@@ -256,20 +289,20 @@ async fn dispatch_then_the_upstream_commits_and_the_key_replays(kind: Kind) {
     assert_eq!(a.request_fingerprint, fingerprint("POST", PATH, BODY));
     assert_eq!(a.cost, 0);
 
-    // The upstream got x-atmost-permit, Idempotency-Key and
-    // x-atmost-attempt-id: all a Commit needs.
+    // The upstream commits with the three headers it received, and only
+    // them.
     h.client
         .commit(pb::CommitRequest {
-            permit_id: permit.clone(),
-            idempotency_key: "order-1".into(),
-            attempt_id: id.clone(),
+            permit_id: upstream["x-atmost-permit-id"].clone(),
+            idempotency_key: upstream["x-atmost-idempotency-key"].clone(),
+            attempt_id: upstream["x-atmost-attempt-id"].clone(),
             outcome: Some(succeeded(br#"{"charge":"ch_1"}"#, None)),
         })
         .await
-        .expect("commit");
-    assert_eq!(attempt(&h, &permit, "order-1").await.attempt_id, id);
+        .expect("commit with the forwarded headers");
+    assert_eq!(attempt(&h, &permit, key).await.attempt_id, id);
 
-    match check(&h, charge(&permit, "order-1")).await {
+    match check(&h, charge(&permit, sent_key)).await {
         Checked::Denied {
             status,
             headers,
@@ -279,6 +312,7 @@ async fn dispatch_then_the_upstream_commits_and_the_key_replays(kind: Kind) {
             assert_eq!(body, r#"{"charge":"ch_1"}"#);
             assert_eq!(headers["idempotent-replayed"], "true");
             assert_eq!(headers["x-atmost-reason"], "REPLAY_SUCCEEDED");
+            // Settled: its id is no fencing token any more.
             assert_eq!(headers["x-atmost-attempt-id"], id);
             assert!(!headers["x-atmost-receipt-id"].is_empty());
         }
@@ -425,7 +459,12 @@ async fn uncertain_and_failed_keys_are_not_sent_again(kind: Kind) {
         409,
         "REPLAY_UNCERTAIN",
     );
-    assert_eq!(headers["x-atmost-attempt-id"], lost);
+    // UNCERTAIN is open: its id (the fencing token an operator's or the
+    // tool's MarkUncertain and Commit present) never reaches the client,
+    // neither in a header nor in the body.
+    assert_eq!(headers.get("x-atmost-attempt-id"), None, "{headers:?}");
+    assert_eq!(body.get("attempt_id"), None, "{body}");
+    assert!(!body.to_string().contains(&lost), "{body}");
     assert_eq!(body["uncertain_reason"], "upstream timed out");
     assert_eq!(body["state"], "ATTEMPT_STATE_UNCERTAIN");
 
@@ -434,17 +473,20 @@ async fn uncertain_and_failed_keys_are_not_sent_again(kind: Kind) {
         .commit(pb::CommitRequest {
             permit_id: permit.clone(),
             idempotency_key: "refused".into(),
-            attempt_id: refused,
+            attempt_id: refused.clone(),
             outcome: Some(failed("card declined")),
         })
         .await
         .unwrap();
-    let (_, body) = denied(
+    let (headers, body) = denied(
         check(&h, charge(&permit, "refused")).await,
         409,
         "REPLAY_FAILED",
     );
     assert_eq!(body["failure_reason"], "card declined");
+    // FAILED is settled: its id may go to the client.
+    assert_eq!(headers["x-atmost-attempt-id"], refused);
+    assert_eq!(body["attempt_id"], refused.as_str());
 }
 
 /// Unknown, revoked and expired permits and a tool out of scope: 403.
@@ -682,21 +724,26 @@ from = "header"
         }
         r
     };
-    let id = allowed(check(&h, request("/v1/charges", "j-1", true)).await);
+    let upstream = forwarded(check(&h, request("/v1/charges", "j-1", true)).await);
+    let id = upstream["x-atmost-attempt-id"].clone();
+    // The permit the JWT names, not the header's: the upstream gets it
+    // although no header of the request carries it.
+    assert_eq!(upstream["x-atmost-permit-id"], permit);
     let a = attempt(&h, &permit, "j-1").await;
     assert_eq!((a.attempt_id.as_str(), a.tool.as_str()), ("", TOOL));
     assert_eq!(a.request_fingerprint, b"client-fp-1");
-    // The id forwarded is the reservation's: MarkUncertain takes it, and
-    // an UNCERTAIN attempt's id reads back (dev mode may Resolve it).
+    // The id forwarded is the reservation's: MarkUncertain with only the
+    // forwarded headers takes it, and an UNCERTAIN attempt's id reads back
+    // (dev mode may Resolve it).
     h.client
         .mark_uncertain(pb::MarkUncertainRequest {
-            permit_id: permit.clone(),
-            idempotency_key: "j-1".into(),
-            attempt_id: id.clone(),
+            permit_id: upstream["x-atmost-permit-id"].clone(),
+            idempotency_key: upstream["x-atmost-idempotency-key"].clone(),
+            attempt_id: upstream["x-atmost-attempt-id"].clone(),
             reason: "checked by the test".into(),
         })
         .await
-        .expect("the forwarded id is the attempt's");
+        .expect("the forwarded headers name the attempt");
     assert_eq!(attempt(&h, &permit, "j-1").await.attempt_id, id);
     match check(&h, request("/v1/search/docs?q=x", "j-2", true)).await {
         Checked::Allowed { .. } => {}

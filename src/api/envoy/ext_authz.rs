@@ -1,13 +1,16 @@
 //! `envoy.service.auth.v3.Authorization/Check`: Envoy's external
 //! authorization, asked once per HTTP request before it is routed.
 //!
-//! DISPATCH lets the request through with `x-atmost-attempt-id` added (the
-//! tool's own idempotency key) and the attempt in the filter's dynamic
-//! metadata; every other answer is a denied response Envoy sends the
-//! client instead of calling the tool ([`super::Answer`]). ext_authz sees
-//! no response, so nothing here commits: the upstream (or a reconciler)
-//! settles the attempt through the Gate (docs/gateways.md, "Without
-//! ext_proc").
+//! DISPATCH lets the request through with `x-atmost-attempt-id` (the
+//! tool's own idempotency key), `x-atmost-permit-id` and
+//! `x-atmost-idempotency-key` added upstream, and the attempt in the
+//! filter's dynamic metadata; nothing is added to the response, so the
+//! attempt's id (its fencing token, while it is open) never reaches the
+//! client. Every other answer is a denied response Envoy sends the client
+//! instead of calling the tool ([`super::Answer`]). ext_authz sees no
+//! response, so nothing here commits: the upstream (or a reconciler)
+//! settles the attempt through the Gate with the three headers
+//! (docs/gateways.md, "Without ext_proc").
 
 use super::{ATTEMPT_HEADER, Answer, Headers, HttpRequest, Mapping, Reply, Unmapped};
 use crate::api::gate::GateService;
@@ -25,6 +28,11 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 
 /// The header Envoy adds when `allow_partial_message` cut the body.
 const PARTIAL_BODY: &str = "x-envoy-auth-partial-body";
+/// Added upstream on DISPATCH: the permit id and the idempotency key as
+/// atmost used them (the permit may come from a JWT claim, the key from a
+/// structured-field string), for the upstream's Commit.
+pub const PERMIT_ID_HEADER: &str = "x-atmost-permit-id";
+pub const KEY_HEADER: &str = "x-atmost-idempotency-key";
 /// On a replayed result sent base64-encoded (ext_authz carries a denied
 /// response's body as text).
 pub const RESULT_ENCODING_HEADER: &str = "x-atmost-result-encoding";
@@ -63,9 +71,18 @@ pub(super) fn check_response(answer: Answer) -> CheckResponse {
                 ..Default::default()
             }),
             dynamic_metadata: Some(super::attempt_metadata(&attempt)),
+            // Upstream only, each replacing any the client sent: the
+            // attempt is RESERVED while the tool runs, and its id is the
+            // fencing token the Commit presents, so nothing goes downstream
+            // (`response_headers_to_add` stays empty). A key is printable
+            // ASCII and a permit id a UUID (the Gate's validation): both
+            // are valid header values.
             http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
-                headers: vec![set(ATTEMPT_HEADER, attempt.attempt_id.clone())],
-                response_headers_to_add: vec![set(ATTEMPT_HEADER, attempt.attempt_id)],
+                headers: vec![
+                    set(ATTEMPT_HEADER, attempt.attempt_id.clone()),
+                    set(PERMIT_ID_HEADER, attempt.permit_id.clone()),
+                    set(KEY_HEADER, attempt.idempotency_key.clone()),
+                ],
                 ..Default::default()
             })),
         },

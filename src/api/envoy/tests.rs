@@ -679,6 +679,40 @@ fn the_answers_table_in_the_docs_is_what_the_code_answers() {
     }
 }
 
+/// A replay carries the attempt's id (header and body) only for a settled
+/// attempt: an open one's id is its fencing token, for the gateway's side
+/// only.
+#[test]
+fn a_replay_names_the_attempt_only_once_it_is_settled() {
+    let id = "0190f3c2-7a1b-7c3d-8e4f-a0b1c2d3e4f6";
+    let replay = |state: pb::AttemptState| {
+        let mut attempt = pb::Attempt {
+            attempt_id: id.into(),
+            ..Default::default()
+        };
+        attempt.set_state(state);
+        let reply = Reply::replay(attempt);
+        let header = reply
+            .headers
+            .iter()
+            .find(|(k, _)| *k == ATTEMPT_HEADER)
+            .map(|(_, v)| v.clone());
+        (header, String::from_utf8_lossy(&reply.body).contains(id))
+    };
+    assert_eq!(replay(pb::AttemptState::Succeeded).0.as_deref(), Some(id));
+    assert_eq!(
+        replay(pb::AttemptState::Failed),
+        (Some(id.to_owned()), true)
+    );
+    for open in [
+        pb::AttemptState::Uncertain,
+        pb::AttemptState::Reserved,
+        pb::AttemptState::Unspecified,
+    ] {
+        assert_eq!(replay(open), (None, false), "{open:?}");
+    }
+}
+
 #[test]
 fn a_refusal_carries_the_errorinfo_metadata_and_retry_after() {
     let reply = Reply::refusal(&error_of(Reason::MaxCallsExceeded));
