@@ -40,7 +40,12 @@ fn peer(ip: &str, port: u32) -> attribute_context::Peer {
 
 /// A CheckRequest as Envoy's ext_authz filter builds it for `method`
 /// `path` with these headers and body, on a route whose
-/// `check_settings.context_extensions` name `tool`.
+/// `check_settings.context_extensions` name `tool`, with
+/// `with_request_body { pack_as_bytes: true }`: a request with a body is
+/// checked once Envoy has buffered it, so `size` (its bytes received) is
+/// the body's length, the body is in `raw_body`, and Envoy adds
+/// `x-envoy-auth-partial-body: false` (check_request_utils.cc); a request
+/// without one is checked at its headers, with neither.
 fn check_request(
     method: &str,
     path: &str,
@@ -61,11 +66,12 @@ fn check_request(
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    for (k, v) in headers {
-        all.insert(k.to_ascii_lowercase(), (*v).to_owned());
-    }
     if !body.is_empty() {
         all.insert("content-length".into(), body.len().to_string());
+        all.insert("x-envoy-auth-partial-body".into(), "false".into());
+    }
+    for (k, v) in headers {
+        all.insert(k.to_ascii_lowercase(), (*v).to_owned());
     }
     CheckRequest {
         attributes: Some(AttributeContext {
@@ -115,6 +121,55 @@ fn charge(permit: &str, key: &str) -> CheckRequest {
         BODY,
         Some(TOOL),
     )
+}
+
+/// The HttpRequest of a CheckRequest.
+fn http(request: &mut CheckRequest) -> &mut attribute_context::HttpRequest {
+    request
+        .attributes
+        .as_mut()
+        .unwrap()
+        .request
+        .as_mut()
+        .unwrap()
+        .http
+        .as_mut()
+        .unwrap()
+}
+
+/// The CheckRequest Envoy sends without `with_request_body`: it asks at
+/// the request's headers, before any of the body arrived, so `size` (its
+/// bytes received) is 0, there is no body and no
+/// `x-envoy-auth-partial-body`; the headers are the client's.
+fn without_request_body(mut request: CheckRequest) -> CheckRequest {
+    let http = http(&mut request);
+    http.raw_body.clear();
+    http.size = 0;
+    http.headers.remove("x-envoy-auth-partial-body");
+    request
+}
+
+/// The CheckRequest Envoy sends with `encode_raw_headers: true`: the
+/// headers in `header_map`, one entry per occurrence, each value in
+/// `raw_value`, and the `headers` map empty; `more` are further
+/// occurrences, after the rest.
+fn raw_headers(mut request: CheckRequest, more: &[(&str, &str)]) -> CheckRequest {
+    use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+    let http = http(&mut request);
+    let mut headers: Vec<(String, String)> = http.headers.drain().collect();
+    headers.sort();
+    headers.extend(more.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    http.header_map = Some(HeaderMap {
+        headers: headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key,
+                raw_value: value.into_bytes(),
+                ..Default::default()
+            })
+            .collect(),
+    });
+    request
 }
 
 /// What Envoy does with a CheckResponse.
@@ -584,36 +639,84 @@ async fn malformed_requests_are_400(kind: Kind) {
     );
 }
 
-/// A request with a body Envoy did not send (no `with_request_body`):
-/// 500, the gateway operator's to fix; nothing reserved.
+/// A request with a body Envoy did not send (no `with_request_body`): 500,
+/// the gateway operator's to fix; nothing reserved. Envoy then asks at the
+/// headers, before any of the body arrived: `size` is 0 and no
+/// `x-envoy-auth-partial-body` comes, so the body shows only in what the
+/// client declared: its `content-length`, or HTTP/1.1's chunked
+/// `transfer-encoding`. A request without a body passes as before, and a
+/// header-sourced fingerprint needs no body at all.
 async fn a_body_envoy_did_not_send_is_a_misconfiguration(kind: Kind) {
     let h = Harness::start(kind).await;
     let permit = wallet_permit(&h).await;
-    let mut request = charge(&permit, "nobody");
-    let http = request
-        .attributes
-        .as_mut()
-        .unwrap()
-        .request
-        .as_mut()
-        .unwrap()
-        .http
-        .as_mut()
-        .unwrap();
-    http.raw_body.clear();
-    assert!(http.size > 0);
+
+    let request = without_request_body(charge(&permit, "nobody"));
+    assert_eq!(http(&mut request.clone()).size, 0, "as Envoy sends it");
     let (_, body) = denied(check(&h, request).await, 500, "GATEWAY_MISCONFIGURED");
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("with_request_body"), "{body}");
+    assert!(message.contains("content-length 31"), "{body}");
+
+    let mut chunked = without_request_body(charge(&permit, "nobody"));
+    let headers = &mut http(&mut chunked).headers;
+    headers.remove("content-length");
+    headers.insert("transfer-encoding".into(), "chunked".into());
+    let (_, body) = denied(check(&h, chunked).await, 500, "GATEWAY_MISCONFIGURED");
     assert!(
         body["message"]
             .as_str()
             .unwrap()
-            .contains("with_request_body"),
+            .contains("transfer-encoding chunked"),
         "{body}"
     );
+    // The same with encode_raw_headers.
+    let raw = raw_headers(without_request_body(charge(&permit, "nobody")), &[]);
+    denied(check(&h, raw).await, 500, "GATEWAY_MISCONFIGURED");
     expect_error(
         h.client.get_attempt(&permit, "nobody").await,
         Code::NotFound,
         "ATTEMPT_NOT_FOUND",
+    );
+
+    // A client's own x-envoy-auth-partial-body is not what Envoy sends
+    // (Envoy drops it), but it changes nothing either way: "true" is a
+    // 400, anything else without a body is still the misconfiguration.
+    let mut forged = without_request_body(charge(&permit, "nobody"));
+    http(&mut forged)
+        .headers
+        .insert("x-envoy-auth-partial-body".into(), "true".into());
+    denied(check(&h, forged).await, 400, "INVALID_REQUEST");
+
+    // No body, no content-length: nothing is missing.
+    let get = check_request(
+        "GET",
+        "/v1/charges/ch_1",
+        &[("x-atmost-permit", &permit), ("idempotency-key", "get-1")],
+        b"",
+        Some("search"),
+    );
+    match check(&h, without_request_body(get)).await {
+        Checked::Allowed { .. } => {}
+        other => panic!("a request without a body: {other:?}"),
+    }
+}
+
+/// With the fingerprint from a header, the body is not needed: a request
+/// whose body Envoy did not send is authorized.
+async fn a_header_fingerprint_needs_no_body(kind: Kind) {
+    let h = Harness::start_configured(kind, |app| {
+        app.with_envoy(Some(mapping("[fingerprint]\nfrom = \"header\"\n")))
+    })
+    .await;
+    let permit = wallet_permit(&h).await;
+    let mut request = without_request_body(charge(&permit, "fp-1"));
+    http(&mut request)
+        .headers
+        .insert("x-atmost-fingerprint".into(), "client-fp".into());
+    allowed(check(&h, request).await);
+    assert_eq!(
+        attempt(&h, &permit, "fp-1").await.request_fingerprint,
+        b"client-fp"
     );
 }
 
@@ -1128,6 +1231,7 @@ on_each_store!(
     permit_refusals_are_403,
     malformed_requests_are_400,
     a_body_envoy_did_not_send_is_a_misconfiguration,
+    a_header_fingerprint_needs_no_body,
     a_check_past_its_deadline_reserves_nothing,
     jwt_permit_route_table_and_header_fingerprint,
 );

@@ -26,7 +26,12 @@ use envoy_types::pb::google::rpc::Status as RpcStatus;
 use std::sync::Arc;
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 
-/// The header Envoy adds when `allow_partial_message` cut the body.
+/// The header Envoy adds to the CheckRequest whenever it buffered the
+/// request's body for `with_request_body`: `"true"` when
+/// `allow_partial_message` cut it, `"false"` when it is whole. Envoy
+/// drops a client's own header of that name, and adds none without
+/// `with_request_body` or for a request without a body
+/// (check_request_utils.cc, `setHttpRequest`).
 const PARTIAL_BODY: &str = "x-envoy-auth-partial-body";
 /// Added upstream on DISPATCH: the permit id and the idempotency key as
 /// atmost used them (the permit may come from a JWT claim, the key from a
@@ -123,6 +128,30 @@ pub(super) fn check_response(answer: Answer) -> CheckResponse {
     }
 }
 
+/// Whether the request says it has a body, and how, as Envoy describes it
+/// at header time: a `content-length` above 0, a `transfer-encoding`
+/// (HTTP/1.1 chunked), or body bytes Envoy already counted (`size`, its
+/// bytes received: 0 at header time without `with_request_body`). An
+/// HTTP/2 or HTTP/3 request that sends DATA without a `content-length`
+/// says none of these: its body cannot be seen here.
+fn declared_body(headers: &Headers, size: i64) -> Option<String> {
+    if let Some(length) = headers.get("content-length") {
+        // Envoy refuses a request whose content-length is not a number;
+        // anything else but 0 is taken as a body, failing closed.
+        let length = String::from_utf8_lossy(length);
+        if length.trim().parse::<u64>() != Ok(0) {
+            return Some(format!("content-length {}", length.trim()));
+        }
+    }
+    if let Some(coding) = headers.get("transfer-encoding") {
+        return Some(format!(
+            "transfer-encoding {}",
+            String::from_utf8_lossy(coding).trim()
+        ));
+    }
+    (size > 0).then(|| format!("{size} bytes received"))
+}
+
 #[tonic::async_trait]
 impl Authorization for ExtAuthzService {
     async fn check(
@@ -170,19 +199,22 @@ impl Authorization for ExtAuthzService {
 
         let mut unmapped = None;
         if self.mapping.needs_body() {
-            if headers.get(PARTIAL_BODY) == Some(b"true") {
+            let partial = headers.get(PARTIAL_BODY);
+            if partial == Some(b"true") {
                 unmapped = Some(Unmapped::Invalid(vec![crate::domain::Violation {
                     field: "body".into(),
                     description: "longer than the gateway sends atmost (with_request_body \
                         max_request_bytes): the fingerprint needs all of it"
                         .into(),
                 }]));
-            } else if body.is_empty() && http.size > 0 {
+            } else if body.is_empty()
+                && partial.is_none()
+                && let Some(declared) = declared_body(&headers, http.size)
+            {
                 unmapped = Some(Unmapped::Misconfigured(format!(
-                    "the request has a body of {} bytes and Envoy sent none: the fingerprint \
-                     needs it (ext_authz with_request_body, pack_as_bytes: true), or take the \
-                     fingerprint from a header",
-                    http.size
+                    "the request has a body ({declared}) and the gateway sent none: the \
+                     fingerprint needs it (ext_authz with_request_body, pack_as_bytes: true), \
+                     or take the fingerprint from a header"
                 )));
             }
         }
