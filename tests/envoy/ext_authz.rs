@@ -720,6 +720,40 @@ async fn a_header_fingerprint_needs_no_body(kind: Kind) {
     );
 }
 
+/// With `encode_raw_headers: true` Envoy sends each occurrence of a
+/// header on its own in `header_map` (values in `raw_value`): a request is
+/// read from it as from `headers`, and an `Idempotency-Key` given twice is
+/// a 400 instead of one key (Envoy's `headers` map joins the two with
+/// ","); a permit header given twice too. Nothing is reserved.
+async fn repeated_headers_in_the_raw_header_map_are_400(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = wallet_permit(&h).await;
+    let upstream = forwarded(check(&h, raw_headers(charge(&permit, "raw-1"), &[])).await);
+    assert_eq!(upstream["x-atmost-idempotency-key"], "raw-1");
+    assert_eq!(attempt(&h, &permit, "raw-1").await.tool, TOOL);
+
+    let twice = raw_headers(charge(&permit, "raw-2"), &[("idempotency-key", "raw-3")]);
+    let (_, body) = denied(check(&h, twice).await, 400, "INVALID_REQUEST");
+    assert_eq!(
+        body["violations"],
+        serde_json::json!([{
+            "field": "header idempotency-key",
+            "description": "given more than once: send one value",
+        }])
+    );
+    let other = "0190f3c2-7a1b-7c3d-8e4f-a0b1c2d3e4f5";
+    let two_permits = raw_headers(charge(&permit, "raw-4"), &[("x-atmost-permit", other)]);
+    let (_, body) = denied(check(&h, two_permits).await, 400, "INVALID_REQUEST");
+    assert_eq!(body["violations"][0]["field"], "header x-atmost-permit");
+    for key in ["raw-2", "raw-3", "raw-4"] {
+        expect_error(
+            h.client.get_attempt(&permit, key).await,
+            Code::NotFound,
+            "ATTEMPT_NOT_FOUND",
+        );
+    }
+}
+
 /// A Check whose deadline (Envoy's ext_authz timeout, sent as
 /// grpc-timeout) passed before its turn: 504, and the store never asked.
 async fn a_check_past_its_deadline_reserves_nothing(kind: Kind) {
@@ -1232,6 +1266,7 @@ on_each_store!(
     malformed_requests_are_400,
     a_body_envoy_did_not_send_is_a_misconfiguration,
     a_header_fingerprint_needs_no_body,
+    repeated_headers_in_the_raw_header_map_are_400,
     a_check_past_its_deadline_reserves_nothing,
     jwt_permit_route_table_and_header_fingerprint,
 );
