@@ -37,8 +37,9 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub const EXT_AUTHZ_SERVICE: &str = "envoy.service.auth.v3.Authorization";
 pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 
-/// Added to a forwarded request (and its response): the attempt's id, for
-/// the tool to use as its own idempotency key.
+/// Added to a forwarded request: the attempt's id, for the tool to use as
+/// its own idempotency key (and to settle the attempt with). A replay's
+/// answer carries it only for a settled attempt ([`Reply`]'s replay).
 pub const ATTEMPT_HEADER: &str = "x-atmost-attempt-id";
 /// On every answer atmost gives instead of the tool: why.
 pub const REASON_HEADER: &str = "x-atmost-reason";
@@ -477,9 +478,16 @@ impl Reply {
 
     /// A REPLAY: the stored result of a call that succeeded (status 200,
     /// the result as the body), or why there is none.
+    ///
+    /// The attempt's id goes to the client only when the attempt is
+    /// settled (SUCCEEDED, FAILED): the id of an open attempt (UNCERTAIN;
+    /// RESERVED never replays) is the fencing token its Commit or
+    /// MarkUncertain presents, which GetAttempt withholds too, and the
+    /// client on the other side of a gateway must never hold it.
     fn replay(attempt: pb::Attempt) -> Self {
         use pb::AttemptState as S;
         let state = attempt.state();
+        let settled = matches!(state, S::Succeeded | S::Failed);
         let attempt_id = attempt.attempt_id.clone();
         let mut reply = match state {
             S::Succeeded => {
@@ -513,13 +521,14 @@ impl Reply {
                 json(serde_json::json!({
                     "reason": reasons::REPLAY_UNCERTAIN,
                     "message": "this idempotency key's call was sent before and its outcome is unknown; it is not sent again until an operator resolves it",
-                    "attempt_id": attempt.attempt_id,
                     "state": state.as_str_name(),
                     "uncertain_reason": attempt.uncertain_reason,
                 })),
             ),
         };
-        reply.headers.push((ATTEMPT_HEADER, attempt_id));
+        if settled {
+            reply.headers.push((ATTEMPT_HEADER, attempt_id));
+        }
         reply
     }
 }

@@ -40,7 +40,12 @@ fn peer(ip: &str, port: u32) -> attribute_context::Peer {
 
 /// A CheckRequest as Envoy's ext_authz filter builds it for `method`
 /// `path` with these headers and body, on a route whose
-/// `check_settings.context_extensions` name `tool`.
+/// `check_settings.context_extensions` name `tool`, with
+/// `with_request_body { pack_as_bytes: true }`: a request with a body is
+/// checked once Envoy has buffered it, so `size` (its bytes received) is
+/// the body's length, the body is in `raw_body`, and Envoy adds
+/// `x-envoy-auth-partial-body: false` (check_request_utils.cc); a request
+/// without one is checked at its headers, with neither.
 fn check_request(
     method: &str,
     path: &str,
@@ -61,11 +66,12 @@ fn check_request(
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    for (k, v) in headers {
-        all.insert(k.to_ascii_lowercase(), (*v).to_owned());
-    }
     if !body.is_empty() {
         all.insert("content-length".into(), body.len().to_string());
+        all.insert("x-envoy-auth-partial-body".into(), "false".into());
+    }
+    for (k, v) in headers {
+        all.insert(k.to_ascii_lowercase(), (*v).to_owned());
     }
     CheckRequest {
         attributes: Some(AttributeContext {
@@ -117,6 +123,55 @@ fn charge(permit: &str, key: &str) -> CheckRequest {
     )
 }
 
+/// The HttpRequest of a CheckRequest.
+fn http(request: &mut CheckRequest) -> &mut attribute_context::HttpRequest {
+    request
+        .attributes
+        .as_mut()
+        .unwrap()
+        .request
+        .as_mut()
+        .unwrap()
+        .http
+        .as_mut()
+        .unwrap()
+}
+
+/// The CheckRequest Envoy sends without `with_request_body`: it asks at
+/// the request's headers, before any of the body arrived, so `size` (its
+/// bytes received) is 0, there is no body and no
+/// `x-envoy-auth-partial-body`; the headers are the client's.
+fn without_request_body(mut request: CheckRequest) -> CheckRequest {
+    let http = http(&mut request);
+    http.raw_body.clear();
+    http.size = 0;
+    http.headers.remove("x-envoy-auth-partial-body");
+    request
+}
+
+/// The CheckRequest Envoy sends with `encode_raw_headers: true`: the
+/// headers in `header_map`, one entry per occurrence, each value in
+/// `raw_value`, and the `headers` map empty; `more` are further
+/// occurrences, after the rest.
+fn raw_headers(mut request: CheckRequest, more: &[(&str, &str)]) -> CheckRequest {
+    use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+    let http = http(&mut request);
+    let mut headers: Vec<(String, String)> = http.headers.drain().collect();
+    headers.sort();
+    headers.extend(more.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    http.header_map = Some(HeaderMap {
+        headers: headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key,
+                raw_value: value.into_bytes(),
+                ..Default::default()
+            })
+            .collect(),
+    });
+    request
+}
+
 /// What Envoy does with a CheckResponse.
 #[derive(Debug)]
 enum Checked {
@@ -147,6 +202,14 @@ fn read(response: CheckResponse) -> Checked {
     match response.http_response.expect("http_response") {
         HttpResponse::OkResponse(ok) => {
             assert_eq!(code, 0, "an OK response with status {code}");
+            // Each replaces whatever the client sent under that name.
+            for o in &ok.headers {
+                assert_eq!(
+                    o.append_action(),
+                    envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd,
+                    "{o:?}"
+                );
+            }
             Checked::Allowed {
                 upstream: headers(ok.headers),
                 downstream: headers(ok.response_headers_to_add),
@@ -179,27 +242,44 @@ async fn check(h: &Harness, request: CheckRequest) -> Checked {
     check_with(h, tonic::Request::new(request)).await
 }
 
-/// The request was forwarded: the attempt's id.
+/// The request was forwarded: the headers Envoy adds to it upstream
+/// (the attempt's id, the permit id and the key as atmost used them).
+/// Nothing is added to the response the client gets: while the tool runs
+/// the attempt is RESERVED, and its id is the fencing token of its Commit.
 #[track_caller]
-fn allowed(checked: Checked) -> String {
+fn forwarded(checked: Checked) -> HashMap<String, String> {
     match checked {
         Checked::Allowed {
             upstream,
             downstream,
             metadata,
         } => {
-            let id = upstream["x-atmost-attempt-id"].clone();
-            assert_eq!(downstream["x-atmost-attempt-id"], id);
+            assert_eq!(
+                downstream,
+                HashMap::new(),
+                "nothing goes downstream, least of all the open attempt's id"
+            );
             let field = |k: &str| match metadata.fields.get(k).and_then(|v| v.kind.as_ref()) {
                 Some(V::StringValue(s)) => s.clone(),
                 other => panic!("metadata {k}: {other:?}"),
             };
-            assert_eq!(field("attempt_id"), id);
+            assert_eq!(field("attempt_id"), upstream["x-atmost-attempt-id"]);
+            assert_eq!(field("permit_id"), upstream["x-atmost-permit-id"]);
+            assert_eq!(
+                field("idempotency_key"),
+                upstream["x-atmost-idempotency-key"]
+            );
             assert_eq!(field("tool"), TOOL);
-            id
+            upstream
         }
         denied => panic!("expected the request forwarded, got {denied:?}"),
     }
+}
+
+/// The request was forwarded: the attempt's id.
+#[track_caller]
+fn allowed(checked: Checked) -> String {
+    forwarded(checked)["x-atmost-attempt-id"].clone()
 }
 
 /// The request was answered with `status` and `reason`: the headers and
@@ -240,13 +320,21 @@ async fn wallet_permit(h: &Harness) -> String {
 
 /// DISPATCH: forwarded with the attempt's id, the attempt RESERVED with
 /// the request's fingerprint; the upstream commits it through the Gate
-/// with the headers it received (the ext_authz-only Commit path), and the
-/// same key again replays the result with 200, never calling the tool.
+/// with nothing but the x-atmost-* headers it received (the ext_authz-only
+/// Commit path), though the client wrote its key as a structured-field
+/// string with escapes and its permit id in upper case; the same key
+/// again replays the result with 200, never calling the tool.
 async fn dispatch_then_the_upstream_commits_and_the_key_replays(kind: Kind) {
     let h = Harness::start(kind).await;
     let permit = wallet_permit(&h).await;
-    let id = allowed(check(&h, charge(&permit, "\"order-1\"")).await);
-    let a = attempt(&h, &permit, "order-1").await;
+    // The IETF draft's sf-string: the key atmost uses is order-"1".
+    let sent_key = r#""order-\"1\"""#;
+    let key = r#"order-"1""#;
+    let upstream = forwarded(check(&h, charge(&permit.to_uppercase(), sent_key)).await);
+    let id = upstream["x-atmost-attempt-id"].clone();
+    assert_eq!(upstream["x-atmost-permit-id"], permit);
+    assert_eq!(upstream["x-atmost-idempotency-key"], key);
+    let a = attempt(&h, &permit, key).await;
     // GetAttempt withholds a RESERVED attempt's id (its fencing token):
     // the upstream has it from the headers, and the Commit below with it
     // is what shows it is the reservation's.
@@ -256,20 +344,20 @@ async fn dispatch_then_the_upstream_commits_and_the_key_replays(kind: Kind) {
     assert_eq!(a.request_fingerprint, fingerprint("POST", PATH, BODY));
     assert_eq!(a.cost, 0);
 
-    // The upstream got x-atmost-permit, Idempotency-Key and
-    // x-atmost-attempt-id: all a Commit needs.
+    // The upstream commits with the three headers it received, and only
+    // them.
     h.client
         .commit(pb::CommitRequest {
-            permit_id: permit.clone(),
-            idempotency_key: "order-1".into(),
-            attempt_id: id.clone(),
+            permit_id: upstream["x-atmost-permit-id"].clone(),
+            idempotency_key: upstream["x-atmost-idempotency-key"].clone(),
+            attempt_id: upstream["x-atmost-attempt-id"].clone(),
             outcome: Some(succeeded(br#"{"charge":"ch_1"}"#, None)),
         })
         .await
-        .expect("commit");
-    assert_eq!(attempt(&h, &permit, "order-1").await.attempt_id, id);
+        .expect("commit with the forwarded headers");
+    assert_eq!(attempt(&h, &permit, key).await.attempt_id, id);
 
-    match check(&h, charge(&permit, "order-1")).await {
+    match check(&h, charge(&permit, sent_key)).await {
         Checked::Denied {
             status,
             headers,
@@ -279,6 +367,7 @@ async fn dispatch_then_the_upstream_commits_and_the_key_replays(kind: Kind) {
             assert_eq!(body, r#"{"charge":"ch_1"}"#);
             assert_eq!(headers["idempotent-replayed"], "true");
             assert_eq!(headers["x-atmost-reason"], "REPLAY_SUCCEEDED");
+            // Settled: its id is no fencing token any more.
             assert_eq!(headers["x-atmost-attempt-id"], id);
             assert!(!headers["x-atmost-receipt-id"].is_empty());
         }
@@ -425,7 +514,12 @@ async fn uncertain_and_failed_keys_are_not_sent_again(kind: Kind) {
         409,
         "REPLAY_UNCERTAIN",
     );
-    assert_eq!(headers["x-atmost-attempt-id"], lost);
+    // UNCERTAIN is open: its id (the fencing token an operator's or the
+    // tool's MarkUncertain and Commit present) never reaches the client,
+    // neither in a header nor in the body.
+    assert_eq!(headers.get("x-atmost-attempt-id"), None, "{headers:?}");
+    assert_eq!(body.get("attempt_id"), None, "{body}");
+    assert!(!body.to_string().contains(&lost), "{body}");
     assert_eq!(body["uncertain_reason"], "upstream timed out");
     assert_eq!(body["state"], "ATTEMPT_STATE_UNCERTAIN");
 
@@ -434,17 +528,20 @@ async fn uncertain_and_failed_keys_are_not_sent_again(kind: Kind) {
         .commit(pb::CommitRequest {
             permit_id: permit.clone(),
             idempotency_key: "refused".into(),
-            attempt_id: refused,
+            attempt_id: refused.clone(),
             outcome: Some(failed("card declined")),
         })
         .await
         .unwrap();
-    let (_, body) = denied(
+    let (headers, body) = denied(
         check(&h, charge(&permit, "refused")).await,
         409,
         "REPLAY_FAILED",
     );
     assert_eq!(body["failure_reason"], "card declined");
+    // FAILED is settled: its id may go to the client.
+    assert_eq!(headers["x-atmost-attempt-id"], refused);
+    assert_eq!(body["attempt_id"], refused.as_str());
 }
 
 /// Unknown, revoked and expired permits and a tool out of scope: 403.
@@ -542,37 +639,119 @@ async fn malformed_requests_are_400(kind: Kind) {
     );
 }
 
-/// A request with a body Envoy did not send (no `with_request_body`):
-/// 500, the gateway operator's to fix; nothing reserved.
+/// A request with a body Envoy did not send (no `with_request_body`): 500,
+/// the gateway operator's to fix; nothing reserved. Envoy then asks at the
+/// headers, before any of the body arrived: `size` is 0 and no
+/// `x-envoy-auth-partial-body` comes, so the body shows only in what the
+/// client declared: its `content-length`, or HTTP/1.1's chunked
+/// `transfer-encoding`. A request without a body passes as before, and a
+/// header-sourced fingerprint needs no body at all.
 async fn a_body_envoy_did_not_send_is_a_misconfiguration(kind: Kind) {
     let h = Harness::start(kind).await;
     let permit = wallet_permit(&h).await;
-    let mut request = charge(&permit, "nobody");
-    let http = request
-        .attributes
-        .as_mut()
-        .unwrap()
-        .request
-        .as_mut()
-        .unwrap()
-        .http
-        .as_mut()
-        .unwrap();
-    http.raw_body.clear();
-    assert!(http.size > 0);
+
+    let request = without_request_body(charge(&permit, "nobody"));
+    assert_eq!(http(&mut request.clone()).size, 0, "as Envoy sends it");
     let (_, body) = denied(check(&h, request).await, 500, "GATEWAY_MISCONFIGURED");
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("with_request_body"), "{body}");
+    assert!(message.contains("content-length 31"), "{body}");
+
+    let mut chunked = without_request_body(charge(&permit, "nobody"));
+    let headers = &mut http(&mut chunked).headers;
+    headers.remove("content-length");
+    headers.insert("transfer-encoding".into(), "chunked".into());
+    let (_, body) = denied(check(&h, chunked).await, 500, "GATEWAY_MISCONFIGURED");
     assert!(
         body["message"]
             .as_str()
             .unwrap()
-            .contains("with_request_body"),
+            .contains("transfer-encoding chunked"),
         "{body}"
     );
+    // The same with encode_raw_headers.
+    let raw = raw_headers(without_request_body(charge(&permit, "nobody")), &[]);
+    denied(check(&h, raw).await, 500, "GATEWAY_MISCONFIGURED");
     expect_error(
         h.client.get_attempt(&permit, "nobody").await,
         Code::NotFound,
         "ATTEMPT_NOT_FOUND",
     );
+
+    // A client's own x-envoy-auth-partial-body is not what Envoy sends
+    // (Envoy drops it), but it changes nothing either way: "true" is a
+    // 400, anything else without a body is still the misconfiguration.
+    let mut forged = without_request_body(charge(&permit, "nobody"));
+    http(&mut forged)
+        .headers
+        .insert("x-envoy-auth-partial-body".into(), "true".into());
+    denied(check(&h, forged).await, 400, "INVALID_REQUEST");
+
+    // No body, no content-length: nothing is missing.
+    let get = check_request(
+        "GET",
+        "/v1/charges/ch_1",
+        &[("x-atmost-permit", &permit), ("idempotency-key", "get-1")],
+        b"",
+        Some("search"),
+    );
+    match check(&h, without_request_body(get)).await {
+        Checked::Allowed { .. } => {}
+        other => panic!("a request without a body: {other:?}"),
+    }
+}
+
+/// With the fingerprint from a header, the body is not needed: a request
+/// whose body Envoy did not send is authorized.
+async fn a_header_fingerprint_needs_no_body(kind: Kind) {
+    let h = Harness::start_configured(kind, |app| {
+        app.with_envoy(Some(mapping("[fingerprint]\nfrom = \"header\"\n")))
+    })
+    .await;
+    let permit = wallet_permit(&h).await;
+    let mut request = without_request_body(charge(&permit, "fp-1"));
+    http(&mut request)
+        .headers
+        .insert("x-atmost-fingerprint".into(), "client-fp".into());
+    allowed(check(&h, request).await);
+    assert_eq!(
+        attempt(&h, &permit, "fp-1").await.request_fingerprint,
+        b"client-fp"
+    );
+}
+
+/// With `encode_raw_headers: true` Envoy sends each occurrence of a
+/// header on its own in `header_map` (values in `raw_value`): a request is
+/// read from it as from `headers`, and an `Idempotency-Key` given twice is
+/// a 400 instead of one key (Envoy's `headers` map joins the two with
+/// ","); a permit header given twice too. Nothing is reserved.
+async fn repeated_headers_in_the_raw_header_map_are_400(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = wallet_permit(&h).await;
+    let upstream = forwarded(check(&h, raw_headers(charge(&permit, "raw-1"), &[])).await);
+    assert_eq!(upstream["x-atmost-idempotency-key"], "raw-1");
+    assert_eq!(attempt(&h, &permit, "raw-1").await.tool, TOOL);
+
+    let twice = raw_headers(charge(&permit, "raw-2"), &[("idempotency-key", "raw-3")]);
+    let (_, body) = denied(check(&h, twice).await, 400, "INVALID_REQUEST");
+    assert_eq!(
+        body["violations"],
+        serde_json::json!([{
+            "field": "header idempotency-key",
+            "description": "given more than once: send one value",
+        }])
+    );
+    let other = "0190f3c2-7a1b-7c3d-8e4f-a0b1c2d3e4f5";
+    let two_permits = raw_headers(charge(&permit, "raw-4"), &[("x-atmost-permit", other)]);
+    let (_, body) = denied(check(&h, two_permits).await, 400, "INVALID_REQUEST");
+    assert_eq!(body["violations"][0]["field"], "header x-atmost-permit");
+    for key in ["raw-2", "raw-3", "raw-4"] {
+        expect_error(
+            h.client.get_attempt(&permit, key).await,
+            Code::NotFound,
+            "ATTEMPT_NOT_FOUND",
+        );
+    }
 }
 
 /// A Check whose deadline (Envoy's ext_authz timeout, sent as
@@ -682,21 +861,26 @@ from = "header"
         }
         r
     };
-    let id = allowed(check(&h, request("/v1/charges", "j-1", true)).await);
+    let upstream = forwarded(check(&h, request("/v1/charges", "j-1", true)).await);
+    let id = upstream["x-atmost-attempt-id"].clone();
+    // The permit the JWT names, not the header's: the upstream gets it
+    // although no header of the request carries it.
+    assert_eq!(upstream["x-atmost-permit-id"], permit);
     let a = attempt(&h, &permit, "j-1").await;
     assert_eq!((a.attempt_id.as_str(), a.tool.as_str()), ("", TOOL));
     assert_eq!(a.request_fingerprint, b"client-fp-1");
-    // The id forwarded is the reservation's: MarkUncertain takes it, and
-    // an UNCERTAIN attempt's id reads back (dev mode may Resolve it).
+    // The id forwarded is the reservation's: MarkUncertain with only the
+    // forwarded headers takes it, and an UNCERTAIN attempt's id reads back
+    // (dev mode may Resolve it).
     h.client
         .mark_uncertain(pb::MarkUncertainRequest {
-            permit_id: permit.clone(),
-            idempotency_key: "j-1".into(),
-            attempt_id: id.clone(),
+            permit_id: upstream["x-atmost-permit-id"].clone(),
+            idempotency_key: upstream["x-atmost-idempotency-key"].clone(),
+            attempt_id: upstream["x-atmost-attempt-id"].clone(),
             reason: "checked by the test".into(),
         })
         .await
-        .expect("the forwarded id is the attempt's");
+        .expect("the forwarded headers name the attempt");
     assert_eq!(attempt(&h, &permit, "j-1").await.attempt_id, id);
     match check(&h, request("/v1/search/docs?q=x", "j-2", true)).await {
         Checked::Allowed { .. } => {}
@@ -1081,6 +1265,8 @@ on_each_store!(
     permit_refusals_are_403,
     malformed_requests_are_400,
     a_body_envoy_did_not_send_is_a_misconfiguration,
+    a_header_fingerprint_needs_no_body,
+    repeated_headers_in_the_raw_header_map_are_400,
     a_check_past_its_deadline_reserves_nothing,
     jwt_permit_route_table_and_header_fingerprint,
 );

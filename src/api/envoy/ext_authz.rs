@@ -1,13 +1,16 @@
 //! `envoy.service.auth.v3.Authorization/Check`: Envoy's external
 //! authorization, asked once per HTTP request before it is routed.
 //!
-//! DISPATCH lets the request through with `x-atmost-attempt-id` added (the
-//! tool's own idempotency key) and the attempt in the filter's dynamic
-//! metadata; every other answer is a denied response Envoy sends the
-//! client instead of calling the tool ([`super::Answer`]). ext_authz sees
-//! no response, so nothing here commits: the upstream (or a reconciler)
-//! settles the attempt through the Gate (docs/gateways.md, "Without
-//! ext_proc").
+//! DISPATCH lets the request through with `x-atmost-attempt-id` (the
+//! tool's own idempotency key), `x-atmost-permit-id` and
+//! `x-atmost-idempotency-key` added upstream, and the attempt in the
+//! filter's dynamic metadata; nothing is added to the response, so the
+//! attempt's id (its fencing token, while it is open) never reaches the
+//! client. Every other answer is a denied response Envoy sends the client
+//! instead of calling the tool ([`super::Answer`]). ext_authz sees no
+//! response, so nothing here commits: the upstream (or a reconciler)
+//! settles the attempt through the Gate with the three headers
+//! (docs/gateways.md, "Without ext_proc").
 
 use super::{ATTEMPT_HEADER, Answer, Headers, HttpRequest, Mapping, Reply, Unmapped};
 use crate::api::gate::GateService;
@@ -23,8 +26,18 @@ use envoy_types::pb::google::rpc::Status as RpcStatus;
 use std::sync::Arc;
 use tonic::{Request, Response, Status, metadata::MetadataMap};
 
-/// The header Envoy adds when `allow_partial_message` cut the body.
+/// The header Envoy adds to the CheckRequest whenever it buffered the
+/// request's body for `with_request_body`: `"true"` when
+/// `allow_partial_message` cut it, `"false"` when it is whole. Envoy
+/// drops a client's own header of that name, and adds none without
+/// `with_request_body` or for a request without a body
+/// (check_request_utils.cc, `setHttpRequest`).
 const PARTIAL_BODY: &str = "x-envoy-auth-partial-body";
+/// Added upstream on DISPATCH: the permit id and the idempotency key as
+/// atmost used them (the permit may come from a JWT claim, the key from a
+/// structured-field string), for the upstream's Commit.
+pub const PERMIT_ID_HEADER: &str = "x-atmost-permit-id";
+pub const KEY_HEADER: &str = "x-atmost-idempotency-key";
 /// On a replayed result sent base64-encoded (ext_authz carries a denied
 /// response's body as text).
 pub const RESULT_ENCODING_HEADER: &str = "x-atmost-result-encoding";
@@ -63,9 +76,18 @@ pub(super) fn check_response(answer: Answer) -> CheckResponse {
                 ..Default::default()
             }),
             dynamic_metadata: Some(super::attempt_metadata(&attempt)),
+            // Upstream only, each replacing any the client sent: the
+            // attempt is RESERVED while the tool runs, and its id is the
+            // fencing token the Commit presents, so nothing goes downstream
+            // (`response_headers_to_add` stays empty). A key is printable
+            // ASCII and a permit id a UUID (the Gate's validation): both
+            // are valid header values.
             http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
-                headers: vec![set(ATTEMPT_HEADER, attempt.attempt_id.clone())],
-                response_headers_to_add: vec![set(ATTEMPT_HEADER, attempt.attempt_id)],
+                headers: vec![
+                    set(ATTEMPT_HEADER, attempt.attempt_id.clone()),
+                    set(PERMIT_ID_HEADER, attempt.permit_id.clone()),
+                    set(KEY_HEADER, attempt.idempotency_key.clone()),
+                ],
                 ..Default::default()
             })),
         },
@@ -104,6 +126,30 @@ pub(super) fn check_response(answer: Answer) -> CheckResponse {
             }
         }
     }
+}
+
+/// Whether the request says it has a body, and how, as Envoy describes it
+/// at header time: a `content-length` above 0, a `transfer-encoding`
+/// (HTTP/1.1 chunked), or body bytes Envoy already counted (`size`, its
+/// bytes received: 0 at header time without `with_request_body`). An
+/// HTTP/2 or HTTP/3 request that sends DATA without a `content-length`
+/// says none of these: its body cannot be seen here.
+fn declared_body(headers: &Headers, size: i64) -> Option<String> {
+    if let Some(length) = headers.get("content-length") {
+        // Envoy refuses a request whose content-length is not a number;
+        // anything else but 0 is taken as a body, failing closed.
+        let length = String::from_utf8_lossy(length);
+        if length.trim().parse::<u64>() != Ok(0) {
+            return Some(format!("content-length {}", length.trim()));
+        }
+    }
+    if let Some(coding) = headers.get("transfer-encoding") {
+        return Some(format!(
+            "transfer-encoding {}",
+            String::from_utf8_lossy(coding).trim()
+        ));
+    }
+    (size > 0).then(|| format!("{size} bytes received"))
 }
 
 #[tonic::async_trait]
@@ -153,19 +199,22 @@ impl Authorization for ExtAuthzService {
 
         let mut unmapped = None;
         if self.mapping.needs_body() {
-            if headers.get(PARTIAL_BODY) == Some(b"true") {
+            let partial = headers.get(PARTIAL_BODY);
+            if partial == Some(b"true") {
                 unmapped = Some(Unmapped::Invalid(vec![crate::domain::Violation {
                     field: "body".into(),
                     description: "longer than the gateway sends atmost (with_request_body \
                         max_request_bytes): the fingerprint needs all of it"
                         .into(),
                 }]));
-            } else if body.is_empty() && http.size > 0 {
+            } else if body.is_empty()
+                && partial.is_none()
+                && let Some(declared) = declared_body(&headers, http.size)
+            {
                 unmapped = Some(Unmapped::Misconfigured(format!(
-                    "the request has a body of {} bytes and Envoy sent none: the fingerprint \
-                     needs it (ext_authz with_request_body, pack_as_bytes: true), or take the \
-                     fingerprint from a header",
-                    http.size
+                    "the request has a body ({declared}) and the gateway sent none: the \
+                     fingerprint needs it (ext_authz with_request_body, pack_as_bytes: true), \
+                     or take the fingerprint from a header"
                 )));
             }
         }

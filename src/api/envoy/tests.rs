@@ -483,8 +483,10 @@ fn quota(quota: Quota) -> Error {
     Error::QuotaExceeded { quota, limit: 1 }
 }
 
-/// The rows, and a status for every other reason: a reason added
-/// to the contract fails here until it has its row in docs/gateways.md.
+/// A status for every reason, and the reply that carries it: a reason
+/// added to the contract fails here until it has its status (and, through
+/// [`the_answers_table_in_the_docs_is_what_the_code_answers`], its row in
+/// docs/gateways.md).
 #[test]
 fn every_reason_has_its_http_status() {
     let expected = |reason: Reason| match reason {
@@ -524,6 +526,190 @@ fn every_reason_has_its_http_status() {
         let body: serde_json::Value = serde_json::from_slice(&reply.body).expect("JSON");
         assert_eq!(body["reason"], reason.as_str());
         assert_eq!(body["message"], error.to_string());
+    }
+}
+
+/// The contract's reasons no answer of a front door carries, and why: the
+/// others must each have their row in docs/gateways.md's Answers table.
+const NOT_ANSWERED_OVER_HTTP: &[Reason] = &[
+    // Commit's and MarkUncertain's, never Authorize's.
+    Reason::AttemptNotFound,
+    Reason::AttemptMismatch,
+    Reason::StateConflict,
+    // The authentication layer refuses the gateway's gRPC call itself
+    // (docs/gateways.md, "Authentication"): Envoy answers, not atmost.
+    Reason::Unauthenticated,
+    Reason::RoleNotAllowed,
+];
+
+/// The rows of docs/gateways.md's "Answers" table, read from the file: each
+/// reason a row names (in backticks, in its first or its
+/// `x-atmost-reason` column, `QUOTA_*` standing for every quota), with the
+/// row's HTTP status (`None`: forwarded).
+fn documented_answers() -> Vec<(String, Option<u16>)> {
+    let docs = include_str!("../../../docs/gateways.md");
+    let section = docs
+        .split("\n## Answers\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/gateways.md has its Answers section");
+    let mut rows = Vec::new();
+    for line in section.lines().filter(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        assert_eq!(cells.len(), 4, "an Answers row has 4 cells: {line}");
+        if cells[0] == "atmost's answer" || cells[0].starts_with("---") {
+            continue;
+        }
+        let status = match cells[1] {
+            "forwarded" => None,
+            text => Some(
+                text.split(|c: char| !c.is_ascii_digit())
+                    .next()
+                    .and_then(|digits| digits.parse::<u16>().ok())
+                    .unwrap_or_else(|| panic!("no HTTP status in {line}")),
+            ),
+        };
+        let named: Vec<&str> = [cells[0], cells[2]]
+            .iter()
+            .flat_map(|cell| cell.split('`').skip(1).step_by(2))
+            .filter(|name| {
+                !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b == b'_' || b == b'*')
+            })
+            .collect();
+        if status.is_none() {
+            rows.push((cells[0].to_owned(), None));
+        }
+        for name in named {
+            match name.strip_suffix('*') {
+                Some(prefix) => {
+                    let quotas: Vec<_> = Reason::ALL
+                        .iter()
+                        .filter(|r| r.as_str().starts_with(prefix))
+                        .collect();
+                    assert!(!quotas.is_empty(), "{name} names no reason: {line}");
+                    rows.extend(quotas.iter().map(|r| (r.as_str().to_owned(), status)));
+                }
+                None => rows.push((name.to_owned(), status)),
+            }
+        }
+    }
+    rows
+}
+
+/// What the code answers for `name`: a contract reason's refusal, a
+/// replay, or the front doors' own GATEWAY_MISCONFIGURED; `None` for a
+/// name the code does not know.
+fn answered_status(name: &str) -> Option<u16> {
+    if let Some(&reason) = Reason::ALL.iter().find(|r| r.as_str() == name) {
+        let error = error_of(reason);
+        assert_eq!(Reply::refusal(&error).status, http_status(&error));
+        return Some(http_status(&error));
+    }
+    let replay = |state: pb::AttemptState| {
+        let mut attempt = pb::Attempt {
+            attempt_id: "0190f3c2-7a1b-7c3d-8e4f-a0b1c2d3e4f6".into(),
+            ..Default::default()
+        };
+        attempt.set_state(state);
+        let reply = Reply::replay(attempt);
+        assert_eq!(reply.reason, name);
+        Some(reply.status)
+    };
+    match name {
+        reasons::REPLAY_SUCCEEDED => replay(pb::AttemptState::Succeeded),
+        reasons::REPLAY_FAILED => replay(pb::AttemptState::Failed),
+        reasons::REPLAY_UNCERTAIN => replay(pb::AttemptState::Uncertain),
+        reasons::GATEWAY_MISCONFIGURED => {
+            Some(Reply::unmapped(Unmapped::Misconfigured("no body".into())).status)
+        }
+        _ => None,
+    }
+}
+
+/// docs/gateways.md's Answers table, read from the file, against the
+/// code, both ways: every reason a row names is one the code answers,
+/// with the row's status; every reason the code answers has its one row;
+/// DISPATCH is forwarded.
+#[test]
+fn the_answers_table_in_the_docs_is_what_the_code_answers() {
+    let rows = documented_answers();
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, status) in &rows {
+        let Some(status) = status else {
+            assert_eq!(name, "DISPATCH", "only DISPATCH is forwarded");
+            let dispatch = Answer::of(Ok(pb::AuthorizeResponse {
+                decision: pb::Decision::Dispatch as i32,
+                attempt: Some(pb::Attempt::default()),
+                ..Default::default()
+            }));
+            assert!(matches!(dispatch, Answer::Forward(_)), "{dispatch:?}");
+            continue;
+        };
+        assert!(seen.insert(name.clone()), "{name} has two rows");
+        let code = answered_status(name)
+            .unwrap_or_else(|| panic!("the docs name {name}, which the code never answers"));
+        assert_eq!(
+            code, *status,
+            "docs/gateways.md answers {name} with {status}, the code with {code}"
+        );
+    }
+    assert!(
+        rows.iter()
+            .any(|(name, status)| name == "DISPATCH" && status.is_none()),
+        "the DISPATCH row"
+    );
+    let answered = Reason::ALL
+        .iter()
+        .filter(|r| !NOT_ANSWERED_OVER_HTTP.contains(r))
+        .map(|r| r.as_str())
+        .chain([
+            reasons::REPLAY_SUCCEEDED,
+            reasons::REPLAY_FAILED,
+            reasons::REPLAY_UNCERTAIN,
+            reasons::GATEWAY_MISCONFIGURED,
+        ]);
+    for name in answered {
+        assert!(
+            seen.contains(name),
+            "{name} has no row in docs/gateways.md's Answers"
+        );
+    }
+}
+
+/// A replay carries the attempt's id (header and body) only for a settled
+/// attempt: an open one's id is its fencing token, for the gateway's side
+/// only.
+#[test]
+fn a_replay_names_the_attempt_only_once_it_is_settled() {
+    let id = "0190f3c2-7a1b-7c3d-8e4f-a0b1c2d3e4f6";
+    let replay = |state: pb::AttemptState| {
+        let mut attempt = pb::Attempt {
+            attempt_id: id.into(),
+            ..Default::default()
+        };
+        attempt.set_state(state);
+        let reply = Reply::replay(attempt);
+        let header = reply
+            .headers
+            .iter()
+            .find(|(k, _)| *k == ATTEMPT_HEADER)
+            .map(|(_, v)| v.clone());
+        (header, String::from_utf8_lossy(&reply.body).contains(id))
+    };
+    assert_eq!(replay(pb::AttemptState::Succeeded).0.as_deref(), Some(id));
+    assert_eq!(
+        replay(pb::AttemptState::Failed),
+        (Some(id.to_owned()), true)
+    );
+    for open in [
+        pb::AttemptState::Uncertain,
+        pb::AttemptState::Reserved,
+        pb::AttemptState::Unspecified,
+    ] {
+        assert_eq!(replay(open), (None, false), "{open:?}");
     }
 }
 
