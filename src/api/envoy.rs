@@ -433,6 +433,9 @@ impl Reply {
     pub(crate) fn refusal(error: &Error) -> Self {
         let (_, metadata) = super::status::code_and_metadata(error);
         let reason = error.reason().as_str();
+        // A Check answers its refusals inside a gRPC OK: noted here, they
+        // are counted as an Authorize's (docs/telemetry.md).
+        crate::telemetry::note_reason(reason);
         let mut body = serde_json::json!({
             "reason": reason,
             "message": error.to_string(),
@@ -463,6 +466,7 @@ impl Reply {
         match unmapped {
             Unmapped::Invalid(violations) => Self::refusal(&Error::InvalidRequest(violations)),
             Unmapped::Misconfigured(why) => {
+                crate::telemetry::note_reason(reasons::GATEWAY_MISCONFIGURED);
                 tracing::error!(%why, "the gateway's configuration does not give what the Envoy mapping needs");
                 Self::new(
                     500,

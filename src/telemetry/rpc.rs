@@ -103,6 +103,12 @@ impl Method {
     fn is_authorize(self) -> bool {
         self.name == "atmost.v1.Gate/Authorize"
     }
+
+    /// ext_authz's Check: an Authorize whose refusals are answered inside
+    /// a gRPC OK (an HTTP answer in the CheckResponse).
+    fn is_check(self) -> bool {
+        self.name == "envoy.service.auth.v3.Authorization/Check"
+    }
 }
 
 /// What the handler and the error mapping noted about the RPC.
@@ -397,15 +403,26 @@ impl Finish {
         }
         let elapsed = self.started.elapsed();
         let o = self.outcome;
-        let reason = if code == 0 { None } else { o.reason };
         // Authorize's decision: what it answered; any error is DENIED. A
-        // call the caller abandoned was answered nothing: no decision.
-        let decision = match (code, o.decision) {
-            (0, Some(d)) => Some(d),
-            (0, None) | (CANCELLED, _) => None,
-            _ => Some("DENIED"),
-        }
-        .filter(|_| self.method.is_authorize());
+        // call the caller abandoned was answered nothing: no decision. A
+        // Check answers OK either way: a refusal noted its reason.
+        let (decision, reason) = if self.method.is_check() {
+            match (code, o.decision, o.reason) {
+                (0, Some(d), _) => (Some(d), None),
+                (0, None, Some(reason)) => (Some("DENIED"), Some(reason)),
+                (0, None, None) | (CANCELLED, _, _) => (None, None),
+                _ => (Some("DENIED"), o.reason),
+            }
+        } else {
+            let reason = if code == 0 { None } else { o.reason };
+            let decision = match (code, o.decision) {
+                (0, Some(d)) => Some(d),
+                (0, None) | (CANCELLED, _) => None,
+                _ => Some("DENIED"),
+            }
+            .filter(|_| self.method.is_authorize());
+            (decision, reason)
+        };
         if self.shared.traces {
             self.span.record("rpc.grpc.status_code", code);
             if let Some(reason) = reason {

@@ -1131,8 +1131,10 @@ async fn the_grpcurl_example_in_the_docs_is_served() {
     denied(check(&h, request).await, 409, "IDEMPOTENCY_IN_PROGRESS");
 }
 
-/// With metrics on, a Check is an RPC of its own in the RPC metrics, and
-/// its store call is timed (docs/telemetry.md).
+/// With metrics on, a Check is an RPC of its own in the RPC metrics, its
+/// store call is timed, and its answers are counted as an Authorize's:
+/// decisions, and refusals by reason, though each Check answers gRPC OK
+/// (docs/telemetry.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_is_measured() {
     let _machine = shared().await;
@@ -1148,12 +1150,25 @@ async fn a_check_is_measured() {
         .await
         .unwrap()
         .permit_id;
-    let response = AuthorizationClient::new(client.channel())
-        .check(charge(&permit, "measured"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(matches!(read(response), Checked::Allowed { .. }));
+    let mut gateway = AuthorizationClient::new(client.channel());
+    let mut check = async |request| read(gateway.check(request).await.unwrap().into_inner());
+    assert!(matches!(
+        check(charge(&permit, "measured")).await,
+        Checked::Allowed { .. }
+    ));
+    denied(
+        check(charge(&permit, "measured")).await,
+        409,
+        "IDEMPOTENCY_IN_PROGRESS",
+    );
+    let no_key = check_request(
+        "POST",
+        PATH,
+        &[("x-atmost-permit", &permit)],
+        BODY,
+        Some(TOOL),
+    );
+    denied(check(no_key).await, 400, "INVALID_REQUEST");
     let samples = crate::telemetry::scrape(metrics).await;
     let count = |prefix: &str, label: &str| {
         samples
@@ -1167,15 +1182,39 @@ async fn a_check_is_measured() {
             "rpc_server_call_duration_seconds_count",
             "rpc_method=\"Check\""
         ),
-        1.0,
+        3.0,
         "{samples:#?}"
     );
+    for (series, n) in [
+        (
+            r#"atmost_decisions_total{decision="DISPATCH",reason=""}"#,
+            1.0,
+        ),
+        (
+            r#"atmost_decisions_total{decision="DENIED",reason="IDEMPOTENCY_IN_PROGRESS"}"#,
+            1.0,
+        ),
+        (
+            r#"atmost_decisions_total{decision="DENIED",reason="INVALID_REQUEST"}"#,
+            1.0,
+        ),
+        (
+            r#"atmost_errors_total{reason="IDEMPOTENCY_IN_PROGRESS",rpc_method="Check"}"#,
+            1.0,
+        ),
+        (
+            r#"atmost_errors_total{reason="INVALID_REQUEST",rpc_method="Check"}"#,
+            1.0,
+        ),
+    ] {
+        assert_eq!(samples.get(series), Some(&n), "{series}: {samples:#?}");
+    }
     assert_eq!(
         count(
             "atmost_store_duration_seconds_count",
             "operation=\"authorize\""
         ),
-        1.0,
+        2.0,
         "{samples:#?}"
     );
 }
