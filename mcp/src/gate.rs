@@ -192,31 +192,25 @@ impl Gate {
         ctx.answer(outcome, fresh)
     }
 
-    /// The request's header when configured and sent, else --permit.
+    /// --permit, or the request's --permit-header (never both: the
+    /// configuration refuses that).
     fn permit(&self, origin: &Origin) -> Result<String, ErrorData> {
-        if let (Some(name), Some(headers)) = (&self.permits.header, &origin.headers)
-            && let Some(value) = headers.get(name)
-        {
-            return match value.to_str().map(str::trim) {
+        let name = match &self.permits {
+            PermitSource::Fixed(permit) => return Ok(permit.clone()),
+            PermitSource::Header(name) => name,
+        };
+        match origin.headers.as_ref().and_then(|h| h.get(name)) {
+            Some(value) => match value.to_str().map(str::trim) {
                 Ok(permit) if !permit.is_empty() => Ok(permit.to_owned()),
                 _ => Err(invalid(
                     reason::PERMIT_MISSING,
                     &format!("the {name} header is empty or not visible ASCII"),
                     json!({}),
                 )),
-            };
-        }
-        match &self.permits.fixed {
-            Some(permit) => Ok(permit.clone()),
+            },
             None => Err(invalid(
                 reason::PERMIT_MISSING,
-                &format!(
-                    "no permit: send the {} header",
-                    self.permits
-                        .header
-                        .as_ref()
-                        .map_or("permit", |h| h.as_str())
-                ),
+                &format!("no permit: send the {name} header"),
                 json!({}),
             )),
         }

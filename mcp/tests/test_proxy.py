@@ -566,19 +566,25 @@ async def test_atmost_unreachable_fails_closed(upstream, start_proxy):
 
 
 @pytest.mark.parametrize(
-    "args, says",
+    "args, env, says",
     [
-        (["--permit", "p"], "no upstream"),
-        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--", "python3"], "not both"),
-        (["--permit", "p", "--upstream", "ftp://x"], "http:// or https://"),
-        (["--upstream", "http://127.0.0.1:9/mcp"], "no permit"),
-        (["--stdio", "--permit-header", "x-p", "--upstream", "http://127.0.0.1:9/mcp"], "needs HTTP"),
-        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--tls-ca", "/x"], "need an https://"),
-        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--costs", "/nonexistent.toml"], "--costs"),
+        (["--permit", "p"], {}, "no upstream"),
+        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--", "python3"], {}, "not both"),
+        (["--permit", "p", "--upstream", "ftp://x"], {}, "http:// or https://"),
+        (["--upstream", "http://127.0.0.1:9/mcp"], {}, "no permit"),
+        (["--stdio", "--permit-header", "x-p", "--upstream", "http://127.0.0.1:9/mcp"], {}, "needs HTTP"),
+        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--tls-ca", "/x"], {}, "need an https://"),
+        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--costs", "/nonexistent.toml"], {}, "--costs"),
+        # A pinned permit and a header that could name another: refused,
+        # by flags or by their variables.
+        (["--permit", "p", "--permit-header", "x-p", "--upstream", "http://127.0.0.1:9/mcp"], {},
+         "give --permit (ATMOST_MCP_PERMIT) or --permit-header (ATMOST_MCP_PERMIT_HEADER), not both"),
+        (["--upstream", "http://127.0.0.1:9/mcp"], {"ATMOST_MCP_PERMIT": "p", "ATMOST_MCP_PERMIT_HEADER": "x-p"},
+         "give --permit (ATMOST_MCP_PERMIT) or --permit-header (ATMOST_MCP_PERMIT_HEADER), not both"),
     ],
 )
-def test_bad_configuration_is_refused(args, says):
-    done = run_proxy(*args)
+def test_bad_configuration_is_refused(args, env, says):
+    done = run_proxy(*args, env={**clean_env(), **env})
     assert done.returncode == 2, done.stderr
     assert says in done.stderr.decode()
     assert done.stdout == b""
