@@ -87,6 +87,11 @@ pub struct Origin {
     pub request_id: Option<RequestId>,
     /// The HTTP request's headers (Streamable HTTP only).
     pub headers: Option<http::HeaderMap>,
+    /// The session rmcp served the request in: its `Mcp-Session-Id`, or the
+    /// stdio process's. None when the request came in no session (the
+    /// stateless protocol), even if it carries an `Mcp-Session-Id` header:
+    /// that is then only a string the client chose.
+    pub session: Option<String>,
 }
 
 /// How the key was chosen (logged; an operator reading a key knows where
@@ -234,15 +239,11 @@ impl Gate {
             }
             None => {}
         }
-        let session = origin
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("mcp-session-id"))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .or_else(|| self.process_session.clone());
-        Ok(match (session, &origin.request_id) {
-            (Some(session), Some(id)) => (derived_key(&session, id), KeySource::Session),
+        // Only a session rmcp served the request in, never the header
+        // alone: a stateless request could name another session's id and
+        // so get that session's keys (its replays, or KEY_REUSED).
+        Ok(match (&origin.session, &origin.request_id) {
+            (Some(session), Some(id)) => (derived_key(session, id), KeySource::Session),
             _ => (
                 format!("mcp:fresh:{}", uuid::Uuid::new_v4()),
                 KeySource::Fresh,
