@@ -103,15 +103,15 @@ pub struct Args {
     )]
     pub allowed_hosts: Vec<String>,
 
-    /// The permit every tools/call is authorized under (unless a request
-    /// names its own with --permit-header).
+    /// The permit every tools/call is authorized under. Give it or
+    /// --permit-header, not both.
     #[arg(long, env = "ATMOST_MCP_PERMIT", value_name = "ID")]
     pub permit: Option<String>,
-    /// Read the permit from this HTTP request header (e.g. x-atmost-permit),
-    /// sent by the agent's HTTP client with every request of its session.
-    /// It wins over --permit when both are there. Off unless given: any
-    /// agent that reaches the proxy could otherwise name any permit of the
-    /// proxy's atmost tenant.
+    /// Instead of --permit: read each call's permit from this HTTP request
+    /// header (e.g. x-atmost-permit), sent by the agent's HTTP client with
+    /// every request. Not with --permit. Off unless given: any agent that
+    /// reaches the proxy may name any permit of the proxy's atmost tenant,
+    /// so use it only behind a gateway that sets the header itself.
     #[arg(long, env = "ATMOST_MCP_PERMIT_HEADER", value_name = "NAME")]
     pub permit_header: Option<String>,
     /// The cost table (TOML): `default = N` and a `[tools]` table of
@@ -185,39 +185,45 @@ impl Args {
         }
     }
 
-    /// Where the permit of a call comes from; at least one source.
+    /// Where the permit of a call comes from: --permit or --permit-header,
+    /// exactly one. Both are refused, not ranked: a header that could
+    /// override the pinned permit would let any agent that reaches the
+    /// proxy name any permit of its tenant.
     pub fn permit_source(&self) -> Result<PermitSource, String> {
-        let header = match &self.permit_header {
-            Some(name) => Some(
-                http::HeaderName::try_from(name.as_str())
-                    .map_err(|_| format!("--permit-header {name:?}: not an HTTP header name"))?,
-            ),
-            None => None,
-        };
         if let Some(permit) = &self.permit
             && permit.trim().is_empty()
         {
             return Err("--permit is empty".into());
         }
-        if self.stdio && header.is_some() {
-            return Err("--permit-header needs HTTP: over --stdio there are no headers".into());
+        match (&self.permit, &self.permit_header) {
+            (Some(_), Some(_)) => Err(
+                "give --permit (ATMOST_MCP_PERMIT) or --permit-header (ATMOST_MCP_PERMIT_HEADER), \
+                 not both: the header would let any agent name another permit than the pinned one"
+                    .into(),
+            ),
+            (None, None) => Err("no permit: give --permit ID, or --permit-header NAME".into()),
+            (Some(permit), None) => Ok(PermitSource::Fixed(permit.clone())),
+            (None, Some(name)) => {
+                let header = http::HeaderName::try_from(name.as_str())
+                    .map_err(|_| format!("--permit-header {name:?}: not an HTTP header name"))?;
+                if self.stdio {
+                    return Err(
+                        "--permit-header needs HTTP: over --stdio there are no headers".into(),
+                    );
+                }
+                Ok(PermitSource::Header(header))
+            }
         }
-        if self.permit.is_none() && header.is_none() {
-            return Err("no permit: give --permit ID, or --permit-header NAME".into());
-        }
-        Ok(PermitSource {
-            fixed: self.permit.clone(),
-            header,
-        })
     }
 }
 
-/// The permit of a call: the request's header when configured and sent,
-/// else the configured one.
-#[derive(Debug, Clone, Default)]
-pub struct PermitSource {
-    pub fixed: Option<String>,
-    pub header: Option<http::HeaderName>,
+/// The permit of a call: the configured one, or the request's header.
+#[derive(Debug, Clone)]
+pub enum PermitSource {
+    /// --permit: every call's.
+    Fixed(String),
+    /// --permit-header: each HTTP request names its own.
+    Header(http::HeaderName),
 }
 
 // === the cost table ===

@@ -87,6 +87,11 @@ pub struct Origin {
     pub request_id: Option<RequestId>,
     /// The HTTP request's headers (Streamable HTTP only).
     pub headers: Option<http::HeaderMap>,
+    /// The session rmcp served the request in: its `Mcp-Session-Id`, or the
+    /// stdio process's. None when the request came in no session (the
+    /// stateless protocol), even if it carries an `Mcp-Session-Id` header:
+    /// that is then only a string the client chose.
+    pub session: Option<String>,
 }
 
 /// How the key was chosen (logged; an operator reading a key knows where
@@ -192,31 +197,25 @@ impl Gate {
         ctx.answer(outcome, fresh)
     }
 
-    /// The request's header when configured and sent, else --permit.
+    /// --permit, or the request's --permit-header (never both: the
+    /// configuration refuses that).
     fn permit(&self, origin: &Origin) -> Result<String, ErrorData> {
-        if let (Some(name), Some(headers)) = (&self.permits.header, &origin.headers)
-            && let Some(value) = headers.get(name)
-        {
-            return match value.to_str().map(str::trim) {
+        let name = match &self.permits {
+            PermitSource::Fixed(permit) => return Ok(permit.clone()),
+            PermitSource::Header(name) => name,
+        };
+        match origin.headers.as_ref().and_then(|h| h.get(name)) {
+            Some(value) => match value.to_str().map(str::trim) {
                 Ok(permit) if !permit.is_empty() => Ok(permit.to_owned()),
                 _ => Err(invalid(
                     reason::PERMIT_MISSING,
                     &format!("the {name} header is empty or not visible ASCII"),
                     json!({}),
                 )),
-            };
-        }
-        match &self.permits.fixed {
-            Some(permit) => Ok(permit.clone()),
+            },
             None => Err(invalid(
                 reason::PERMIT_MISSING,
-                &format!(
-                    "no permit: send the {} header",
-                    self.permits
-                        .header
-                        .as_ref()
-                        .map_or("permit", |h| h.as_str())
-                ),
+                &format!("no permit: send the {name} header"),
                 json!({}),
             )),
         }
@@ -240,15 +239,11 @@ impl Gate {
             }
             None => {}
         }
-        let session = origin
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("mcp-session-id"))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .or_else(|| self.process_session.clone());
-        Ok(match (session, &origin.request_id) {
-            (Some(session), Some(id)) => (derived_key(&session, id), KeySource::Session),
+        // Only a session rmcp served the request in, never the header
+        // alone: a stateless request could name another session's id and
+        // so get that session's keys (its replays, or KEY_REUSED).
+        Ok(match (&origin.session, &origin.request_id) {
+            (Some(session), Some(id)) => (derived_key(session, id), KeySource::Session),
             _ => (
                 format!("mcp:fresh:{}", uuid::Uuid::new_v4()),
                 KeySource::Fresh,

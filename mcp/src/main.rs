@@ -105,10 +105,9 @@ async fn run(args: Args) -> Result<(), Failure> {
         upstream,
         process_session: args.stdio.then(|| uuid::Uuid::new_v4().to_string()),
     });
-    let proxy = Proxy { gate, instructions };
 
     if args.stdio {
-        let running = proxy
+        let running = Proxy::new(gate, instructions)
             .serve(rmcp::transport::stdio())
             .await
             .map_err(|e| Failure::Serve(format!("stdio: {e}")))?;
@@ -125,8 +124,10 @@ async fn run(args: Args) -> Result<(), Failure> {
     if !args.allowed_hosts.is_empty() {
         config = config.with_allowed_hosts(args.allowed_hosts.clone());
     }
+    // A new handler for each session and each stateless request: a
+    // handler knows whether it serves a session (proxy.rs).
     let service = StreamableHttpService::new(
-        move || Ok(proxy.clone()),
+        move || Ok(Proxy::new(Arc::clone(&gate), instructions.clone())),
         LocalSessionManager::default().into(),
         config,
     );

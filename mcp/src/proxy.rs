@@ -6,20 +6,60 @@
 use crate::gate::{Gate, Origin};
 use crate::upstream::CallError;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
-    PaginatedRequestParams, ResultType, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, Implementation, InitializeRequestParams,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ResultType, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-/// One per session (rmcp makes one per Streamable HTTP session, one for
-/// stdio); cheap to clone, sharing the gate.
-#[derive(Clone)]
+/// The handler of one session (stdio, or a Streamable HTTP session), or of
+/// one stateless request: rmcp's Streamable HTTP service asks its factory
+/// for a new one per session and per stateless request. Not `Clone`, so
+/// that no two of them share [`Proxy::in_session`].
 pub struct Proxy {
     pub gate: Arc<Gate>,
     /// The upstream's instructions, read when the proxy started.
     pub instructions: Option<String>,
+    /// Set when this handler answered `initialize`: rmcp then serves it as
+    /// a session's, and hands it only that session's requests. Over
+    /// Streamable HTTP rmcp routes a request with an `Mcp-Session-Id` to
+    /// the session's handler only after checking that it is a live session
+    /// of its own (else 404); a request of the stateless protocol
+    /// (2026-07-28) goes to a handler made for it alone, which never
+    /// answered `initialize`, whatever `Mcp-Session-Id` it carries
+    /// (rmcp's tower.rs, `handle_post`).
+    in_session: AtomicBool,
+}
+
+impl Proxy {
+    pub fn new(gate: Arc<Gate>, instructions: Option<String>) -> Self {
+        Self {
+            gate,
+            instructions,
+            in_session: AtomicBool::new(false),
+        }
+    }
+
+    /// The session this request was served in, if any. Over stdio, the
+    /// process's: the connection is one agent's. Over Streamable HTTP, the
+    /// request's `Mcp-Session-Id` when this handler serves a session (rmcp
+    /// routed the request here by that id); else none, whatever session
+    /// its headers name.
+    fn session(&self, headers: Option<&http::HeaderMap>) -> Option<String> {
+        let Some(headers) = headers else {
+            return self.gate.process_session.clone();
+        };
+        if !self.in_session.load(Ordering::Acquire) {
+            return None;
+        }
+        headers
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    }
 }
 
 impl ServerHandler for Proxy {
@@ -28,6 +68,18 @@ impl ServerHandler for Proxy {
             .with_server_info(Implementation::new("atmost-mcp", env!("CARGO_PKG_VERSION")));
         info.instructions = self.instructions.clone();
         info
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        // rmcp's own initialize, plus: this handler now serves a session.
+        ctx.peer.set_peer_info(request.clone());
+        let answer = self.negotiate_initialize(&request)?;
+        self.in_session.store(true, Ordering::Release);
+        Ok(answer)
     }
 
     async fn list_tools(
@@ -52,12 +104,14 @@ impl ServerHandler for Proxy {
     ) -> Result<CallToolResponse, ErrorData> {
         // rmcp hands the request's `_meta` over in ctx.meta (not in
         // request.meta), and the HTTP request's head in the extensions.
+        let headers = ctx
+            .extensions
+            .get::<http::request::Parts>()
+            .map(|parts| parts.headers.clone());
         let origin = Origin {
             request_id: Some(ctx.id.clone()),
-            headers: ctx
-                .extensions
-                .get::<http::request::Parts>()
-                .map(|parts| parts.headers.clone()),
+            session: self.session(headers.as_ref()),
+            headers,
         };
         self.gate.call_tool(request, ctx.meta, origin).await
     }

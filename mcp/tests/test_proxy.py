@@ -358,6 +358,62 @@ async def test_keys_derived_from_the_session(memory_atmost, upstream, start_prox
     assert len(upstream.entries("charge")) == 3
 
 
+async def test_a_stateless_request_naming_a_session_gets_a_key_of_its_own(memory_atmost, upstream, start_proxy):
+    """A stateless (2026-07-28) request is served in no session, whatever
+    Mcp-Session-Id header it carries. Sending another session's id (live,
+    then ended) with the JSON-RPC id of one of that session's calls must
+    not get that call's derived key: not its result as a replay, not
+    KEY_REUSED. The call gets a fresh key and is a new intent."""
+    permit = memory_atmost.permit("--cap", "charge=10")
+    proxy = start_proxy(*permit_args(memory_atmost, upstream, permit))
+    derived = re.compile(r"mcp:([0-9a-f-]{36}):([0-9]+)")
+    forged_ids: List[Any] = []
+
+    async def note_call_id(request) -> None:
+        message = json.loads(request.content or b"null")
+        if isinstance(message, dict) and message.get("method") == "tools/call":
+            forged_ids.append(message["id"])
+
+    def forger(session_id: str) -> Client:
+        # The SDK's own stateless client; its HTTP client adds the header.
+        http = httpx2.AsyncClient(headers={"mcp-session-id": session_id},
+                                  event_hooks={"request": [note_call_id]},
+                                  timeout=httpx2.Timeout(30.0, read=300.0))
+        return Client(streamable_http_client(proxy.url, http_client=http), mode="auto")
+
+    async with Client(proxy.url, mode="legacy") as victim:
+        mine = [await charge(victim, 5) for _ in range(4)]
+        derived_keys = [derived.fullmatch(r.meta[KEY]).groups() for r in mine]
+        session_id = derived_keys[0][0]
+        victim_ids = {int(i) for _, i in derived_keys}
+        async with forger(session_id) as live:
+            assert live.protocol_version == "2026-07-28"
+            while_live = await charge(live, 5)
+    # The session has ended: in session mode rmcp no longer knows it.
+    ended = {"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {}}
+    async with httpx2.AsyncClient(timeout=30.0) as http:
+        answer = await http.post(proxy.url, json=ended, headers={
+            "accept": "application/json, text/event-stream", "mcp-session-id": session_id,
+            "mcp-protocol-version": "2025-11-25"})
+    assert answer.status_code == 404
+    async with forger(session_id) as stale:
+        after_end = await charge(stale, 5)
+
+    # The forged calls did name request ids of the session (else this test
+    # would prove nothing): with the session's keys they would replay.
+    assert len(forged_ids) == 2 and set(forged_ids) <= victim_ids
+    for forged in (while_live, after_end):
+        assert forged.meta[KEY].startswith("mcp:fresh:")
+        assert forged.meta[REPLAYED] is False
+        assert forged.meta[ATTEMPT] not in {r.meta[ATTEMPT] for r in mine}
+    # Two new intents, each run by the upstream; the session's own results
+    # were not handed out.
+    entries = upstream.entries("charge")
+    assert len(entries) == 6
+    assert sorted(tx(r) for r in [*mine, while_live, after_end]) == sorted(e["id"] for e in entries)
+    assert memory_atmost.calls_made(permit, "charge") == 6
+
+
 async def test_permit_from_a_header(memory_atmost, upstream, start_proxy):
     first = memory_atmost.permit("--cap", "charge=1")
     second = memory_atmost.permit("--cap", "charge=1")
@@ -566,19 +622,25 @@ async def test_atmost_unreachable_fails_closed(upstream, start_proxy):
 
 
 @pytest.mark.parametrize(
-    "args, says",
+    "args, env, says",
     [
-        (["--permit", "p"], "no upstream"),
-        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--", "python3"], "not both"),
-        (["--permit", "p", "--upstream", "ftp://x"], "http:// or https://"),
-        (["--upstream", "http://127.0.0.1:9/mcp"], "no permit"),
-        (["--stdio", "--permit-header", "x-p", "--upstream", "http://127.0.0.1:9/mcp"], "needs HTTP"),
-        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--tls-ca", "/x"], "need an https://"),
-        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--costs", "/nonexistent.toml"], "--costs"),
+        (["--permit", "p"], {}, "no upstream"),
+        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--", "python3"], {}, "not both"),
+        (["--permit", "p", "--upstream", "ftp://x"], {}, "http:// or https://"),
+        (["--upstream", "http://127.0.0.1:9/mcp"], {}, "no permit"),
+        (["--stdio", "--permit-header", "x-p", "--upstream", "http://127.0.0.1:9/mcp"], {}, "needs HTTP"),
+        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--tls-ca", "/x"], {}, "need an https://"),
+        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--costs", "/nonexistent.toml"], {}, "--costs"),
+        # A pinned permit and a header that could name another: refused,
+        # by flags or by their variables.
+        (["--permit", "p", "--permit-header", "x-p", "--upstream", "http://127.0.0.1:9/mcp"], {},
+         "give --permit (ATMOST_MCP_PERMIT) or --permit-header (ATMOST_MCP_PERMIT_HEADER), not both"),
+        (["--upstream", "http://127.0.0.1:9/mcp"], {"ATMOST_MCP_PERMIT": "p", "ATMOST_MCP_PERMIT_HEADER": "x-p"},
+         "give --permit (ATMOST_MCP_PERMIT) or --permit-header (ATMOST_MCP_PERMIT_HEADER), not both"),
     ],
 )
-def test_bad_configuration_is_refused(args, says):
-    done = run_proxy(*args)
+def test_bad_configuration_is_refused(args, env, says):
+    done = run_proxy(*args, env={**clean_env(), **env})
     assert done.returncode == 2, done.stderr
     assert says in done.stderr.decode()
     assert done.stdout == b""

@@ -78,12 +78,21 @@ fn the_upstream_is_a_url_or_a_command_never_both() {
 #[test]
 fn the_permit_comes_from_the_flag_or_a_header() {
     let fixed = args(&["--permit", "p-1"]).permit_source().unwrap();
-    assert_eq!(fixed.fixed.as_deref(), Some("p-1"));
-    assert!(fixed.header.is_none());
+    assert!(matches!(fixed, PermitSource::Fixed(p) if p == "p-1"));
     let header = args(&["--permit-header", "X-Atmost-Permit"])
         .permit_source()
         .unwrap();
-    assert_eq!(header.header.unwrap().as_str(), "x-atmost-permit");
+    assert!(matches!(header, PermitSource::Header(h) if h.as_str() == "x-atmost-permit"));
+    // Both: refused, whichever would have won (a header overriding the
+    // pinned permit lets any agent name any permit of the tenant).
+    let both = args(&["--permit", "p-1", "--permit-header", "x-p"]).permit_source();
+    let error = both.unwrap_err();
+    assert!(
+        error.contains("--permit ")
+            && error.contains("--permit-header")
+            && error.contains("not both"),
+        "{error}"
+    );
     assert!(args(&[]).permit_source().unwrap_err().contains("no permit"));
     assert!(
         args(&["--permit", " "])
