@@ -169,28 +169,36 @@ fn text(value: &[u8]) -> String {
 }
 
 /// An `Idempotency-Key` value: the IETF draft makes it a structured-field
-/// string (`"abc"`, with `\"` and `\\` escapes); a bare token is taken as
-/// it is.
-fn idempotency_key(value: &[u8]) -> String {
+/// string (RFC 8941: `"abc"`, with `\"` and `\\` escapes, printable ASCII);
+/// a bare token is taken as it is. A value that opens a string must be one
+/// whole string: `"a", "b"` is two keys a gateway joined (Envoy's
+/// `headers` map joins repeated headers with commas), never the key
+/// `a", "b`.
+fn idempotency_key(value: &[u8]) -> Result<String, &'static str> {
     let value = text(value);
     let trimmed = value.trim();
-    match trimmed
-        .strip_prefix('"')
-        .and_then(|rest| rest.strip_suffix('"'))
-    {
-        Some(inner) => {
-            let mut out = String::with_capacity(inner.len());
-            let mut chars = inner.chars();
-            while let Some(c) = chars.next() {
-                match c {
-                    '\\' => out.extend(chars.next()),
-                    c => out.push(c),
-                }
+    let Some(rest) = trimmed.strip_prefix('"') else {
+        return Ok(trimmed.to_owned());
+    };
+    let mut out = String::with_capacity(rest.len());
+    let mut chars = rest.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(escaped @ ('"' | '\\')) => out.push(escaped),
+                _ => return Err("a structured-field string may escape only \" and \\"),
+            },
+            '"' if chars.as_str().is_empty() => return Ok(out),
+            '"' => {
+                return Err(
+                    "more than one structured-field string: two idempotency keys joined into one header?",
+                );
             }
-            out
+            ' '..='~' => out.push(c),
+            _ => return Err("a structured-field string holds printable ASCII only"),
         }
-        None => trimmed.to_owned(),
     }
+    Err("a structured-field string without its closing quote")
 }
 
 /// SHA-256 of the method, the path (with its query) and the body, each
@@ -269,12 +277,21 @@ impl Mapping {
             }
         };
 
-        let key = read
+        let key = match read
             .required(
                 &self.key_header,
                 "every guarded request needs its idempotency key",
             )
-            .map(idempotency_key);
+            .map(idempotency_key)
+        {
+            Some(Ok(key)) => Some(key),
+            Some(Err(why)) => {
+                read.violations
+                    .push(violation(format!("header {}", self.key_header), why));
+                None
+            }
+            None => None,
+        };
 
         let from_header = match &self.tool.header {
             Some(name) => read.optional(name).map(text),

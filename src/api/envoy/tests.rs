@@ -264,6 +264,32 @@ fn the_default_mapping_reads_each_source() {
     assert_eq!(a.idempotency_key, "k-1", "a bare token, trimmed");
 }
 
+/// A key that opens a structured-field string must be one whole string:
+/// two `Idempotency-Key` headers Envoy's `headers` map joined with a comma
+/// are refused, never taken as one key.
+#[test]
+fn a_key_that_is_not_one_structured_field_string_is_refused() {
+    for (value, says) in [
+        ("\"a\",\"b\"", "more than one"),
+        ("\"a\", \"b\"", "more than one"),
+        ("\"abc", "closing quote"),
+        ("\"a\\x\"", "escape only"),
+        ("\"caf\u{e9}\"", "printable ASCII"),
+    ] {
+        let h = headers(&[("x-atmost-permit", PERMIT), ("idempotency-key", value)]);
+        let found = violations(Mapping::default().authorize_request(&request(&h, Some("t"))));
+        assert_eq!(found.len(), 1, "{value}: {found:?}");
+        assert_eq!(found[0].0, "header idempotency-key", "{value}");
+        assert!(found[0].1.contains(says), "{value}: {found:?}");
+    }
+    // A bare token with a comma is a key like any other (the Gate judges it).
+    let h = headers(&[("x-atmost-permit", PERMIT), ("idempotency-key", "a,b")]);
+    let a = Mapping::default()
+        .authorize_request(&request(&h, Some("t")))
+        .expect("mapped");
+    assert_eq!(a.idempotency_key, "a,b");
+}
+
 #[test]
 fn every_missing_source_is_reported_at_once() {
     let h = headers(&[]);
