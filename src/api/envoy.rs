@@ -41,6 +41,26 @@ pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor"
 /// its own idempotency key (and to settle the attempt with). A replay's
 /// answer carries it only for a settled attempt ([`Reply`]'s replay).
 pub const ATTEMPT_HEADER: &str = "x-atmost-attempt-id";
+/// Added upstream on DISPATCH beside the attempt id: the permit id and the
+/// idempotency key as atmost used them (the permit may come from a JWT
+/// claim, the key from a structured-field string), for the upstream's
+/// Commit.
+pub const PERMIT_ID_HEADER: &str = "x-atmost-permit-id";
+pub const KEY_HEADER: &str = "x-atmost-idempotency-key";
+
+/// The headers both doors set on a forwarded request, each replacing any
+/// the client sent (so no client can forge one): the tool's idempotency
+/// key and what its Commit presents. Upstream only: the attempt is open
+/// while the tool runs. A key is printable ASCII without edge spaces and
+/// a permit id a UUID: both are valid header values.
+pub(crate) fn upstream_headers(attempt: &pb::Attempt) -> [(&'static str, &str); 3] {
+    [
+        (ATTEMPT_HEADER, attempt.attempt_id.as_str()),
+        (PERMIT_ID_HEADER, attempt.permit_id.as_str()),
+        (KEY_HEADER, attempt.idempotency_key.as_str()),
+    ]
+}
+
 /// On every answer atmost gives instead of the tool: why.
 pub const REASON_HEADER: &str = "x-atmost-reason";
 /// On a replayed result (the IETF idempotency-key draft's header).
@@ -188,6 +208,14 @@ fn idempotency_key(value: &[u8]) -> Result<String, &'static str> {
                 Some(escaped @ ('"' | '\\')) => out.push(escaped),
                 _ => return Err("a structured-field string may escape only \" and \\"),
             },
+            // A header cannot carry edge spaces to the tool (HTTP/1.1
+            // trims them, HTTP/2 refuses them): its Commit would name
+            // another key.
+            '"' if chars.as_str().is_empty() && out.trim() != out => {
+                return Err(
+                    "a key with leading or trailing spaces cannot be forwarded in a header",
+                );
+            }
             '"' if chars.as_str().is_empty() => return Ok(out),
             '"' => {
                 return Err(

@@ -374,12 +374,22 @@ async fn post(envoy: &mut Envoy, headers: &[(&str, &str)], body: &[u8]) -> Sent 
             let set = continued(&answer);
             let id = set["x-atmost-attempt-id"].clone();
             // The attempt in the dynamic metadata, atmost's namespace.
+            // Upstream, beside it, what the tool's Commit presents, as
+            // atmost used them (ext_authz's "Without ext_proc" contract).
             let ns = &answer.dynamic_metadata.as_ref().unwrap().fields["atmost"];
             match &ns.kind {
-                Some(V::StructValue(s)) => match &s.fields["attempt_id"].kind {
-                    Some(V::StringValue(v)) => assert_eq!(v, &id),
-                    other => panic!("{other:?}"),
-                },
+                Some(V::StructValue(s)) => {
+                    for (field, header) in [
+                        ("attempt_id", "x-atmost-attempt-id"),
+                        ("permit_id", "x-atmost-permit-id"),
+                        ("idempotency_key", "x-atmost-idempotency-key"),
+                    ] {
+                        match &s.fields[field].kind {
+                            Some(V::StringValue(v)) => assert_eq!(v, &set[header], "{header}"),
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                }
                 other => panic!("{other:?}"),
             }
             Sent::Forwarded(id)

@@ -12,7 +12,7 @@
 //! settles the attempt through the Gate with the three headers
 //! (docs/gateways.md, "Without ext_proc").
 
-use super::{ATTEMPT_HEADER, Answer, Headers, HttpRequest, Mapping, Reply, Unmapped};
+use super::{Answer, Headers, HttpRequest, Mapping, Reply, Unmapped};
 use crate::api::gate::GateService;
 use envoy_types::pb::envoy::config::core::v3::{
     HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
@@ -33,11 +33,6 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 /// `with_request_body` or for a request without a body
 /// (check_request_utils.cc, `setHttpRequest`).
 const PARTIAL_BODY: &str = "x-envoy-auth-partial-body";
-/// Added upstream on DISPATCH: the permit id and the idempotency key as
-/// atmost used them (the permit may come from a JWT claim, the key from a
-/// structured-field string), for the upstream's Commit.
-pub const PERMIT_ID_HEADER: &str = "x-atmost-permit-id";
-pub const KEY_HEADER: &str = "x-atmost-idempotency-key";
 /// On a replayed result sent base64-encoded (ext_authz carries a denied
 /// response's body as text).
 pub const RESULT_ENCODING_HEADER: &str = "x-atmost-result-encoding";
@@ -83,11 +78,10 @@ pub(super) fn check_response(answer: Answer) -> CheckResponse {
             // ASCII and a permit id a UUID (the Gate's validation): both
             // are valid header values.
             http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
-                headers: vec![
-                    set(ATTEMPT_HEADER, attempt.attempt_id.clone()),
-                    set(PERMIT_ID_HEADER, attempt.permit_id.clone()),
-                    set(KEY_HEADER, attempt.idempotency_key.clone()),
-                ],
+                headers: super::upstream_headers(&attempt)
+                    .into_iter()
+                    .map(|(k, v)| set(k, v.to_owned()))
+                    .collect(),
                 ..Default::default()
             })),
         },

@@ -33,7 +33,7 @@
 //! Observability mode cannot gate anything and is refused.
 
 use super::{
-    ATTEMPT_HEADER, Answer, Headers, HttpRequest, Mapping, Reply, Unmapped,
+    Answer, Headers, HttpRequest, Mapping, Reply, Unmapped,
     mapping::{ResultMode, Settle},
 };
 use crate::api::{Deadline, gate::GateService};
@@ -278,6 +278,14 @@ fn set(key: &str, value: &str) -> HeaderValueOption {
         append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
         ..Default::default()
     }
+}
+
+/// The headers a DISPATCH sets on the request it forwards.
+fn forward_headers(attempt: &pb::Attempt) -> Vec<HeaderValueOption> {
+    super::upstream_headers(attempt)
+        .into_iter()
+        .map(|(k, v)| set(k, v))
+        .collect()
 }
 
 fn headers_of(map: Option<HeaderMap>) -> Headers {
@@ -655,9 +663,8 @@ impl Exchange {
                     self.phase = Phase::Done;
                     return self.unanswered(stream).await;
                 }
-                let headers = vec![set(ATTEMPT_HEADER, &attempt.attempt_id)];
                 let response = ProcessingResponse {
-                    response: Some(stage.proceed(headers)),
+                    response: Some(stage.proceed(forward_headers(&attempt))),
                     dynamic_metadata: Some(namespaced(&attempt)),
                     ..Default::default()
                 };
@@ -1071,7 +1078,7 @@ async fn watching<T>(
 #[cfg(test)]
 pub(super) fn every_response(attempt: &pb::Attempt) -> Vec<ProcessingResponse> {
     let forward = ProcessingResponse {
-        response: Some(Stage::Body.proceed(vec![set(ATTEMPT_HEADER, &attempt.attempt_id)])),
+        response: Some(Stage::Body.proceed(forward_headers(attempt))),
         dynamic_metadata: Some(namespaced(attempt)),
         ..Default::default()
     };

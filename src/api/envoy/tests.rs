@@ -275,6 +275,8 @@ fn a_key_that_is_not_one_structured_field_string_is_refused() {
         ("\"abc", "closing quote"),
         ("\"a\\x\"", "escape only"),
         ("\"caf\u{e9}\"", "printable ASCII"),
+        ("\" x \"", "leading or trailing spaces"),
+        ("\" \"", "leading or trailing spaces"),
     ] {
         let h = headers(&[("x-atmost-permit", PERMIT), ("idempotency-key", value)]);
         let found = violations(Mapping::default().authorize_request(&request(&h, Some("t"))));
