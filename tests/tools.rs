@@ -58,7 +58,7 @@ async fn bench_runs_every_scenario_against_the_real_server() {
     let runs = ["health", "authorize", "cycle", "replay", "contended"]
         .map(|s| (s, None))
         .into_iter()
-        .chain([("authorize", Some("500"))]);
+        .chain([("authorize", Some("100"))]);
     for (scenario, rate) in runs {
         let mut argv = vec![
             "atmost-bench",

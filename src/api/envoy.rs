@@ -481,9 +481,19 @@ impl Reply {
         // A Check answers its refusals inside a gRPC OK: noted here, they
         // are counted as an Authorize's (docs/telemetry.md).
         crate::telemetry::note_reason(reason);
+        // The store's own words (a Redis error's text) are the operator's,
+        // in the log; the gateway's client only learns nothing was decided.
+        let message = match error {
+            Error::StoreUnavailable(detail) => {
+                tracing::warn!(%detail, "envoy: the store is unavailable; answered 503");
+                "the store could not be reached or could not confirm: nothing was decided; try again"
+                    .to_owned()
+            }
+            other => other.to_string(),
+        };
         let mut body = serde_json::json!({
             "reason": reason,
-            "message": error.to_string(),
+            "message": message,
         });
         if !metadata.is_empty() {
             body["metadata"] = metadata

@@ -130,7 +130,9 @@ impl Instruments {
             );
         }
         let refused = reason == Some(crate::domain::Reason::DuplicateSuspected.as_str());
-        if duplicate_dispatched || (refused && method.method == "Authorize") {
+        // An Authorize's or a Check's refusal (a Check answers it in a gRPC
+        // OK, with its decision DENIED).
+        if duplicate_dispatched || (refused && decision == Some("DENIED")) {
             let action = if refused { "refused" } else { "dispatched" };
             self.duplicates.add(1, &[KeyValue::new("action", action)]);
         }

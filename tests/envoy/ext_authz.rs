@@ -679,13 +679,40 @@ async fn a_body_envoy_did_not_send_is_a_misconfiguration(kind: Kind) {
     );
 
     // A client's own x-envoy-auth-partial-body is not what Envoy sends
-    // (Envoy drops it), but it changes nothing either way: "true" is a
-    // 400, anything else without a body is still the misconfiguration.
+    // (Envoy drops it), and it excuses nothing: "true" is a 400, "false"
+    // with a declared length and no body is still the misconfiguration.
     let mut forged = without_request_body(charge(&permit, "nobody"));
     http(&mut forged)
         .headers
         .insert("x-envoy-auth-partial-body".into(), "true".into());
     denied(check(&h, forged).await, 400, "INVALID_REQUEST");
+    let mut forged = without_request_body(charge(&permit, "nobody"));
+    http(&mut forged)
+        .headers
+        .insert("x-envoy-auth-partial-body".into(), "false".into());
+    denied(check(&h, forged).await, 500, "GATEWAY_MISCONFIGURED");
+    expect_error(
+        h.client.get_attempt(&permit, "nobody").await,
+        Code::NotFound,
+        "ATTEMPT_NOT_FOUND",
+    );
+
+    // An empty chunked body, as Envoy buffering it sends it
+    // (`x-envoy-auth-partial-body: false`, no bytes): nothing is missing.
+    let mut empty = check_request(
+        "POST",
+        PATH,
+        &[
+            ("x-atmost-permit", &permit),
+            ("idempotency-key", "empty-chunked"),
+            ("transfer-encoding", "chunked"),
+            ("x-envoy-auth-partial-body", "false"),
+        ],
+        b"",
+        Some(TOOL),
+    );
+    http(&mut empty).headers.remove("content-length");
+    allowed(check(&h, empty).await);
 
     // No body, no content-length: nothing is missing.
     let get = check_request(
@@ -916,10 +943,16 @@ async fn the_store_unreachable_is_503_and_nothing_passes() {
     let h = Harness::serve(atmost::store::Backend::Redis(store), None, |app| app).await;
     let permit = wallet_permit(&h).await;
     redis.kill();
-    denied(
+    let (_, body) = denied(
         check(&h, charge(&permit, "down")).await,
         503,
         "STORE_UNAVAILABLE",
+    );
+    // The store's own words stay in atmost's log: the gateway's client
+    // learns only that nothing was decided.
+    assert_eq!(
+        body["message"],
+        "the store could not be reached or could not confirm: nothing was decided; try again"
     );
     // Back up (with what it had persisted), the same key is a fresh
     // DISPATCH: the 503 reserved nothing.
@@ -1169,6 +1202,25 @@ async fn a_check_is_measured() {
         Some(TOOL),
     );
     denied(check(no_key).await, 400, "INVALID_REQUEST");
+    // The duplicate guard, enforced: the same request under a new key.
+    let guarded = client
+        .create_permit(
+            NewPermit::new([TOOL])
+                .expires_at_ms(atmost_client::now_ms() + 3_600_000)
+                .duplicate_guard(pb::DuplicateGuardMode::Enforce, None),
+        )
+        .await
+        .unwrap()
+        .permit_id;
+    assert!(matches!(
+        check(charge(&guarded, "first")).await,
+        Checked::Allowed { .. }
+    ));
+    denied(
+        check(charge(&guarded, "second")).await,
+        409,
+        "DUPLICATE_REQUEST_SUSPECTED",
+    );
     let samples = crate::telemetry::scrape(metrics).await;
     let count = |prefix: &str, label: &str| {
         samples
@@ -1182,12 +1234,20 @@ async fn a_check_is_measured() {
             "rpc_server_call_duration_seconds_count",
             "rpc_method=\"Check\""
         ),
-        3.0,
+        5.0,
         "{samples:#?}"
     );
     for (series, n) in [
         (
             r#"atmost_decisions_total{decision="DISPATCH",reason=""}"#,
+            2.0,
+        ),
+        (
+            r#"atmost_decisions_total{decision="DENIED",reason="DUPLICATE_REQUEST_SUSPECTED"}"#,
+            1.0,
+        ),
+        (
+            r#"atmost_duplicate_guard_hits_total{action="refused"}"#,
             1.0,
         ),
         (
@@ -1214,7 +1274,7 @@ async fn a_check_is_measured() {
             "atmost_store_duration_seconds_count",
             "operation=\"authorize\""
         ),
-        2.0,
+        4.0,
         "{samples:#?}"
     );
 }

@@ -128,7 +128,7 @@ pub(super) fn check_response(answer: Answer) -> CheckResponse {
 /// bytes received: 0 at header time without `with_request_body`). An
 /// HTTP/2 or HTTP/3 request that sends DATA without a `content-length`
 /// says none of these: its body cannot be seen here.
-fn declared_body(headers: &Headers, size: i64) -> Option<String> {
+fn declared_body(headers: &Headers, size: i64, buffered: bool) -> Option<String> {
     if let Some(length) = headers.get("content-length") {
         // Envoy refuses a request whose content-length is not a number;
         // anything else but 0 is taken as a body, failing closed.
@@ -137,7 +137,13 @@ fn declared_body(headers: &Headers, size: i64) -> Option<String> {
             return Some(format!("content-length {}", length.trim()));
         }
     }
-    if let Some(coding) = headers.get("transfer-encoding") {
+    // Envoy, buffering (`x-envoy-auth-partial-body` set), sends an empty
+    // chunked body as it is: only a length it did not deliver says the
+    // body went missing. A client's own copy of that header cannot excuse
+    // a declared length (Envoy drops such copies; another gateway may not).
+    if let Some(coding) = headers.get("transfer-encoding")
+        && !buffered
+    {
         return Some(format!(
             "transfer-encoding {}",
             String::from_utf8_lossy(coding).trim()
@@ -202,8 +208,7 @@ impl Authorization for ExtAuthzService {
                         .into(),
                 }]));
             } else if body.is_empty()
-                && partial.is_none()
-                && let Some(declared) = declared_body(&headers, http.size)
+                && let Some(declared) = declared_body(&headers, http.size, partial.is_some())
             {
                 unmapped = Some(Unmapped::Misconfigured(format!(
                     "the request has a body ({declared}) and the gateway sent none: the \
