@@ -367,17 +367,17 @@ async def test_a_stateless_request_naming_a_session_gets_a_key_of_its_own(memory
     permit = memory_atmost.permit("--cap", "charge=10")
     proxy = start_proxy(*permit_args(memory_atmost, upstream, permit))
     derived = re.compile(r"mcp:([0-9a-f-]{36}):([0-9]+)")
-    forged_ids: List[Any] = []
+    sent: List[Any] = []
 
-    async def note_call_id(request) -> None:
+    async def note_call(request) -> None:
         message = json.loads(request.content or b"null")
         if isinstance(message, dict) and message.get("method") == "tools/call":
-            forged_ids.append(message["id"])
+            sent.append((message["id"], request.headers.get_list("mcp-session-id")))
 
     def forger(session_id: str) -> Client:
         # The SDK's own stateless client; its HTTP client adds the header.
         http = httpx2.AsyncClient(headers={"mcp-session-id": session_id},
-                                  event_hooks={"request": [note_call_id]},
+                                  event_hooks={"request": [note_call]},
                                   timeout=httpx2.Timeout(30.0, read=300.0))
         return Client(streamable_http_client(proxy.url, http_client=http), mode="auto")
 
@@ -397,11 +397,16 @@ async def test_a_stateless_request_naming_a_session_gets_a_key_of_its_own(memory
             "mcp-protocol-version": "2025-11-25"})
     assert answer.status_code == 404
     async with forger(session_id) as stale:
+        assert stale.protocol_version == "2026-07-28"
         after_end = await charge(stale, 5)
 
-    # The forged calls did name request ids of the session (else this test
-    # would prove nothing): with the session's keys they would replay.
-    assert len(forged_ids) == 2 and set(forged_ids) <= victim_ids
+    # The forged calls did name the session and request ids of it (else
+    # this test would prove nothing): with the session's keys they would
+    # replay.
+    assert len(sent) == 2
+    for call_id, header in sent:
+        assert call_id in victim_ids
+        assert header == [session_id]
     for forged in (while_live, after_end):
         assert forged.meta[KEY].startswith("mcp:fresh:")
         assert forged.meta[REPLAYED] is False
