@@ -111,7 +111,9 @@ pub struct Args {
     /// header (e.g. x-atmost-permit), sent by the agent's HTTP client with
     /// every request. Not with --permit. Off unless given: any agent that
     /// reaches the proxy may name any permit of the proxy's atmost tenant,
-    /// so use it only behind a gateway that sets the header itself.
+    /// so use it only behind a gateway that sets the header itself,
+    /// overwriting any the agent sent (a request with the header more than
+    /// once is refused).
     #[arg(long, env = "ATMOST_MCP_PERMIT_HEADER", value_name = "NAME")]
     pub permit_header: Option<String>,
     /// The cost table (TOML): `default = N` and a `[tools]` table of

@@ -199,13 +199,26 @@ impl Gate {
     }
 
     /// --permit, or the request's --permit-header (never both: the
-    /// configuration refuses that).
+    /// configuration refuses that), which must come exactly once.
     fn permit(&self, origin: &Origin) -> Result<String, ErrorData> {
         let name = match &self.permits {
             PermitSource::Fixed(permit) => return Ok(permit.clone()),
             PermitSource::Header(name) => name,
         };
-        match origin.headers.as_ref().and_then(|h| h.get(name)) {
+        let mut values = origin.headers.iter().flat_map(|h| h.get_all(name));
+        let value = values.next();
+        if value.is_some() && values.next().is_some() {
+            // A gateway that appends rather than sets the header: which one
+            // it set is not known, and the agent's own must never win.
+            return Err(invalid(
+                reason::PERMIT_MISSING,
+                &format!(
+                    "the {name} header came more than once: the gateway must set it, replacing any the agent sent"
+                ),
+                json!({}),
+            ));
+        }
+        match value {
             Some(value) => match value.to_str().map(str::trim) {
                 Ok(permit) if !permit.is_empty() => Ok(permit.to_owned()),
                 _ => Err(invalid(

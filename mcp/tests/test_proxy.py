@@ -445,6 +445,37 @@ async def test_permit_from_a_header(memory_atmost, upstream, start_proxy):
     assert len(upstream.entries("charge")) == 2
 
 
+async def test_a_permit_header_sent_twice_is_refused(memory_atmost, upstream, start_proxy):
+    """Behind a gateway that appends its permit header to the agent's
+    instead of replacing it, the request carries two. Taking the first
+    would let the agent's own win: the call is refused, nothing sent."""
+    mine = memory_atmost.permit("--cap", "charge=1")
+    gateways = memory_atmost.permit("--cap", "charge=1")
+    proxy = start_proxy("--server", memory_atmost.url, "--upstream", upstream.url,
+                        "--permit-header", "x-atmost-permit")
+    sent: List[List[str]] = []
+
+    async def note_call(request) -> None:
+        message = json.loads(request.content or b"null")
+        if isinstance(message, dict) and message.get("method") == "tools/call":
+            sent.append(request.headers.get_list("x-atmost-permit"))
+
+    for twice in ([mine, gateways], [gateways, gateways]):
+        http = httpx2.AsyncClient(headers=[("x-atmost-permit", p) for p in twice],
+                                  event_hooks={"request": [note_call]},
+                                  timeout=httpx2.Timeout(30.0, read=300.0))
+        async with Client(streamable_http_client(proxy.url, http_client=http), mode="legacy") as agent:
+            error = await refused(charge(agent, 5, key="twice"))
+        assert error.code == INVALID_PARAMS
+        assert error.error.data["reason"] == "PERMIT_MISSING"
+        assert "x-atmost-permit header came more than once" in error.error.message
+    # Both requests did carry the header twice (else this proves nothing).
+    assert sent == [[mine, gateways], [gateways, gateways]]
+    assert upstream.entries() == []
+    assert memory_atmost.calls_made(mine, "charge") == 0
+    assert memory_atmost.calls_made(gateways, "charge") == 0
+
+
 # === transports ===
 
 
