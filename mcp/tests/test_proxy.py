@@ -673,6 +673,17 @@ async def test_atmost_unreachable_fails_closed(upstream, start_proxy):
          "give --permit (ATMOST_MCP_PERMIT) or --permit-header (ATMOST_MCP_PERMIT_HEADER), not both"),
         (["--upstream", "http://127.0.0.1:9/mcp"], {"ATMOST_MCP_PERMIT": "p", "ATMOST_MCP_PERMIT_HEADER": "x-p"},
          "give --permit (ATMOST_MCP_PERMIT) or --permit-header (ATMOST_MCP_PERMIT_HEADER), not both"),
+        # A permit variable set but empty (a template's `VAR=`) counts as
+        # not set: the flags get as far as the missing cost table, not
+        # "not both" or an empty header name.
+        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--costs", "/nonexistent.toml"],
+         {"ATMOST_MCP_PERMIT_HEADER": ""}, "--costs /nonexistent.toml"),
+        (["--permit-header", "x-p", "--upstream", "http://127.0.0.1:9/mcp", "--costs", "/nonexistent.toml"],
+         {"ATMOST_MCP_PERMIT": ""}, "--costs /nonexistent.toml"),
+        (["--upstream", "http://127.0.0.1:9/mcp"], {"ATMOST_MCP_PERMIT": "", "ATMOST_MCP_PERMIT_HEADER": ""},
+         "no permit"),
+        # Set but blank is not empty: refused, naming the variable.
+        (["--upstream", "http://127.0.0.1:9/mcp"], {"ATMOST_MCP_PERMIT": " "}, "--permit (ATMOST_MCP_PERMIT) is empty"),
     ],
 )
 def test_bad_configuration_is_refused(args, env, says):
