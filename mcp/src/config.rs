@@ -7,7 +7,8 @@
 //! ATMOST_API_KEY): the server's own ATMOST_TLS_CERT and the like name
 //! its certificate, not a client's, and must not be picked up here.
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -111,7 +112,9 @@ pub struct Args {
     /// header (e.g. x-atmost-permit), sent by the agent's HTTP client with
     /// every request. Not with --permit. Off unless given: any agent that
     /// reaches the proxy may name any permit of the proxy's atmost tenant,
-    /// so use it only behind a gateway that sets the header itself.
+    /// so use it only behind a gateway that sets the header itself,
+    /// overwriting any the agent sent (a request with the header more than
+    /// once is refused).
     #[arg(long, env = "ATMOST_MCP_PERMIT_HEADER", value_name = "NAME")]
     pub permit_header: Option<String>,
     /// The cost table (TOML): `default = N` and a `[tools]` table of
@@ -149,6 +152,34 @@ pub enum UpstreamSpec {
 }
 
 impl Args {
+    /// The flags from the command line and the environment (clap's
+    /// `Args::parse`, then [`Args::from_matches`]); a bad one prints
+    /// clap's error and exits 2.
+    pub fn from_command_line() -> Self {
+        let matches = Self::command().get_matches();
+        Self::from_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
+    /// The flags of parsed `matches`, with ATMOST_MCP_PERMIT and
+    /// ATMOST_MCP_PERMIT_HEADER set but empty taken as not set, as a shell
+    /// or a template writes them (the atmost CLI takes an empty
+    /// ATMOST_API_KEY the same way). Else `ATMOST_MCP_PERMIT_HEADER=` next
+    /// to `--permit` would read as both.
+    pub fn from_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut args = Self::from_arg_matches(matches)?;
+        for (id, value) in [
+            ("permit", &mut args.permit),
+            ("permit_header", &mut args.permit_header),
+        ] {
+            if matches.value_source(id) == Some(ValueSource::EnvVariable)
+                && value.as_deref() == Some("")
+            {
+                *value = None;
+            }
+        }
+        Ok(args)
+    }
+
     /// The upstream, from --upstream or the command after `--` (exactly
     /// one of them).
     pub fn upstream_spec(&self) -> Result<UpstreamSpec, String> {
@@ -193,7 +224,7 @@ impl Args {
         if let Some(permit) = &self.permit
             && permit.trim().is_empty()
         {
-            return Err("--permit is empty".into());
+            return Err("--permit (ATMOST_MCP_PERMIT) is empty".into());
         }
         match (&self.permit, &self.permit_header) {
             (Some(_), Some(_)) => Err(
@@ -205,7 +236,11 @@ impl Args {
             (Some(permit), None) => Ok(PermitSource::Fixed(permit.clone())),
             (None, Some(name)) => {
                 let header = http::HeaderName::try_from(name.as_str())
-                    .map_err(|_| format!("--permit-header {name:?}: not an HTTP header name"))?;
+                    .map_err(|_| {
+                        format!(
+                            "--permit-header (ATMOST_MCP_PERMIT_HEADER) {name:?}: not an HTTP header name"
+                        )
+                    })?;
                 if self.stdio {
                     return Err(
                         "--permit-header needs HTTP: over --stdio there are no headers".into(),

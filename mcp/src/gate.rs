@@ -90,7 +90,8 @@ pub struct Origin {
     /// The session rmcp served the request in: its `Mcp-Session-Id`, or the
     /// stdio process's. None when the request came in no session (the
     /// stateless protocol), even if it carries an `Mcp-Session-Id` header:
-    /// that is then only a string the client chose.
+    /// rmcp did not serve it in that session, so the header is not taken
+    /// as one.
     pub session: Option<String>,
 }
 
@@ -198,13 +199,26 @@ impl Gate {
     }
 
     /// --permit, or the request's --permit-header (never both: the
-    /// configuration refuses that).
+    /// configuration refuses that), which must come exactly once.
     fn permit(&self, origin: &Origin) -> Result<String, ErrorData> {
         let name = match &self.permits {
             PermitSource::Fixed(permit) => return Ok(permit.clone()),
             PermitSource::Header(name) => name,
         };
-        match origin.headers.as_ref().and_then(|h| h.get(name)) {
+        let mut values = origin.headers.iter().flat_map(|h| h.get_all(name));
+        let value = values.next();
+        if value.is_some() && values.next().is_some() {
+            // A gateway that appends rather than sets the header: which one
+            // it set is not known, and the agent's own must never win.
+            return Err(invalid(
+                reason::PERMIT_MISSING,
+                &format!(
+                    "the {name} header came more than once: the gateway must set it, replacing any the agent sent"
+                ),
+                json!({}),
+            ));
+        }
+        match value {
             Some(value) => match value.to_str().map(str::trim) {
                 Ok(permit) if !permit.is_empty() => Ok(permit.to_owned()),
                 _ => Err(invalid(
@@ -240,8 +254,15 @@ impl Gate {
             None => {}
         }
         // Only a session rmcp served the request in, never the header
-        // alone: a stateless request could name another session's id and
-        // so get that session's keys (its replays, or KEY_REUSED).
+        // alone: a stateless request is in no session, so an
+        // Mcp-Session-Id it carries (a stale one, say) must not make its
+        // key collide with that session's calls. This guards against
+        // accidents only. A client that knows a live session's id can send
+        // a legacy request in that session (rmcp checks only that the
+        // session is live), or put a derived key in _meta itself: the
+        // session id is a bearer secret, and the agents of one proxy share
+        // its tenant and permit anyway (docs/gateways.md, "Which key to
+        // use").
         Ok(match (&origin.session, &origin.request_id) {
             (Some(session), Some(id)) => (derived_key(session, id), KeySource::Session),
             _ => (

@@ -27,7 +27,6 @@ mod gate;
 mod proxy;
 mod upstream;
 
-use clap::Parser;
 use config::{Args, Costs, LogFormat};
 use gate::Gate;
 use proxy::Proxy;
@@ -45,7 +44,7 @@ use upstream::Upstream;
 const API_KEY_ENV: &str = "ATMOST_API_KEY";
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = Args::from_command_line();
     init_logging(args.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -30,7 +30,10 @@ pub struct Proxy {
     /// of its own (else 404); a request of the stateless protocol
     /// (2026-07-28) goes to a handler made for it alone, which never
     /// answered `initialize`, whatever `Mcp-Session-Id` it carries
-    /// (rmcp's tower.rs, `handle_post`).
+    /// (rmcp's tower.rs, `handle_post`). rmcp checks nothing more: any
+    /// client that knows a live session's id is served in that session,
+    /// so the id is a bearer secret and a derived key only keeps apart
+    /// calls that do not mean to collide (docs/gateways.md).
     in_session: AtomicBool,
 }
 
@@ -46,8 +49,8 @@ impl Proxy {
     /// The session this request was served in, if any. Over stdio, the
     /// process's: the connection is one agent's. Over Streamable HTTP, the
     /// request's `Mcp-Session-Id` when this handler serves a session (rmcp
-    /// routed the request here by that id); else none, whatever session
-    /// its headers name.
+    /// routed the request here by that id, having checked only that the
+    /// session is live); else none, whatever session its headers name.
     fn session(&self, headers: Option<&http::HeaderMap>) -> Option<String> {
         let Some(headers) = headers else {
             return self.gate.process_session.clone();

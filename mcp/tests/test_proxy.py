@@ -367,17 +367,17 @@ async def test_a_stateless_request_naming_a_session_gets_a_key_of_its_own(memory
     permit = memory_atmost.permit("--cap", "charge=10")
     proxy = start_proxy(*permit_args(memory_atmost, upstream, permit))
     derived = re.compile(r"mcp:([0-9a-f-]{36}):([0-9]+)")
-    forged_ids: List[Any] = []
+    sent: List[Any] = []
 
-    async def note_call_id(request) -> None:
+    async def note_call(request) -> None:
         message = json.loads(request.content or b"null")
         if isinstance(message, dict) and message.get("method") == "tools/call":
-            forged_ids.append(message["id"])
+            sent.append((message["id"], request.headers.get_list("mcp-session-id")))
 
     def forger(session_id: str) -> Client:
         # The SDK's own stateless client; its HTTP client adds the header.
         http = httpx2.AsyncClient(headers={"mcp-session-id": session_id},
-                                  event_hooks={"request": [note_call_id]},
+                                  event_hooks={"request": [note_call]},
                                   timeout=httpx2.Timeout(30.0, read=300.0))
         return Client(streamable_http_client(proxy.url, http_client=http), mode="auto")
 
@@ -397,11 +397,16 @@ async def test_a_stateless_request_naming_a_session_gets_a_key_of_its_own(memory
             "mcp-protocol-version": "2025-11-25"})
     assert answer.status_code == 404
     async with forger(session_id) as stale:
+        assert stale.protocol_version == "2026-07-28"
         after_end = await charge(stale, 5)
 
-    # The forged calls did name request ids of the session (else this test
-    # would prove nothing): with the session's keys they would replay.
-    assert len(forged_ids) == 2 and set(forged_ids) <= victim_ids
+    # The forged calls did name the session and request ids of it (else
+    # this test would prove nothing): with the session's keys they would
+    # replay.
+    assert len(sent) == 2
+    for call_id, header in sent:
+        assert call_id in victim_ids
+        assert header == [session_id]
     for forged in (while_live, after_end):
         assert forged.meta[KEY].startswith("mcp:fresh:")
         assert forged.meta[REPLAYED] is False
@@ -438,6 +443,37 @@ async def test_permit_from_a_header(memory_atmost, upstream, start_proxy):
         assert missing.code == INVALID_PARAMS
         assert missing.error.data["reason"] == "PERMIT_MISSING"
     assert len(upstream.entries("charge")) == 2
+
+
+async def test_a_permit_header_sent_twice_is_refused(memory_atmost, upstream, start_proxy):
+    """Behind a gateway that appends its permit header to the agent's
+    instead of replacing it, the request carries two. Taking the first
+    would let the agent's own win: the call is refused, nothing sent."""
+    mine = memory_atmost.permit("--cap", "charge=1")
+    gateways = memory_atmost.permit("--cap", "charge=1")
+    proxy = start_proxy("--server", memory_atmost.url, "--upstream", upstream.url,
+                        "--permit-header", "x-atmost-permit")
+    sent: List[List[str]] = []
+
+    async def note_call(request) -> None:
+        message = json.loads(request.content or b"null")
+        if isinstance(message, dict) and message.get("method") == "tools/call":
+            sent.append(request.headers.get_list("x-atmost-permit"))
+
+    for twice in ([mine, gateways], [gateways, gateways]):
+        http = httpx2.AsyncClient(headers=[("x-atmost-permit", p) for p in twice],
+                                  event_hooks={"request": [note_call]},
+                                  timeout=httpx2.Timeout(30.0, read=300.0))
+        async with Client(streamable_http_client(proxy.url, http_client=http), mode="legacy") as agent:
+            error = await refused(charge(agent, 5, key="twice"))
+        assert error.code == INVALID_PARAMS
+        assert error.error.data["reason"] == "PERMIT_MISSING"
+        assert "x-atmost-permit header came more than once" in error.error.message
+    # Both requests did carry the header twice (else this proves nothing).
+    assert sent == [[mine, gateways], [gateways, gateways]]
+    assert upstream.entries() == []
+    assert memory_atmost.calls_made(mine, "charge") == 0
+    assert memory_atmost.calls_made(gateways, "charge") == 0
 
 
 # === transports ===
@@ -637,6 +673,17 @@ async def test_atmost_unreachable_fails_closed(upstream, start_proxy):
          "give --permit (ATMOST_MCP_PERMIT) or --permit-header (ATMOST_MCP_PERMIT_HEADER), not both"),
         (["--upstream", "http://127.0.0.1:9/mcp"], {"ATMOST_MCP_PERMIT": "p", "ATMOST_MCP_PERMIT_HEADER": "x-p"},
          "give --permit (ATMOST_MCP_PERMIT) or --permit-header (ATMOST_MCP_PERMIT_HEADER), not both"),
+        # A permit variable set but empty (a template's `VAR=`) counts as
+        # not set: the flags get as far as the missing cost table, not
+        # "not both" or an empty header name.
+        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--costs", "/nonexistent.toml"],
+         {"ATMOST_MCP_PERMIT_HEADER": ""}, "--costs /nonexistent.toml"),
+        (["--permit-header", "x-p", "--upstream", "http://127.0.0.1:9/mcp", "--costs", "/nonexistent.toml"],
+         {"ATMOST_MCP_PERMIT": ""}, "--costs /nonexistent.toml"),
+        (["--upstream", "http://127.0.0.1:9/mcp"], {"ATMOST_MCP_PERMIT": "", "ATMOST_MCP_PERMIT_HEADER": ""},
+         "no permit"),
+        # Set but blank is not empty: refused, naming the variable.
+        (["--upstream", "http://127.0.0.1:9/mcp"], {"ATMOST_MCP_PERMIT": " "}, "--permit (ATMOST_MCP_PERMIT) is empty"),
     ],
 )
 def test_bad_configuration_is_refused(args, env, says):

@@ -1,8 +1,17 @@
 use super::*;
 
+/// The flags of `argv` alone: every variable (ATMOST_MCP_PERMIT and the
+/// like) cut off, so that one exported in the shell running the tests
+/// changes nothing.
+fn try_args(argv: &[&str]) -> Result<Args, clap::Error> {
+    let command = Args::command().mut_args(|arg| arg.env(None::<&str>));
+    let matches =
+        command.try_get_matches_from(std::iter::once("atmost-mcp").chain(argv.iter().copied()))?;
+    Args::from_matches(&matches)
+}
+
 fn args(argv: &[&str]) -> Args {
-    Args::try_parse_from(std::iter::once("atmost-mcp").chain(argv.iter().copied()))
-        .expect("the flags parse")
+    try_args(argv).expect("the flags parse")
 }
 
 #[test]
@@ -98,17 +107,19 @@ fn the_permit_comes_from_the_flag_or_a_header() {
         args(&["--permit", " "])
             .permit_source()
             .unwrap_err()
-            .contains("empty")
+            .contains("--permit (ATMOST_MCP_PERMIT) is empty")
     );
     let bad = args(&["--permit-header", "not a header"]).permit_source();
-    assert!(bad.unwrap_err().contains("not an HTTP header name"));
+    assert!(
+        bad.unwrap_err()
+            .contains("(ATMOST_MCP_PERMIT_HEADER) \"not a header\": not an HTTP header name")
+    );
     let stdio = args(&["--stdio", "--permit-header", "x-p"]).permit_source();
     assert!(stdio.unwrap_err().contains("needs HTTP"));
 }
 
 #[test]
 fn listen_and_stdio_do_not_go_together() {
-    let error = Args::try_parse_from(["atmost-mcp", "--stdio", "--listen", "127.0.0.1:1"]);
-    assert!(error.is_err());
+    assert!(try_args(&["--stdio", "--listen", "127.0.0.1:1"]).is_err());
     assert!(args(&["--stdio"]).stdio);
 }
