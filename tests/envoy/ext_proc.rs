@@ -322,6 +322,40 @@ fn continued(answer: &ProcessingResponse) -> HashMap<String, String> {
         .collect()
 }
 
+/// A CONTINUE for this message kind: the headers it removes.
+#[track_caller]
+fn removed(answer: &ProcessingResponse) -> Vec<String> {
+    let common = match answer.response.as_ref().expect("a response") {
+        Answer::RequestHeaders(h) | Answer::ResponseHeaders(h) => h.response.clone(),
+        Answer::RequestBody(b) | Answer::ResponseBody(b) => b.response.clone(),
+        other => panic!("expected CONTINUE, got {other:?}"),
+    }
+    .unwrap_or_default();
+    common
+        .header_mutation
+        .map(|m| m.remove_headers)
+        .unwrap_or_default()
+}
+
+/// The headers that name an attempt.
+const ATTEMPT_HEADERS: [&str; 3] = [
+    "x-atmost-attempt-id",
+    "x-atmost-permit-id",
+    "x-atmost-idempotency-key",
+];
+
+/// This CONTINUE removes every header that names an attempt.
+#[track_caller]
+fn strips_attempt_headers(answer: &ProcessingResponse) {
+    let removed = removed(answer);
+    for header in ATTEMPT_HEADERS {
+        assert!(
+            removed.iter().any(|r| r == header),
+            "{header} not removed: {removed:?}"
+        );
+    }
+}
+
 /// An ImmediateResponse: (status, headers, body).
 #[track_caller]
 fn immediate(answer: &ProcessingResponse) -> (u16, HashMap<String, String>, Vec<u8>) {
@@ -368,6 +402,8 @@ async fn post(envoy: &mut Envoy, headers: &[(&str, &str)], body: &[u8]) -> Sent 
         continued(&answer).is_empty(),
         "the request is held for its body"
     );
+    // A client's own attempt headers never reach the tool.
+    strips_attempt_headers(&answer);
     let answer = envoy.exchange(request_body(body)).await;
     match &answer.response {
         Some(Answer::RequestBody(_)) => {
@@ -430,9 +466,10 @@ fn answered(sent: Sent, status: u16, reason: &str) -> (HashMap<String, String>, 
     }
 }
 
-/// A CONTINUE of the response that adds nothing: above all not the
-/// attempt's id, the fencing token of an attempt still open (its outcome
-/// is recorded after this answer), which must never reach the client.
+/// A CONTINUE of the response that adds nothing and removes the headers
+/// that name an attempt (the tool may echo them): above all the attempt's
+/// id, the fencing token of an attempt still open (its outcome is recorded
+/// after this answer), must never reach the client.
 #[track_caller]
 fn passed_on(answer: &ProcessingResponse) {
     let set = continued(answer);
@@ -440,6 +477,7 @@ fn passed_on(answer: &ProcessingResponse) {
         !set.contains_key("x-atmost-attempt-id"),
         "an open attempt's id on the response: {set:?}"
     );
+    strips_attempt_headers(answer);
 }
 
 /// The tool's response, as Envoy passes it through: headers, then the
@@ -521,6 +559,63 @@ async fn a_request_without_a_body_is_authorized_on_its_headers(kind: Kind) {
         fingerprint("GET", "/v1/balance", b"")
     );
     assert!(a.receipt.unwrap().result.is_empty());
+}
+
+/// A request with trailers and no body data: the DISPATCH answers the
+/// trailers, which cannot set headers, so the attempt's headers a client
+/// sent itself (a forged id) would reach the tool unreplaced. They are
+/// removed when the request's headers are answered, before anything is
+/// forwarded; the tool's echo of them is removed from the response.
+async fn attempt_headers_are_never_forged_upstream_nor_echoed_downstream(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let mut envoy = open_charge(&h).await;
+    let mut headers = charge_headers(&permit, "trailed");
+    headers.extend([
+        ("x-atmost-attempt-id", "forged"),
+        ("x-atmost-permit-id", "forged"),
+        ("x-atmost-idempotency-key", "forged"),
+    ]);
+    let answer = envoy
+        .exchange(request_headers("POST", PATH, &headers, false))
+        .await;
+    assert!(matches!(answer.response, Some(Answer::RequestHeaders(_))));
+    assert!(continued(&answer).is_empty(), "held for its body");
+    strips_attempt_headers(&answer);
+    // No body, then trailers (gRPC-style): Envoy sends the trailers,
+    // whose answer is the DISPATCH.
+    let trailers = ProcessingRequest {
+        request: Some(Message::RequestTrailers(Default::default())),
+        ..Default::default()
+    };
+    let answer = envoy.exchange(trailers).await;
+    assert!(
+        matches!(answer.response, Some(Answer::RequestTrailers(_))),
+        "{answer:?}"
+    );
+    let id = attempt_id_of(&answer);
+    // The tool echoes the attempt's headers: the response removes them.
+    let answer = envoy.exchange(response_headers(200, false)).await;
+    passed_on(&answer);
+    let answer = envoy.exchange(response_body(b"ok", true)).await;
+    assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "trailed").await;
+    assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(a.attempt_id, id);
+}
+
+/// The attempt id in a DISPATCH's dynamic metadata.
+#[track_caller]
+fn attempt_id_of(answer: &ProcessingResponse) -> String {
+    let ns = &answer.dynamic_metadata.as_ref().expect("metadata").fields["atmost"];
+    match &ns.kind {
+        Some(V::StructValue(s)) => match &s.fields["attempt_id"].kind {
+            Some(V::StringValue(v)) => v.clone(),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
 }
 
 /// A status in the failed set (4xx by default): Commit Failed, and the
@@ -1099,6 +1194,7 @@ async fn a_gateway_key_opens_the_stream() {
 on_each_store!(
     a_full_cycle_commits_the_result_and_a_retry_replays_it,
     a_request_without_a_body_is_authorized_on_its_headers,
+    attempt_headers_are_never_forged_upstream_nor_echoed_downstream,
     a_refusing_tool_fails_the_attempt,
     a_5xx_leaves_the_attempt_uncertain,
     a_lost_response_is_marked_uncertain,

@@ -22,8 +22,10 @@
 //! The stream never ends cleanly while a message of Envoy's is
 //! unanswered: Envoy takes a clean end as "processing complete" and goes
 //! on with the request. An attempt's id goes upstream (the request header,
-//! the dynamic metadata), never to the client: the response passes
-//! unchanged.
+//! the dynamic metadata), never to the client: the response passes with
+//! the attempt's headers removed (the tool may echo them). A request held
+//! for its body has them removed too, so that a client's own never reach
+//! the tool unreplaced.
 //!
 //! Envoy requirements (docs/gateways.md): request and response headers
 //! SEND (the defaults); a body fingerprint needs `request_body_mode:
@@ -33,7 +35,8 @@
 //! Observability mode cannot gate anything and is refused.
 
 use super::{
-    Answer, Headers, HttpRequest, Mapping, Reply, Unmapped,
+    ATTEMPT_HEADER, Answer, Headers, HttpRequest, KEY_HEADER, Mapping, PERMIT_ID_HEADER, Reply,
+    Unmapped,
     mapping::{ResultMode, Settle},
 };
 use crate::api::{Deadline, gate::GateService};
@@ -306,12 +309,46 @@ fn headers_of(map: Option<HeaderMap>) -> Headers {
 
 /// CONTINUE, setting these headers.
 fn proceed(set_headers: Vec<HeaderValueOption>) -> CommonResponse {
+    proceed_removing(set_headers, Vec::new())
+}
+
+/// CONTINUE, setting `set_headers` and removing `remove_headers`.
+fn proceed_removing(
+    set_headers: Vec<HeaderValueOption>,
+    remove_headers: Vec<String>,
+) -> CommonResponse {
     CommonResponse {
         status: ResponseStatus::Continue as i32,
-        header_mutation: (!set_headers.is_empty()).then_some(HeaderMutation {
-            set_headers,
-            remove_headers: Vec::new(),
-        }),
+        header_mutation: (!set_headers.is_empty() || !remove_headers.is_empty()).then_some(
+            HeaderMutation {
+                set_headers,
+                remove_headers,
+            },
+        ),
+        ..Default::default()
+    }
+}
+
+/// The headers that name an attempt (the ones a DISPATCH sets upstream).
+/// Removed wherever atmost passes headers on without setting them: from
+/// the response (the tool may echo them, and an open attempt's id, the
+/// fencing token Commit checks, never reaches the client), and from a
+/// request held for its body (a client's own would otherwise reach the
+/// tool unreplaced when the DISPATCH answers trailers, which cannot set
+/// headers).
+fn attempt_headers() -> Vec<String> {
+    [ATTEMPT_HEADER, PERMIT_ID_HEADER, KEY_HEADER]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// CONTINUE of the request's headers, held for its body: nothing set yet,
+/// the attempt's headers removed.
+fn hold_for_body() -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(Outgoing::RequestHeaders(HeadersResponse {
+            response: Some(proceed_removing(Vec::new(), attempt_headers())),
+        })),
         ..Default::default()
     }
 }
@@ -322,8 +359,10 @@ fn pass(kind: &Message) -> ProcessingResponse {
         Message::RequestHeaders(_) => Outgoing::RequestHeaders(HeadersResponse {
             response: Some(proceed(Vec::new())),
         }),
+        // The response never carries an attempt's headers on to the
+        // client, whatever the tool echoed.
         Message::ResponseHeaders(_) => Outgoing::ResponseHeaders(HeadersResponse {
-            response: Some(proceed(Vec::new())),
+            response: Some(proceed_removing(Vec::new(), attempt_headers())),
         }),
         Message::RequestBody(_) => Outgoing::RequestBody(BodyResponse {
             response: Some(proceed(Vec::new())),
@@ -600,10 +639,7 @@ impl Exchange {
                 request,
                 body: Vec::new(),
             };
-            return if self
-                .send(pass(&Message::RequestHeaders(HttpHeaders::default())))
-                .await
-            {
+            return if self.send(hold_for_body()).await {
                 Flow::Next
             } else {
                 Flow::Ended
@@ -725,9 +761,10 @@ impl Exchange {
                 "response_headers without a :status",
             ));
         };
-        // CONTINUE, and nothing added: the attempt is still open (its
-        // outcome is recorded after this answer), and an open attempt's id,
-        // the fencing token Commit checks, never goes to the client.
+        // CONTINUE, nothing added and the attempt's headers removed (the
+        // tool may echo them): the attempt is still open (its outcome is
+        // recorded after this answer), and an open attempt's id, the
+        // fencing token Commit checks, never goes to the client.
         let answer = pass(&Message::ResponseHeaders(HttpHeaders::default()));
         let policy = &self.mapping.response;
         match policy.settle(status) {
