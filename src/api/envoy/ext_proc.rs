@@ -31,7 +31,9 @@
 //! SEND (the defaults); a body fingerprint needs `request_body_mode:
 //! BUFFERED`, which Envoy announces on the first message (1.34 and later),
 //! and holds the request until the body's answer; a result from the
-//! response body needs `response_body_mode: BUFFERED` or `STREAMED`.
+//! response body needs `response_body_mode: BUFFERED`, `STREAMED`, or
+//! `BUFFERED_PARTIAL` (only for a body that fits Envoy's buffer: of a
+//! part, only the status is recorded).
 //! Observability mode cannot gate anything and is refused.
 
 use super::{
@@ -172,8 +174,9 @@ impl Phase {
 }
 
 /// The attempt a DISPATCH reserved, and when its lease ends by this
-/// process's clock (reckoned from the DISPATCH's arrival: a little late,
-/// never early by more than the Authorize's own trip).
+/// process's clock: reckoned from the DISPATCH's arrival, so late by up to
+/// the Authorize's own duration (the store started the lease while it
+/// ran), never early.
 struct Held {
     attempt: pb::Attempt,
     lease_end: Instant,
@@ -241,6 +244,21 @@ impl ResultBody {
     }
 }
 
+/// The status a stream ends with when it fails: never OK. A status whose
+/// code is OK would end the stream as a clean close, which Envoy takes as
+/// "processing complete" and goes on with the request (fail open); such a
+/// status is made INTERNAL. None of the statuses atmost sends is known to
+/// carry OK (a read error's status comes from tonic's decoder or h2), so
+/// this is a guard, not a path any test drives.
+fn failing(status: Status) -> Status {
+    if status.code() == tonic::Code::Ok {
+        tracing::error!(%status, "ext_proc: a failure with status OK; sent as INTERNAL");
+        Status::internal(format!("atmost failed: {}", status.message()))
+    } else {
+        status
+    }
+}
+
 /// What the loop does after a message.
 enum Flow {
     Next,
@@ -264,8 +282,10 @@ struct Exchange {
     /// A message that arrived while the store was being asked.
     pending: Option<ProcessingRequest>,
     /// The response's outcome, being recorded beside the stream (so that
-    /// Envoy's next messages are answered meanwhile); the stream ends only
-    /// once it is.
+    /// Envoy's next messages are answered meanwhile). atmost's side of the
+    /// stream ends only once it is, but Envoy does not wait: it closes and
+    /// resets its side as soon as its last message is answered, so the
+    /// recording is in effect detached from the stream.
     settling: Option<JoinHandle<()>>,
 }
 
@@ -444,7 +464,7 @@ impl Exchange {
                         // clean end in answer: Envoy would go on without
                         // atmost, forwarding a request it never authorized.
                         tracing::debug!(%status, "ext_proc: the stream ended with an error");
-                        let _ = self.tx.send(Err(status)).await;
+                        let _ = self.tx.send(Err(failing(status))).await;
                         break;
                     }
                 },
@@ -454,7 +474,7 @@ impl Exchange {
                 Flow::Ended => break,
                 Flow::Fail(status) => {
                     tracing::warn!(%status, "ext_proc: the stream broke the protocol; ended");
-                    let _ = self.tx.send(Err(status)).await;
+                    let _ = self.tx.send(Err(failing(status))).await;
                     break;
                 }
             }
@@ -729,9 +749,11 @@ impl Exchange {
     /// error status, never cleanly. Envoy takes a processor stream that
     /// closes cleanly as "processing complete" and goes on with the
     /// request, and this one was never authorized. After a read error the
-    /// error is that status; after Envoy closed its side (it gave up, and
-    /// normally no longer listens) ABORTED, in case it still waits: with
-    /// `failure_mode_allow: false` it then fails the request.
+    /// error is that status; after Envoy closed its side ABORTED, in case
+    /// it still waits (with `failure_mode_allow: false` it then fails the
+    /// request). Envoy's own close is a half-close followed at once by a
+    /// reset, so it normally reads neither: which error is sent is not the
+    /// point, that it is never OK is.
     async fn unanswered(&mut self, stream: Watched) -> Flow {
         let status = match stream {
             Watched::Broken(status) => {
@@ -743,7 +765,7 @@ impl Exchange {
                  authorized",
             ),
         };
-        let _ = self.tx.send(Err(status)).await;
+        let _ = self.tx.send(Err(failing(status))).await;
         Flow::Ended
     }
 
@@ -795,7 +817,8 @@ impl Exchange {
                     tracing::warn!(
                         response_body_mode = body_mode(self.response_body_mode()),
                         "ext_proc: the result is the response body, which Envoy does not send \
-                         atmost (response_body_mode BUFFERED or STREAMED): recorded as an empty body"
+                         atmost (response_body_mode BUFFERED, STREAMED or BUFFERED_PARTIAL): \
+                         recorded as an empty body"
                     );
                 }
                 let result = ResultBody::default().result(policy.result, status);
@@ -829,8 +852,9 @@ impl Exchange {
 
     /// Records the response's outcome beside the stream: the answer to
     /// Envoy has already been handed over, and Envoy's next messages are
-    /// answered while the store is asked (and asked again); the stream
-    /// ends once the outcome is recorded or given up.
+    /// answered while the store is asked (and asked again). Envoy has
+    /// usually closed and reset the stream long before the outcome is
+    /// recorded or given up: the recording does not depend on it.
     fn settle(&mut self, held: Held, outcome: pb::commit_request::Outcome) {
         let recorder = self.recorder.clone();
         self.settling = Some(tokio::spawn(async move {
@@ -951,12 +975,7 @@ impl Recorder {
         })
         .await;
         if let Err(e) = asked {
-            tracing::warn!(
-                permit_id = %attempt.permit_id,
-                attempt_id = %attempt.attempt_id,
-                error = %e,
-                "ext_proc: the outcome could not be recorded; the attempt turns UNCERTAIN at its lease"
-            );
+            gave_up("Commit", attempt, &e);
         }
     }
 
@@ -974,13 +993,34 @@ impl Recorder {
         })
         .await;
         if let Err(e) = asked {
-            tracing::warn!(
-                permit_id = %attempt.permit_id,
-                attempt_id = %attempt.attempt_id,
-                error = %e,
-                "ext_proc: MarkUncertain failed; the attempt turns UNCERTAIN at its lease"
-            );
+            gave_up("MarkUncertain", attempt, &e);
         }
+    }
+}
+
+/// Logs an outcome given up on: one the store could not take in time
+/// (the attempt turns UNCERTAIN at its lease), or one it refused (a
+/// domain refusal: the attempt was settled otherwise, resolved by an
+/// operator, or is another attempt's id).
+fn gave_up(rpc: &'static str, attempt: &pb::Attempt, e: &Error) {
+    if transient(e) {
+        tracing::warn!(
+            rpc,
+            permit_id = %attempt.permit_id,
+            attempt_id = %attempt.attempt_id,
+            error = %e,
+            "ext_proc: the outcome could not be recorded in time; the attempt turns UNCERTAIN at \
+             its lease"
+        );
+    } else {
+        tracing::warn!(
+            rpc,
+            permit_id = %attempt.permit_id,
+            attempt_id = %attempt.attempt_id,
+            error = %e,
+            "ext_proc: the store refused the outcome (the attempt was settled otherwise, resolved, \
+             or replaced): nothing recorded"
+        );
     }
 }
 
@@ -1136,4 +1176,17 @@ pub(super) fn every_response(attempt: &pb::Attempt) -> Vec<ProcessingResponse> {
         .map(pass),
     );
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_never_ends_the_stream_ok() {
+        let status = failing(Status::ok("no"));
+        assert_eq!(status.code(), tonic::Code::Internal);
+        let status = failing(Status::out_of_range("too big"));
+        assert_eq!(status.code(), tonic::Code::OutOfRange);
+    }
 }
