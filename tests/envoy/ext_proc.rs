@@ -73,7 +73,16 @@ impl Envoy {
         metadata: &[(&str, &str)],
         protocol: Option<ProtocolConfiguration>,
     ) -> Self {
-        let tcp = tokio::net::TcpStream::connect(h.addr)
+        Self::open_at(h.addr, metadata, protocol).await
+    }
+
+    /// [`Envoy::open_with`] to the server at `addr`.
+    async fn open_at(
+        addr: std::net::SocketAddr,
+        metadata: &[(&str, &str)],
+        protocol: Option<ProtocolConfiguration>,
+    ) -> Self {
+        let tcp = tokio::net::TcpStream::connect(addr)
             .await
             .expect("connect");
         let (mut connection, driver) = h2::client::handshake(tcp).await.expect("HTTP/2");
@@ -81,8 +90,7 @@ impl Envoy {
         let mut request = http::Request::builder()
             .method("POST")
             .uri(format!(
-                "http://{}/envoy.service.ext_proc.v3.ExternalProcessor/Process",
-                h.addr
+                "http://{addr}/envoy.service.ext_proc.v3.ExternalProcessor/Process"
             ))
             .header("content-type", "application/grpc")
             .header("te", "trailers");
@@ -105,7 +113,7 @@ impl Envoy {
             body,
             buf: Vec::new(),
             status,
-            addr: h.addr,
+            addr,
             first: true,
             protocol,
         }
@@ -1131,6 +1139,101 @@ async fn an_outcome_the_store_refuses_for_a_moment_is_asked_again() {
     assert_eq!(a.state(), AttemptState::Succeeded);
     assert_eq!(a.attempt_id, id);
     assert_eq!(a.receipt.unwrap().result, br#"{"charge":"ch_2"}"#);
+}
+
+/// SIGTERM to the real binary while an outcome is being asked again
+/// (Redis refuses writes: maxmemory under `noeviction`): the shutdown
+/// waits for it up to --shutdown-grace, then names the outcome it
+/// abandons in an error line, instead of the runtime dropping it
+/// silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_names_each_outcome_it_abandons() {
+    use std::io::BufRead;
+    let _machine = shared().await;
+    let redis = Redis::start_owned_with(&["--maxmemory-policy", "noeviction"]);
+    let log = std::env::temp_dir().join(format!(
+        "atmost-ext-proc-shutdown-{}.log",
+        uuid::Uuid::now_v7().simple()
+    ));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", "redis"])
+        .args(["--redis-url", &redis.url, "--redis-prefix", &redis.prefix])
+        .args(["--store-timeout", "2s", "--shutdown-grace", "1s"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("the log file"))
+        .spawn()
+        .expect("start atmost");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("its first line");
+    let addr: std::net::SocketAddr = line
+        .trim()
+        .strip_prefix("atmost listening on ")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("atmost did not start: {line:?}"));
+    let client = Client::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let permit = client
+        .create_permit(
+            NewPermit::new([TOOL])
+                .subject("agent-test")
+                .currency("EUR")
+                .expires_at_ms(now_ms + 3_600_000)
+                .build(),
+        )
+        .await
+        .expect("create permit")
+        .permit_id;
+    let open = || Envoy::open_at(addr, &[("x-atmost-tool", TOOL)], buffered());
+    // A whole cycle first, so that Redis has every script.
+    let mut envoy = open().await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "warm"), BODY).await);
+    tool_answers(&mut envoy, 200, b"warm").await;
+    assert_eq!(envoy.close().await, Code::Ok);
+
+    let mut envoy = open().await;
+    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "late"), BODY).await);
+    let mut conn = redis.connect().await;
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET maxmemory");
+    tool_answers(&mut envoy, 200, b"lost").await;
+    // Envoy is done with the stream; the Commit is being asked again.
+    envoy.reset().await;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    let exited = tokio::time::timeout(
+        PATIENCE,
+        tokio::task::spawn_blocking(move || child.wait()),
+    )
+    .await
+    .expect("atmost exited within the patience");
+    exited.expect("wait").expect("its exit status");
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let _ = std::fs::remove_file(&log);
+    let abandoned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("abandoned") && l.contains(&id))
+        .collect();
+    assert_eq!(abandoned.len(), 1, "one line names the attempt: {text}");
+    assert!(
+        abandoned[0].contains("Succeeded") && abandoned[0].contains(&permit),
+        "{}",
+        abandoned[0]
+    );
 }
 
 // === keys ===

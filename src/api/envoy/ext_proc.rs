@@ -57,13 +57,16 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming, metadata::MetadataMap};
 
 /// The dynamic metadata namespace of a forwarded request's attempt
@@ -73,14 +76,123 @@ pub const METADATA_NAMESPACE: &str = "atmost";
 pub struct ExtProcService {
     gate: Arc<GateService>,
     mapping: Arc<Mapping>,
+    settling: Settling,
 }
 
 impl ExtProcService {
-    pub fn new(gate: GateService, mapping: Arc<Mapping>) -> Self {
+    /// `settling` tracks the streams' tasks, which outlive their streams
+    /// (an outcome is recorded after Envoy has gone): the server waits
+    /// for them at shutdown ([`Settling::drain`]).
+    pub fn new(gate: GateService, mapping: Arc<Mapping>, settling: Settling) -> Self {
         Self {
             gate: Arc::new(gate),
             mapping,
+            settling,
         }
+    }
+}
+
+/// The streams' tasks and the outcomes they are recording, so that a
+/// shutdown waits for them (up to `--shutdown-grace`) rather than letting
+/// the runtime drop them silently, and names each one it abandons.
+#[derive(Clone, Default)]
+pub struct Settling {
+    tracker: TaskTracker,
+    /// The outcomes being asked of the store, by a number of their own.
+    open: Arc<Mutex<HashMap<u64, Outstanding>>>,
+    next: Arc<AtomicU64>,
+}
+
+/// One outcome being recorded.
+struct Outstanding {
+    rpc: &'static str,
+    permit_id: String,
+    attempt_id: String,
+    outcome: &'static str,
+}
+
+/// An outcome's place in [`Settling`], given up when it is recorded (or
+/// given up): dropped.
+struct Entry {
+    open: Arc<Mutex<HashMap<u64, Outstanding>>>,
+    id: u64,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+impl Settling {
+    fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tracker.spawn(task)
+    }
+
+    /// Registers an outcome being recorded until the returned entry drops.
+    fn enter(&self, rpc: &'static str, attempt: &pb::Attempt, outcome: &'static str) -> Entry {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(
+                id,
+                Outstanding {
+                    rpc,
+                    permit_id: attempt.permit_id.clone(),
+                    attempt_id: attempt.attempt_id.clone(),
+                    outcome,
+                },
+            );
+        Entry {
+            open: self.open.clone(),
+            id,
+        }
+    }
+
+    /// At shutdown, once no new stream can start: waits up to `grace` for
+    /// the streams' tasks, then logs, as an error, each outcome still not
+    /// recorded (the runtime drops it on exit; its attempt turns UNCERTAIN
+    /// at its lease). Returns how many were abandoned.
+    pub async fn drain(&self, grace: Duration) -> usize {
+        self.tracker.close();
+        if self.tracker.is_empty() {
+            return 0;
+        }
+        tracing::info!(
+            streams = self.tracker.len(),
+            ?grace,
+            "ext_proc: waiting for outcomes still being recorded"
+        );
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_ok()
+        {
+            return 0;
+        }
+        let open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for o in open.values() {
+            tracing::error!(
+                rpc = o.rpc,
+                permit_id = %o.permit_id,
+                attempt_id = %o.attempt_id,
+                outcome = o.outcome,
+                ?grace,
+                "ext_proc: shutting down with an outcome not recorded within --shutdown-grace: \
+                 abandoned; the attempt turns UNCERTAIN at its lease"
+            );
+        }
+        open.len()
     }
 }
 
@@ -111,6 +223,7 @@ impl ExternalProcessor for ExtProcService {
             recorder: Recorder {
                 gate: self.gate.clone(),
                 extensions,
+                settling: self.settling.clone(),
             },
             mapping: self.mapping.clone(),
             route_tool,
@@ -124,7 +237,9 @@ impl ExternalProcessor for ExtProcService {
         // error if it panicked: a clean end would let Envoy go on without
         // atmost's answer.
         let on_panic = exchange.tx.clone();
-        let task = tokio::spawn(exchange.run(inbound));
+        // Tracked: the task outlives the stream while it records an
+        // outcome, and a shutdown waits for it.
+        let task = self.settling.spawn(exchange.run(inbound));
         tokio::spawn(async move {
             if let Err(e) = task.await
                 && e.is_panic()
@@ -840,7 +955,7 @@ impl Exchange {
                 let sent = self.send(answer).await;
                 let recorder = self.recorder.clone();
                 let reason = format!("the tool answered HTTP {status}");
-                self.settling = Some(tokio::spawn(async move {
+                self.settling = Some(self.recorder.settling.spawn(async move {
                     recorder
                         .mark_uncertain(&held.attempt, reason, held.lease_end)
                         .await;
@@ -857,7 +972,7 @@ impl Exchange {
     /// recorded or given up: the recording does not depend on it.
     fn settle(&mut self, held: Held, outcome: pb::commit_request::Outcome) {
         let recorder = self.recorder.clone();
-        self.settling = Some(tokio::spawn(async move {
+        self.settling = Some(self.recorder.settling.spawn(async move {
             recorder
                 .commit(&held.attempt, outcome, held.lease_end)
                 .await;
@@ -937,6 +1052,8 @@ struct Recorder {
     gate: Arc<GateService>,
     /// The stream's caller and deadline.
     extensions: http::Extensions,
+    /// Where the outcomes being recorded are known, for a shutdown.
+    settling: Settling,
 }
 
 impl Recorder {
@@ -964,6 +1081,12 @@ impl Recorder {
             pb::commit_request::Outcome::NotSent(_) => lease_end,
             _ => lease_end.max(Instant::now() + OUTCOME_PATIENCE),
         };
+        let name = match outcome {
+            pb::commit_request::Outcome::NotSent(_) => "NotSent",
+            pb::commit_request::Outcome::Succeeded(_) => "Succeeded",
+            pb::commit_request::Outcome::Failed(_) => "Failed",
+        };
+        let _entry = self.settling.enter("Commit", attempt, name);
         let request = pb::CommitRequest {
             permit_id: attempt.permit_id.clone(),
             idempotency_key: attempt.idempotency_key.clone(),
@@ -982,6 +1105,7 @@ impl Recorder {
     /// MarkUncertain, asked until the lease's end: after it the attempt
     /// reads UNCERTAIN anyway, and only the reason would be added.
     async fn mark_uncertain(&self, attempt: &pb::Attempt, reason: String, lease_end: Instant) {
+        let _entry = self.settling.enter("MarkUncertain", attempt, "Uncertain");
         let request = pb::MarkUncertainRequest {
             permit_id: attempt.permit_id.clone(),
             idempotency_key: attempt.idempotency_key.clone(),
