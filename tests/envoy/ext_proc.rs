@@ -997,6 +997,72 @@ async fn a_buffered_partial_body_is_the_result_only_when_whole(kind: Kind) {
     assert_eq!(a.receipt.unwrap().result, b"HTTP 200");
 }
 
+/// Response trailers after the body. STREAMED: Envoy sends every chunk
+/// without end_of_stream, then the trailers (`response_trailer_mode:
+/// SEND`), which complete the body; under SKIP it sends nothing more and
+/// closes: the 2xx succeeded, its whole body unknown, so the result is the
+/// status alone (never UNCERTAIN for a call the tool answered 2xx).
+/// BUFFERED_PARTIAL sends a body that fits ahead of trailers without
+/// end_of_stream, as it sends a part of a larger one (then the trailers
+/// too): the status alone.
+async fn a_response_body_followed_by_trailers_is_settled(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let mode = |response: BodySendMode| {
+        Some(ProtocolConfiguration {
+            request_body_mode: BodySendMode::Buffered as i32,
+            response_body_mode: response as i32,
+            ..Default::default()
+        })
+    };
+    let trailers = || ProcessingRequest {
+        request: Some(Message::ResponseTrailers(Default::default())),
+        ..Default::default()
+    };
+    for (key, response, send_trailers, result) in [
+        (
+            "streamed-send",
+            BodySendMode::Streamed,
+            true,
+            &b"part one, part two"[..],
+        ),
+        ("streamed-skip", BodySendMode::Streamed, false, b"HTTP 200"),
+        (
+            "partial-send",
+            BodySendMode::BufferedPartial,
+            true,
+            b"HTTP 200",
+        ),
+    ] {
+        let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], mode(response)).await;
+        forwarded(post(&mut envoy, &charge_headers(&permit, key), BODY).await);
+        passed_on(&envoy.exchange(response_headers(200, false)).await);
+        let chunks: &[&[u8]] = match response {
+            BodySendMode::Streamed => &[b"part one, ", b"part two"],
+            _ => &[b"part one, part two"],
+        };
+        for chunk in chunks {
+            let answer = envoy.exchange(response_body(chunk, false)).await;
+            assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+        }
+        if send_trailers {
+            let answer = envoy.exchange(trailers()).await;
+            assert!(
+                matches!(answer.response, Some(Answer::ResponseTrailers(_))),
+                "{key}: {answer:?}"
+            );
+        }
+        assert_eq!(envoy.close().await, Code::Ok, "{key}");
+        let a = attempt(&h, &permit, key).await;
+        assert_eq!(a.state(), AttemptState::Succeeded, "{key}");
+        assert_eq!(
+            a.receipt.unwrap().result,
+            result,
+            "{key}"
+        );
+    }
+}
+
 // === the slow store ===
 
 /// Redis slow to answer the Authorize (replies held at a proxy), and Envoy
@@ -1307,4 +1373,5 @@ on_each_store!(
     results_follow_the_mapping,
     a_read_error_while_the_store_decides_fails_the_stream,
     a_buffered_partial_body_is_the_result_only_when_whole,
+    a_response_body_followed_by_trailers_is_settled,
 );

@@ -328,10 +328,13 @@ struct ResultBody {
     kept: Vec<u8>,
     hash: Sha256,
     len: usize,
+    /// Whether a body message has arrived (an empty one included).
+    seen: bool,
 }
 
 impl ResultBody {
     fn push(&mut self, chunk: &[u8]) {
+        self.seen = true;
         self.hash.update(chunk);
         self.len += chunk.len();
         let room = (MAX_RESULT_BYTES + 1).saturating_sub(self.kept.len());
@@ -657,21 +660,29 @@ impl Exchange {
                         match mode {
                             // BUFFERED: the whole body in one message.
                             Some(BodySendMode::Buffered) => Some(result),
-                            // BUFFERED_PARTIAL: one message, the whole body
-                            // if it fit Envoy's buffer (end_of_stream), else
-                            // its first part, the rest passing by unseen: no
-                            // body or digest of the result can be made of a
-                            // part, so only its status is recorded.
+                            // BUFFERED_PARTIAL: one message. With
+                            // end_of_stream, the whole body. Without, either
+                            // its first part (it outgrew Envoy's buffer; the
+                            // rest passes by unseen) or the whole body ahead
+                            // of trailers (Envoy's onTrailers sends what it
+                            // queued with end_of_stream false). atmost cannot
+                            // tell them apart, not even by the trailers:
+                            // Envoy sends those after a part too. No body or
+                            // digest of the result can be made of what may be
+                            // a part, so only its status is recorded.
                             Some(BodySendMode::BufferedPartial) if b.end_of_stream => Some(result),
                             Some(BodySendMode::BufferedPartial) => {
-                                tracing::warn!(
-                                    permit_id = %held.attempt.permit_id,
-                                    seen = body.len,
-                                    "ext_proc: the response body was larger than Envoy's buffer \
-                                     (response_body_mode BUFFERED_PARTIAL) and reached atmost only \
-                                     in part: the result recorded is the status alone; use \
-                                     STREAMED for a body or digest of any size"
-                                );
+                                if result != ResultMode::Status {
+                                    tracing::warn!(
+                                        permit_id = %held.attempt.permit_id,
+                                        seen = body.len,
+                                        "ext_proc: the response body reached atmost without its end \
+                                         (response_body_mode BUFFERED_PARTIAL: it outgrew Envoy's \
+                                         buffer, or trailers follow it, which atmost cannot tell \
+                                         apart): the result recorded is the status alone; use \
+                                         BUFFERED, or STREAMED, for a body or digest of any size"
+                                    );
+                                }
                                 Some(ResultMode::Status)
                             }
                             _ if b.end_of_stream => Some(result),
@@ -996,6 +1007,25 @@ impl Exchange {
                             .into(),
                         held.lease_end,
                     )
+                    .await;
+            }
+            // Part of a STREAMED body seen, and then the stream ended
+            // without end_of_stream: Envoy sends no end_of_stream when
+            // trailers follow the body and `response_trailer_mode` is SKIP
+            // (nor when it gives up midway). The tool answered a 2xx, so
+            // the call succeeded; what its whole body was is not known, so
+            // the result is the status alone.
+            Phase::Responding { held, status, body } if body.seen => {
+                tracing::warn!(
+                    permit_id = %held.attempt.permit_id,
+                    seen = body.len,
+                    "ext_proc: the stream ended before the response body's end (STREAMED with \
+                     response trailers under response_trailer_mode SKIP, or Envoy gave up): the \
+                     result recorded is the status alone; send the trailers (SEND) for the body"
+                );
+                let result = succeeded(body.result(ResultMode::Status, status));
+                self.recorder
+                    .commit(&held.attempt, result, held.lease_end)
                     .await;
             }
             Phase::Responding { held, status, .. } => {
