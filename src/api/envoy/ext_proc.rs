@@ -1107,10 +1107,7 @@ impl Recorder {
         outcome: pb::commit_request::Outcome,
         lease_end: Instant,
     ) {
-        let until = match outcome {
-            pb::commit_request::Outcome::NotSent(_) => lease_end,
-            _ => lease_end.max(Instant::now() + OUTCOME_PATIENCE),
-        };
+        let until = asked_until(&outcome, lease_end);
         let name = match outcome {
             pb::commit_request::Outcome::NotSent(_) => "NotSent",
             pb::commit_request::Outcome::Succeeded(_) => "Succeeded",
@@ -1178,10 +1175,36 @@ fn gave_up(rpc: &'static str, attempt: &pb::Attempt, e: &Error) {
     }
 }
 
+/// Until when `outcome` is asked: NotSent until the lease's end (after it
+/// the attempt is UNCERTAIN, which a holder's NotSent can no longer
+/// release), Succeeded and Failed until then or for [`OUTCOME_PATIENCE`]
+/// if that is later.
+fn asked_until(outcome: &pb::commit_request::Outcome, lease_end: Instant) -> Instant {
+    match outcome {
+        pb::commit_request::Outcome::NotSent(_) => lease_end,
+        _ => lease_end.max(Instant::now() + OUTCOME_PATIENCE),
+    }
+}
+
+/// What a store script answers, as STORE_UNAVAILABLE, when it will not
+/// decide on a record it cannot read (src/store/redis/lua/lib.lua): the
+/// record stays so until an operator repairs it, so asking again cannot
+/// help. The store passes the words on; they are all that tells these
+/// apart from a store that could not answer for now.
+const STORE_WILL_NOT_DECIDE: [&str; 2] = [
+    "unreadable permit record",
+    "permit record lost while its attempts remain",
+];
+
 /// Whether the store may answer `e` otherwise if asked again: it could
-/// not answer (or was not asked), as opposed to a decision.
+/// not answer (or was not asked), as opposed to a decision, or to a
+/// record it will never decide on.
 fn transient(e: &Error) -> bool {
-    matches!(e, Error::StoreUnavailable(_) | Error::Overloaded { .. })
+    match e {
+        Error::StoreUnavailable(why) => !STORE_WILL_NOT_DECIDE.contains(&why.as_str()),
+        Error::Overloaded { .. } => true,
+        _ => false,
+    }
 }
 
 /// Asks `once` until it answers, it fails other than [`transient`]ly, or
@@ -1335,6 +1358,126 @@ pub(super) fn every_response(attempt: &pb::Attempt) -> Vec<ProcessingResponse> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    /// Runs `retrying` against a scripted store: `answer(try)` is the
+    /// answer to the `try`-th call (1-based). The instants of the calls,
+    /// and the result.
+    async fn scripted(
+        until: Instant,
+        mut answer: impl FnMut(u32) -> Result<(), Error>,
+    ) -> (Vec<Instant>, Result<(), Error>) {
+        let calls = Mutex::new(Vec::new());
+        let tries = AtomicU32::new(0);
+        let result = retrying("Commit", &pb::Attempt::default(), until, || {
+            calls.lock().unwrap().push(Instant::now());
+            let n = tries.fetch_add(1, Ordering::Relaxed) + 1;
+            std::future::ready(answer(n))
+        })
+        .await;
+        (calls.into_inner().unwrap(), result)
+    }
+
+    fn unavailable() -> Error {
+        Error::StoreUnavailable("no answer within --store-timeout".into())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_sent_is_asked_until_the_lease_ends_and_no_later() {
+        let start = Instant::now();
+        let lease_end = start + Duration::from_secs(5);
+        let until = asked_until(&not_sent(), lease_end);
+        assert_eq!(until, lease_end);
+        let (calls, result) = scripted(until, |_| Err(unavailable())).await;
+        assert!(matches!(result, Err(Error::StoreUnavailable(_))));
+        assert!(calls.len() > 3, "asked again: {}", calls.len());
+        assert!(calls.iter().all(|&t| t < lease_end), "a try past the lease");
+        assert!(Instant::now() <= lease_end, "given up at the lease's end");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn succeeded_and_failed_are_asked_past_the_lease_up_to_the_bound() {
+        let start = Instant::now();
+        let lease_end = start + Duration::from_secs(5);
+        for outcome in [
+            succeeded(b"ok".to_vec()),
+            pb::commit_request::Outcome::Failed(pb::Failed {
+                reason: "HTTP 402".into(),
+            }),
+        ] {
+            let begun = Instant::now();
+            let until = asked_until(&outcome, lease_end);
+            assert_eq!(until, begun + OUTCOME_PATIENCE);
+            let (calls, result) = scripted(until, |_| Err(unavailable())).await;
+            assert!(result.is_err());
+            assert!(
+                calls.iter().any(|&t| t > lease_end),
+                "asked past the lease"
+            );
+            assert!(calls.iter().all(|&t| t < until), "asked past the bound");
+            assert!(Instant::now() <= until);
+        }
+        // A lease longer than the patience bounds them instead.
+        let long = Instant::now() + OUTCOME_PATIENCE * 2;
+        assert_eq!(asked_until(&succeeded(Vec::new()), long), long);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overloaded_and_store_unavailable_are_asked_again() {
+        let until = Instant::now() + Duration::from_secs(60);
+        let (calls, result) = scripted(until, |n| match n {
+            1 => Err(Error::Overloaded { in_flight: 512 }),
+            2 => Err(unavailable()),
+            _ => Ok(()),
+        })
+        .await;
+        assert!(result.is_ok());
+        assert_eq!(calls.len(), 3);
+        assert!(calls[1] > calls[0] && calls[2] > calls[1], "with a pause");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_never_asked_again() {
+        let until = Instant::now() + Duration::from_secs(60);
+        for refusal in [
+            Error::StateConflict {
+                state: crate::domain::AttemptState::Succeeded,
+            },
+            Error::AttemptMismatch {
+                idempotency_key: "k".into(),
+            },
+            Error::StoreUnavailable("unreadable permit record".into()),
+            Error::StoreUnavailable("permit record lost while its attempts remain".into()),
+        ] {
+            let shown = refusal.to_string();
+            let mut refusal = Some(refusal);
+            let (calls, result) = scripted(until, |_| Err(refusal.take().unwrap_or_else(unavailable))).await;
+            assert_eq!(calls.len(), 1, "{shown} asked again");
+            assert_eq!(result.unwrap_err().to_string(), shown);
+        }
+    }
+
+    /// The words STORE_WILL_NOT_DECIDE matches are the scripts' own.
+    #[test]
+    fn the_records_the_store_will_not_decide_on_are_the_scripts_words() {
+        let lib = include_str!("../../store/redis/lua/lib.lua");
+        for why in STORE_WILL_NOT_DECIDE {
+            assert!(lib.contains(&format!("'{why}'")), "lib.lua no longer says {why:?}");
+        }
+    }
+
+    #[test]
+    fn the_backoff_doubles_to_its_bound_with_half_of_it_at_random() {
+        for tries in 1..40 {
+            let full = (FIRST_BACKOFF * 2u32.pow(tries.min(20) - 1)).min(MAX_BACKOFF);
+            let pause = backoff(tries);
+            assert!(
+                pause >= full / 2 && pause <= full,
+                "try {tries}: {pause:?} outside [{:?}, {full:?}]",
+                full / 2
+            );
+        }
+    }
 
     #[test]
     fn a_failure_never_ends_the_stream_ok() {
