@@ -1075,8 +1075,23 @@ const OUTCOME_PATIENCE: Duration = Duration::from_secs(60);
 /// moment (its queue wait, then CoDel's interval); an outcome that waits
 /// a backoff and asks again costs the store nothing meanwhile, where
 /// outcomes exempt from admission would pile onto the store exactly when
-/// it is slowest. A stream holds at most one outcome at a time, so these
-/// retries are bounded by the streams Envoy holds open.
+/// it is slowest.
+///
+/// These retries are not bounded by the streams Envoy holds open: Envoy
+/// closes a stream right after its last answer, and the task asking
+/// lives on, up to the lease (NotSent, MarkUncertain) or the lease or a
+/// minute, whichever is later (Succeeded, Failed). Each holds at most one
+/// outcome and no slot while it waits, so they are bounded by the
+/// requests forwarded in that time, and a shutdown waits for them
+/// ([`Settling`]).
+///
+/// Nor do they get in ahead of new Authorizes: admission's slots are one
+/// first-come-first-served semaphore (crate::admission), with no
+/// priority. Letting outcomes first would be worth it (each frees a slot
+/// and an attempt, and each one refused is work for an operator if its
+/// lease passes), but needs a second class of waiter in admission and a
+/// way for the Gate's calls to say which they are: not a change to make
+/// here. Meanwhile a shed outcome costs a backoff, not the outcome.
 #[derive(Clone)]
 struct Recorder {
     gate: Arc<GateService>,
