@@ -82,9 +82,7 @@ impl Envoy {
         metadata: &[(&str, &str)],
         protocol: Option<ProtocolConfiguration>,
     ) -> Self {
-        let tcp = tokio::net::TcpStream::connect(addr)
-            .await
-            .expect("connect");
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let (mut connection, driver) = h2::client::handshake(tcp).await.expect("HTTP/2");
         tokio::spawn(driver);
         let mut request = http::Request::builder()
@@ -1055,11 +1053,7 @@ async fn a_response_body_followed_by_trailers_is_settled(kind: Kind) {
         assert_eq!(envoy.close().await, Code::Ok, "{key}");
         let a = attempt(&h, &permit, key).await;
         assert_eq!(a.state(), AttemptState::Succeeded, "{key}");
-        assert_eq!(
-            a.receipt.unwrap().result,
-            result,
-            "{key}"
-        );
+        assert_eq!(a.receipt.unwrap().result, result, "{key}");
     }
 }
 
@@ -1281,12 +1275,9 @@ async fn a_shutdown_names_each_outcome_it_abandons() {
         .status()
         .expect("kill -TERM");
     assert!(term.success());
-    let exited = tokio::time::timeout(
-        PATIENCE,
-        tokio::task::spawn_blocking(move || child.wait()),
-    )
-    .await
-    .expect("atmost exited within the patience");
+    let exited = tokio::time::timeout(PATIENCE, tokio::task::spawn_blocking(move || child.wait()))
+        .await
+        .expect("atmost exited within the patience");
     exited.expect("wait").expect("its exit status");
     let text = std::fs::read_to_string(&log).expect("the log");
     let _ = std::fs::remove_file(&log);

@@ -1425,10 +1425,7 @@ mod tests {
             assert_eq!(until, begun + OUTCOME_PATIENCE);
             let (calls, result) = scripted(until, |_| Err(unavailable())).await;
             assert!(result.is_err());
-            assert!(
-                calls.iter().any(|&t| t > lease_end),
-                "asked past the lease"
-            );
+            assert!(calls.iter().any(|&t| t > lease_end), "asked past the lease");
             assert!(calls.iter().all(|&t| t < until), "asked past the bound");
             assert!(Instant::now() <= until);
         }
@@ -1466,7 +1463,8 @@ mod tests {
         ] {
             let shown = refusal.to_string();
             let mut refusal = Some(refusal);
-            let (calls, result) = scripted(until, |_| Err(refusal.take().unwrap_or_else(unavailable))).await;
+            let (calls, result) =
+                scripted(until, |_| Err(refusal.take().unwrap_or_else(unavailable))).await;
             assert_eq!(calls.len(), 1, "{shown} asked again");
             assert_eq!(result.unwrap_err().to_string(), shown);
         }
@@ -1477,7 +1475,10 @@ mod tests {
     fn the_records_the_store_will_not_decide_on_are_the_scripts_words() {
         let lib = include_str!("../../store/redis/lua/lib.lua");
         for why in STORE_WILL_NOT_DECIDE {
-            assert!(lib.contains(&format!("'{why}'")), "lib.lua no longer says {why:?}");
+            assert!(
+                lib.contains(&format!("'{why}'")),
+                "lib.lua no longer says {why:?}"
+            );
         }
     }
 
