@@ -1201,16 +1201,17 @@ async fn an_outcome_the_store_refuses_for_a_moment_is_asked_again() {
     assert_eq!(a.receipt.unwrap().result, br#"{"charge":"ch_2"}"#);
 }
 
-/// SIGTERM to the real binary while an outcome is being asked again
-/// (Redis refuses writes: maxmemory under `noeviction`): the shutdown
-/// waits for it up to --shutdown-grace, then names the outcome it
-/// abandons in an error line, instead of the runtime dropping it
-/// silently.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shutdown_names_each_outcome_it_abandons() {
+/// The real binary on `redis`, with this --shutdown-grace, its log (error
+/// level) written to a file: the process, its address, the log's path.
+fn spawn_logged(
+    redis: &Redis,
+    grace: &str,
+) -> (
+    std::process::Child,
+    std::net::SocketAddr,
+    std::path::PathBuf,
+) {
     use std::io::BufRead;
-    let _machine = shared().await;
-    let redis = Redis::start_owned_with(&["--maxmemory-policy", "noeviction"]);
     let log = std::env::temp_dir().join(format!(
         "atmost-ext-proc-shutdown-{}.log",
         uuid::Uuid::now_v7().simple()
@@ -1218,7 +1219,7 @@ async fn a_shutdown_names_each_outcome_it_abandons() {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
         .args(["serve", "--listen", "127.0.0.1:0", "--store", "redis"])
         .args(["--redis-url", &redis.url, "--redis-prefix", &redis.prefix])
-        .args(["--store-timeout", "2s", "--shutdown-grace", "1s"])
+        .args(["--store-timeout", "2s", "--shutdown-grace", grace])
         .env("RUST_LOG", "error")
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(&log).expect("the log file"))
@@ -1227,11 +1228,17 @@ async fn a_shutdown_names_each_outcome_it_abandons() {
     let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
     stdout.read_line(&mut line).expect("its first line");
-    let addr: std::net::SocketAddr = line
+    let addr = line
         .trim()
         .strip_prefix("atmost listening on ")
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("atmost did not start: {line:?}"));
+    (child, addr, log)
+}
+
+/// A permit for [`TOOL`] created through the server at `addr`, and a
+/// whole cycle through it (so that Redis has every script).
+async fn permit_at(addr: std::net::SocketAddr) -> (Client, String) {
     let client = Client::connect(format!("http://{addr}"))
         .await
         .expect("connect");
@@ -1250,37 +1257,71 @@ async fn a_shutdown_names_each_outcome_it_abandons() {
         .await
         .expect("create permit")
         .permit_id;
-    let open = || Envoy::open_at(addr, &[("x-atmost-tool", TOOL)], buffered());
-    // A whole cycle first, so that Redis has every script.
-    let mut envoy = open().await;
+    let mut envoy = Envoy::open_at(addr, &[("x-atmost-tool", TOOL)], buffered()).await;
     forwarded(post(&mut envoy, &charge_headers(&permit, "warm"), BODY).await);
     tool_answers(&mut envoy, 200, b"warm").await;
     assert_eq!(envoy.close().await, Code::Ok);
+    (client, permit)
+}
 
-    let mut envoy = open().await;
-    let id = forwarded(post(&mut envoy, &charge_headers(&permit, "late"), BODY).await);
+async fn set_maxmemory(redis: &Redis, bytes: u64) {
     let mut conn = redis.connect().await;
     let _: () = ::redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory")
-        .arg(1)
+        .arg(bytes)
         .query_async(&mut conn)
         .await
         .expect("CONFIG SET maxmemory");
-    tool_answers(&mut envoy, 200, b"lost").await;
-    // Envoy is done with the stream; the Commit is being asked again.
+}
+
+/// Forwards a request for `key`, and the tool's 200 comes back while Redis
+/// refuses writes: its Commit is being asked again. Envoy is then done
+/// with the stream (it resets it). The attempt id.
+async fn a_commit_refused_for_now(
+    addr: std::net::SocketAddr,
+    redis: &Redis,
+    permit: &str,
+    key: &str,
+) -> String {
+    let mut envoy = Envoy::open_at(addr, &[("x-atmost-tool", TOOL)], buffered()).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(permit, key), BODY).await);
+    set_maxmemory(redis, 1).await;
+    tool_answers(&mut envoy, 200, key.as_bytes()).await;
     envoy.reset().await;
+    id
+}
+
+/// SIGTERM, then the exit (a hang guard, not a timing assertion); the
+/// log's text.
+async fn terminate(mut child: std::process::Child, log: &std::path::Path) -> String {
     let term = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .expect("kill -TERM");
     assert!(term.success());
-    let exited = tokio::time::timeout(PATIENCE, tokio::task::spawn_blocking(move || child.wait()))
+    tokio::time::timeout(PATIENCE, tokio::task::spawn_blocking(move || child.wait()))
         .await
-        .expect("atmost exited within the patience");
-    exited.expect("wait").expect("its exit status");
-    let text = std::fs::read_to_string(&log).expect("the log");
-    let _ = std::fs::remove_file(&log);
+        .expect("atmost exited within the patience")
+        .expect("wait")
+        .expect("its exit status");
+    let text = std::fs::read_to_string(log).expect("the log");
+    let _ = std::fs::remove_file(log);
+    text
+}
+
+/// SIGTERM to the real binary while an outcome is being asked again
+/// (Redis refuses writes: maxmemory under `noeviction`) and still is when
+/// --shutdown-grace runs out: the shutdown names the outcome it abandons
+/// in an error line, instead of the runtime dropping it silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_names_each_outcome_it_abandons() {
+    let _machine = shared().await;
+    let redis = Redis::start_owned_with(&["--maxmemory-policy", "noeviction"]);
+    let (child, addr, log) = spawn_logged(&redis, "1s");
+    let (_client, permit) = permit_at(addr).await;
+    let id = a_commit_refused_for_now(addr, &redis, &permit, "late").await;
+    let text = terminate(child, &log).await;
     let abandoned: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("abandoned") && l.contains(&id))
@@ -1291,6 +1332,42 @@ async fn a_shutdown_names_each_outcome_it_abandons() {
         "{}",
         abandoned[0]
     );
+}
+
+/// The same, but Redis takes writes again during the grace: the shutdown
+/// waits for the outcome, which is recorded (read back through a second
+/// process on the same Redis), and abandons nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_waits_for_an_outcome_being_recorded() {
+    let _machine = shared().await;
+    let redis = Redis::start_owned_with(&["--maxmemory-policy", "noeviction"]);
+    let (child, addr, log) = spawn_logged(&redis, "60s");
+    let (_client, permit) = permit_at(addr).await;
+    let id = a_commit_refused_for_now(addr, &redis, &permit, "in-time").await;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    set_maxmemory(&redis, 0).await;
+    let text = terminate(child, &log).await;
+    assert!(!text.contains("abandoned"), "{text}");
+    let (mut again, addr, log) = spawn_logged(&redis, "1s");
+    let client = Client::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let a = client
+        .get_attempt(&permit, "in-time")
+        .await
+        .expect("GetAttempt")
+        .attempt
+        .expect("the attempt");
+    assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(a.attempt_id, id);
+    assert_eq!(a.receipt.unwrap().result, b"in-time");
+    let _ = again.kill();
+    let _ = again.wait();
+    let _ = std::fs::remove_file(&log);
 }
 
 // === keys ===
