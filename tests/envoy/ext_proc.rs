@@ -1201,16 +1201,21 @@ async fn an_outcome_the_store_refuses_for_a_moment_is_asked_again() {
     assert_eq!(a.receipt.unwrap().result, br#"{"charge":"ch_2"}"#);
 }
 
+/// A process of the real binary, killed if a test fails before it ends.
+struct Running(Option<std::process::Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// The real binary on `redis`, with this --shutdown-grace, its log (error
 /// level) written to a file: the process, its address, the log's path.
-fn spawn_logged(
-    redis: &Redis,
-    grace: &str,
-) -> (
-    std::process::Child,
-    std::net::SocketAddr,
-    std::path::PathBuf,
-) {
+fn spawn_logged(redis: &Redis, grace: &str) -> (Running, std::net::SocketAddr, std::path::PathBuf) {
     use std::io::BufRead;
     let log = std::env::temp_dir().join(format!(
         "atmost-ext-proc-shutdown-{}.log",
@@ -1233,7 +1238,7 @@ fn spawn_logged(
         .strip_prefix("atmost listening on ")
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("atmost did not start: {line:?}"));
-    (child, addr, log)
+    (Running(Some(child)), addr, log)
 }
 
 /// A permit for [`TOOL`] created through the server at `addr`, and a
@@ -1292,14 +1297,20 @@ async fn a_commit_refused_for_now(
     id
 }
 
-/// SIGTERM, then the exit (a hang guard, not a timing assertion); the
-/// log's text.
-async fn terminate(mut child: std::process::Child, log: &std::path::Path) -> String {
+/// Sends SIGTERM.
+fn sigterm(running: &Running) {
+    let child = running.0.as_ref().expect("running");
     let term = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .expect("kill -TERM");
     assert!(term.success());
+}
+
+/// Waits for the exit (a hang guard, not a timing assertion); the log's
+/// text.
+async fn exited(mut running: Running, log: &std::path::Path) -> String {
+    let mut child = running.0.take().expect("running");
     tokio::time::timeout(PATIENCE, tokio::task::spawn_blocking(move || child.wait()))
         .await
         .expect("atmost exited within the patience")
@@ -1321,7 +1332,8 @@ async fn a_shutdown_names_each_outcome_it_abandons() {
     let (child, addr, log) = spawn_logged(&redis, "1s");
     let (_client, permit) = permit_at(addr).await;
     let id = a_commit_refused_for_now(addr, &redis, &permit, "late").await;
-    let text = terminate(child, &log).await;
+    sigterm(&child);
+    let text = exited(child, &log).await;
     let abandoned: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("abandoned") && l.contains(&id))
@@ -1344,15 +1356,11 @@ async fn a_shutdown_waits_for_an_outcome_being_recorded() {
     let (child, addr, log) = spawn_logged(&redis, "60s");
     let (_client, permit) = permit_at(addr).await;
     let id = a_commit_refused_for_now(addr, &redis, &permit, "in-time").await;
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(term.success());
+    sigterm(&child);
     set_maxmemory(&redis, 0).await;
-    let text = terminate(child, &log).await;
+    let text = exited(child, &log).await;
     assert!(!text.contains("abandoned"), "{text}");
-    let (mut again, addr, log) = spawn_logged(&redis, "1s");
+    let (again, addr, log) = spawn_logged(&redis, "1s");
     let client = Client::connect(format!("http://{addr}"))
         .await
         .expect("connect");
@@ -1365,8 +1373,7 @@ async fn a_shutdown_waits_for_an_outcome_being_recorded() {
     assert_eq!(a.state(), AttemptState::Succeeded);
     assert_eq!(a.attempt_id, id);
     assert_eq!(a.receipt.unwrap().result, b"in-time");
-    let _ = again.kill();
-    let _ = again.wait();
+    drop(again);
     let _ = std::fs::remove_file(&log);
 }
 
