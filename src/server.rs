@@ -333,6 +333,9 @@ pub async fn run(
         };
     }
     // The Envoy front doors call the Gate's own methods (api::envoy).
+    // ext_proc records outcomes after its streams end: shutdown waits for
+    // them (`settling`, below).
+    let settling = envoy::ext_proc::Settling::default();
     let (ext_authz, ext_proc) = match &app.envoy {
         Some(mapping) => (
             Some(tonic::service::interceptor::InterceptedService::new(
@@ -346,6 +349,7 @@ pub async fn run(
                 sized!(ExternalProcessorServer::new(ExtProcService::new(
                     GateService::new(ctx.clone()),
                     mapping.clone(),
+                    settling.clone(),
                 ))),
                 api::stamp,
             )),
@@ -376,6 +380,8 @@ pub async fn run(
         .serve_with_incoming_shutdown(limits.incoming(listener), stop.clone().cancelled_owned());
     tokio::pin!(serve);
 
+    // When the shutdown grace ends, once it has begun.
+    let mut grace_end = None;
     let result = tokio::select! {
         result = &mut serve => result.map_err(Into::into),
         () = shutdown => {
@@ -406,6 +412,7 @@ pub async fn run(
                     }
                 }
             };
+            grace_end = Some(tokio::time::Instant::now() + app.shutdown_grace);
             match ended {
                 Some(result) => result.map_err(Into::into),
                 None => {
@@ -422,6 +429,12 @@ pub async fn run(
             }
         }
     };
+    // ext_proc's outcomes still being recorded (their streams are gone):
+    // within what is left of the grace, then each abandoned one is logged.
+    let left = grace_end.map_or(app.shutdown_grace, |end| {
+        end.saturating_duration_since(tokio::time::Instant::now())
+    });
+    settling.drain(left).await;
     watch_stop.cancel();
     if !health_task.is_finished() {
         let _ = health_task.await;

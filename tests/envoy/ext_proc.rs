@@ -73,16 +73,22 @@ impl Envoy {
         metadata: &[(&str, &str)],
         protocol: Option<ProtocolConfiguration>,
     ) -> Self {
-        let tcp = tokio::net::TcpStream::connect(h.addr)
-            .await
-            .expect("connect");
+        Self::open_at(h.addr, metadata, protocol).await
+    }
+
+    /// [`Envoy::open_with`] to the server at `addr`.
+    async fn open_at(
+        addr: std::net::SocketAddr,
+        metadata: &[(&str, &str)],
+        protocol: Option<ProtocolConfiguration>,
+    ) -> Self {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let (mut connection, driver) = h2::client::handshake(tcp).await.expect("HTTP/2");
         tokio::spawn(driver);
         let mut request = http::Request::builder()
             .method("POST")
             .uri(format!(
-                "http://{}/envoy.service.ext_proc.v3.ExternalProcessor/Process",
-                h.addr
+                "http://{addr}/envoy.service.ext_proc.v3.ExternalProcessor/Process"
             ))
             .header("content-type", "application/grpc")
             .header("te", "trailers");
@@ -105,7 +111,7 @@ impl Envoy {
             body,
             buf: Vec::new(),
             status,
-            addr: h.addr,
+            addr,
             first: true,
             protocol,
         }
@@ -322,6 +328,40 @@ fn continued(answer: &ProcessingResponse) -> HashMap<String, String> {
         .collect()
 }
 
+/// A CONTINUE for this message kind: the headers it removes.
+#[track_caller]
+fn removed(answer: &ProcessingResponse) -> Vec<String> {
+    let common = match answer.response.as_ref().expect("a response") {
+        Answer::RequestHeaders(h) | Answer::ResponseHeaders(h) => h.response.clone(),
+        Answer::RequestBody(b) | Answer::ResponseBody(b) => b.response.clone(),
+        other => panic!("expected CONTINUE, got {other:?}"),
+    }
+    .unwrap_or_default();
+    common
+        .header_mutation
+        .map(|m| m.remove_headers)
+        .unwrap_or_default()
+}
+
+/// The headers that name an attempt.
+const ATTEMPT_HEADERS: [&str; 3] = [
+    "x-atmost-attempt-id",
+    "x-atmost-permit-id",
+    "x-atmost-idempotency-key",
+];
+
+/// This CONTINUE removes every header that names an attempt.
+#[track_caller]
+fn strips_attempt_headers(answer: &ProcessingResponse) {
+    let removed = removed(answer);
+    for header in ATTEMPT_HEADERS {
+        assert!(
+            removed.iter().any(|r| r == header),
+            "{header} not removed: {removed:?}"
+        );
+    }
+}
+
 /// An ImmediateResponse: (status, headers, body).
 #[track_caller]
 fn immediate(answer: &ProcessingResponse) -> (u16, HashMap<String, String>, Vec<u8>) {
@@ -368,6 +408,8 @@ async fn post(envoy: &mut Envoy, headers: &[(&str, &str)], body: &[u8]) -> Sent 
         continued(&answer).is_empty(),
         "the request is held for its body"
     );
+    // A client's own attempt headers never reach the tool.
+    strips_attempt_headers(&answer);
     let answer = envoy.exchange(request_body(body)).await;
     match &answer.response {
         Some(Answer::RequestBody(_)) => {
@@ -430,9 +472,10 @@ fn answered(sent: Sent, status: u16, reason: &str) -> (HashMap<String, String>, 
     }
 }
 
-/// A CONTINUE of the response that adds nothing: above all not the
-/// attempt's id, the fencing token of an attempt still open (its outcome
-/// is recorded after this answer), which must never reach the client.
+/// A CONTINUE of the response that adds nothing and removes the headers
+/// that name an attempt (the tool may echo them): above all the attempt's
+/// id, the fencing token of an attempt still open (its outcome is recorded
+/// after this answer), must never reach the client.
 #[track_caller]
 fn passed_on(answer: &ProcessingResponse) {
     let set = continued(answer);
@@ -440,6 +483,7 @@ fn passed_on(answer: &ProcessingResponse) {
         !set.contains_key("x-atmost-attempt-id"),
         "an open attempt's id on the response: {set:?}"
     );
+    strips_attempt_headers(answer);
 }
 
 /// The tool's response, as Envoy passes it through: headers, then the
@@ -521,6 +565,63 @@ async fn a_request_without_a_body_is_authorized_on_its_headers(kind: Kind) {
         fingerprint("GET", "/v1/balance", b"")
     );
     assert!(a.receipt.unwrap().result.is_empty());
+}
+
+/// A request with trailers and no body data: the DISPATCH answers the
+/// trailers, which cannot set headers, so the attempt's headers a client
+/// sent itself (a forged id) would reach the tool unreplaced. They are
+/// removed when the request's headers are answered, before anything is
+/// forwarded; the tool's echo of them is removed from the response.
+async fn attempt_headers_are_never_forged_upstream_nor_echoed_downstream(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let mut envoy = open_charge(&h).await;
+    let mut headers = charge_headers(&permit, "trailed");
+    headers.extend([
+        ("x-atmost-attempt-id", "forged"),
+        ("x-atmost-permit-id", "forged"),
+        ("x-atmost-idempotency-key", "forged"),
+    ]);
+    let answer = envoy
+        .exchange(request_headers("POST", PATH, &headers, false))
+        .await;
+    assert!(matches!(answer.response, Some(Answer::RequestHeaders(_))));
+    assert!(continued(&answer).is_empty(), "held for its body");
+    strips_attempt_headers(&answer);
+    // No body, then trailers (gRPC-style): Envoy sends the trailers,
+    // whose answer is the DISPATCH.
+    let trailers = ProcessingRequest {
+        request: Some(Message::RequestTrailers(Default::default())),
+        ..Default::default()
+    };
+    let answer = envoy.exchange(trailers).await;
+    assert!(
+        matches!(answer.response, Some(Answer::RequestTrailers(_))),
+        "{answer:?}"
+    );
+    let id = attempt_id_of(&answer);
+    // The tool echoes the attempt's headers: the response removes them.
+    let answer = envoy.exchange(response_headers(200, false)).await;
+    passed_on(&answer);
+    let answer = envoy.exchange(response_body(b"ok", true)).await;
+    assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "trailed").await;
+    assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(a.attempt_id, id);
+}
+
+/// The attempt id in a DISPATCH's dynamic metadata.
+#[track_caller]
+fn attempt_id_of(answer: &ProcessingResponse) -> String {
+    let ns = &answer.dynamic_metadata.as_ref().expect("metadata").fields["atmost"];
+    match &ns.kind {
+        Some(V::StructValue(s)) => match &s.fields["attempt_id"].kind {
+            Some(V::StringValue(v)) => v.clone(),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
 }
 
 /// A status in the failed set (4xx by default): Commit Failed, and the
@@ -894,6 +995,68 @@ async fn a_buffered_partial_body_is_the_result_only_when_whole(kind: Kind) {
     assert_eq!(a.receipt.unwrap().result, b"HTTP 200");
 }
 
+/// Response trailers after the body. STREAMED: Envoy sends every chunk
+/// without end_of_stream, then the trailers (`response_trailer_mode:
+/// SEND`), which complete the body; under SKIP it sends nothing more and
+/// closes: the 2xx succeeded, its whole body unknown, so the result is the
+/// status alone (never UNCERTAIN for a call the tool answered 2xx).
+/// BUFFERED_PARTIAL sends a body that fits ahead of trailers without
+/// end_of_stream, as it sends a part of a larger one (then the trailers
+/// too): the status alone.
+async fn a_response_body_followed_by_trailers_is_settled(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let mode = |response: BodySendMode| {
+        Some(ProtocolConfiguration {
+            request_body_mode: BodySendMode::Buffered as i32,
+            response_body_mode: response as i32,
+            ..Default::default()
+        })
+    };
+    let trailers = || ProcessingRequest {
+        request: Some(Message::ResponseTrailers(Default::default())),
+        ..Default::default()
+    };
+    for (key, response, send_trailers, result) in [
+        (
+            "streamed-send",
+            BodySendMode::Streamed,
+            true,
+            &b"part one, part two"[..],
+        ),
+        ("streamed-skip", BodySendMode::Streamed, false, b"HTTP 200"),
+        (
+            "partial-send",
+            BodySendMode::BufferedPartial,
+            true,
+            b"HTTP 200",
+        ),
+    ] {
+        let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], mode(response)).await;
+        forwarded(post(&mut envoy, &charge_headers(&permit, key), BODY).await);
+        passed_on(&envoy.exchange(response_headers(200, false)).await);
+        let chunks: &[&[u8]] = match response {
+            BodySendMode::Streamed => &[b"part one, ", b"part two"],
+            _ => &[b"part one, part two"],
+        };
+        for chunk in chunks {
+            let answer = envoy.exchange(response_body(chunk, false)).await;
+            assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+        }
+        if send_trailers {
+            let answer = envoy.exchange(trailers()).await;
+            assert!(
+                matches!(answer.response, Some(Answer::ResponseTrailers(_))),
+                "{key}: {answer:?}"
+            );
+        }
+        assert_eq!(envoy.close().await, Code::Ok, "{key}");
+        let a = attempt(&h, &permit, key).await;
+        assert_eq!(a.state(), AttemptState::Succeeded, "{key}");
+        assert_eq!(a.receipt.unwrap().result, result, "{key}");
+    }
+}
+
 // === the slow store ===
 
 /// Redis slow to answer the Authorize (replies held at a proxy), and Envoy
@@ -1038,6 +1201,182 @@ async fn an_outcome_the_store_refuses_for_a_moment_is_asked_again() {
     assert_eq!(a.receipt.unwrap().result, br#"{"charge":"ch_2"}"#);
 }
 
+/// A process of the real binary, killed if a test fails before it ends.
+struct Running(Option<std::process::Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The real binary on `redis`, with this --shutdown-grace, its log (error
+/// level) written to a file: the process, its address, the log's path.
+fn spawn_logged(redis: &Redis, grace: &str) -> (Running, std::net::SocketAddr, std::path::PathBuf) {
+    use std::io::BufRead;
+    let log = std::env::temp_dir().join(format!(
+        "atmost-ext-proc-shutdown-{}.log",
+        uuid::Uuid::now_v7().simple()
+    ));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_atmost"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", "redis"])
+        .args(["--redis-url", &redis.url, "--redis-prefix", &redis.prefix])
+        .args(["--store-timeout", "2s", "--shutdown-grace", grace])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("the log file"))
+        .spawn()
+        .expect("start atmost");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("its first line");
+    let addr = line
+        .trim()
+        .strip_prefix("atmost listening on ")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("atmost did not start: {line:?}"));
+    (Running(Some(child)), addr, log)
+}
+
+/// A permit for [`TOOL`] created through the server at `addr`, and a
+/// whole cycle through it (so that Redis has every script).
+async fn permit_at(addr: std::net::SocketAddr) -> (Client, String) {
+    let client = Client::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let permit = client
+        .create_permit(
+            NewPermit::new([TOOL])
+                .subject("agent-test")
+                .currency("EUR")
+                .expires_at_ms(now_ms + 3_600_000)
+                .build(),
+        )
+        .await
+        .expect("create permit")
+        .permit_id;
+    let mut envoy = Envoy::open_at(addr, &[("x-atmost-tool", TOOL)], buffered()).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "warm"), BODY).await);
+    tool_answers(&mut envoy, 200, b"warm").await;
+    assert_eq!(envoy.close().await, Code::Ok);
+    (client, permit)
+}
+
+async fn set_maxmemory(redis: &Redis, bytes: u64) {
+    let mut conn = redis.connect().await;
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(bytes)
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET maxmemory");
+}
+
+/// Forwards a request for `key`, and the tool's 200 comes back while Redis
+/// refuses writes: its Commit is being asked again. Envoy is then done
+/// with the stream (it resets it). The attempt id.
+async fn a_commit_refused_for_now(
+    addr: std::net::SocketAddr,
+    redis: &Redis,
+    permit: &str,
+    key: &str,
+) -> String {
+    let mut envoy = Envoy::open_at(addr, &[("x-atmost-tool", TOOL)], buffered()).await;
+    let id = forwarded(post(&mut envoy, &charge_headers(permit, key), BODY).await);
+    set_maxmemory(redis, 1).await;
+    tool_answers(&mut envoy, 200, key.as_bytes()).await;
+    envoy.reset().await;
+    id
+}
+
+/// Sends SIGTERM.
+fn sigterm(running: &Running) {
+    let child = running.0.as_ref().expect("running");
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+}
+
+/// Waits for the exit (a hang guard, not a timing assertion); the log's
+/// text.
+async fn exited(mut running: Running, log: &std::path::Path) -> String {
+    let mut child = running.0.take().expect("running");
+    tokio::time::timeout(PATIENCE, tokio::task::spawn_blocking(move || child.wait()))
+        .await
+        .expect("atmost exited within the patience")
+        .expect("wait")
+        .expect("its exit status");
+    let text = std::fs::read_to_string(log).expect("the log");
+    let _ = std::fs::remove_file(log);
+    text
+}
+
+/// SIGTERM to the real binary while an outcome is being asked again
+/// (Redis refuses writes: maxmemory under `noeviction`) and still is when
+/// --shutdown-grace runs out: the shutdown names the outcome it abandons
+/// in an error line, instead of the runtime dropping it silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_names_each_outcome_it_abandons() {
+    let _machine = shared().await;
+    let redis = Redis::start_owned_with(&["--maxmemory-policy", "noeviction"]);
+    let (child, addr, log) = spawn_logged(&redis, "1s");
+    let (_client, permit) = permit_at(addr).await;
+    let id = a_commit_refused_for_now(addr, &redis, &permit, "late").await;
+    sigterm(&child);
+    let text = exited(child, &log).await;
+    let abandoned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("abandoned") && l.contains(&id))
+        .collect();
+    assert_eq!(abandoned.len(), 1, "one line names the attempt: {text}");
+    assert!(
+        abandoned[0].contains("Succeeded") && abandoned[0].contains(&permit),
+        "{}",
+        abandoned[0]
+    );
+}
+
+/// The same, but Redis takes writes again during the grace: the shutdown
+/// waits for the outcome, which is recorded (read back through a second
+/// process on the same Redis), and abandons nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_waits_for_an_outcome_being_recorded() {
+    let _machine = shared().await;
+    let redis = Redis::start_owned_with(&["--maxmemory-policy", "noeviction"]);
+    let (child, addr, log) = spawn_logged(&redis, "60s");
+    let (_client, permit) = permit_at(addr).await;
+    let id = a_commit_refused_for_now(addr, &redis, &permit, "in-time").await;
+    sigterm(&child);
+    set_maxmemory(&redis, 0).await;
+    let text = exited(child, &log).await;
+    assert!(!text.contains("abandoned"), "{text}");
+    let (again, addr, log) = spawn_logged(&redis, "1s");
+    let client = Client::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let a = client
+        .get_attempt(&permit, "in-time")
+        .await
+        .expect("GetAttempt")
+        .attempt
+        .expect("the attempt");
+    assert_eq!(a.state(), AttemptState::Succeeded);
+    assert_eq!(a.attempt_id, id);
+    assert_eq!(a.receipt.unwrap().result, b"in-time");
+    drop(again);
+    let _ = std::fs::remove_file(&log);
+}
+
 // === keys ===
 
 /// The gateway authenticates with its key in the stream's initial
@@ -1099,6 +1438,7 @@ async fn a_gateway_key_opens_the_stream() {
 on_each_store!(
     a_full_cycle_commits_the_result_and_a_retry_replays_it,
     a_request_without_a_body_is_authorized_on_its_headers,
+    attempt_headers_are_never_forged_upstream_nor_echoed_downstream,
     a_refusing_tool_fails_the_attempt,
     a_5xx_leaves_the_attempt_uncertain,
     a_lost_response_is_marked_uncertain,
@@ -1108,4 +1448,5 @@ on_each_store!(
     results_follow_the_mapping,
     a_read_error_while_the_store_decides_fails_the_stream,
     a_buffered_partial_body_is_the_result_only_when_whole,
+    a_response_body_followed_by_trailers_is_settled,
 );

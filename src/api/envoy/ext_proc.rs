@@ -22,18 +22,23 @@
 //! The stream never ends cleanly while a message of Envoy's is
 //! unanswered: Envoy takes a clean end as "processing complete" and goes
 //! on with the request. An attempt's id goes upstream (the request header,
-//! the dynamic metadata), never to the client: the response passes
-//! unchanged.
+//! the dynamic metadata), never to the client: the response passes with
+//! the attempt's headers removed (the tool may echo them). A request held
+//! for its body has them removed too, so that a client's own never reach
+//! the tool unreplaced.
 //!
 //! Envoy requirements (docs/gateways.md): request and response headers
 //! SEND (the defaults); a body fingerprint needs `request_body_mode:
 //! BUFFERED`, which Envoy announces on the first message (1.34 and later),
 //! and holds the request until the body's answer; a result from the
-//! response body needs `response_body_mode: BUFFERED` or `STREAMED`.
+//! response body needs `response_body_mode: BUFFERED`, `STREAMED`, or
+//! `BUFFERED_PARTIAL` (only for a body that fits Envoy's buffer: of a
+//! part, only the status is recorded).
 //! Observability mode cannot gate anything and is refused.
 
 use super::{
-    Answer, Headers, HttpRequest, Mapping, Reply, Unmapped,
+    ATTEMPT_HEADER, Answer, Headers, HttpRequest, KEY_HEADER, Mapping, PERMIT_ID_HEADER, Reply,
+    Unmapped,
     mapping::{ResultMode, Settle},
 };
 use crate::api::{Deadline, gate::GateService};
@@ -52,13 +57,16 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming, metadata::MetadataMap};
 
 /// The dynamic metadata namespace of a forwarded request's attempt
@@ -68,14 +76,123 @@ pub const METADATA_NAMESPACE: &str = "atmost";
 pub struct ExtProcService {
     gate: Arc<GateService>,
     mapping: Arc<Mapping>,
+    settling: Settling,
 }
 
 impl ExtProcService {
-    pub fn new(gate: GateService, mapping: Arc<Mapping>) -> Self {
+    /// `settling` tracks the streams' tasks, which outlive their streams
+    /// (an outcome is recorded after Envoy has gone): the server waits
+    /// for them at shutdown ([`Settling::drain`]).
+    pub fn new(gate: GateService, mapping: Arc<Mapping>, settling: Settling) -> Self {
         Self {
             gate: Arc::new(gate),
             mapping,
+            settling,
         }
+    }
+}
+
+/// The streams' tasks and the outcomes they are recording, so that a
+/// shutdown waits for them (up to `--shutdown-grace`) rather than letting
+/// the runtime drop them silently, and names each one it abandons.
+#[derive(Clone, Default)]
+pub struct Settling {
+    tracker: TaskTracker,
+    /// The outcomes being asked of the store, by a number of their own.
+    open: Arc<Mutex<HashMap<u64, Outstanding>>>,
+    next: Arc<AtomicU64>,
+}
+
+/// One outcome being recorded.
+struct Outstanding {
+    rpc: &'static str,
+    permit_id: String,
+    attempt_id: String,
+    outcome: &'static str,
+}
+
+/// An outcome's place in [`Settling`], given up when it is recorded (or
+/// given up): dropped.
+struct Entry {
+    open: Arc<Mutex<HashMap<u64, Outstanding>>>,
+    id: u64,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+impl Settling {
+    fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tracker.spawn(task)
+    }
+
+    /// Registers an outcome being recorded until the returned entry drops.
+    fn enter(&self, rpc: &'static str, attempt: &pb::Attempt, outcome: &'static str) -> Entry {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(
+                id,
+                Outstanding {
+                    rpc,
+                    permit_id: attempt.permit_id.clone(),
+                    attempt_id: attempt.attempt_id.clone(),
+                    outcome,
+                },
+            );
+        Entry {
+            open: self.open.clone(),
+            id,
+        }
+    }
+
+    /// At shutdown, once no new stream can start: waits up to `grace` for
+    /// the streams' tasks, then logs, as an error, each outcome still not
+    /// recorded (the runtime drops it on exit; its attempt turns UNCERTAIN
+    /// at its lease). Returns how many were abandoned.
+    pub async fn drain(&self, grace: Duration) -> usize {
+        self.tracker.close();
+        if self.tracker.is_empty() {
+            return 0;
+        }
+        tracing::info!(
+            streams = self.tracker.len(),
+            ?grace,
+            "ext_proc: waiting for outcomes still being recorded"
+        );
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_ok()
+        {
+            return 0;
+        }
+        let open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for o in open.values() {
+            tracing::error!(
+                rpc = o.rpc,
+                permit_id = %o.permit_id,
+                attempt_id = %o.attempt_id,
+                outcome = o.outcome,
+                ?grace,
+                "ext_proc: shutting down with an outcome not recorded within --shutdown-grace: \
+                 abandoned; the attempt turns UNCERTAIN at its lease"
+            );
+        }
+        open.len()
     }
 }
 
@@ -106,6 +223,7 @@ impl ExternalProcessor for ExtProcService {
             recorder: Recorder {
                 gate: self.gate.clone(),
                 extensions,
+                settling: self.settling.clone(),
             },
             mapping: self.mapping.clone(),
             route_tool,
@@ -119,7 +237,9 @@ impl ExternalProcessor for ExtProcService {
         // error if it panicked: a clean end would let Envoy go on without
         // atmost's answer.
         let on_panic = exchange.tx.clone();
-        let task = tokio::spawn(exchange.run(inbound));
+        // Tracked: the task outlives the stream while it records an
+        // outcome, and a shutdown waits for it.
+        let task = self.settling.spawn(exchange.run(inbound));
         tokio::spawn(async move {
             if let Err(e) = task.await
                 && e.is_panic()
@@ -169,8 +289,9 @@ impl Phase {
 }
 
 /// The attempt a DISPATCH reserved, and when its lease ends by this
-/// process's clock (reckoned from the DISPATCH's arrival: a little late,
-/// never early by more than the Authorize's own trip).
+/// process's clock: reckoned from the DISPATCH's arrival, so late by up to
+/// the Authorize's own duration (the store started the lease while it
+/// ran), never early.
 struct Held {
     attempt: pb::Attempt,
     lease_end: Instant,
@@ -207,10 +328,13 @@ struct ResultBody {
     kept: Vec<u8>,
     hash: Sha256,
     len: usize,
+    /// Whether a body message has arrived (an empty one included).
+    seen: bool,
 }
 
 impl ResultBody {
     fn push(&mut self, chunk: &[u8]) {
+        self.seen = true;
         self.hash.update(chunk);
         self.len += chunk.len();
         let room = (MAX_RESULT_BYTES + 1).saturating_sub(self.kept.len());
@@ -238,6 +362,21 @@ impl ResultBody {
     }
 }
 
+/// The status a stream ends with when it fails: never OK. A status whose
+/// code is OK would end the stream as a clean close, which Envoy takes as
+/// "processing complete" and goes on with the request (fail open); such a
+/// status is made INTERNAL. None of the statuses atmost sends is known to
+/// carry OK (a read error's status comes from tonic's decoder or h2), so
+/// this is a guard, not a path any test drives.
+fn failing(status: Status) -> Status {
+    if status.code() == tonic::Code::Ok {
+        tracing::error!(%status, "ext_proc: a failure with status OK; sent as INTERNAL");
+        Status::internal(format!("atmost failed: {}", status.message()))
+    } else {
+        status
+    }
+}
+
 /// What the loop does after a message.
 enum Flow {
     Next,
@@ -261,8 +400,10 @@ struct Exchange {
     /// A message that arrived while the store was being asked.
     pending: Option<ProcessingRequest>,
     /// The response's outcome, being recorded beside the stream (so that
-    /// Envoy's next messages are answered meanwhile); the stream ends only
-    /// once it is.
+    /// Envoy's next messages are answered meanwhile). atmost's side of the
+    /// stream ends only once it is, but Envoy does not wait: it closes and
+    /// resets its side as soon as its last message is answered, so the
+    /// recording is in effect detached from the stream.
     settling: Option<JoinHandle<()>>,
 }
 
@@ -306,12 +447,46 @@ fn headers_of(map: Option<HeaderMap>) -> Headers {
 
 /// CONTINUE, setting these headers.
 fn proceed(set_headers: Vec<HeaderValueOption>) -> CommonResponse {
+    proceed_removing(set_headers, Vec::new())
+}
+
+/// CONTINUE, setting `set_headers` and removing `remove_headers`.
+fn proceed_removing(
+    set_headers: Vec<HeaderValueOption>,
+    remove_headers: Vec<String>,
+) -> CommonResponse {
     CommonResponse {
         status: ResponseStatus::Continue as i32,
-        header_mutation: (!set_headers.is_empty()).then_some(HeaderMutation {
-            set_headers,
-            remove_headers: Vec::new(),
-        }),
+        header_mutation: (!set_headers.is_empty() || !remove_headers.is_empty()).then_some(
+            HeaderMutation {
+                set_headers,
+                remove_headers,
+            },
+        ),
+        ..Default::default()
+    }
+}
+
+/// The headers that name an attempt (the ones a DISPATCH sets upstream).
+/// Removed wherever atmost passes headers on without setting them: from
+/// the response (the tool may echo them, and an open attempt's id, the
+/// fencing token Commit checks, never reaches the client), and from a
+/// request held for its body (a client's own would otherwise reach the
+/// tool unreplaced when the DISPATCH answers trailers, which cannot set
+/// headers).
+fn attempt_headers() -> Vec<String> {
+    [ATTEMPT_HEADER, PERMIT_ID_HEADER, KEY_HEADER]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// CONTINUE of the request's headers, held for its body: nothing set yet,
+/// the attempt's headers removed.
+fn hold_for_body() -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(Outgoing::RequestHeaders(HeadersResponse {
+            response: Some(proceed_removing(Vec::new(), attempt_headers())),
+        })),
         ..Default::default()
     }
 }
@@ -322,8 +497,10 @@ fn pass(kind: &Message) -> ProcessingResponse {
         Message::RequestHeaders(_) => Outgoing::RequestHeaders(HeadersResponse {
             response: Some(proceed(Vec::new())),
         }),
+        // The response never carries an attempt's headers on to the
+        // client, whatever the tool echoed.
         Message::ResponseHeaders(_) => Outgoing::ResponseHeaders(HeadersResponse {
-            response: Some(proceed(Vec::new())),
+            response: Some(proceed_removing(Vec::new(), attempt_headers())),
         }),
         Message::RequestBody(_) => Outgoing::RequestBody(BodyResponse {
             response: Some(proceed(Vec::new())),
@@ -405,7 +582,7 @@ impl Exchange {
                         // clean end in answer: Envoy would go on without
                         // atmost, forwarding a request it never authorized.
                         tracing::debug!(%status, "ext_proc: the stream ended with an error");
-                        let _ = self.tx.send(Err(status)).await;
+                        let _ = self.tx.send(Err(failing(status))).await;
                         break;
                     }
                 },
@@ -415,7 +592,7 @@ impl Exchange {
                 Flow::Ended => break,
                 Flow::Fail(status) => {
                     tracing::warn!(%status, "ext_proc: the stream broke the protocol; ended");
-                    let _ = self.tx.send(Err(status)).await;
+                    let _ = self.tx.send(Err(failing(status))).await;
                     break;
                 }
             }
@@ -483,21 +660,29 @@ impl Exchange {
                         match mode {
                             // BUFFERED: the whole body in one message.
                             Some(BodySendMode::Buffered) => Some(result),
-                            // BUFFERED_PARTIAL: one message, the whole body
-                            // if it fit Envoy's buffer (end_of_stream), else
-                            // its first part, the rest passing by unseen: no
-                            // body or digest of the result can be made of a
-                            // part, so only its status is recorded.
+                            // BUFFERED_PARTIAL: one message. With
+                            // end_of_stream, the whole body. Without, either
+                            // its first part (it outgrew Envoy's buffer; the
+                            // rest passes by unseen) or the whole body ahead
+                            // of trailers (Envoy's onTrailers sends what it
+                            // queued with end_of_stream false). atmost cannot
+                            // tell them apart, not even by the trailers:
+                            // Envoy sends those after a part too. No body or
+                            // digest of the result can be made of what may be
+                            // a part, so only its status is recorded.
                             Some(BodySendMode::BufferedPartial) if b.end_of_stream => Some(result),
                             Some(BodySendMode::BufferedPartial) => {
-                                tracing::warn!(
-                                    permit_id = %held.attempt.permit_id,
-                                    seen = body.len,
-                                    "ext_proc: the response body was larger than Envoy's buffer \
-                                     (response_body_mode BUFFERED_PARTIAL) and reached atmost only \
-                                     in part: the result recorded is the status alone; use \
-                                     STREAMED for a body or digest of any size"
-                                );
+                                if result != ResultMode::Status {
+                                    tracing::warn!(
+                                        permit_id = %held.attempt.permit_id,
+                                        seen = body.len,
+                                        "ext_proc: the response body reached atmost without its end \
+                                         (response_body_mode BUFFERED_PARTIAL: it outgrew Envoy's \
+                                         buffer, or trailers follow it, which atmost cannot tell \
+                                         apart): the result recorded is the status alone; use \
+                                         BUFFERED, or STREAMED, for a body or digest of any size"
+                                    );
+                                }
                                 Some(ResultMode::Status)
                             }
                             _ if b.end_of_stream => Some(result),
@@ -600,10 +785,7 @@ impl Exchange {
                 request,
                 body: Vec::new(),
             };
-            return if self
-                .send(pass(&Message::RequestHeaders(HttpHeaders::default())))
-                .await
-            {
+            return if self.send(hold_for_body()).await {
                 Flow::Next
             } else {
                 Flow::Ended
@@ -693,9 +875,11 @@ impl Exchange {
     /// error status, never cleanly. Envoy takes a processor stream that
     /// closes cleanly as "processing complete" and goes on with the
     /// request, and this one was never authorized. After a read error the
-    /// error is that status; after Envoy closed its side (it gave up, and
-    /// normally no longer listens) ABORTED, in case it still waits: with
-    /// `failure_mode_allow: false` it then fails the request.
+    /// error is that status; after Envoy closed its side ABORTED, in case
+    /// it still waits (with `failure_mode_allow: false` it then fails the
+    /// request). Envoy's own close is a half-close followed at once by a
+    /// reset, so it normally reads neither: which error is sent is not the
+    /// point, that it is never OK is.
     async fn unanswered(&mut self, stream: Watched) -> Flow {
         let status = match stream {
             Watched::Broken(status) => {
@@ -707,7 +891,7 @@ impl Exchange {
                  authorized",
             ),
         };
-        let _ = self.tx.send(Err(status)).await;
+        let _ = self.tx.send(Err(failing(status))).await;
         Flow::Ended
     }
 
@@ -725,9 +909,10 @@ impl Exchange {
                 "response_headers without a :status",
             ));
         };
-        // CONTINUE, and nothing added: the attempt is still open (its
-        // outcome is recorded after this answer), and an open attempt's id,
-        // the fencing token Commit checks, never goes to the client.
+        // CONTINUE, nothing added and the attempt's headers removed (the
+        // tool may echo them): the attempt is still open (its outcome is
+        // recorded after this answer), and an open attempt's id, the
+        // fencing token Commit checks, never goes to the client.
         let answer = pass(&Message::ResponseHeaders(HttpHeaders::default()));
         let policy = &self.mapping.response;
         match policy.settle(status) {
@@ -758,7 +943,8 @@ impl Exchange {
                     tracing::warn!(
                         response_body_mode = body_mode(self.response_body_mode()),
                         "ext_proc: the result is the response body, which Envoy does not send \
-                         atmost (response_body_mode BUFFERED or STREAMED): recorded as an empty body"
+                         atmost (response_body_mode BUFFERED, STREAMED or BUFFERED_PARTIAL): \
+                         recorded as an empty body"
                     );
                 }
                 let result = ResultBody::default().result(policy.result, status);
@@ -780,7 +966,7 @@ impl Exchange {
                 let sent = self.send(answer).await;
                 let recorder = self.recorder.clone();
                 let reason = format!("the tool answered HTTP {status}");
-                self.settling = Some(tokio::spawn(async move {
+                self.settling = Some(self.recorder.settling.spawn(async move {
                     recorder
                         .mark_uncertain(&held.attempt, reason, held.lease_end)
                         .await;
@@ -792,11 +978,12 @@ impl Exchange {
 
     /// Records the response's outcome beside the stream: the answer to
     /// Envoy has already been handed over, and Envoy's next messages are
-    /// answered while the store is asked (and asked again); the stream
-    /// ends once the outcome is recorded or given up.
+    /// answered while the store is asked (and asked again). Envoy has
+    /// usually closed and reset the stream long before the outcome is
+    /// recorded or given up: the recording does not depend on it.
     fn settle(&mut self, held: Held, outcome: pb::commit_request::Outcome) {
         let recorder = self.recorder.clone();
-        self.settling = Some(tokio::spawn(async move {
+        self.settling = Some(self.recorder.settling.spawn(async move {
             recorder
                 .commit(&held.attempt, outcome, held.lease_end)
                 .await;
@@ -820,6 +1007,25 @@ impl Exchange {
                             .into(),
                         held.lease_end,
                     )
+                    .await;
+            }
+            // Part of a STREAMED body seen, and then the stream ended
+            // without end_of_stream: Envoy sends no end_of_stream when
+            // trailers follow the body and `response_trailer_mode` is SKIP
+            // (nor when it gives up midway). The tool answered a 2xx, so
+            // the call succeeded; what its whole body was is not known, so
+            // the result is the status alone.
+            Phase::Responding { held, status, body } if body.seen => {
+                tracing::warn!(
+                    permit_id = %held.attempt.permit_id,
+                    seen = body.len,
+                    "ext_proc: the stream ended before the response body's end (STREAMED with \
+                     response trailers under response_trailer_mode SKIP, or Envoy gave up): the \
+                     result recorded is the status alone; send the trailers (SEND) for the body"
+                );
+                let result = succeeded(body.result(ResultMode::Status, status));
+                self.recorder
+                    .commit(&held.attempt, result, held.lease_end)
                     .await;
             }
             Phase::Responding { held, status, .. } => {
@@ -869,13 +1075,30 @@ const OUTCOME_PATIENCE: Duration = Duration::from_secs(60);
 /// moment (its queue wait, then CoDel's interval); an outcome that waits
 /// a backoff and asks again costs the store nothing meanwhile, where
 /// outcomes exempt from admission would pile onto the store exactly when
-/// it is slowest. A stream holds at most one outcome at a time, so these
-/// retries are bounded by the streams Envoy holds open.
+/// it is slowest.
+///
+/// These retries are not bounded by the streams Envoy holds open: Envoy
+/// closes a stream right after its last answer, and the task asking
+/// lives on, up to the lease (NotSent, MarkUncertain) or the lease or a
+/// minute, whichever is later (Succeeded, Failed). Each holds at most one
+/// outcome and no slot while it waits, so they are bounded by the
+/// requests forwarded in that time, and a shutdown waits for them
+/// ([`Settling`]).
+///
+/// Nor do they get in ahead of new Authorizes: admission's slots are one
+/// first-come-first-served semaphore (crate::admission), with no
+/// priority. Letting outcomes first would be worth it (each frees a slot
+/// and an attempt, and each one refused is work for an operator if its
+/// lease passes), but needs a second class of waiter in admission and a
+/// way for the Gate's calls to say which they are: not a change to make
+/// here. Meanwhile a shed outcome costs a backoff, not the outcome.
 #[derive(Clone)]
 struct Recorder {
     gate: Arc<GateService>,
     /// The stream's caller and deadline.
     extensions: http::Extensions,
+    /// Where the outcomes being recorded are known, for a shutdown.
+    settling: Settling,
 }
 
 impl Recorder {
@@ -899,10 +1122,13 @@ impl Recorder {
         outcome: pb::commit_request::Outcome,
         lease_end: Instant,
     ) {
-        let until = match outcome {
-            pb::commit_request::Outcome::NotSent(_) => lease_end,
-            _ => lease_end.max(Instant::now() + OUTCOME_PATIENCE),
+        let until = asked_until(&outcome, lease_end);
+        let name = match outcome {
+            pb::commit_request::Outcome::NotSent(_) => "NotSent",
+            pb::commit_request::Outcome::Succeeded(_) => "Succeeded",
+            pb::commit_request::Outcome::Failed(_) => "Failed",
         };
+        let _entry = self.settling.enter("Commit", attempt, name);
         let request = pb::CommitRequest {
             permit_id: attempt.permit_id.clone(),
             idempotency_key: attempt.idempotency_key.clone(),
@@ -914,18 +1140,14 @@ impl Recorder {
         })
         .await;
         if let Err(e) = asked {
-            tracing::warn!(
-                permit_id = %attempt.permit_id,
-                attempt_id = %attempt.attempt_id,
-                error = %e,
-                "ext_proc: the outcome could not be recorded; the attempt turns UNCERTAIN at its lease"
-            );
+            gave_up("Commit", attempt, &e);
         }
     }
 
     /// MarkUncertain, asked until the lease's end: after it the attempt
     /// reads UNCERTAIN anyway, and only the reason would be added.
     async fn mark_uncertain(&self, attempt: &pb::Attempt, reason: String, lease_end: Instant) {
+        let _entry = self.settling.enter("MarkUncertain", attempt, "Uncertain");
         let request = pb::MarkUncertainRequest {
             permit_id: attempt.permit_id.clone(),
             idempotency_key: attempt.idempotency_key.clone(),
@@ -937,20 +1159,67 @@ impl Recorder {
         })
         .await;
         if let Err(e) = asked {
-            tracing::warn!(
-                permit_id = %attempt.permit_id,
-                attempt_id = %attempt.attempt_id,
-                error = %e,
-                "ext_proc: MarkUncertain failed; the attempt turns UNCERTAIN at its lease"
-            );
+            gave_up("MarkUncertain", attempt, &e);
         }
     }
 }
 
+/// Logs an outcome given up on: one the store could not take in time
+/// (the attempt turns UNCERTAIN at its lease), or one it refused (a
+/// domain refusal: the attempt was settled otherwise, resolved by an
+/// operator, or is another attempt's id).
+fn gave_up(rpc: &'static str, attempt: &pb::Attempt, e: &Error) {
+    if transient(e) {
+        tracing::warn!(
+            rpc,
+            permit_id = %attempt.permit_id,
+            attempt_id = %attempt.attempt_id,
+            error = %e,
+            "ext_proc: the outcome could not be recorded in time; the attempt turns UNCERTAIN at \
+             its lease"
+        );
+    } else {
+        tracing::warn!(
+            rpc,
+            permit_id = %attempt.permit_id,
+            attempt_id = %attempt.attempt_id,
+            error = %e,
+            "ext_proc: the store refused the outcome (the attempt was settled otherwise, resolved, \
+             or replaced): nothing recorded"
+        );
+    }
+}
+
+/// Until when `outcome` is asked: NotSent until the lease's end (after it
+/// the attempt is UNCERTAIN, which a holder's NotSent can no longer
+/// release), Succeeded and Failed until then or for [`OUTCOME_PATIENCE`]
+/// if that is later.
+fn asked_until(outcome: &pb::commit_request::Outcome, lease_end: Instant) -> Instant {
+    match outcome {
+        pb::commit_request::Outcome::NotSent(_) => lease_end,
+        _ => lease_end.max(Instant::now() + OUTCOME_PATIENCE),
+    }
+}
+
+/// What a store script answers, as STORE_UNAVAILABLE, when it will not
+/// decide on a record it cannot read (src/store/redis/lua/lib.lua): the
+/// record stays so until an operator repairs it, so asking again cannot
+/// help. The store passes the words on; they are all that tells these
+/// apart from a store that could not answer for now.
+const STORE_WILL_NOT_DECIDE: [&str; 2] = [
+    "unreadable permit record",
+    "permit record lost while its attempts remain",
+];
+
 /// Whether the store may answer `e` otherwise if asked again: it could
-/// not answer (or was not asked), as opposed to a decision.
+/// not answer (or was not asked), as opposed to a decision, or to a
+/// record it will never decide on.
 fn transient(e: &Error) -> bool {
-    matches!(e, Error::StoreUnavailable(_) | Error::Overloaded { .. })
+    match e {
+        Error::StoreUnavailable(why) => !STORE_WILL_NOT_DECIDE.contains(&why.as_str()),
+        Error::Overloaded { .. } => true,
+        _ => false,
+    }
 }
 
 /// Asks `once` until it answers, it fails other than [`transient`]ly, or
@@ -1099,4 +1368,138 @@ pub(super) fn every_response(attempt: &pb::Attempt) -> Vec<ProcessingResponse> {
         .map(pass),
     );
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    /// Runs `retrying` against a scripted store: `answer(try)` is the
+    /// answer to the `try`-th call (1-based). The instants of the calls,
+    /// and the result.
+    async fn scripted(
+        until: Instant,
+        mut answer: impl FnMut(u32) -> Result<(), Error>,
+    ) -> (Vec<Instant>, Result<(), Error>) {
+        let calls = Mutex::new(Vec::new());
+        let tries = AtomicU32::new(0);
+        let result = retrying("Commit", &pb::Attempt::default(), until, || {
+            calls.lock().unwrap().push(Instant::now());
+            let n = tries.fetch_add(1, Ordering::Relaxed) + 1;
+            std::future::ready(answer(n))
+        })
+        .await;
+        (calls.into_inner().unwrap(), result)
+    }
+
+    fn unavailable() -> Error {
+        Error::StoreUnavailable("no answer within --store-timeout".into())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_sent_is_asked_until_the_lease_ends_and_no_later() {
+        let start = Instant::now();
+        let lease_end = start + Duration::from_secs(5);
+        let until = asked_until(&not_sent(), lease_end);
+        assert_eq!(until, lease_end);
+        let (calls, result) = scripted(until, |_| Err(unavailable())).await;
+        assert!(matches!(result, Err(Error::StoreUnavailable(_))));
+        assert!(calls.len() > 3, "asked again: {}", calls.len());
+        assert!(calls.iter().all(|&t| t < lease_end), "a try past the lease");
+        assert!(Instant::now() <= lease_end, "given up at the lease's end");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn succeeded_and_failed_are_asked_past_the_lease_up_to_the_bound() {
+        let start = Instant::now();
+        let lease_end = start + Duration::from_secs(5);
+        for outcome in [
+            succeeded(b"ok".to_vec()),
+            pb::commit_request::Outcome::Failed(pb::Failed {
+                reason: "HTTP 402".into(),
+            }),
+        ] {
+            let begun = Instant::now();
+            let until = asked_until(&outcome, lease_end);
+            assert_eq!(until, begun + OUTCOME_PATIENCE);
+            let (calls, result) = scripted(until, |_| Err(unavailable())).await;
+            assert!(result.is_err());
+            assert!(calls.iter().any(|&t| t > lease_end), "asked past the lease");
+            assert!(calls.iter().all(|&t| t < until), "asked past the bound");
+            assert!(Instant::now() <= until);
+        }
+        // A lease longer than the patience bounds them instead.
+        let long = Instant::now() + OUTCOME_PATIENCE * 2;
+        assert_eq!(asked_until(&succeeded(Vec::new()), long), long);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overloaded_and_store_unavailable_are_asked_again() {
+        let until = Instant::now() + Duration::from_secs(60);
+        let (calls, result) = scripted(until, |n| match n {
+            1 => Err(Error::Overloaded { in_flight: 512 }),
+            2 => Err(unavailable()),
+            _ => Ok(()),
+        })
+        .await;
+        assert!(result.is_ok());
+        assert_eq!(calls.len(), 3);
+        assert!(calls[1] > calls[0] && calls[2] > calls[1], "with a pause");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_never_asked_again() {
+        let until = Instant::now() + Duration::from_secs(60);
+        for refusal in [
+            Error::StateConflict {
+                state: crate::domain::AttemptState::Succeeded,
+            },
+            Error::AttemptMismatch {
+                idempotency_key: "k".into(),
+            },
+            Error::StoreUnavailable("unreadable permit record".into()),
+            Error::StoreUnavailable("permit record lost while its attempts remain".into()),
+        ] {
+            let shown = refusal.to_string();
+            let mut refusal = Some(refusal);
+            let (calls, result) =
+                scripted(until, |_| Err(refusal.take().unwrap_or_else(unavailable))).await;
+            assert_eq!(calls.len(), 1, "{shown} asked again");
+            assert_eq!(result.unwrap_err().to_string(), shown);
+        }
+    }
+
+    /// The words STORE_WILL_NOT_DECIDE matches are the scripts' own.
+    #[test]
+    fn the_records_the_store_will_not_decide_on_are_the_scripts_words() {
+        let lib = include_str!("../../store/redis/lua/lib.lua");
+        for why in STORE_WILL_NOT_DECIDE {
+            assert!(
+                lib.contains(&format!("'{why}'")),
+                "lib.lua no longer says {why:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_backoff_doubles_to_its_bound_with_half_of_it_at_random() {
+        for tries in 1..40 {
+            let full = (FIRST_BACKOFF * 2u32.pow(tries.min(20) - 1)).min(MAX_BACKOFF);
+            let pause = backoff(tries);
+            assert!(
+                pause >= full / 2 && pause <= full,
+                "try {tries}: {pause:?} outside [{:?}, {full:?}]",
+                full / 2
+            );
+        }
+    }
+
+    #[test]
+    fn a_failure_never_ends_the_stream_ok() {
+        let status = failing(Status::ok("no"));
+        assert_eq!(status.code(), tonic::Code::Internal);
+        let status = failing(Status::out_of_range("too big"));
+        assert_eq!(status.code(), tonic::Code::OutOfRange);
+    }
 }
