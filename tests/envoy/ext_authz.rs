@@ -431,17 +431,7 @@ async fn in_flight_reused_and_capped(kind: Kind) {
     assert_eq!(body["metadata"]["idempotency_key"], "k-1");
 
     let mut other = charge(&permit, "k-1");
-    other
-        .attributes
-        .as_mut()
-        .unwrap()
-        .request
-        .as_mut()
-        .unwrap()
-        .http
-        .as_mut()
-        .unwrap()
-        .raw_body = br#"{"amount":900,"currency":"EUR"}"#.to_vec();
+    http(&mut other).raw_body = br#"{"amount":900,"currency":"EUR"}"#.to_vec();
     denied(check(&h, other).await, 422, "IDEMPOTENCY_KEY_REUSED");
 
     let (_, body) = denied(
@@ -478,16 +468,7 @@ async fn costs_come_from_the_mapping_and_the_budget_refuses(kind: Kind) {
     );
     assert_eq!(body["metadata"]["requested"], "600");
     let mut cheap = charge(&permit, "c-3");
-    cheap
-        .attributes
-        .as_mut()
-        .unwrap()
-        .request
-        .as_mut()
-        .unwrap()
-        .http
-        .as_mut()
-        .unwrap()
+    http(&mut cheap)
         .headers
         .insert("x-atmost-cost".into(), "400".into());
     allowed(check(&h, cheap).await);

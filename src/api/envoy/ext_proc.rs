@@ -192,6 +192,20 @@ impl Settling {
                  abandoned; the attempt turns UNCERTAIN at its lease"
             );
         }
+        // Streams still waiting (for the tool's response, or on their
+        // Authorize) have no outcome to name yet: counted, not lost from
+        // sight. Their attempts turn UNCERTAIN at their leases.
+        let tasks = self.tracker.len();
+        if tasks > open.len() {
+            tracing::error!(
+                tasks,
+                named = open.len(),
+                ?grace,
+                "ext_proc: shutting down with streams still open past --shutdown-grace \
+                 (awaiting a response or an Authorize): abandoned; any attempt they hold turns \
+                 UNCERTAIN at its lease"
+            );
+        }
         open.len()
     }
 }
@@ -241,10 +255,12 @@ impl ExternalProcessor for ExtProcService {
         // outcome, and a shutdown waits for it.
         let task = self.settling.spawn(exchange.run(inbound));
         tokio::spawn(async move {
-            if let Err(e) = task.await
-                && e.is_panic()
-            {
-                tracing::error!("ext_proc: a stream's task panicked; the stream fails");
+            // Panicked, or cancelled (the runtime shutting down): either
+            // way the stream must not end cleanly.
+            if let Err(e) = task.await {
+                if e.is_panic() {
+                    tracing::error!("ext_proc: a stream's task panicked; the stream fails");
+                }
                 let _ = on_panic
                     .send(Err(Status::internal("atmost failed while processing")))
                     .await;
@@ -509,7 +525,13 @@ fn pass(kind: &Message) -> ProcessingResponse {
             response: Some(proceed(Vec::new())),
         }),
         Message::RequestTrailers(_) => Outgoing::RequestTrailers(TrailersResponse::default()),
-        Message::ResponseTrailers(_) => Outgoing::ResponseTrailers(TrailersResponse::default()),
+        // Nor its trailers (a gRPC tool's come there).
+        Message::ResponseTrailers(_) => Outgoing::ResponseTrailers(TrailersResponse {
+            header_mutation: Some(HeaderMutation {
+                remove_headers: attempt_headers(),
+                ..Default::default()
+            }),
+        }),
     };
     ProcessingResponse {
         response: Some(response),
@@ -1009,34 +1031,27 @@ impl Exchange {
                     )
                     .await;
             }
-            // Part of a STREAMED body seen, and then the stream ended
-            // without end_of_stream: Envoy sends no end_of_stream when
-            // trailers follow the body and `response_trailer_mode` is SKIP
-            // (nor when it gives up midway). The tool answered a 2xx, so
-            // the call succeeded; what its whole body was is not known, so
-            // the result is the status alone.
-            Phase::Responding { held, status, body } if body.seen => {
-                tracing::warn!(
-                    permit_id = %held.attempt.permit_id,
-                    seen = body.len,
-                    "ext_proc: the stream ended before the response body's end (STREAMED with \
-                     response trailers under response_trailer_mode SKIP, or Envoy gave up): the \
-                     result recorded is the status alone; send the trailers (SEND) for the body"
-                );
-                let result = succeeded(body.result(ResultMode::Status, status));
-                self.recorder
-                    .commit(&held.attempt, result, held.lease_end)
-                    .await;
-            }
-            Phase::Responding { held, status, .. } => {
-                self.recorder
-                    .mark_uncertain(
-                        &held.attempt,
-                        format!(
-                            "the gateway's stream ended after the tool's HTTP {status}, before its body"
-                        ),
-                        held.lease_end,
+            // A 2xx and then the stream ended before its body's end: the
+            // tool (or Envoy) may have given up midway, or, with part of a
+            // STREAMED body seen, trailers followed it under
+            // `response_trailer_mode: SKIP` (Envoy then sends no
+            // end_of_stream). The result is not known either way: unsure,
+            // so UNCERTAIN, the reason naming the setting that avoids it.
+            Phase::Responding { held, status, body } => {
+                let reason = if body.seen {
+                    format!(
+                        "the gateway's stream ended after {} bytes of the tool's HTTP {status} \
+                         body, before its end (a STREAMED body followed by trailers ends only \
+                         with response_trailer_mode: SEND)",
+                        body.len
                     )
+                } else {
+                    format!(
+                        "the gateway's stream ended after the tool's HTTP {status}, before its body"
+                    )
+                };
+                self.recorder
+                    .mark_uncertain(&held.attempt, reason, held.lease_end)
                     .await;
             }
             Phase::Start | Phase::Body { .. } | Phase::Done => {}
@@ -1177,6 +1192,15 @@ fn gave_up(rpc: &'static str, attempt: &pb::Attempt, e: &Error) {
             error = %e,
             "ext_proc: the outcome could not be recorded in time; the attempt turns UNCERTAIN at \
              its lease"
+        );
+    } else if matches!(e, Error::StoreUnavailable(_)) {
+        tracing::error!(
+            rpc,
+            permit_id = %attempt.permit_id,
+            attempt_id = %attempt.attempt_id,
+            error = %e,
+            "ext_proc: the store will not decide on this permit's record until an operator \
+             repairs it: nothing recorded; the attempt stays open and turns UNCERTAIN at its lease"
         );
     } else {
         tracing::warn!(
