@@ -219,7 +219,7 @@ fn idempotency_key(value: &[u8]) -> Result<String, &'static str> {
             '"' if chars.as_str().is_empty() => return Ok(out),
             '"' => {
                 return Err(
-                    "more than one structured-field string: two idempotency keys joined into one header?",
+                    "more after the structured-field string's closing quote (parameters, or two idempotency keys joined into one header): one string only",
                 );
             }
             ' '..='~' => out.push(c),

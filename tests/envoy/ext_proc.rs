@@ -1376,6 +1376,8 @@ async fn a_shutdown_names_each_outcome_it_abandons() {
         "{}",
         abandoned[0]
     );
+    // Its stream is the one named: none is counted as waiting unnamed.
+    assert!(!text.contains("streams still open"), "{text}");
 }
 
 /// The same, but Redis takes writes again during the grace: the shutdown

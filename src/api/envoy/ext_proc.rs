@@ -248,20 +248,18 @@ impl ExternalProcessor for ExtProcService {
             settling: None,
         };
         // The stream ends cleanly when the exchange is over, and with an
-        // error if it panicked: a clean end would let Envoy go on without
-        // atmost's answer.
-        let on_panic = exchange.tx.clone();
+        // error if its task failed (a panic): a clean end would let Envoy
+        // go on without atmost's answer.
+        let on_failure = exchange.tx.clone();
         // Tracked: the task outlives the stream while it records an
         // outcome, and a shutdown waits for it.
         let task = self.settling.spawn(exchange.run(inbound));
         tokio::spawn(async move {
-            // Panicked, or cancelled (the runtime shutting down): either
+            // Panicked, or (should anything abort it) cancelled: either
             // way the stream must not end cleanly.
             if let Err(e) = task.await {
-                if e.is_panic() {
-                    tracing::error!("ext_proc: a stream's task panicked; the stream fails");
-                }
-                let _ = on_panic
+                tracing::error!(error = %e, "ext_proc: a stream's task failed; the stream fails");
+                let _ = on_failure
                     .send(Err(Status::internal("atmost failed while processing")))
                     .await;
             }
@@ -988,7 +986,7 @@ impl Exchange {
                 let sent = self.send(answer).await;
                 let recorder = self.recorder.clone();
                 let reason = format!("the tool answered HTTP {status}");
-                self.settling = Some(self.recorder.settling.spawn(async move {
+                self.settling = Some(tokio::spawn(async move {
                     recorder
                         .mark_uncertain(&held.attempt, reason, held.lease_end)
                         .await;
@@ -1002,10 +1000,12 @@ impl Exchange {
     /// Envoy has already been handed over, and Envoy's next messages are
     /// answered while the store is asked (and asked again). Envoy has
     /// usually closed and reset the stream long before the outcome is
-    /// recorded or given up: the recording does not depend on it.
+    /// recorded or given up: the recording does not depend on it. Not
+    /// tracked itself: the stream's task, which is, awaits it in
+    /// [`Exchange::finish`], so a shutdown counts one task per stream.
     fn settle(&mut self, held: Held, outcome: pb::commit_request::Outcome) {
         let recorder = self.recorder.clone();
-        self.settling = Some(self.recorder.settling.spawn(async move {
+        self.settling = Some(tokio::spawn(async move {
             recorder
                 .commit(&held.attempt, outcome, held.lease_end)
                 .await;
@@ -1041,8 +1041,9 @@ impl Exchange {
                 let reason = if body.seen {
                     format!(
                         "the gateway's stream ended after {} bytes of the tool's HTTP {status} \
-                         body, before its end (a STREAMED body followed by trailers ends only \
-                         with response_trailer_mode: SEND)",
+                         body, before its end (the tool or the gateway gave up midway; or \
+                         trailers followed a STREAMED body, which then ends only with \
+                         response_trailer_mode: SEND)",
                         body.len
                     )
                 } else {

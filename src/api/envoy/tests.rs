@@ -270,9 +270,10 @@ fn the_default_mapping_reads_each_source() {
 #[test]
 fn a_key_that_is_not_one_structured_field_string_is_refused() {
     for (value, says) in [
-        ("\"a\",\"b\"", "more than one"),
-        ("\"a\", \"b\"", "more than one"),
+        ("\"a\",\"b\"", "two idempotency keys joined"),
+        ("\"a\", \"b\"", "two idempotency keys joined"),
         ("\"abc", "closing quote"),
+        ("\"a\";x=1", "parameters"),
         ("\"a\\x\"", "escape only"),
         ("\"caf\u{e9}\"", "printable ASCII"),
         ("\" x \"", "leading or trailing spaces"),
