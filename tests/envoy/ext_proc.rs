@@ -499,6 +499,22 @@ async fn open_charge(h: &Harness) -> Envoy {
     Envoy::open(h, &[("x-atmost-tool", TOOL)]).await
 }
 
+/// A charge of `key` whose headers atmost answered, holding the request
+/// for its body (nothing reserved yet).
+async fn held_for_body(h: &Harness, permit: &str, key: &str) -> Envoy {
+    let mut envoy = open_charge(h).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "POST",
+            PATH,
+            &charge_headers(permit, key),
+            false,
+        ))
+        .await;
+    assert!(continued(&answer).is_empty());
+    envoy
+}
+
 // === the lifecycle ===
 
 /// Request -> Authorize -> forwarded -> 200 -> Commit Succeeded with the
@@ -742,16 +758,7 @@ async fn a_lost_response_is_marked_uncertain(kind: Kind) {
 async fn a_stream_ended_before_the_answer_is_not_sent(kind: Kind) {
     let h = Harness::start(kind).await;
     let permit = h.create_with(&[TOOL], &[(TOOL, 1)], None).await;
-    let mut envoy = open_charge(&h).await;
-    let answer = envoy
-        .exchange(request_headers(
-            "POST",
-            PATH,
-            &charge_headers(&permit, "gone"),
-            false,
-        ))
-        .await;
-    assert!(continued(&answer).is_empty());
+    let mut envoy = held_for_body(&h, &permit, "gone").await;
     // The body, and the end of Envoy's side, in one frame. The stream
     // ends with an error, never cleanly: Envoy takes a clean end as "go
     // on", and this request was never authorized.
@@ -775,16 +782,7 @@ async fn a_stream_ended_before_the_answer_is_not_sent(kind: Kind) {
 async fn a_read_error_while_the_store_decides_fails_the_stream(kind: Kind) {
     let h = Harness::start(kind).await;
     let permit = h.create_with(&[TOOL], &[(TOOL, 1)], None).await;
-    let mut envoy = open_charge(&h).await;
-    let answer = envoy
-        .exchange(request_headers(
-            "POST",
-            PATH,
-            &charge_headers(&permit, "broken"),
-            false,
-        ))
-        .await;
-    assert!(continued(&answer).is_empty());
+    let mut envoy = held_for_body(&h, &permit, "broken").await;
     envoy.send_together(vec![
         request_body(BODY),
         request_body(&vec![b'x'; 200 * 1024]),
@@ -880,16 +878,7 @@ async fn an_envoy_configuration_that_cannot_gate_is_refused(kind: Kind) {
 
     // A request body past --max-request-bytes: the stream fails, never
     // ends cleanly (Envoy would then forward without atmost's answer).
-    let mut envoy = open_charge(&h).await;
-    let answer = envoy
-        .exchange(request_headers(
-            "POST",
-            PATH,
-            &charge_headers(&permit, "m-1"),
-            false,
-        ))
-        .await;
-    assert!(continued(&answer).is_empty());
+    let mut envoy = held_for_body(&h, &permit, "m-1").await;
     envoy.send(request_body(&vec![b'x'; 200 * 1024]), false);
     assert_eq!(envoy.ended().await, Code::OutOfRange);
 
@@ -1104,16 +1093,7 @@ async fn held_at_redis(key: &str) -> Held {
     );
     let h = Harness::serve(atmost::store::Backend::Redis(store), None, |app| app).await;
     let permit = h.create_with(&[TOOL], &[(TOOL, 1)], None).await;
-    let mut envoy = open_charge(&h).await;
-    let answer = envoy
-        .exchange(request_headers(
-            "POST",
-            PATH,
-            &charge_headers(&permit, key),
-            false,
-        ))
-        .await;
-    assert!(continued(&answer).is_empty());
+    let mut envoy = held_for_body(&h, &permit, key).await;
     proxy.set_mode(proxy::HOLD);
     envoy.send(request_body(BODY), false);
     assert!(
