@@ -88,6 +88,7 @@ pub fn scope_of<T>(request: &tonic::Request<T>, unlimited: &[Role]) -> Scope {
             tenant: caller.tenant.clone(),
             agent: (!caller.roles.iter().any(|r| unlimited.contains(r)))
                 .then(|| caller.key_id.clone()),
+            key_id: caller.key_id.clone(),
         },
         None => Scope::default(),
     }

@@ -384,6 +384,7 @@ mod tests {
             uncertain_reason: String::new(),
             uncertain_since: 0,
             duplicate_of: None,
+            reserved_by: String::new(),
         };
         (attempt, receipt)
     }

@@ -243,9 +243,11 @@ const TENANTS: [&str; 2] = ["acme", "globex"];
 fn scope(permit: usize, step: usize) -> Scope {
     let own = TENANTS[permit % 2];
     let other = TENANTS[(permit + 1) % 2];
+    let agent = if step % 5 == 2 { "a2" } else { "a1" };
     Scope {
         tenant: if step % 7 == 3 { other } else { own }.into(),
-        agent: Some(if step % 5 == 2 { "a2" } else { "a1" }.into()),
+        agent: Some(agent.into()),
+        key_id: agent.into(),
     }
 }
 
@@ -254,6 +256,7 @@ fn owner(permit: usize) -> Scope {
     Scope {
         tenant: TENANTS[permit % 2].into(),
         agent: None,
+        key_id: "admin".into(),
     }
 }
 

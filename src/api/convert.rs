@@ -291,6 +291,7 @@ pub fn attempt(a: domain::Attempt, keys: Option<&ReceiptKeys>) -> pb::Attempt {
         failure_reason: a.failure_reason,
         uncertain_reason: a.uncertain_reason,
         uncertain_since: (a.uncertain_since > 0).then(|| timestamp(a.uncertain_since)),
+        reserved_by: a.reserved_by,
     }
 }
 

@@ -428,7 +428,8 @@ pub fn http_status(error: &Error) -> u16 {
         | Reason::PermitRevoked
         | Reason::PermitExpired
         | Reason::ToolNotInScope
-        | Reason::RoleNotAllowed => 403,
+        | Reason::RoleNotAllowed
+        | Reason::AttemptHolderMismatch => 403,
         Reason::MaxCallsExceeded
         | Reason::BudgetExceeded
         | Reason::QuotaPermitLifetime

@@ -128,6 +128,8 @@ impl GateService {
             usage: Some(convert::usage(authorized.usage)),
             duplicate_of: authorized.duplicate_of.unwrap_or_default(),
             redelivered: authorized.redelivered,
+            lease_remaining: (authorized.decision == Decision::Dispatch)
+                .then(|| convert::duration(authorized.lease_remaining_ms.max(0))),
         })
     }
 

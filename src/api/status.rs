@@ -116,6 +116,10 @@ pub fn code_and_metadata(error: &Error) -> (Code, Vec<(&'static str, String)>) {
             Code::FailedPrecondition,
             vec![("idempotency_key", idempotency_key.clone())],
         ),
+        Error::AttemptHolderMismatch { idempotency_key } => (
+            Code::PermissionDenied,
+            vec![("idempotency_key", idempotency_key.clone())],
+        ),
         Error::InProgress {
             idempotency_key,
             lease_expires_at,

@@ -75,6 +75,10 @@ pub struct Attempt {
     /// attempt was dispatched (duplicate guard LOG); the guard's index falls
     /// back to it if this attempt is released.
     pub duplicate_of: Option<String>,
+    /// The key id of the caller whose Authorize reserved it ("" in dev
+    /// mode): only that key (or an admin) may Commit or MarkUncertain it,
+    /// and is told its attempt_id while it is open ([`super::Scope::holds`]).
+    pub reserved_by: String,
 }
 
 impl Attempt {
@@ -187,6 +191,10 @@ pub struct Authorized {
     /// This DISPATCH repeats one already given to the same holder token for
     /// the same attempt: nothing more was reserved.
     pub redelivered: bool,
+    /// For a DISPATCH, how long its lease has left at the store's `now`
+    /// (the whole lease for a fresh reservation, less for a redelivery);
+    /// 0 for a REPLAY. A caller sends only within it.
+    pub lease_remaining_ms: Millis,
 }
 
 /// The answer of Commit and Resolve.

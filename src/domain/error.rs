@@ -64,6 +64,12 @@ pub enum Error {
     AttemptMismatch { idempotency_key: String },
     #[error("outcome contradicts the attempt's state {state:?}")]
     StateConflict { state: AttemptState },
+    /// Another key reserved the attempt: only that key (or an admin) may
+    /// Commit or MarkUncertain it; an operator may Resolve it.
+    #[error(
+        "the attempt of key {idempotency_key:?} was reserved by another key: only that key may settle it (an operator resolves it)"
+    )]
+    AttemptHolderMismatch { idempotency_key: String },
     #[error("invalid request: {}", describe(.0))]
     InvalidRequest(Vec<Violation>),
     #[error("store unavailable: {0}")]
@@ -214,6 +220,7 @@ reasons! {
     QuotaAttempts = "QUOTA_ATTEMPTS",
     QuotaTenantPermits = "QUOTA_TENANT_PERMITS",
     QuotaStoreFull = "QUOTA_STORE_FULL",
+    AttemptHolderMismatch = "ATTEMPT_HOLDER_MISMATCH",
 }
 
 impl Error {
@@ -232,6 +239,7 @@ impl Error {
             Error::AttemptNotFound { .. } => Reason::AttemptNotFound,
             Error::AttemptMismatch { .. } => Reason::AttemptMismatch,
             Error::StateConflict { .. } => Reason::StateConflict,
+            Error::AttemptHolderMismatch { .. } => Reason::AttemptHolderMismatch,
             Error::InvalidRequest(_) => Reason::InvalidRequest,
             Error::StoreUnavailable(_) => Reason::StoreUnavailable,
             Error::Overloaded { .. } => Reason::Overloaded,

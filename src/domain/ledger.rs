@@ -7,7 +7,7 @@
 use super::{
     Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GuardMode,
     MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView, Quota, Quotas,
-    Receipt, ResolveCmd, Settled, UncertainPolicy, Usage, attempt::observe, invalid,
+    Receipt, ResolveCmd, Scope, Settled, UncertainPolicy, Usage, attempt::observe, invalid,
 };
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -60,6 +60,10 @@ pub struct Ledger {
     /// When an attempt was last settled: retention runs from the later of
     /// this and the permit's expiry.
     last_settled_at: Millis,
+    /// The key ids that reserved this permit's attempts, each stored once
+    /// ([`Record::reserved_by`] is an index here; index 0 is "", dev mode).
+    /// A permit sees the few keys of its tenant's agents.
+    holders: Vec<Arc<str>>,
 }
 
 /// One attempt as the ledger keeps it: the permit and the key are the
@@ -75,6 +79,8 @@ struct Record {
     lease_expires_at: Millis,
     tool: u16,
     state: AttemptState,
+    /// Who reserved it: an index into [`Ledger::holders`].
+    reserved_by: u32,
     detail: Option<Box<Detail>>,
     duplicate_of: Option<Key>,
 }
@@ -157,6 +163,7 @@ impl Ledger {
             dup_hasher: RandomState::new(),
             last_settled_at: 0,
             bytes: 0,
+            holders: vec![Arc::from("")],
         }
         .with_permit_bytes()
     }
@@ -270,6 +277,7 @@ impl Ledger {
     ///    record the attempt.
     pub fn authorize(
         &mut self,
+        scope: &Scope,
         cmd: &AuthorizeCmd,
         now: Millis,
         attempt_id: String,
@@ -287,10 +295,12 @@ impl Ledger {
                     idempotency_key: cmd.idempotency_key.clone(),
                 });
             }
+            let holds = scope.holds(&self.holders[existing.reserved_by as usize]);
             if existing.observed_state(now) == AttemptState::Reserved {
                 // The same holder, whose DISPATCH answer was lost, gets it
                 // again: the same attempt, nothing more reserved.
-                if !cmd.holder_token.is_empty()
+                if holds
+                    && !cmd.holder_token.is_empty()
                     && existing.holder_token() == cmd.holder_token.as_slice()
                 {
                     return Ok(Authorized {
@@ -300,6 +310,7 @@ impl Ledger {
                         // The first answer's duplicate warning, repeated.
                         duplicate_of: existing.duplicate_of.as_ref().map(|k| k.to_string()),
                         redelivered: true,
+                        lease_remaining_ms: existing.lease_expires_at - now,
                     });
                 }
                 return Err(Error::InProgress {
@@ -308,12 +319,19 @@ impl Ledger {
                     retry_after_ms: existing.lease_expires_at - now,
                 });
             }
+            let mut attempt = self.attempt_view(key, existing, now);
+            // An open attempt's id is the fencing token of its Commit and
+            // MarkUncertain: it goes only to the caller holding it.
+            if attempt.state.is_open() && !holds {
+                attempt.attempt_id.clear();
+            }
             return Ok(Authorized {
                 decision: Decision::Replay,
                 usage: self.usage(usize::from(existing.tool)),
-                attempt: self.attempt_view(key, existing, now),
+                attempt,
                 duplicate_of: None,
                 redelivered: false,
+                lease_remaining_ms: 0,
             });
         }
 
@@ -390,15 +408,18 @@ impl Ledger {
         }
 
         // Everything checked: reserve and record in one step.
+        let lease_ms = permit.lease_ms;
+        let reserved_by = self.holder_index(&scope.key_id);
         let key: Key = Arc::from(cmd.idempotency_key.as_str());
         let record = Record {
             attempt_id: attempt_id.into_boxed_str(),
             fingerprint: cmd.request_fingerprint.as_slice().into(),
             cost: cmd.cost,
             created_at: now,
-            lease_expires_at: now + permit.lease_ms,
+            lease_expires_at: now + lease_ms,
             tool: u16::try_from(tool).expect("at most MAX_TOOLS tools"),
             state: AttemptState::Reserved,
+            reserved_by,
             // Only an attempt with a holder token pays for a Detail now.
             detail: (!cmd.holder_token.is_empty()).then(|| {
                 Box::new(Detail {
@@ -428,16 +449,18 @@ impl Ledger {
             attempt,
             duplicate_of: duplicate_of.map(|k| k.to_string()),
             redelivered: false,
+            lease_remaining_ms: lease_ms,
         })
     }
 
     pub fn commit(
         &mut self,
+        scope: &Scope,
         cmd: &CommitCmd,
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.holder_attempt(&cmd.idempotency_key, &cmd.attempt_id)?;
+        self.held_attempt(scope, &cmd.idempotency_key, &cmd.attempt_id)?;
         self.settle(
             &cmd.idempotency_key,
             &cmd.outcome,
@@ -477,11 +500,12 @@ impl Ledger {
     /// RESERVED (lease open or not) -> UNCERTAIN; UNCERTAIN stays as it is.
     pub fn mark_uncertain(
         &mut self,
+        scope: &Scope,
         cmd: &MarkUncertainCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
         let state = self
-            .holder_attempt(&cmd.idempotency_key, &cmd.attempt_id)?
+            .held_attempt(scope, &cmd.idempotency_key, &cmd.attempt_id)?
             .state;
         match state {
             AttemptState::Reserved => {
@@ -532,6 +556,30 @@ impl Ledger {
             });
         }
         Ok(attempt)
+    }
+
+    /// [`Self::holder_attempt`], provided the caller also holds it: the
+    /// attempt was reserved by its key ([`Scope::holds`]). Checked after
+    /// the fencing token, so a caller without the id learns nothing more.
+    fn held_attempt(&self, scope: &Scope, key: &str, attempt_id: &str) -> Result<&Record, Error> {
+        let attempt = self.holder_attempt(key, attempt_id)?;
+        if !scope.holds(&self.holders[attempt.reserved_by as usize]) {
+            return Err(Error::AttemptHolderMismatch {
+                idempotency_key: key.to_owned(),
+            });
+        }
+        Ok(attempt)
+    }
+
+    /// The index of `key_id` in [`Self::holders`], added if new (charged
+    /// to [`Self::approx_bytes`] once).
+    fn holder_index(&mut self, key_id: &str) -> u32 {
+        if let Some(i) = self.holders.iter().position(|h| **h == *key_id) {
+            return i as u32;
+        }
+        self.bytes += TOOL_BYTES + key_id.len();
+        self.holders.push(Arc::from(key_id));
+        u32::try_from(self.holders.len() - 1).expect("fewer than 2^32 keys")
     }
 
     /// The one place an outcome is applied, for Commit and Resolve alike.
@@ -690,6 +738,7 @@ impl Ledger {
                 _ => 0,
             },
             duplicate_of: record.duplicate_of.as_ref().map(|k| k.to_string()),
+            reserved_by: self.holders[record.reserved_by as usize].to_string(),
         }
         .into_observed(now)
     }

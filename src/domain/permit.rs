@@ -71,7 +71,8 @@ impl Permit {
     }
 }
 
-/// Whose request it is: which permits it may see and use.
+/// Whose request it is: which permits it may see and use, and which of
+/// their attempts it may settle.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Scope {
     /// The caller's tenant ("" without keys: dev mode).
@@ -79,6 +80,26 @@ pub struct Scope {
     /// An agent's key id, for the RPCs a permit's `agents` list limits
     /// (`None`: not limited, e.g. an admin key).
     pub agent: Option<String>,
+    /// The caller's key id, whatever its roles ("" without keys): an
+    /// attempt its Authorize reserves is recorded as reserved by it
+    /// ([`crate::domain::Attempt::reserved_by`]).
+    pub key_id: String,
+}
+
+impl Scope {
+    /// Whether this caller holds an attempt reserved by `reserved_by`: may
+    /// Commit or MarkUncertain it, and is given its attempt_id while it is
+    /// open. A limited caller (an agent key) holds only what its own key
+    /// reserved; a caller no `agents` list limits (an admin key, dev mode)
+    /// holds every attempt of its tenant. An attempt reserved by "" (in
+    /// dev mode, or recorded by a version that did not record it) is held
+    /// by every caller that sees its permit.
+    pub fn holds(&self, reserved_by: &str) -> bool {
+        match &self.agent {
+            None => true,
+            Some(me) => reserved_by.is_empty() || *me == reserved_by,
+        }
+    }
 }
 
 /// Most agent key ids a permit may name.

@@ -104,6 +104,7 @@ fn attempt(state: AttemptState, lease_expires_at: Millis) -> Attempt {
         uncertain_reason: String::new(),
         uncertain_since: 0,
         duplicate_of: None,
+        reserved_by: String::new(),
     }
 }
 

@@ -274,7 +274,7 @@ impl Store for MemoryStore {
         attempt_id: String,
     ) -> Result<Authorized, Error> {
         self.with_ledger(scope, &cmd.permit_id, now, |l, full| {
-            l.authorize(cmd, now, attempt_id, &self.quotas, full)
+            l.authorize(scope, cmd, now, attempt_id, &self.quotas, full)
         })
     }
 
@@ -286,7 +286,7 @@ impl Store for MemoryStore {
         receipt_id: String,
     ) -> Result<Settled, Error> {
         self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
-            l.commit(cmd, now, receipt_id)
+            l.commit(scope, cmd, now, receipt_id)
         })
     }
 
@@ -297,7 +297,7 @@ impl Store for MemoryStore {
         now: Millis,
     ) -> Result<Attempt, Error> {
         self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
-            l.mark_uncertain(cmd, now)
+            l.mark_uncertain(scope, cmd, now)
         })
     }
 

@@ -545,7 +545,8 @@ impl Store for RedisStore {
             .arg(&cmd.holder_token);
         Self::scope_args(&mut inv, scope);
         inv.arg(self.quotas.max_open_attempts)
-            .arg(self.quotas.max_attempts);
+            .arg(self.quotas.max_attempts)
+            .arg(&scope.key_id);
         let about = About {
             tool: Some(&cmd.tool),
             cost: Some(cmd.cost),
@@ -561,12 +562,14 @@ impl Store for RedisStore {
         let attempt = decode_attempt(&cmd.permit_id, f.array()?)?;
         let usage = decode_usage(f.array()?)?;
         let duplicate_of = Some(f.string()?).filter(|k| !k.is_empty());
+        let lease_remaining_ms = f.int()?;
         Ok(Authorized {
             decision,
             attempt,
             usage,
             duplicate_of,
             redelivered,
+            lease_remaining_ms,
         })
     }
 
@@ -647,6 +650,7 @@ impl Store for RedisStore {
         let tenant = Scope {
             tenant: scope.tenant.clone(),
             agent: None,
+            key_id: scope.key_id.clone(),
         };
         let scope = &tenant;
 

@@ -477,6 +477,9 @@ fn error_of(reason: Reason) -> Error {
         Reason::AttemptNotFound => Error::AttemptNotFound {
             idempotency_key: key(),
         },
+        Reason::AttemptHolderMismatch => Error::AttemptHolderMismatch {
+            idempotency_key: key(),
+        },
         Reason::AttemptMismatch => Error::AttemptMismatch {
             idempotency_key: key(),
         },
@@ -522,7 +525,8 @@ fn every_reason_has_its_http_status() {
         Reason::PermitNotFound
         | Reason::PermitRevoked
         | Reason::PermitExpired
-        | Reason::ToolNotInScope => 403,
+        | Reason::ToolNotInScope
+        | Reason::AttemptHolderMismatch => 403,
         Reason::MaxCallsExceeded | Reason::BudgetExceeded => 429,
         Reason::KeyReused => 422,
         Reason::InProgress => 409,
@@ -572,6 +576,7 @@ const NOT_ANSWERED_OVER_HTTP: &[Reason] = &[
     // Commit's and MarkUncertain's, never Authorize's.
     Reason::AttemptNotFound,
     Reason::AttemptMismatch,
+    Reason::AttemptHolderMismatch,
     Reason::StateConflict,
     // The authentication layer refuses the gateway's gRPC call itself
     // (docs/gateways.md, "Authentication"): Envoy answers, not atmost.

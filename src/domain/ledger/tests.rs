@@ -113,6 +113,8 @@ struct Bench {
     ledger: Ledger,
     now: Millis,
     ids: u32,
+    /// Who calls the Gate's commands (default: dev mode, not limited).
+    caller: Scope,
 }
 
 impl Bench {
@@ -127,6 +129,7 @@ impl Bench {
             ledger: Ledger::new(p),
             now: T0,
             ids: 0,
+            caller: Scope::default(),
         }
     }
 
@@ -145,6 +148,26 @@ impl Bench {
 
     fn at(&mut self, now: Millis) {
         self.now = now;
+    }
+
+    /// The next commands come from agent key `key_id` (limited by the
+    /// permit's agents list, as the Gate's agent keys are).
+    fn as_agent(&mut self, key_id: &str) {
+        self.caller = Scope {
+            tenant: String::new(),
+            agent: Some(key_id.into()),
+            key_id: key_id.into(),
+        };
+    }
+
+    /// The next commands come from an admin key, which no agents list
+    /// limits.
+    fn as_admin(&mut self, key_id: &str) {
+        self.caller = Scope {
+            tenant: String::new(),
+            agent: None,
+            key_id: key_id.into(),
+        };
     }
 
     /// `attempt-1`, `receipt-2`, ...: each command gets the next number.
@@ -202,7 +225,8 @@ impl Bench {
             holder_token: token.as_bytes().to_vec(),
         };
         let id = self.fresh("attempt");
-        self.run(|l, now| l.authorize(&cmd, now, id, &Quotas::UNLIMITED, None))
+        let caller = self.caller.clone();
+        self.run(|l, now| l.authorize(&caller, &cmd, now, id, &Quotas::UNLIMITED, None))
     }
 
     /// Authorize, which must answer DISPATCH.
@@ -231,7 +255,8 @@ impl Bench {
             outcome,
         };
         let id = self.fresh("receipt");
-        self.run(|l, now| l.commit(&cmd, now, id))
+        let caller = self.caller.clone();
+        self.run(|l, now| l.commit(&caller, &cmd, now, id))
     }
 
     fn mark(&mut self, a: &Attempt, reason: &str) -> Result<Attempt, Error> {
@@ -245,7 +270,8 @@ impl Bench {
             attempt_id: attempt_id.into(),
             reason: reason.into(),
         };
-        self.run(|l, now| l.mark_uncertain(&cmd, now))
+        let caller = self.caller.clone();
+        self.run(|l, now| l.mark_uncertain(&caller, &cmd, now))
     }
 
     fn resolve(&mut self, key: &str, outcome: Outcome) -> Result<Settled, Error> {
@@ -897,6 +923,111 @@ fn the_same_holder_token_is_told_dispatch_again_while_reserved() {
     assert_eq!(late.decision, Decision::Replay);
     assert!(!late.redelivered);
     assert_eq!(late.attempt.state, AttemptState::Uncertain);
+}
+
+/// A DISPATCH says how long its lease has left at the ledger's `now`: the
+/// whole lease when fresh, what remains of it when redelivered later.
+#[test]
+fn a_dispatch_carries_the_lease_left() {
+    let mut b = Bench::new();
+    let first = b.authorize_as("t", "k", "fp", 1, "tok").expect("dispatch");
+    assert_eq!(first.lease_remaining_ms, LEASE);
+    b.advance(LEASE - 250);
+    let again = b.authorize_as("t", "k", "fp", 1, "tok").expect("again");
+    assert!(again.redelivered);
+    assert_eq!(again.lease_remaining_ms, 250);
+    b.advance(250);
+    let replay = b.authorize_as("t", "k", "fp", 1, "tok").expect("replay");
+    assert_eq!(replay.decision, Decision::Replay);
+    assert_eq!(replay.lease_remaining_ms, 0);
+}
+
+/// Issue 24, hole 1: agent B of the same tenant, on a permit open to every
+/// agent, retries agent A's key with the same request. B must neither
+/// learn the id of A's open attempt nor settle it: a Commit Failed by B
+/// would hand back the money of a call that may have charged.
+#[test]
+fn only_the_key_that_reserved_an_attempt_settles_it() {
+    let mut b = Bench::with(|p| p.budget = Some(100));
+    b.as_agent("agent-a");
+    let a = b.dispatch("t", "k1", "fp", 100);
+    assert_eq!(a.reserved_by, "agent-a");
+    b.mark(&a, "response lost").expect("A marks it");
+
+    b.as_agent("agent-b");
+    let seen = b.authorize("t", "k1", "fp", 100).expect("replay");
+    assert_eq!(seen.decision, Decision::Replay);
+    assert_eq!(seen.attempt.state, AttemptState::Uncertain);
+    assert_eq!(
+        seen.attempt.attempt_id, "",
+        "B is not given A's fencing token"
+    );
+    assert_eq!(seen.attempt.reserved_by, "agent-a");
+    // Even holding the id (from a log, say), B may not settle it: refused,
+    // and (Bench::run) nothing changed.
+    fn mismatch<T>(r: Result<T, Error>) -> bool {
+        matches!(r, Err(Error::AttemptHolderMismatch { ref idempotency_key }) if idempotency_key == "k1")
+    }
+    assert!(mismatch(b.commit(&a, failed("tool said no"))));
+    assert!(mismatch(b.commit(&a, succeeded("ok", None))));
+    assert!(mismatch(b.mark(&a, "b")));
+    assert_eq!(b.budget(), (0, 100), "the money stays held");
+    // A wrong id is still a mismatch of the id, telling B nothing more.
+    assert!(matches!(
+        b.commit_as("k1", "attempt-x", failed("no")),
+        Err(Error::AttemptMismatch { .. })
+    ));
+
+    // A itself, retrying, gets its id back and settles it.
+    b.as_agent("agent-a");
+    let own = b.authorize("t", "k1", "fp", 100).expect("replay");
+    assert_eq!(own.attempt.attempt_id, a.attempt_id);
+    b.commit(&a, succeeded("charged", None)).expect("A commits");
+    // Settled, the id can settle nothing more: every reader may see it.
+    b.as_agent("agent-b");
+    let done = b.authorize("t", "k1", "fp", 100).expect("replay");
+    assert_eq!(done.attempt.attempt_id, a.attempt_id);
+    assert!(mismatch(b.commit(&a, succeeded("charged", None))));
+}
+
+/// The same holds while RESERVED past its lease (UNCERTAIN for every
+/// reader), for a redelivery (another key's token is no proof), and for an
+/// admin's attempt; an admin key, which no agents list limits, holds every
+/// attempt of its tenant.
+#[test]
+fn another_key_is_never_the_holder() {
+    let mut b = Bench::with(|p| p.budget = Some(100));
+    b.as_agent("agent-a");
+    let a = b
+        .authorize_as("t", "k1", "fp", 10, "token")
+        .expect("dispatch")
+        .attempt;
+    b.as_agent("agent-b");
+    assert!(matches!(
+        b.authorize_as("t", "k1", "fp", 10, "token"),
+        Err(Error::InProgress { .. })
+    ));
+    b.advance(LEASE);
+    let late = b.authorize("t", "k1", "fp", 10).expect("replay");
+    assert_eq!(late.attempt.state, AttemptState::Uncertain);
+    assert_eq!(late.attempt.attempt_id, "");
+    assert!(matches!(
+        b.commit(&a, failed("no")),
+        Err(Error::AttemptHolderMismatch { .. })
+    ));
+
+    b.as_admin("admin-1");
+    let admins = b.dispatch("t", "k2", "fp2", 10);
+    assert_eq!(admins.reserved_by, "admin-1");
+    b.as_agent("agent-a");
+    assert!(matches!(
+        b.mark(&admins, "x"),
+        Err(Error::AttemptHolderMismatch { .. })
+    ));
+    b.as_admin("admin-2");
+    b.commit(&a, failed("provider says no"))
+        .expect("an admin settles A's");
+    b.mark(&admins, "x").expect("and the other admin's");
 }
 
 // === Resolve ===

@@ -53,7 +53,9 @@ fn authorize(values: Vec<Value>) -> Result<(Attempt, Usage, String), Error> {
     }
     let attempt = decode_attempt(PERMIT_ID, f.array()?)?;
     let usage = decode_usage(f.array()?)?;
-    Ok((attempt, usage, f.string()?))
+    let duplicate_of = f.string()?;
+    f.int()?;
+    Ok((attempt, usage, duplicate_of))
 }
 
 /// Commit and Resolve (settle.lua).
@@ -277,20 +279,21 @@ fn attempt_reply() -> BoxedStrategy<Value> {
             text_value(),
             text_value(),
             int().prop_map(Value::Int),
+            text_value(),
         ),
     )
-        .prop_map(|((a, b, c, d), e, (f, g, h, i), (j, k, l, m))| {
+        .prop_map(|((a, b, c, d), e, (f, g, h, i), (j, k, l, m, n))| {
             let mut v = vec![a, b, c, d];
             v.extend(e);
-            v.extend([f, g, h, i, j, k, l, m]);
+            v.extend([f, g, h, i, j, k, l, m, n]);
             v
         })
         .boxed();
     (
         plausible,
-        proptest::collection::vec(value(), 15),
+        proptest::collection::vec(value(), 16),
         mask(),
-        0usize..=17,
+        0usize..=18,
     )
         .prop_map(|(p, h, mask, len)| {
             let mut fields = spoil(p, h, mask);
@@ -446,8 +449,9 @@ fn reply() -> BoxedStrategy<Value> {
         attempt_reply(),
         usage_reply(),
         prop_oneof![4 => text_value(), 1 => value()],
+        prop_oneof![4 => int().prop_map(Value::Int), 1 => value()],
     )
-        .prop_map(|(v, a, u, d)| Value::Array(vec![v, a, u, d]))
+        .prop_map(|(v, a, u, d, l)| Value::Array(vec![v, a, u, d, l]))
         .boxed();
     prop_oneof![
         10 => verdict_reply,

@@ -230,6 +230,7 @@ pub(super) fn decode_attempt(permit_id: &str, values: Vec<Value>) -> Result<Atte
     let uncertain_reason = f.string()?;
     let idempotency_key = f.string()?;
     let uncertain_since = f.int()?;
+    let reserved_by = f.string()?;
     let receipt = (state == AttemptState::Succeeded).then_some(Receipt {
         receipt_id,
         result,
@@ -251,6 +252,7 @@ pub(super) fn decode_attempt(permit_id: &str, values: Vec<Value>) -> Result<Atte
         uncertain_reason,
         uncertain_since,
         duplicate_of: None,
+        reserved_by,
     })
 }
 
@@ -387,6 +389,9 @@ fn script_error(reason: Reason, f: &mut Fields, about: &About) -> Result<Error, 
             idempotency_key: key()?,
         },
         Reason::AttemptMismatch => Error::AttemptMismatch {
+            idempotency_key: key()?,
+        },
+        Reason::AttemptHolderMismatch => Error::AttemptHolderMismatch {
             idempotency_key: key()?,
         },
         Reason::StateConflict => Error::StateConflict {

@@ -14,13 +14,17 @@
 --          not limited): lib.lua, visible
 -- ARGV[10] most open attempts a permit may hold (0 = no limit)
 -- ARGV[11] most keys a permit may record (0 = no limit)
+-- ARGV[12] the caller's key id ("" in dev mode): recorded as the attempt's
+--          `by`; only that key (or a caller ARGV[9] does not limit) holds it
 --
 -- Returns one of
---   {"DISPATCH", attempt, usage, duplicate_of or ""}  a fresh reservation
---   {"REPLAY", attempt, usage, ""}                    the key's outcome
---   {"REDELIVERED", attempt, usage, duplicate_of or ""}  the same holder
---     token's DISPATCH again: the attempt is RESERVED within its lease,
---     nothing more reserved
+--   {"DISPATCH", attempt, usage, duplicate_of or "", lease left (ms)}
+--     a fresh reservation
+--   {"REPLAY", attempt, usage, "", "0"}  the key's outcome; an open
+--     attempt's id is left out ("") unless the caller holds it
+--   {"REDELIVERED", attempt, usage, duplicate_of or "", lease left (ms)}
+--     the same holder token's DISPATCH again, to the key that reserved
+--     it: the attempt is RESERVED within its lease, nothing more reserved
 --   {"ERR", "IDEMPOTENCY_KEY_REUSED"}
 --   {"ERR", "IDEMPOTENCY_IN_PROGRESS", lease_expires_at, ms until then}
 --   {"ERR", "PERMIT_NOT_FOUND"} | {"ERR", "PERMIT_REVOKED"}
@@ -34,8 +38,10 @@
 --     guard mode or policy this version does not know, or a field is
 --     missing or not a number, or the permit is gone but its attempts are
 --     not
--- Example: ARGV={"1767225600000","payments.charge","order-42",<32 bytes>,"250",<uuid>,""}
---   -> {"DISPATCH", {<uuid>,"payments.charge",...}, {"payments.charge","1",1,"3",1,"750"}, ""}
+-- Example: ARGV={"1767225600000","payments.charge","order-42",<32 bytes>,"250",<uuid>,"",
+--   "acme","agent-7","0","0","agent-7"}
+--   -> {"DISPATCH", {<uuid>,"payments.charge",...}, {"payments.charge","1",1,"3",1,"750"}, "",
+--   "30000"}
 
 local now = clock(ARGV[1])
 local tool, key, fp = ARGV[2], ARGV[3], ARGV[4]
@@ -57,8 +63,10 @@ if existing and existing.state ~= RELEASED then
   if existing.tool ~= tool or existing.fp ~= fp or existing.cost ~= cost then
     return {'ERR', 'IDEMPOTENCY_KEY_REUSED'}
   end
-  if observed_state(existing, now) == RESERVED then
-    if ARGV[7] == '' or existing.token ~= ARGV[7] then
+  local mine = held_by(existing.by, ARGV[9])
+  local state = observed_state(existing, now)
+  if state == RESERVED then
+    if not mine or ARGV[7] == '' or existing.token ~= ARGV[7] then
       return {'ERR', 'IDEMPOTENCY_IN_PROGRESS', int(existing.lease),
         int(existing.lease - now)}
     end
@@ -67,11 +75,18 @@ if existing and existing.state ~= RELEASED then
   if not usage then
     return UNREADABLE_PERMIT
   end
-  if observed_state(existing, now) == RESERVED then
+  local reply = attempt_reply(existing, key, now)
+  if state == RESERVED then
     -- The same holder, whose DISPATCH answer was lost: the same attempt.
-    return {'REDELIVERED', attempt_reply(existing, key, now), usage, existing.dup_of}
+    return {'REDELIVERED', reply, usage, existing.dup_of,
+      int(existing.lease - now)}
   end
-  return {'REPLAY', attempt_reply(existing, key, now), usage, ''}
+  -- An open attempt's id is the fencing token of its Commit and
+  -- MarkUncertain: it goes only to the caller holding it.
+  if state == UNCERTAIN and not mine then
+    reply[1] = ''
+  end
+  return {'REPLAY', reply, usage, '', '0'}
 end
 
 -- 2. A new key: found -> not revoked -> not expired -> in scope -> not
@@ -152,7 +167,7 @@ local a = {
   id = stamp(ARGV[6], now), tool = tool, fp = fp, cost = cost,
   state = RESERVED, created = now, lease = now + lease, receipt_id = '',
   result = '', actual = 0, issued = 0, failure = '', ureason = '',
-  dup_of = duplicate_of, token = ARGV[7], usince = 0,
+  dup_of = duplicate_of, token = ARGV[7], usince = 0, by = ARGV[12],
 }
 save_attempt(KEYS[2], key, a)
 open_add(KEYS, hold, a, key, a.lease)
@@ -166,4 +181,4 @@ if open == 1 then
   pin(KEYS)
 end
 return {'DISPATCH', attempt_reply(a, key, now),
-  usage(tool, calls, cap, p[6], committed, reserved), duplicate_of}
+  usage(tool, calls, cap, p[6], committed, reserved), duplicate_of, int(lease)}

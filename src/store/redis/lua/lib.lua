@@ -84,8 +84,9 @@ end
 -- Attempt record, a cmsgpack array: id, tool, fp, cost, state, lease - created,
 -- receipt_id, result, actual, failure, ureason, dup_of, token (the holder
 -- token, kept only while RESERVED), usince (when a marked UNCERTAIN attempt
--- became so), with trailing empty values ('' or 0) left off. created and
--- issued come from the ids.
+-- became so), by (the key id whose Authorize reserved it; '' in dev mode,
+-- and for records made before it was recorded), with trailing empty values
+-- ('' or 0) left off. created and issued come from the ids.
 local function load_attempt(attempts_key, key)
   local raw = redis.call('HGET', attempts_key, key)
   if not raw then
@@ -99,7 +100,7 @@ local function load_attempt(attempts_key, key)
     result = t[8] or '', actual = t[9] or 0,
     issued = receipt_id ~= '' and id_ms(receipt_id) or 0,
     failure = t[10] or '', ureason = t[11] or '', dup_of = t[12] or '',
-    token = t[13] or '', usince = t[14] or 0,
+    token = t[13] or '', usince = t[14] or 0, by = t[15] or '',
   }
 end
 
@@ -107,6 +108,7 @@ local function save_attempt(attempts_key, key, a)
   local t = {
     a.id, a.tool, a.fp, a.cost, a.state, a.lease - a.created, a.receipt_id,
     a.result, a.actual, a.failure, a.ureason, a.dup_of, a.token, a.usince,
+    a.by,
   }
   local n = #t
   while n > 6 and (t[n] == '' or t[n] == 0) do
@@ -143,8 +145,17 @@ local function attempt_reply(a, key, now)
   return {
     a.id, a.tool, a.fp, int(a.cost), state, int(a.created), int(a.lease),
     a.receipt_id, a.result, int(a.actual), int(a.issued), a.failure, reason,
-    key, int(since),
+    key, int(since), a.by,
   }
+end
+
+-- Whether the caller whose agent key id is `agent` holds an attempt
+-- reserved by `by` (domain: Scope::holds): a caller no agents list limits
+-- (agent "") holds every attempt; an agent key, those its own key
+-- reserved, and those reserved by '' (dev mode, or recorded before the
+-- holder was).
+local function held_by(by, agent)
+  return agent == '' or by == '' or by == agent
 end
 
 -- The open set (keys[3]) and, under the hold-tool policy, the held set

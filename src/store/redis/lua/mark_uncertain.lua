@@ -13,7 +13,9 @@
 --
 -- Returns {"OK", attempt}, or {"ERR", "PERMIT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_NOT_FOUND"} |
--- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
+-- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_HOLDER_MISMATCH"} (an
+-- agent key that did not reserve it: lib.lua, held_by) |
+-- {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
 -- {"ERR", "STORE_UNAVAILABLE", why}.
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"client deadline exceeded"}
 
@@ -35,6 +37,9 @@ if not a then
 end
 if a.id ~= ARGV[3] then
   return {'ERR', 'ATTEMPT_MISMATCH'}
+end
+if not held_by(a.by, ARGV[6]) then
+  return {'ERR', 'ATTEMPT_HOLDER_MISMATCH'}
 end
 if a.state == RESERVED then
   -- Uncertain from now on, or since its lease ended if that was earlier:

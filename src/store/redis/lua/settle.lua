@@ -21,7 +21,9 @@
 --
 -- Returns {"OK", attempt, usage}, or {"ERR", "PERMIT_NOT_FOUND"} |
 -- {"ERR", "ATTEMPT_NOT_FOUND"} |
--- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
+-- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_HOLDER_MISMATCH"} (a
+-- holder's Commit from an agent key that did not reserve it: lib.lua,
+-- held_by) | {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
 -- {"ERR", "INVALID_REQUEST", "succeeded.actual_cost", description} (more
 -- than the reserved cost) | {"ERR", "STORE_UNAVAILABLE", why} (the permit
 -- hash lacks a counter, or holds one that is not a number, or a policy
@@ -44,6 +46,9 @@ if not a then
 end
 if (ARGV[8] == 'holder' or ARGV[3] ~= '') and a.id ~= ARGV[3] then
   return {'ERR', 'ATTEMPT_MISMATCH'}
+end
+if ARGV[8] == 'holder' and not held_by(a.by, ARGV[11]) then
+  return {'ERR', 'ATTEMPT_HOLDER_MISMATCH'}
 end
 local state = observed_state(a, now)
 local settleable
