@@ -41,7 +41,7 @@ impl AttemptState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Receipt {
     pub receipt_id: String,
     pub result: Vec<u8>,

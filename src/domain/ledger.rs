@@ -71,6 +71,7 @@ pub struct Ledger {
 /// uncertain attempts carry sits behind one pointer. (An [`Attempt`] spells
 /// all of it out, for answers.)
 #[derive(Debug, Clone)]
+#[cfg_attr(feature = "model", derive(Hash, PartialEq, Eq))]
 struct Record {
     attempt_id: Box<str>,
     fingerprint: Box<[u8]>,
@@ -86,6 +87,7 @@ struct Record {
 }
 
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "model", derive(Hash, PartialEq, Eq))]
 struct Detail {
     receipt: Option<Receipt>,
     failure_reason: String,
@@ -136,6 +138,57 @@ enum Settler {
     Holder,
     Operator,
 }
+
+/// For the protocol's model checker (tools/model), which keeps ledgers in
+/// the states it explores and tells states apart: everything a later
+/// command reads. Of the permit, only its status (the one field a command
+/// changes). The duplicate guard's index is taken in key order; its hashes
+/// agree between ledgers cloned from one, as a model's are.
+#[cfg(feature = "model")]
+impl Ledger {
+    #[allow(clippy::type_complexity)]
+    fn essence(
+        &self,
+    ) -> (
+        (PermitStatus, &[u64], i64, i64),
+        &BTreeMap<Key, Record>,
+        (&BTreeSet<(Millis, Key)>, &[BTreeSet<(Millis, Key)>]),
+        Vec<(&u64, &Key)>,
+        (Millis, &[Arc<str>]),
+    ) {
+        let mut dup: Vec<_> = self.dup_index.iter().collect();
+        dup.sort();
+        (
+            (
+                self.permit.status,
+                &self.calls,
+                self.committed,
+                self.reserved,
+            ),
+            &self.attempts,
+            (&self.open, &self.held),
+            dup,
+            (self.last_settled_at, &self.holders),
+        )
+    }
+}
+
+#[cfg(feature = "model")]
+impl std::hash::Hash for Ledger {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.essence().hash(state);
+    }
+}
+
+#[cfg(feature = "model")]
+impl PartialEq for Ledger {
+    fn eq(&self, other: &Self) -> bool {
+        self.essence() == other.essence()
+    }
+}
+
+#[cfg(feature = "model")]
+impl Eq for Ledger {}
 
 // === impl Ledger ===
 

@@ -6,7 +6,7 @@ use super::{
 };
 use std::collections::{BTreeMap, HashSet};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PermitStatus {
     Active,
     Revoked,
