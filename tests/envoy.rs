@@ -59,3 +59,66 @@ async fn until_state(
 fn fingerprint(method: &str, path: &str, body: &[u8]) -> Vec<u8> {
     atmost::api::envoy::request_fingerprint(method, path, body)
 }
+
+/// A route table a path's raw bytes could steer: the capture (cap 1 in
+/// [`steerable_permit`], cost 1000) and a catch-all to a free read.
+const STEERABLE: &str = r#"
+[[tool.route]]
+method = "POST"
+path = "/v1/charges/{id}/capture"
+tool = "wallet.capture"
+
+[[tool.route]]
+path = "/v1/*"
+tool = "wallet.read"
+
+[cost]
+tools = { "wallet.capture" = 1000 }
+"#;
+
+/// Paths many upstreams run as `/v1/charges/abc/capture` whose bytes fit
+/// only [`STEERABLE`]'s catch-all, each with what the refusal says.
+const STEERING_PATHS: &[(&str, &str)] = &[
+    ("/v1/charges/abc/capture/", "ends in '/'"),
+    ("/v1/charges/abc//capture", "an empty segment ('//')"),
+    ("/v1/charges/abc/./capture", "a \".\" segment"),
+    ("/v1/charges/abc/x/../capture", "a \"..\" segment"),
+    ("/v1/charges/abc/%63apture", "percent-encoded"),
+    ("/v1/charges%2Fabc%2Fcapture", "percent-encoded"),
+    ("/v1/charges/abc/capture;x=1", "a path parameter (';')"),
+    ("/v1/charges/abc\\capture", "no character of a URI path"),
+];
+
+/// A permit over [`STEERABLE`]'s tools: one capture, a budget of 1000.
+async fn steerable_permit(h: &Harness) -> String {
+    h.create_with(
+        &["wallet.capture", "wallet.read"],
+        &[("wallet.capture", 1)],
+        Some(1_000),
+    )
+    .await
+}
+
+/// Each tool's calls made under `permit_id`, and the budget reserved.
+async fn usage(h: &Harness, permit_id: &str) -> (Vec<(String, u64)>, i64) {
+    let permit = h.get(permit_id).await.expect("GetPermit");
+    (
+        permit
+            .usage
+            .iter()
+            .map(|u| (u.tool.clone(), u.calls_made))
+            .collect(),
+        permit.budget_reserved,
+    )
+}
+
+/// The refusal of a path the route table cannot match plainly: the
+/// violation names the path and says what is wrong.
+#[track_caller]
+fn refused_path(body: &serde_json::Value, path: &str, says: &str) {
+    assert_eq!(body["reason"], "PATH_NOT_CANONICAL", "{path}: {body}");
+    let violation = &body["violations"][0];
+    assert_eq!(violation["field"], "path", "{path}: {body}");
+    let description = violation["description"].as_str().unwrap_or_default();
+    assert!(description.contains(says), "{path}: {body}");
+}

@@ -77,6 +77,10 @@ pub mod reasons {
     /// Envoy's configuration does not give what the mapping needs (the
     /// body, say): the gateway operator's to fix, not the client's.
     pub const GATEWAY_MISCONFIGURED: &str = "GATEWAY_MISCONFIGURED";
+    /// The route table would name the tool, and the path is not in its one
+    /// plain form ([`super::mapping::plain_path`]): an upstream could read
+    /// it as another route than the one it matches.
+    pub const PATH_NOT_CANONICAL: &str = "PATH_NOT_CANONICAL";
 }
 
 // === the request ===
@@ -174,6 +178,9 @@ pub(crate) enum Unmapped {
     /// Envoy does not send what the mapping needs: 500, the gateway
     /// operator's to fix.
     Misconfigured(String),
+    /// The route table would name the tool and the path is not plain
+    /// (why): 400, before any route was matched.
+    PathNotCanonical(String),
 }
 
 fn violation(field: impl Into<String>, description: impl Into<String>) -> Violation {
@@ -271,6 +278,12 @@ impl Mapping {
         &self,
         request: &HttpRequest<'_>,
     ) -> Result<pb::AuthorizeRequest, Unmapped> {
+        // The table matches plain paths only: any other form of a path is
+        // refused before a route is matched, whatever else the request
+        // holds. A tool the route names leaves the path to Envoy's routing.
+        if request.route_tool.is_none() && !self.tool.routes.is_empty() {
+            mapping::plain_path(request.path).map_err(Unmapped::PathNotCanonical)?;
+        }
         let mut read = Reader {
             headers: request.headers,
             violations: Vec::new(),
@@ -530,6 +543,18 @@ impl Reply {
                     json(serde_json::json!({
                         "reason": reasons::GATEWAY_MISCONFIGURED,
                         "message": why,
+                    })),
+                )
+            }
+            Unmapped::PathNotCanonical(why) => {
+                crate::telemetry::note_reason(reasons::PATH_NOT_CANONICAL);
+                Self::new(
+                    400,
+                    reasons::PATH_NOT_CANONICAL,
+                    json(serde_json::json!({
+                        "reason": reasons::PATH_NOT_CANONICAL,
+                        "message": "the path is not in its plain form, the only one the route table matches: an upstream could read it as another route; send it without empty, '.' or '..' segments, a trailing '/', percent-encoding, ';' or '\\'",
+                        "violations": [{"field": "path", "description": why}],
                     })),
                 )
             }

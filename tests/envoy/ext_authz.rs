@@ -909,6 +909,81 @@ from = "header"
     assert_eq!(body["violations"][0]["field"], "tool");
 }
 
+/// The route table matches a path in its one plain form only: each path
+/// an upstream may run as the capture while its bytes fit the catch-all is
+/// refused (400, what is wrong), reserving nothing; a plain path still maps
+/// to the capture, and a tool the route names leaves the path to Envoy.
+async fn a_path_the_route_table_could_misread_is_refused(kind: Kind) {
+    let h = Harness::start_configured(kind, |app| app.with_envoy(Some(mapping(super::STEERABLE))))
+        .await;
+    let permit = super::steerable_permit(&h).await;
+    let to = |path: &str, key: &str, tool: Option<&str>| {
+        check_request(
+            "POST",
+            path,
+            &[("x-atmost-permit", &permit), ("idempotency-key", key)],
+            BODY,
+            tool,
+        )
+    };
+    // Every path is tried, and each one not refused is named.
+    let mut steered = Vec::new();
+    for (n, (path, says)) in super::STEERING_PATHS.iter().enumerate() {
+        let key = format!("steer-{n}");
+        match check(&h, to(path, &key, None)).await {
+            Checked::Denied {
+                status: 400,
+                headers,
+                body,
+            } if headers["x-atmost-reason"] == "PATH_NOT_CANONICAL" => {
+                assert_eq!(headers["content-type"], "application/json");
+                super::refused_path(&serde_json::from_str(&body).unwrap(), path, says);
+                expect_error(
+                    h.client.get_attempt(&permit, &key).await,
+                    Code::NotFound,
+                    "ATTEMPT_NOT_FOUND",
+                );
+            }
+            other => steered.push(format!("{path}: {other:?}")),
+        }
+    }
+    assert!(steered.is_empty(), "not refused: {steered:#?}");
+    assert_eq!(
+        super::usage(&h, &permit).await,
+        (
+            vec![("wallet.capture".into(), 0), ("wallet.read".into(), 0)],
+            0
+        ),
+        "nothing reserved"
+    );
+
+    let plain = "/v1/charges/abc/capture?expand=balance&next=/a/../b/";
+    assert!(matches!(
+        check(&h, to(plain, "capture", None)).await,
+        Checked::Allowed { .. }
+    ));
+    let a = attempt(&h, &permit, "capture").await;
+    assert_eq!((a.tool.as_str(), a.cost), ("wallet.capture", 1000));
+    assert!(matches!(
+        check(&h, to("/v1/charges/abc", "read", None)).await,
+        Checked::Allowed { .. }
+    ));
+    assert_eq!(attempt(&h, &permit, "read").await.tool, "wallet.read");
+    // The route's own tool (its context extension): Envoy's route match
+    // chose it, and the table is not read.
+    assert!(matches!(
+        check(&h, to("/v1/charges/abc/", "routed", Some("wallet.read"))).await,
+        Checked::Allowed { .. }
+    ));
+    assert_eq!(
+        super::usage(&h, &permit).await,
+        (
+            vec![("wallet.capture".into(), 1), ("wallet.read".into(), 2)],
+            1000
+        )
+    );
+}
+
 // === the store ===
 
 /// Redis down: 503, fail closed; back up, the same key dispatches.
@@ -1349,4 +1424,5 @@ on_each_store!(
     repeated_headers_in_the_raw_header_map_are_400,
     a_check_past_its_deadline_reserves_nothing,
     jwt_permit_route_table_and_header_fingerprint,
+    a_path_the_route_table_could_misread_is_refused,
 );

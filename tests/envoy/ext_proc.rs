@@ -397,8 +397,13 @@ enum Sent {
 /// body BUFFERED: headers (answered CONTINUE, the request held), then the
 /// body, whose answer decides.
 async fn post(envoy: &mut Envoy, headers: &[(&str, &str)], body: &[u8]) -> Sent {
+    post_to(envoy, PATH, headers, body).await
+}
+
+/// [`post`] to `path`.
+async fn post_to(envoy: &mut Envoy, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Sent {
     let answer = envoy
-        .exchange(request_headers("POST", PATH, headers, false))
+        .exchange(request_headers("POST", path, headers, false))
         .await;
     if let Some(Answer::ImmediateResponse(_)) = &answer.response {
         let (status, headers, body) = immediate(&answer);
@@ -837,6 +842,88 @@ async fn refusals_answer_instead_of_forwarding(kind: Kind) {
     assert_eq!(
         attempt(&h, &permit, "busy").await.state(),
         AttemptState::Reserved
+    );
+}
+
+/// The route table matches a path in its one plain form only, on ext_proc
+/// too: each path an upstream may run as the capture while its bytes fit
+/// the catch-all is answered 400 with what is wrong, with a body to come
+/// or none, reserving nothing; a plain path still maps to the capture.
+async fn a_path_the_route_table_could_misread_is_refused(kind: Kind) {
+    let h = Harness::start_configured(kind, |app| app.with_envoy(Some(mapping(super::STEERABLE))))
+        .await;
+    let permit = super::steerable_permit(&h).await;
+    // Every path is tried, with its body and with none, and each one not
+    // refused is named.
+    let mut steered = Vec::new();
+    for (n, (path, says)) in super::STEERING_PATHS.iter().enumerate() {
+        // No x-atmost-tool: the route leaves the tool to the table.
+        let key = format!("steer-{n}");
+        let mut envoy = Envoy::open(&h, &[]).await;
+        match post_to(&mut envoy, path, &charge_headers(&permit, &key), BODY).await {
+            Sent::Answered(400, headers, body)
+                if headers["x-atmost-reason"] == "PATH_NOT_CANONICAL" =>
+            {
+                super::refused_path(&serde_json::from_slice(&body).unwrap(), path, says);
+                assert_eq!(envoy.close().await, Code::Ok);
+            }
+            other => steered.push(format!("{path}: {other:?}")),
+        }
+        let key = format!("steer-{n}-headers");
+        let mut envoy = Envoy::open(&h, &[]).await;
+        let answer = envoy
+            .exchange(request_headers(
+                "POST",
+                path,
+                &charge_headers(&permit, &key),
+                true,
+            ))
+            .await;
+        match &answer.response {
+            Some(Answer::ImmediateResponse(_)) => {
+                let (status, headers, body) = immediate(&answer);
+                assert_eq!(
+                    (status, headers["x-atmost-reason"].as_str()),
+                    (400, "PATH_NOT_CANONICAL"),
+                    "{path}"
+                );
+                super::refused_path(&serde_json::from_slice(&body).unwrap(), path, says);
+                assert_eq!(envoy.close().await, Code::Ok);
+            }
+            Some(Answer::RequestHeaders(_)) => steered.push(format!(
+                "{path} without a body: forwarded with {:?}",
+                continued(&answer)
+            )),
+            other => steered.push(format!("{path} without a body: {other:?}")),
+        }
+    }
+    assert!(steered.is_empty(), "not refused: {steered:#?}");
+    assert_eq!(
+        super::usage(&h, &permit).await,
+        (
+            vec![("wallet.capture".into(), 0), ("wallet.read".into(), 0)],
+            0
+        ),
+        "nothing reserved"
+    );
+    let mut envoy = Envoy::open(&h, &[]).await;
+    forwarded(
+        post_to(
+            &mut envoy,
+            "/v1/charges/abc/capture?expand=balance",
+            &charge_headers(&permit, "capture"),
+            BODY,
+        )
+        .await,
+    );
+    let a = attempt(&h, &permit, "capture").await;
+    assert_eq!((a.tool.as_str(), a.cost), ("wallet.capture", 1000));
+    assert_eq!(
+        super::usage(&h, &permit).await,
+        (
+            vec![("wallet.capture".into(), 1), ("wallet.read".into(), 0)],
+            1000
+        )
     );
 }
 
@@ -1463,4 +1550,5 @@ on_each_store!(
     a_read_error_while_the_store_decides_fails_the_stream,
     a_buffered_partial_body_is_the_result_only_when_whole,
     a_response_body_followed_by_trailers_is_settled,
+    a_path_the_route_table_could_misread_is_refused,
 );

@@ -54,12 +54,14 @@ pub struct Route {
 }
 
 impl Route {
-    /// Whether `method` and `path` (the query string is ignored) match.
+    /// Whether `method` and `path` (what precedes its first `?`: the query
+    /// string is ignored) match. The table matches only a path
+    /// [`plain_path`] passed.
     pub fn matches(&self, method: &str, path: &str) -> bool {
         if self.method.as_deref().is_some_and(|m| m != method) {
             return false;
         }
-        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let path = path.split('?').next().unwrap_or_default();
         let Some(path) = path.strip_prefix('/') else {
             return false;
         };
@@ -74,6 +76,84 @@ impl Route {
                 Segment::Literal(text) => text == part,
                 Segment::Any => !part.is_empty(),
             })
+    }
+}
+
+/// What is wrong with one segment of a path (`last`: the path's final
+/// one), for [`plain_path`] and the route templates alike: an empty
+/// segment, `.` or `..`, or a character an upstream may decode or split
+/// at. A path segment is RFC 3986's `segment`, its `pchar`s unreserved
+/// (`A-Z a-z 0-9 - . _ ~`), sub-delims (`! $ & ' ( ) * + , ; =`), `:` and
+/// `@`, less the two an upstream may read as something else: `%` (a
+/// percent-encoding it decodes: `%63apture` is `capture`, `%2F` a `/`)
+/// and `;` (a path parameter, which servlet containers cut off:
+/// `capture;x=1` is `capture`). Anything else, a backslash (read as `/` by
+/// some servers and by Envoy's own normalisation) or `#` among them, is
+/// no character of a path at all.
+fn segment_problem(segment: &str, last: bool) -> Option<String> {
+    match segment {
+        "" if last => return Some("ends in '/' (an empty last segment)".into()),
+        "" => return Some("has an empty segment ('//')".into()),
+        "." | ".." => return Some(format!("has a {segment:?} segment")),
+        _ => {}
+    }
+    segment.chars().find_map(|c| match c {
+        '%' => Some("is percent-encoded ('%')".to_owned()),
+        ';' => Some("has a path parameter (';')".to_owned()),
+        'A'..='Z'
+        | 'a'..='z'
+        | '0'..='9'
+        | '-'
+        | '.'
+        | '_'
+        | '~'
+        | '!'
+        | '$'
+        | '&'
+        | '\''
+        | '('
+        | ')'
+        | '*'
+        | '+'
+        | ','
+        | '='
+        | ':'
+        | '@' => None,
+        other => Some(format!(
+            "has {other:?}, which is no character of a URI path (RFC 3986)"
+        )),
+    })
+}
+
+/// The path of `path` (what precedes its first `?`; the query is neither
+/// matched nor checked) when it is in its one plain form, the only form
+/// the route table matches: it starts with `/`, and no segment is empty
+/// (`//`, a trailing `/`: only the root `/` ends in one), `.` or `..`, or
+/// holds a `%`, a `;` or any character that is not a URI path's. Else
+/// why not. An upstream may read any other form as another route than the
+/// one the table would match (`capture/`, `./capture`, `%63apture` as
+/// `capture`), so such a path is refused before any route is matched,
+/// never matched to whatever route its raw bytes happen to fit.
+pub fn plain_path(path: &str) -> Result<&str, String> {
+    let path = path.split('?').next().unwrap_or_default();
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err(format!(
+            "the path {} does not start with '/'",
+            crate::domain::shown(path)
+        ));
+    };
+    if rest.is_empty() {
+        return Ok(path);
+    }
+    let segments: Vec<&str> = rest.split('/').collect();
+    let last = segments.len() - 1;
+    match segments
+        .iter()
+        .enumerate()
+        .find_map(|(n, segment)| segment_problem(segment, n == last))
+    {
+        Some(problem) => Err(format!("the path {} {problem}", crate::domain::shown(path))),
+        None => Ok(path),
     }
 }
 
@@ -346,13 +426,22 @@ fn route(at: &str, row: RouteFile) -> Result<Route, String> {
         &parts[..]
     };
     let mut segments = Vec::with_capacity(fixed.len());
-    for part in fixed {
+    for (n, part) in fixed.iter().enumerate() {
         segments.push(
             if part.starts_with('{') && part.ends_with('}') && part.len() > 2 {
                 Segment::Any
             } else if part.contains(['{', '}', '*']) {
                 return Err(format!(
                     "{at}.path: {:?}: a segment is text, {{name}}, or a final *",
+                    row.path
+                ));
+            } else if row.path == "/" {
+                Segment::Literal(String::new())
+            } else if let Some(problem) = segment_problem(part, n + 1 == parts.len()) {
+                // A request path like this one is refused before the table
+                // is read (plain_path): the route could never match.
+                return Err(format!(
+                    "{at}.path: {:?} {problem}: the route table matches plain paths only",
                     row.path
                 ));
             } else {

@@ -127,6 +127,81 @@ tool = "root"
     assert!(!root.matches("GET", "/a"));
 }
 
+/// The route table matches a path in its one plain form only: any form
+/// an upstream could read as another path is refused, with what is wrong;
+/// the query is neither matched nor checked.
+#[test]
+fn only_a_plain_path_is_matched() {
+    for plain in [
+        "/",
+        "/?q=%2F..//",
+        "/v1/charges/ch_1/capture",
+        "/v1/charges/ch_1/capture?expand=a/../b&x=%20",
+        "/v1/a.b/~x-y_z/!$&'()*+,=:@",
+        "/v1/...",
+    ] {
+        assert_eq!(
+            mapping::plain_path(plain),
+            Ok(plain.split('?').next().unwrap()),
+            "{plain}"
+        );
+    }
+    for (path, says) in [
+        ("/v1/charges/abc/capture/", "ends in '/'"),
+        ("/v1/charges//abc/capture", "an empty segment ('//')"),
+        ("//v1/charges/abc/capture", "an empty segment ('//')"),
+        ("/v1/charges/abc/./capture", "a \".\" segment"),
+        ("/v1/charges/abc/x/../capture", "a \"..\" segment"),
+        ("/v1/charges/abc/capture/.", "a \".\" segment"),
+        ("/v1/charges/abc/%63apture", "percent-encoded"),
+        ("/v1/charges/abc%2Fcapture", "percent-encoded"),
+        ("/v1/charges/abc/%2e%2e/capture", "percent-encoded"),
+        ("/v1/charges/abc/capture;x=1", "path parameter (';')"),
+        ("/v1/charges/abc/..;/capture", "path parameter (';')"),
+        ("/v1/charges/abc\\capture", "'\\\\', which is no character"),
+        ("/v1/charges/abc/capture#x", "'#', which is no character"),
+        ("/v1/charges/a b", "' ', which is no character"),
+        ("/v1/charges/caf\u{e9}", "no character of a URI path"),
+        ("v1/charges/abc/capture", "does not start with '/'"),
+        ("*", "does not start with '/'"),
+        ("", "does not start with '/'"),
+    ] {
+        let why = mapping::plain_path(path).expect_err(path);
+        assert!(why.contains(says), "{path}: {why}");
+        assert!(why.starts_with("the path \""), "{path}: {why}");
+    }
+}
+
+/// A route template in a form no plain path has could never match: the
+/// file is refused.
+#[test]
+fn a_template_that_is_not_a_plain_path_is_refused() {
+    for (template, says) in [
+        ("/v1/charges/", "ends in '/'"),
+        ("/v1//charges", "empty segment"),
+        ("/v1/./charges", "\".\" segment"),
+        ("/v1/../charges/*", "\"..\" segment"),
+        ("/v1/%63harges", "percent-encoded"),
+        ("/v1/charges;v=2", "path parameter"),
+        ("/v1\\\\charges", "no character of a URI path"),
+    ] {
+        let error = parse(&format!(
+            "[[tool.route]]\npath = \"{template}\"\ntool = \"t\"\n"
+        ))
+        .expect_err(template);
+        assert!(
+            error.contains("tool.route[1].path") && error.contains(says),
+            "{template}: {error}"
+        );
+    }
+    for fine in ["/", "/*", "/v1/*", "/v1/{id}/x", "/v1/a.b"] {
+        parse(&format!(
+            "[[tool.route]]\npath = \"{fine}\"\ntool = \"t\"\n"
+        ))
+        .expect(fine);
+    }
+}
+
 #[test]
 fn every_bad_file_names_the_setting_and_what_is_wrong() {
     let cases = [
@@ -352,6 +427,55 @@ tool = "from.table"
     ]);
     let found = violations(Mapping::default().authorize_request(&request(&h2, None)));
     assert_eq!(found[0].0, "tool");
+}
+
+/// With a route table, a path that is not plain is refused before any
+/// route is matched, whatever else the request lacks; a tool the route
+/// names leaves the path to Envoy's routing, and without a table there is
+/// nothing to steer.
+#[test]
+fn a_path_the_table_cannot_match_plainly_is_refused_first() {
+    let m = parse(
+        r#"
+[[tool.route]]
+method = "POST"
+path = "/v1/charges/{id}/capture"
+tool = "wallet.capture"
+[[tool.route]]
+path = "/v1/*"
+tool = "wallet.read"
+"#,
+    )
+    .unwrap();
+    let h = headers(&[("x-atmost-permit", PERMIT), ("idempotency-key", "k")]);
+    let with = |path: &'static str, route: Option<&'static str>, h: &Headers| {
+        let mut r = request(h, route);
+        r.path = path;
+        m.authorize_request(&r)
+    };
+    assert_eq!(
+        with("/v1/charges/abc/capture?x=1", None, &h).unwrap().tool,
+        "wallet.capture"
+    );
+    assert_eq!(
+        with("/v1/charges/abc", None, &h).unwrap().tool,
+        "wallet.read"
+    );
+    match with("/v1/charges/abc/capture/", None, &headers(&[])) {
+        Err(Unmapped::PathNotCanonical(why)) => assert!(why.contains("ends in '/'"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        with("/v1/charges/abc/capture/", Some("from.route"), &h)
+            .unwrap()
+            .tool,
+        "from.route"
+    );
+    let found = violations(Mapping::default().authorize_request(&HttpRequest {
+        path: "/v1//x/",
+        ..request(&h, None)
+    }));
+    assert_eq!(found[0].0, "tool", "no table: no tool, and no path refusal");
 }
 
 #[test]
@@ -667,6 +791,11 @@ fn answered_status(name: &str) -> Option<u16> {
         reasons::GATEWAY_MISCONFIGURED => {
             Some(Reply::unmapped(Unmapped::Misconfigured("no body".into())).status)
         }
+        reasons::PATH_NOT_CANONICAL => {
+            let reply = Reply::unmapped(Unmapped::PathNotCanonical("ends in '/'".into()));
+            assert_eq!(reply.reason, name);
+            Some(reply.status)
+        }
         _ => None,
     }
 }
@@ -712,6 +841,7 @@ fn the_answers_table_in_the_docs_is_what_the_code_answers() {
             reasons::REPLAY_FAILED,
             reasons::REPLAY_UNCERTAIN,
             reasons::GATEWAY_MISCONFIGURED,
+            reasons::PATH_NOT_CANONICAL,
         ]);
     for name in answered {
         assert!(
