@@ -21,7 +21,10 @@
 //!   cost, the guarded call, and the answer (result or JSON-RPC error).
 //! - `upstream.rs`: the connection to the upstream, reopened when closed,
 //!   and whether a failed call may have reached it.
+//! - `child.rs`: the upstream as a child process over stdio, and whether a
+//!   broken pipe left the request wholly unwritten.
 
+mod child;
 mod config;
 mod gate;
 mod proxy;

@@ -9,19 +9,21 @@
 //! Then [`call_tool`] answers [`CallError::NotSent`] only when the request
 //! certainly did not reach it (the HTTP connection could not be opened, the
 //! upstream refused the session or the credentials before running
-//! anything, the child's stdin was already closed), and
-//! [`CallError::Unknown`] for every other failure after sending began.
+//! anything, the child's stdin was closed before any byte of the request
+//! was written), and [`CallError::Unknown`] for every other failure after
+//! sending began.
 
+use crate::child::{self, ChildProcess};
 use crate::config::UpstreamSpec;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, Implementation,
     ListToolsResult, PaginatedRequestParams,
 };
 use rmcp::service::{ClientInitializeError, Peer, RoleClient, RunningService, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ErrorData, ServiceExt};
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -137,7 +139,7 @@ impl Upstream {
             (UpstreamSpec::Command { program, args }, _) => {
                 let mut command = tokio::process::Command::new(program);
                 command.args(args);
-                let transport = TokioChildProcess::new(command)
+                let transport = ChildProcess::spawn(command)
                     .map_err(|e| format!("cannot start the upstream {upstream:?}: {e}"))?;
                 config.serve(transport).await
             }
@@ -229,8 +231,11 @@ fn classify(error: ServiceError) -> CallError {
 /// upstream answered 404 to the session, which it does only for a session
 /// it does not know and so did not run the request in; it answered 401 or
 /// 403 with an authentication challenge, refusing the credentials before
-/// anything ran; the child's stdin was closed (it had exited) before the
-/// request was written. Any other failure may have come after the tool ran.
+/// anything ran; the child's stdin was closed before any byte of the
+/// request was written. Any other failure may have come after the tool
+/// ran: a broken pipe after part of the request was written among them,
+/// since the child may have read all of it but the newline
+/// ([`crate::child`]).
 fn never_sent(error: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
     if let Some(http) = error.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
         return match http {
@@ -242,7 +247,7 @@ fn never_sent(error: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
         };
     }
     if let Some(io) = error.downcast_ref::<std::io::Error>() {
-        return io.kind() == std::io::ErrorKind::BrokenPipe;
+        return child::nothing_written(io);
     }
     false
 }

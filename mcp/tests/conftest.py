@@ -36,6 +36,7 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 UPSTREAM = HERE / "upstream.py"
+PIPE_UPSTREAM = HERE / "pipe_upstream.py"
 #: How long a process may take to say it listens, and how long a state
 #: polled for may take to appear, before the test fails. Guards against a
 #: hang, never a measurement.

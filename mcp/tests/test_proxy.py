@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 import anyio
 import httpx2
 import pytest
-from conftest import UPSTREAM, Atmost, Upstream, clean_env, proxy_bin, run_proxy
+from conftest import PIPE_UPSTREAM, UPSTREAM, Atmost, Upstream, clean_env, proxy_bin, run_proxy
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -524,6 +524,53 @@ async def test_stdio_agent_and_child_process_upstream(memory_atmost, tmp_path):
         assert capped.error.data["reason"] == "PERMIT_MAX_CALLS_EXCEEDED"
     assert len(entries("charge")) == 2
     assert len(entries("crash")) == 1
+
+
+async def test_a_broken_pipe_to_a_child_that_read_the_request_is_uncertain(memory_atmost, start_proxy, tmp_path):
+    """EPIPE on the child's stdin proves only that the bytes of that one
+    write were not delivered: here the newline after a request whose JSON
+    the child has whole (tests/pipe_upstream.py, which reads as Go's
+    json.Decoder does, charges, and closes its stdin before the proxy can
+    write the newline). The call is UNCERTAIN, not given back. A call
+    none of whose bytes were written, the pipe being already broken, is
+    NOT_SENT."""
+    permit = memory_atmost.permit("--cap", "charge=3")
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.touch()
+    proxy = start_proxy("--server", memory_atmost.url, "--permit", permit, "--",
+                        sys.executable, str(PIPE_UPSTREAM), "--ledger", str(ledger))
+
+    def entries() -> List[Dict[str, Any]]:
+        return [json.loads(line) for line in ledger.read_text().splitlines()]
+
+    async with Client(proxy.url, mode="legacy") as agent:
+        # Listed now: the SDK lists the tools after a call to a tool it has
+        # not seen, and the child reads nothing but the trap after the first.
+        await agent.list_tools()
+        first = await call(agent, "charge", {"amount": 1, "pad": ""}, key="pipe-1")
+        sized = json.loads(first.content[0].text)
+        # The next request is the same but for its id, amount and pad: its
+        # JSON, newline aside, fills the child's stdin pipe exactly.
+        pad = sized["pipe"] - sized["length"] - (len(str(sized["id"] + 1)) - len(str(sized["id"])))
+        lost = await refused(call(agent, "charge", {"amount": 2, "pad": "x" * pad}, key="pipe-2"))
+        # The charge happened, on a request of exactly the pipe's size...
+        assert not [e for e in entries() if e["tool"] == "error"], entries()
+        charged = entries()[-1]
+        assert charged["amount"] == 2 and charged["length"] == sized["pipe"]
+        assert charged["attempt_id"] == lost.error.data["attempt_id"]
+        # ...so it is not given back.
+        assert lost.code == UNCERTAIN, lost.error
+        assert lost.error.data["reason"] == "OUTCOME_UNCERTAIN"
+        # The write failed (not the read: the child's stdout is still open).
+        assert "Broken pipe" in lost.error.data["uncertain_reason"], lost.error.data
+        assert memory_atmost.attempt(permit, "pipe-2")["state"] == "ATTEMPT_STATE_UNCERTAIN"
+
+        # The pipe stays broken: nothing of the next call is written.
+        unsent = await refused(call(agent, "charge", {"amount": 3, "pad": ""}, key="pipe-3"))
+        assert unsent.code == NOT_SENT, unsent.error
+        assert memory_atmost.attempt(permit, "pipe-3")["state"] == "ATTEMPT_STATE_RELEASED"
+    assert [e["amount"] for e in entries()] == [1, 2]
+    assert memory_atmost.calls_made(permit, "charge") == 2
 
 
 async def test_https_upstream_trusted_through_its_ca(memory_atmost, tmp_path, start_proxy):
