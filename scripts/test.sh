@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine. Installs what it needs when it is
-# missing (redis-server, jq, openssl and libfaketime from the system packages; grpcio
+# missing (redis-server, jq, openssl, libfaketime, promtool (prometheus) and
+# kubectl (kubernetes-client) from the system packages; grpcio
 # and cryptography for the README check and the receipt example, in a
 # virtualenv under target/; each client's own packages, by its
 # clients/*/test.sh), then runs every test
 # of the workspace (tests start their own redis-server on free loopback
 # ports, or use REDIS_URL), then the README's commands as written
-# (scripts/readme.sh).
+# (scripts/readme.sh), then the deployment files through promtool,
+# kustomize and the Kubernetes schemas (scripts/deploy_check.sh).
 # Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,11 @@ compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null \
   || compgen -G '/usr/lib/faketime/libfaketime.so.1' >/dev/null \
   || compgen -G '/usr/local/lib/faketime/libfaketime.so.1' >/dev/null \
   || missing+=(libfaketime)
+# scripts/deploy_check.sh: promtool loads and unit-tests the alert rules,
+# kubectl kustomize renders deploy/kubernetes. Any kubectl since 1.14 has
+# kustomize; Debian's is kubernetes-client.
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+kubectl kustomize --help >/dev/null 2>&1 || missing+=(kubernetes-client)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]} from the system packages" >&2
   if ! command -v apt-get >/dev/null 2>&1; then
@@ -31,8 +38,25 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  # The prometheus package starts its daemon on install unless
+  # policy-rc.d denies it (invoke-rc.d and, under systemd,
+  # deb-systemd-invoke ask it). Only promtool is wanted: where no
+  # policy-rc.d decides already (containers usually have one), one denies
+  # every start for this install. Under systemd the unit is still enabled
+  # for the next boot (`systemctl disable prometheus`).
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+    $sudo chmod 755 "$policy"
+  fi
+  status=0
+  $sudo apt-get update -qq || status=$?
+  # No recommends: prometheus's is prometheus-node-exporter, another daemon.
+  [ "$status" -ne 0 ] || DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+    --no-install-recommends "${missing[@]}" >/dev/null || status=$?
+  if [ -n "$policy" ]; then $sudo rm -f "$policy"; fi
+  [ "$status" -eq 0 ] || exit "$status"
 fi
 
 log=$(mktemp)
@@ -49,12 +73,16 @@ scripts/receipt_example.sh
 for suite in clients/*/test.sh mcp/test.sh; do
   "$suite" 2>&1 | tee -a "$log"
 done
+# The alert rules through promtool, the manifests through kustomize and
+# the Kubernetes schemas.
+scripts/deploy_check.sh 2>&1 | tee -a "$log"
 
 # One closing line for the whole run: every cargo test binary, plus the
 # README check and the receipt example, plus each client's closing line
-# ("<language> client: N passed, M failed", "mcp proxy: N passed, M failed").
+# ("<language> client: N passed, M failed", "mcp proxy: N passed, M failed"),
+# plus the deployment checks' ("deploy checks: N passed, M failed").
 read -r passed failed < <(awk '
   /^test result:/ { p += $4; f += $6 }
-  /^[a-z]+ (client|proxy): [0-9]+ passed, [0-9]+ failed$/ { p += $3; f += $5 }
+  /^[a-z]+ (client|proxy|checks): [0-9]+ passed, [0-9]+ failed$/ { p += $3; f += $5 }
   END { print p + 2, f }' "$log")
 echo "test.sh: ${passed} passed, ${failed} failed"
