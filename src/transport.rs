@@ -38,7 +38,7 @@ pub struct Limits {
     /// connection.
     pub max_concurrent_streams: u32,
     /// Largest request message decoded; larger ones are refused
-    /// (OUT_OF_RANGE, as tonic answers) before their body is buffered.
+    /// (MESSAGE_TOO_LARGE, [`MessageLimit`]) before their body is buffered.
     pub max_request_bytes: usize,
     /// Largest response message encoded.
     pub max_response_bytes: usize,
