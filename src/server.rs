@@ -363,6 +363,8 @@ pub async fn run(
         .layer(Track)
         .layer(AuthLayer::new(app.auth.clone()))
         .layer(AdmissionLayer::new(admission))
+        // Innermost: it acts on the body as the services read it, after
+        // auth and admission have refused what they refuse unread.
         .layer(MessageLimit::new(limits.max_request_bytes))
         .add_service(sized!(health_service))
         .add_optional_service(reflection_v1.map(|s| sized!(s)))

@@ -443,7 +443,9 @@ impl http_body::Body for Held {
 ///
 /// tonic checks the same length itself (`max_decoding_message_size`), but
 /// answers a bare OUT_OF_RANGE, and for a unary RPC before any handler
-/// runs, so no handler could say more. Here the request's body is read as
+/// runs, so no handler could say more; rewriting its answer afterwards
+/// would mean recognising its message text, in headers for a unary RPC
+/// and in trailers for a stream. Here the request's body is read as
 /// it streams past: each gRPC message opens with a 5-byte prefix (a flag,
 /// then its length, big-endian), and a prefix declaring more than the
 /// limit fails the body with atmost's status at once, before tonic has
