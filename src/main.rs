@@ -295,7 +295,8 @@ struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     max_concurrent_streams: u32,
     /// Largest request message, in bytes (the largest valid request is 75 939
-    /// bytes); larger ones answer OUT_OF_RANGE before their body is read.
+    /// bytes); larger ones answer RESOURCE_EXHAUSTED / MESSAGE_TOO_LARGE
+    /// before their body is read.
     #[arg(long, env = "ATMOST_MAX_REQUEST_BYTES", default_value_t = LIMITS.max_request_bytes,
           value_parser = clap::value_parser!(u32).range(80_000..=64 * 1024 * 1024).map(|n| n as usize))]
     max_request_bytes: usize,

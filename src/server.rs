@@ -12,7 +12,7 @@ use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
 use crate::telemetry::{RpcLayer, Telemetry};
-use crate::transport::{Limits, Track};
+use crate::transport::{Limits, MessageLimit, Track};
 use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use std::future::Future;
@@ -324,7 +324,9 @@ pub async fn run(
     if let Some(tls) = app.tls {
         builder = builder.tls_config(limits.tls(tls))?;
     }
-    // Every service decodes and encodes messages up to the limits only.
+    // Every service decodes and encodes messages up to the limits only. A
+    // request message past its limit is refused first by MessageLimit
+    // (below), with atmost's reason; tonic's own check stays behind it.
     macro_rules! sized {
         ($service:expr) => {
             $service
@@ -361,6 +363,9 @@ pub async fn run(
         .layer(Track)
         .layer(AuthLayer::new(app.auth.clone()))
         .layer(AdmissionLayer::new(admission))
+        // Innermost: it acts on the body as the services read it, after
+        // auth and admission have refused what they refuse unread.
+        .layer(MessageLimit::new(limits.max_request_bytes))
         .add_service(sized!(health_service))
         .add_optional_service(reflection_v1.map(|s| sized!(s)))
         .add_optional_service(reflection_v1alpha.map(|s| sized!(s)))

@@ -35,8 +35,9 @@ use tonic::Code;
 const ERROR_BUDGET: usize = 8 * 1024;
 
 /// The server's largest request message (`--max-request-bytes`' default):
-/// a request larger than this is refused by the transport (OUT_OF_RANGE,
-/// no ErrorInfo) before atmost reads it, whatever its row expects of atmost.
+/// a request larger than this is refused by the transport
+/// (RESOURCE_EXHAUSTED / MESSAGE_TOO_LARGE) before atmost reads it,
+/// whatever its row expects of atmost.
 const MAX_DECODE_BYTES: usize = atmost::transport::Limits::DEFAULT.max_request_bytes;
 
 /// The largest amount atmost accepts: 2^53 - 1.
@@ -147,7 +148,8 @@ enum Expect {
     /// reads back as sent.
     Created,
     /// Refused by the transport before atmost saw it: the message is past
-    /// the decode limit. OUT_OF_RANGE, no ErrorInfo.
+    /// the decode limit. RESOURCE_EXHAUSTED / MESSAGE_TOO_LARGE, the limit
+    /// and the message's size in its metadata.
     Transport,
     /// Bytes that are not a message of the request's type: tonic's codec
     /// answers INTERNAL (gRPC's code for a parse error), no ErrorInfo.
@@ -1735,7 +1737,16 @@ fn check(row: &Row, expect: &Expect, answer: &Answer) -> Result<Option<String>, 
             );
             return Ok(Some(got.permit_id));
         }
-        Transport => answered(Code::OutOfRange, None)?,
+        Transport => {
+            answered(Code::ResourceExhausted, Some("MESSAGE_TOO_LARGE"))?;
+            let metadata = error.metadata();
+            let size = row.body.len().to_string();
+            let limit = MAX_DECODE_BYTES.to_string();
+            ensure!(
+                metadata.get("limit") == Some(&limit) && metadata.get("size") == Some(&size),
+                "metadata {metadata:?}, expected limit {limit}, size {size}"
+            );
+        }
         Undecodable => answered(Code::Internal, None)?,
         Unhandled(code) => answered(*code, None)?,
     }

@@ -30,7 +30,7 @@ on_each_store!(
 /// An `atmost serve` process on `kind`'s store with `flags`.
 struct Served {
     process: AtmostProcess,
-    _redis: Option<Redis>,
+    redis: Option<Redis>,
 }
 
 fn serve(kind: Kind, flags: &[&str]) -> Served {
@@ -39,13 +39,31 @@ fn serve(kind: Kind, flags: &[&str]) -> Served {
     args.extend(flags.iter().map(|s| (*s).to_owned()));
     Served {
         process: spawn_atmost(&args),
-        _redis: redis,
+        redis,
     }
 }
 
 impl Served {
     fn addr(&self) -> std::net::SocketAddr {
         self.process.addr()
+    }
+
+    /// Every key the server stored on Redis (nothing on the memory store,
+    /// whose state is read through the RPCs).
+    async fn stored(&self) -> std::collections::BTreeSet<String> {
+        let Some(redis) = &self.redis else {
+            return Default::default();
+        };
+        let mut conn = ::redis::Client::open(redis.url.as_str())
+            .expect("a Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to Redis");
+        ::redis::cmd("KEYS")
+            .arg(format!("{}:*", redis.prefix))
+            .query_async(&mut conn)
+            .await
+            .expect("KEYS")
     }
 
     /// The server's resident memory, in KiB.
@@ -299,23 +317,26 @@ async fn stalled_call(
     (response, send)
 }
 
-/// The gRPC status of an answered call (trailers, or trailers-only headers).
+/// The gRPC status code of an answered call.
 async fn grpc_status(response: h2::client::ResponseFuture) -> tonic::Code {
+    grpc_answer(response).await.code()
+}
+
+/// The gRPC status of an answered call (trailers, or trailers-only headers).
+async fn grpc_answer(response: h2::client::ResponseFuture) -> tonic::Status {
     let response = tokio::time::timeout(GUARD, response)
         .await
         .expect("an answer within the guard")
         .expect("a response");
     let (head, mut body) = response.into_parts();
     if let Some(status) = tonic::Status::from_header_map(&head.headers) {
-        return status.code();
+        return status;
     }
     while let Some(chunk) = body.data().await {
         let _ = chunk.map(|c| body.flow_control().release_capacity(c.len()));
     }
     let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
-    tonic::Status::from_header_map(&trailers)
-        .expect("a grpc-status")
-        .code()
+    tonic::Status::from_header_map(&trailers).expect("a grpc-status")
 }
 
 // === the tests ===
@@ -622,7 +643,9 @@ async fn oversized_headers_and_messages_are_refused(kind: Kind) {
         Err(e) => assert!(e.is_reset(), "{e:?}"),
     }
 
-    // A message declaring 10 MB answers at once, before any body arrives.
+    // A message declaring 10 MB answers at once, before any body arrives:
+    // RESOURCE_EXHAUSTED, with its reason and the limit.
+    let stored = served.stored().await;
     let (response, _send) = stalled_call(
         &mut h2,
         "/atmost.v1.Permits/CreatePermit",
@@ -630,21 +653,84 @@ async fn oversized_headers_and_messages_are_refused(kind: Kind) {
         &[],
     )
     .await;
-    assert_eq!(grpc_status(response).await, tonic::Code::OutOfRange);
+    too_large(
+        Err::<(), _>(Error::from(grpc_answer(response).await)),
+        10_000_000,
+    );
 
     // Through a client library: a 100 KB CreatePermit is refused whole.
+    let create = |permit: pb::Permit| pb::CreatePermitRequest {
+        permit: Some(permit),
+    };
     let permit = pb::Permit {
         tools: vec!["t".repeat(100_000)],
         ..Default::default()
     };
-    let err = client.create_permit(permit).await.expect_err("too large");
-    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
+    let size = create(permit.clone()).encoded_len();
+    too_large(client.create_permit(permit).await, size);
+    assert_eq!(
+        served.stored().await,
+        stored,
+        "a refused CreatePermit stored nothing"
+    );
 
-    // A Commit whose answer (the 64 KiB result) is past the response limit.
+    // A message of exactly the limit is read: this one is refused for
+    // what it says (a subject too long), not for its size.
+    let mut permit = NewPermit::new(["t"]).build();
+    let mut n = 80_000 - create(permit.clone()).encoded_len();
+    loop {
+        permit.subject = "s".repeat(n);
+        match create(permit.clone()).encoded_len() {
+            80_000 => break,
+            len => n = n + 80_000 - len,
+        }
+    }
+    expect_error(
+        client.create_permit(permit).await,
+        tonic::Code::InvalidArgument,
+        "INVALID_REQUEST",
+    );
+    // A large valid CreatePermit is created: 64 000 bytes, so that its
+    // answer, the permit as large, fits --max-response-bytes.
+    let mut permit = largest_valid_permit();
+    while create(permit.clone()).encoded_len() > 64_000 {
+        let tool = permit.tools.pop().expect("a tool");
+        permit.max_calls_per_tool.remove(&tool);
+    }
+    let tools = permit.tools.len();
+    let created = client
+        .create_permit(permit)
+        .await
+        .expect("a large valid permit");
+    assert_eq!(created.tools.len(), tools);
+
+    // An Authorize past the limit (a 100 KB fingerprint) reserves nothing.
     let permit = client
         .create_permit(NewPermit::new(["t"]))
         .await
         .expect("create");
+    let stored = served.stored().await;
+    let authorize = pb::AuthorizeRequest {
+        permit_id: permit.permit_id.clone(),
+        tool: "t".into(),
+        idempotency_key: "big".into(),
+        request_fingerprint: vec![b'f'; 100_000],
+        ..Default::default()
+    };
+    let size = authorize.encoded_len();
+    too_large(client.authorize(authorize).await, size);
+    expect_error(
+        client.get_attempt(&permit.permit_id, "big").await,
+        tonic::Code::NotFound,
+        "ATTEMPT_NOT_FOUND",
+    );
+    assert_eq!(
+        served.stored().await,
+        stored,
+        "a refused Authorize stored nothing"
+    );
+
+    // A Commit whose answer (the 64 KiB result) is past the response limit.
     let attempt = client
         .authorize(pb::AuthorizeRequest {
             permit_id: permit.permit_id.clone(),
@@ -668,6 +754,36 @@ async fn oversized_headers_and_messages_are_refused(kind: Kind) {
         .expect_err("an answer past the response limit");
     assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
     served.still_serves().await;
+}
+
+/// Asserts that `result` is the refusal of a message of `size` bytes past
+/// `--max-request-bytes` 80000.
+#[track_caller]
+fn too_large<T: std::fmt::Debug>(result: Result<T, Error>, size: usize) {
+    let (metadata, error) =
+        expect_error(result, tonic::Code::ResourceExhausted, "MESSAGE_TOO_LARGE");
+    assert_eq!(metadata["limit"], "80000", "{error:?}");
+    assert_eq!(metadata["size"], size.to_string(), "{error:?}");
+}
+
+/// A CreatePermit's permit at every field's bound: the largest valid one.
+fn largest_valid_permit() -> pb::Permit {
+    use atmost::domain::{MAX_AGENTS, MAX_AMOUNT, MAX_TEXT_LEN, MAX_TOOL_LEN, MAX_TOOLS};
+    let tools: Vec<String> = (0..MAX_TOOLS)
+        .map(|i| format!("{i:0>width$}", width = MAX_TOOL_LEN))
+        .collect();
+    pb::Permit {
+        subject: "s".repeat(MAX_TEXT_LEN),
+        currency: "EUR".into(),
+        max_calls_per_tool: tools
+            .iter()
+            .map(|t| (t.clone(), MAX_AMOUNT as u64))
+            .collect(),
+        tools,
+        budget: Some(MAX_AMOUNT),
+        agents: (0..MAX_AGENTS).map(|i| format!("{i:0>64}")).collect(),
+        ..NewPermit::new(["t"]).build()
+    }
 }
 
 /// Over TLS, a handshake that stalls after its first bytes (past the

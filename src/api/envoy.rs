@@ -461,6 +461,9 @@ pub fn http_status(error: &Error) -> u16 {
         Reason::Unauthenticated => 401,
         Reason::StoreUnavailable | Reason::Overloaded => 503,
         Reason::DeadlineExceeded => 504,
+        // Refused by the transport on the gateway's own gRPC call, so no
+        // front door answers it; 413 if one ever did.
+        Reason::MessageTooLarge => 413,
     }
 }
 

@@ -180,6 +180,11 @@ pub fn code_and_metadata(error: &Error) -> (Code, Vec<(&'static str, String)>) {
         Error::QuotaExceeded { limit, .. } => {
             (Code::ResourceExhausted, vec![("limit", limit.to_string())])
         }
+        // gRPC's code for a message past the receiver's limit.
+        Error::MessageTooLarge { limit, size } => (
+            Code::ResourceExhausted,
+            vec![("limit", limit.to_string()), ("size", size.to_string())],
+        ),
     }
 }
 

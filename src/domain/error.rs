@@ -95,6 +95,12 @@ pub enum Error {
     /// A quota ([`Quota`]) has no room: nothing changed.
     #[error("{} (limit {limit})", quota.describe())]
     QuotaExceeded { quota: Quota, limit: u64 },
+    /// A request message longer than the server reads, refused by the
+    /// transport as its length prefix arrived: nothing was read.
+    #[error(
+        "the request message is {size} bytes, more than the {limit} this server reads; nothing was read"
+    )]
+    MessageTooLarge { limit: usize, size: usize },
 }
 
 /// The quotas (domain::Quotas holds their limits).
@@ -220,6 +226,8 @@ reasons! {
     QuotaAttempts = "QUOTA_ATTEMPTS",
     QuotaTenantPermits = "QUOTA_TENANT_PERMITS",
     QuotaStoreFull = "QUOTA_STORE_FULL",
+    /// Refused by the transport: no store returns it.
+    MessageTooLarge = "MESSAGE_TOO_LARGE",
     AttemptHolderMismatch = "ATTEMPT_HOLDER_MISMATCH",
 }
 
@@ -248,6 +256,7 @@ impl Error {
             Error::Unauthenticated { .. } => Reason::Unauthenticated,
             Error::RoleNotAllowed { .. } => Reason::RoleNotAllowed,
             Error::QuotaExceeded { quota, .. } => quota.reason(),
+            Error::MessageTooLarge { .. } => Reason::MessageTooLarge,
         }
     }
 }

@@ -794,6 +794,52 @@ async fn a_check_past_its_deadline_reserves_nothing(kind: Kind) {
     );
 }
 
+/// A CheckRequest past --max-request-bytes (128 KiB: a body Envoy
+/// buffered that large) is refused as its length prefix arrives, before
+/// the door reads it: RESOURCE_EXHAUSTED / MESSAGE_TOO_LARGE with the
+/// limit, and nothing reserved (Envoy answers as its failure mode says).
+/// One of exactly the limit is checked as any other.
+async fn a_check_past_the_message_limit_reserves_nothing(kind: Kind) {
+    use prost::Message;
+    let h = Harness::start(kind).await;
+    let permit = wallet_permit(&h).await;
+    let limit = atmost::transport::Limits::DEFAULT.max_request_bytes;
+    let sized = |key: &str, body: usize| {
+        check_request(
+            "POST",
+            PATH,
+            &[("x-atmost-permit", &permit), ("idempotency-key", key)],
+            &vec![b'x'; body],
+            Some(TOOL),
+        )
+    };
+    let big = sized("big", limit);
+    let size = big.encoded_len();
+    let refused = AuthorizationClient::new(h.client.channel())
+        .check(big)
+        .await
+        .map_err(Error::from);
+    let (metadata, _) = expect_error(refused, Code::ResourceExhausted, "MESSAGE_TOO_LARGE");
+    assert_eq!(metadata["limit"], limit.to_string());
+    assert_eq!(metadata["size"], size.to_string());
+    expect_error(
+        h.client.get_attempt(&permit, "big").await,
+        Code::NotFound,
+        "ATTEMPT_NOT_FOUND",
+    );
+
+    // A body cut to make the message exactly the limit: dispatched.
+    let mut body = limit - (size - limit);
+    let fits = loop {
+        let request = sized("fits", body);
+        match request.encoded_len() {
+            len if len == limit => break request,
+            len => body = body + limit - len,
+        }
+    };
+    allowed(check(&h, fits).await);
+}
+
 // === the mapping's other sources ===
 
 /// The permit from the JWT jwt_authn verified (metadata_context), the tool
@@ -1423,6 +1469,7 @@ on_each_store!(
     a_header_fingerprint_needs_no_body,
     repeated_headers_in_the_raw_header_map_are_400,
     a_check_past_its_deadline_reserves_nothing,
+    a_check_past_the_message_limit_reserves_nothing,
     jwt_permit_route_table_and_header_fingerprint,
     a_path_the_route_table_could_misread_is_refused,
 );

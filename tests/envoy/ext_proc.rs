@@ -44,7 +44,7 @@ struct Envoy {
     /// gRPC frames read and not yet decoded.
     buf: Vec<u8>,
     /// The stream's grpc-status, once known.
-    status: Option<Code>,
+    status: Option<tonic::Status>,
     addr: std::net::SocketAddr,
     /// The first message carries the protocol configuration.
     first: bool,
@@ -104,7 +104,7 @@ impl Envoy {
             .expect("response headers")
             .into_parts();
         // A refusal before the service (no key, say) is trailers-only.
-        let status = tonic::Status::from_header_map(&head.headers).map(|s| s.code());
+        let status = tonic::Status::from_header_map(&head.headers);
         Self {
             connection,
             send,
@@ -164,7 +164,7 @@ impl Envoy {
                             trailers
                                 .as_ref()
                                 .and_then(tonic::Status::from_header_map)
-                                .map_or(Code::Unknown, |s| s.code()),
+                                .unwrap_or_else(|| tonic::Status::unknown("no grpc-status")),
                         );
                     }
                     return None;
@@ -203,13 +203,32 @@ impl Envoy {
     async fn close(mut self) -> Code {
         self.send.send_data(Bytes::new(), true).expect("half-close");
         assert!(self.recv().await.is_none(), "no answer after the end");
-        self.status.expect("a status")
+        self.status.expect("a status").code()
     }
 
     /// The stream ended by the server: its status.
-    async fn ended(mut self) -> Code {
+    async fn ended(self) -> Code {
+        self.ended_with().await.code()
+    }
+
+    /// The stream ended by the server: its whole status.
+    async fn ended_with(mut self) -> tonic::Status {
         assert!(self.recv().await.is_none(), "no answer expected");
         self.status.expect("a status")
+    }
+
+    /// The stream ended by the server refusing a message past
+    /// --max-request-bytes (128 KiB): RESOURCE_EXHAUSTED /
+    /// MESSAGE_TOO_LARGE, with the limit.
+    async fn ended_too_large(self) {
+        let status = self.ended_with().await;
+        let (metadata, _) = expect_error(
+            Err::<(), _>(Error::from(status)),
+            Code::ResourceExhausted,
+            "MESSAGE_TOO_LARGE",
+        );
+        let limit = atmost::transport::Limits::DEFAULT.max_request_bytes;
+        assert_eq!(metadata["limit"], limit.to_string());
     }
 
     /// The downstream client went away: Envoy resets the stream. Returns
@@ -735,7 +754,7 @@ async fn a_lost_response_is_marked_uncertain(kind: Kind) {
     let answer = envoy.exchange(response_headers(200, false)).await;
     passed_on(&answer);
     envoy.send(response_body(&vec![b'x'; 200 * 1024], true), false);
-    assert_eq!(envoy.ended().await, Code::OutOfRange);
+    envoy.ended_too_large().await;
     until_state(&h, &permit, "huge", AttemptState::Uncertain).await;
 
     // Response headers without a status: nothing is known, the stream
@@ -793,7 +812,7 @@ async fn a_read_error_while_the_store_decides_fails_the_stream(kind: Kind) {
         request_body(&vec![b'x'; 200 * 1024]),
     ]);
     // ended(): no answer at all before the end, so no CONTINUE.
-    assert_eq!(envoy.ended().await, Code::OutOfRange);
+    envoy.ended_too_large().await;
     let a = until_state(&h, &permit, "broken", AttemptState::Released).await;
     assert_eq!(h.get(&permit).await.unwrap().usage[0].calls_made, 0);
 
@@ -967,7 +986,7 @@ async fn an_envoy_configuration_that_cannot_gate_is_refused(kind: Kind) {
     // ends cleanly (Envoy would then forward without atmost's answer).
     let mut envoy = held_for_body(&h, &permit, "m-1").await;
     envoy.send(request_body(&vec![b'x'; 200 * 1024]), false);
-    assert_eq!(envoy.ended().await, Code::OutOfRange);
+    envoy.ended_too_large().await;
 
     expect_error(
         h.client.get_attempt(&permit, "m-1").await,
@@ -1235,7 +1254,7 @@ async fn a_read_error_while_redis_holds_the_authorize_fails_the_stream() {
     } = held_at_redis("held").await;
     envoy.send(request_body(&vec![b'x'; 200 * 1024]), false);
     proxy.set_mode(proxy::Mode::Pass);
-    assert_eq!(envoy.ended().await, Code::OutOfRange);
+    envoy.ended_too_large().await;
     let a = until_state(&h, &permit, "held", AttemptState::Released).await;
     assert!(!a.attempt_id.is_empty());
     assert_eq!(h.get(&permit).await.unwrap().usage[0].calls_made, 0);
@@ -1513,7 +1532,10 @@ async fn a_gateway_key_opens_the_stream() {
         .permit_id;
 
     let refused = Envoy::open(&h, &[("x-atmost-tool", TOOL)]).await;
-    assert_eq!(refused.status, Some(Code::Unauthenticated));
+    assert_eq!(
+        refused.status.map(|s| s.code()),
+        Some(Code::Unauthenticated)
+    );
 
     let mut envoy = Envoy::open(
         &h,

@@ -632,6 +632,10 @@ fn error_of(reason: Reason) -> Error {
         Reason::QuotaAttempts => quota(Quota::Attempts),
         Reason::QuotaTenantPermits => quota(Quota::TenantPermits),
         Reason::QuotaStoreFull => quota(Quota::StoreFull),
+        Reason::MessageTooLarge => Error::MessageTooLarge {
+            limit: 131_072,
+            size: 200_000,
+        },
     }
 }
 
@@ -667,6 +671,7 @@ fn every_reason_has_its_http_status() {
         Reason::AttemptNotFound | Reason::AttemptMismatch | Reason::StateConflict => 409,
         Reason::Unauthenticated => 401,
         Reason::RoleNotAllowed => 403,
+        Reason::MessageTooLarge => 413,
     };
     for &reason in Reason::ALL {
         let error = error_of(reason);
@@ -706,6 +711,9 @@ const NOT_ANSWERED_OVER_HTTP: &[Reason] = &[
     // (docs/gateways.md, "Authentication"): Envoy answers, not atmost.
     Reason::Unauthenticated,
     Reason::RoleNotAllowed,
+    // The transport refuses the gateway's gRPC message itself, one past
+    // --max-request-bytes (docs/gateways.md, "Answers"): Envoy answers.
+    Reason::MessageTooLarge,
 ];
 
 /// The rows of docs/gateways.md's "Answers" table, read from the file: each

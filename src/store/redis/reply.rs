@@ -416,11 +416,13 @@ fn script_error(reason: Reason, f: &mut Fields, about: &About) -> Result<Error, 
             quota: crate::domain::Quota::of(reason).expect("a quota's reason"),
             limit: f.count()?,
         },
-        // Shedding happens before the store; no script sheds.
+        // Decided before the store (shedding, the deadline, keys, the
+        // transport): no script answers them.
         Reason::Overloaded
         | Reason::DeadlineExceeded
         | Reason::Unauthenticated
-        | Reason::RoleNotAllowed => {
+        | Reason::RoleNotAllowed
+        | Reason::MessageTooLarge => {
             return Err(malformed(format!("{} from a script", reason.as_str())));
         }
     })
@@ -528,7 +530,8 @@ mod tests {
                 Reason::Overloaded
                 | Reason::DeadlineExceeded
                 | Reason::Unauthenticated
-                | Reason::RoleNotAllowed => continue,
+                | Reason::RoleNotAllowed
+                | Reason::MessageTooLarge => continue,
                 _ => &[],
             };
             let mut values = vec!["ERR", reason.as_str()];

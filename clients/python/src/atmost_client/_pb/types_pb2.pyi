@@ -66,6 +66,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     QUOTA_ATTEMPTS: _ClassVar[ErrorReason]
     QUOTA_TENANT_PERMITS: _ClassVar[ErrorReason]
     QUOTA_STORE_FULL: _ClassVar[ErrorReason]
+    MESSAGE_TOO_LARGE: _ClassVar[ErrorReason]
 UNCERTAIN_POLICY_UNSPECIFIED: UncertainPolicy
 UNCERTAIN_POLICY_COUNT: UncertainPolicy
 UNCERTAIN_POLICY_HOLD_TOOL: UncertainPolicy
@@ -107,6 +108,7 @@ QUOTA_OPEN_ATTEMPTS: ErrorReason
 QUOTA_ATTEMPTS: ErrorReason
 QUOTA_TENANT_PERMITS: ErrorReason
 QUOTA_STORE_FULL: ErrorReason
+MESSAGE_TOO_LARGE: ErrorReason
 
 class Permit(_message.Message):
     __slots__ = ("permit_id", "subject", "tools", "max_calls_per_tool", "budget", "currency", "expires_at", "lease", "duplicate_guard", "status", "created_at", "uncertain_policy", "tenant", "agents")
