@@ -1,9 +1,11 @@
 //! The Redis settings atmost relies on, on real redis-server processes:
 //! an evicting `maxmemory-policy` is refused (at start-up, when Redis
 //! comes up later, and when it is changed at run time) unless the operator
-//! accepts it; a Redis whose CONFIG is disabled is served with a warning;
-//! with `noeviction` and `maxmemory` reached, writes fail whole and service
-//! resumes once memory is freed.
+//! accepts it; a Redis whose CONFIG is disabled is read from INFO; one that
+//! tells neither is refused the same way unless the operator vouches for
+//! it; with `noeviction` and `maxmemory` reached, writes fail whole and
+//! service resumes once memory is freed; the README's ACL is all atmost
+//! needs, in both durability modes.
 
 use crate::support::*;
 use atmost::store::Backend;
@@ -152,11 +154,10 @@ async fn a_redis_restarted_evicting_is_refused_before_any_operation() {
     .await;
 }
 
-/// Managed services disable CONFIG (atmost then reads the policy from INFO
-/// memory); where INFO is disabled too, the policy cannot be read, and
-/// atmost serves (with a loud warning in its log).
+/// Managed services disable CONFIG: atmost then reads the policy from INFO
+/// memory, and serves on `noeviction` and refuses an evicting one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_config_it_serves_with_a_warning() {
+async fn without_config_the_policy_is_read_from_info() {
     let _machine = shared().await;
     let redis = Redis::start_owned_with(&["--rename-command", "CONFIG", ""]);
     let process = spawn_atmost(&redis.serve_args());
@@ -164,8 +165,6 @@ async fn without_config_it_serves_with_a_warning() {
     wait_health(&client, ServingStatus::Serving).await;
     dispatches(&client).await;
     drop(process);
-    // CONFIG off, and an evicting policy: INFO still tells it, and atmost
-    // refuses.
     let evicting = Redis::start_owned_with(&[
         "--rename-command",
         "CONFIG",
@@ -179,7 +178,67 @@ async fn without_config_it_serves_with_a_warning() {
         stderr.contains("maxmemory-policy is allkeys-lru"),
         "{stderr}"
     );
-    let redis = Redis::start_owned_with(&[
+}
+
+/// The flag that accepts a policy nobody can read.
+const UNKNOWN_FLAG: &str = "--allow-unknown-eviction-policy";
+
+/// `serve_args` of `redis` as the ACL user `user` (password `pw`).
+fn serve_as(redis: &Redis, user: &str) -> Vec<String> {
+    let url = redis
+        .url
+        .replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    vec![
+        "--store".into(),
+        "redis".into(),
+        "--redis-url".into(),
+        url,
+        "--redis-prefix".into(),
+        redis.prefix.clone(),
+    ]
+}
+
+/// Creates (or changes) the ACL user `user`, password `pw`: every command
+/// and key, less `denied` (e.g. `-info`).
+async fn acl_user(redis: &Redis, user: &str, denied: &[&str]) {
+    let mut admin = redis.connect().await;
+    let mut setuser = redis::cmd("ACL");
+    setuser
+        .arg("SETUSER")
+        .arg(user)
+        .arg("reset")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg(denied);
+    let _: () = setuser.query_async(&mut admin).await.expect("ACL SETUSER");
+}
+
+/// A Redis that tells its policy neither in INFO memory nor through
+/// CONFIG GET (both not permitted to atmost's user, or both disabled) may
+/// be evicting: atmost refuses to start on it, naming the flag that
+/// accepts it, and serves with that flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_redis_will_not_tell_is_refused_unless_accepted() {
+    let _machine = shared().await;
+    // A managed-Redis default: an evicting policy, and a user that may run
+    // neither INFO nor CONFIG.
+    let redis = Redis::start_owned_with(&["--maxmemory-policy", "volatile-lru"]);
+    acl_user(&redis, "blind", &["-info", "-config"]).await;
+    let args = serve_as(&redis, "blind");
+    let (status, stderr) = run_to_exit(&args);
+    assert!(!status.success(), "{status:?}");
+    assert!(
+        stderr.contains("would not tell its maxmemory-policy")
+            && stderr.contains("no permissions to run the 'info' command")
+            && stderr.contains(UNKNOWN_FLAG)
+            && stderr.contains("+info"),
+        "the refusal says why and how to fix it: {stderr}"
+    );
+    // INFO and CONFIG disabled outright: the same.
+    let disabled = Redis::start_owned_with(&[
         "--rename-command",
         "CONFIG",
         "",
@@ -187,10 +246,118 @@ async fn without_config_it_serves_with_a_warning() {
         "INFO",
         "",
     ]);
-    let process = spawn_atmost(&redis.serve_args());
+    let (status, stderr) = run_to_exit(&disabled.serve_args());
+    assert!(!status.success(), "{status:?}");
+    assert!(stderr.contains(UNKNOWN_FLAG), "{stderr}");
+    // Accepted by the operator (the flag, or its variable): it serves,
+    // health SERVING.
+    let mut with_flag = args;
+    with_flag.push(UNKNOWN_FLAG.into());
+    for process in [
+        spawn_atmost(&with_flag),
+        spawn_atmost_with_env(
+            &disabled.serve_args(),
+            &[("ATMOST_ALLOW_UNKNOWN_EVICTION_POLICY", "true")],
+        ),
+    ] {
+        let client = process.client().await;
+        wait_health(&client, ServingStatus::Serving).await;
+        dispatches(&client).await;
+    }
+}
+
+/// How many INFO commands Redis refused (`rejected_calls` of
+/// `cmdstat_info`): one per policy check of atmost's that met the refusal.
+async fn rejected_info_calls(redis: &Redis) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut redis.connect().await)
+        .await
+        .expect("INFO commandstats");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_info:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+/// A policy that becomes unreadable at run time (atmost's user loses
+/// `+info`) stops service as an evicting one does: NOT_SERVING, every
+/// request UNAVAILABLE naming the flag, one error in the log, until the
+/// user may read it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_that_turns_unreadable_stops_service_until_readable() {
+    let _machine = shared().await;
+    let redis = Redis::start_owned();
+    acl_user(&redis, "atmost", &["-config"]).await;
+    let log = std::env::temp_dir().join(format!(
+        "atmost-unknown-policy-{}.jsonl",
+        uuid::Uuid::now_v7().simple()
+    ));
+    let mut args = serve_as(&redis, "atmost");
+    args.extend(["--log-format".into(), "json".into()]);
+    let process = AtmostProcess::spawn_logged(
+        std::path::Path::new(env!("CARGO_BIN_EXE_atmost")),
+        &args,
+        &[("RUST_LOG", "error")],
+        &log,
+    )
+    .expect("start atmost");
     let client = process.client().await;
     wait_health(&client, ServingStatus::Serving).await;
-    dispatches(&client).await;
+    let permit = client
+        .create_permit(NewPermit::new(["t"]))
+        .await
+        .expect("create permit")
+        .permit_id;
+
+    acl_user(&redis, "atmost", &["-config", "-info"]).await;
+    wait_health(&client, ServingStatus::NotServing).await;
+    // Three health checks meet the refusal (each is an INFO Redis rejects).
+    let (checked, deadline) = (
+        rejected_info_calls(&redis).await,
+        Instant::now() + Duration::from_secs(30),
+    );
+    while rejected_info_calls(&redis).await < checked + 3 {
+        assert!(Instant::now() < deadline, "no health check ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for key in ["k1", "k2", "k3"] {
+        let refused = client
+            .authorize(pb::AuthorizeRequest {
+                permit_id: permit.clone(),
+                tool: "t".into(),
+                idempotency_key: key.into(),
+                request_fingerprint: b"fp".to_vec(),
+                cost: 0,
+                holder_token: Vec::new(),
+            })
+            .await;
+        let (_, error) = expect_error(refused, Code::Unavailable, "STORE_UNAVAILABLE");
+        assert!(error.status().message().contains(UNKNOWN_FLAG), "{error:?}");
+    }
+
+    acl_user(&redis, "atmost", &["-config"]).await;
+    wait_health(&client, ServingStatus::Serving).await;
+    let r = authorize_new_key(&client, permit).await;
+    assert_eq!(r.decision(), Decision::Dispatch);
+    drop(process);
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let _ = std::fs::remove_file(&log);
+    let refusals = text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| {
+            event["level"] == "ERROR"
+                && event["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("Redis would not tell"))
+        })
+        .count();
+    assert_eq!(
+        refusals, 1,
+        "one error for the change, not one per check: {text}"
+    );
 }
 
 /// With `noeviction` and `maxmemory` reached, every write answers

@@ -34,7 +34,7 @@ mod reply;
 mod scripts;
 
 pub use conn::{Durability, Mode, RedisConfig, Time, connection_info};
-pub use eviction::{Policy as EvictionPolicy, refusal as eviction_refusal};
+pub use eviction::Policy as EvictionPolicy;
 pub use reply::unpack_reply;
 pub use scripts::{script_body, script_text};
 
@@ -166,7 +166,10 @@ impl RedisStore {
             prefix: config.prefix.clone(),
             retention_ms: config.retention_ms,
             scan_budget: config.timeout / 2,
-            eviction: eviction::Guard::new(config.allow_eviction),
+            eviction: eviction::Guard::new(
+                config.allow_eviction,
+                config.allow_unknown_eviction_policy,
+            ),
             time: config.time,
             sweep_from: Arc::default(),
             quotas: Quotas::DEFAULT,
@@ -215,11 +218,15 @@ impl RedisStore {
     }
 
     /// Reads Redis's `maxmemory-policy` now (at start-up, to refuse an
-    /// evicting Redis before serving; the store also reads it before its
-    /// first operation and with every health check).
-    pub async fn eviction_policy(&self) -> Result<EvictionPolicy, Error> {
+    /// evicting Redis, or one that will not tell, before serving; the store
+    /// also reads it before its first operation and with every health
+    /// check): the policy, and why the store will not serve on it (`None`:
+    /// it may).
+    pub async fn eviction_policy(&self) -> Result<(EvictionPolicy, Option<String>), Error> {
         let mut conn = self.conn.get().await?;
-        self.eviction.check(&mut conn).await
+        let policy = self.eviction.check(&mut conn).await?;
+        let refused = self.eviction.refusal(&policy);
+        Ok((policy, refused))
     }
 
     /// Redis's version (major, minor), from `INFO server` (the oldest of a
