@@ -455,58 +455,57 @@ async fn maxmemory_reached_refuses_writes_whole_and_resumes() {
     assert_eq!((view.budget_committed, view.budget_reserved), (10, 10));
 }
 
-/// The ACL atmost needs, as the README gives it: its key prefix,
-/// the commands its scripts and checks run, nothing else.
-pub fn atmost_acl(user: &str, password: &str, prefix: &str) -> Vec<String> {
-    let mut acl = vec![
-        "ACL",
-        "SETUSER",
-        user,
-        "on",
-        "resetkeys",
-        "resetchannels",
-        "-@all",
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect::<Vec<_>>();
-    acl.push(format!(">{password}"));
-    acl.push(format!("~{prefix}:*"));
-    for command in [
-        // Outside scripts: scripts, the indexes, the checks.
-        "+evalsha",
-        "+script|load",
-        "+zadd",
-        "+zrangebylex",
-        "+zlexcount",
-        "+zscore",
-        "+zrem",
-        "+sadd",
-        "+smembers",
-        "+ping",
-        "+info",
-        "+config|get",
-        // Inside the scripts.
-        "+hget",
-        "+hmget",
-        "+hset",
-        "+hdel",
-        "+hlen",
-        "+del",
-        "+hgetall",
-        "+exists",
-        "+persist",
-        "+pexpireat",
-        "+time",
-    ] {
-        acl.push(command.to_owned());
+/// The README's ACL lines (the block marked `readme-check: redis-acl`):
+/// the first, for every deployment, then those under a comment starting
+/// with each of `modes` (e.g. "with --durability replica"), each line split
+/// into its words as `redis-cli` would.
+fn readme_acl(modes: &[&str]) -> Vec<Vec<String>> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let block: Vec<&str> = readme
+        .split_once("<!-- readme-check: redis-acl -->\n```text\n")
+        .and_then(|(_, rest)| rest.split_once("\n```").map(|(block, _)| block))
+        .expect("README.md has a block marked readme-check: redis-acl")
+        .lines()
+        .collect();
+    let mut sections: Vec<(&str, Vec<Vec<String>>)> = Vec::new();
+    for line in block {
+        match line.strip_prefix("# ") {
+            Some(comment) => sections.push((comment, Vec::new())),
+            None => {
+                assert!(!line.contains(['"', '\'']), "no quoting: {line}");
+                let (_, lines) = sections.last_mut().expect("a comment first");
+                lines.push(line.split_whitespace().map(String::from).collect());
+            }
+        }
     }
-    acl
+    let mut wanted = vec![sections[0].1.clone()];
+    for mode in modes {
+        let (_, lines) = sections
+            .iter()
+            .find(|(comment, _)| comment.starts_with(mode))
+            .unwrap_or_else(|| panic!("the README's ACL has no lines {mode:?}"));
+        wanted.push(lines.clone());
+    }
+    wanted.concat()
+}
+
+/// Runs the README's ACL (see [`readme_acl`]) on `admin`, as written: the
+/// user `atmost`, password `PASSWORD`, the default prefix.
+async fn create_readme_user(admin: &mut redis::aio::MultiplexedConnection, modes: &[&str]) {
+    for line in readme_acl(modes) {
+        let mut cmd = redis::cmd(&line[0]);
+        cmd.arg(&line[1..]);
+        let _: () = cmd
+            .query_async(admin)
+            .await
+            .unwrap_or_else(|e| panic!("{line:?}: {e}"));
+    }
 }
 
 /// The Redis link over TLS (rustls, with the CA given by
-/// --redis-tls-ca) as an ACL user with only what atmost needs: the whole
-/// cycle works; a wrong password is NOT_SERVING and UNAVAILABLE.
+/// --redis-tls-ca) as the README's ACL user: the whole cycle works; a
+/// wrong password is NOT_SERVING and UNAVAILABLE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_to_redis_as_an_acl_user_with_only_what_atmost_needs() {
     let _machine = shared().await;
@@ -542,11 +541,7 @@ async fn tls_to_redis_as_an_acl_user_with_only_what_atmost_needs() {
         "no",
     ]);
     let mut admin = redis.connect().await;
-    let _: () = redis::cmd("ACL")
-        .arg(&atmost_acl("atmost", "s3cret", &redis.prefix)[1..])
-        .query_async(&mut admin)
-        .await
-        .expect("ACL SETUSER");
+    create_readme_user(&mut admin, &[]).await;
 
     let serve = |password: &str| {
         spawn_atmost(&[
@@ -556,11 +551,9 @@ async fn tls_to_redis_as_an_acl_user_with_only_what_atmost_needs() {
             &format!("rediss://atmost:{password}@localhost:{tls_port}"),
             "--redis-tls-ca",
             &ca,
-            "--redis-prefix",
-            &redis.prefix,
         ])
     };
-    let process = serve("s3cret");
+    let process = serve("PASSWORD");
     let client = process.client().await;
     dispatches(&client).await;
     let permit = client
@@ -614,7 +607,7 @@ async fn tls_to_redis_as_an_acl_user_with_only_what_atmost_needs() {
     // The user can read nothing outside its prefix.
     let outside: redis::RedisResult<()> = redis::cmd("AUTH")
         .arg("atmost")
-        .arg("s3cret")
+        .arg("PASSWORD")
         .query_async(&mut admin)
         .await;
     outside.expect("auth as atmost");
@@ -639,9 +632,7 @@ async fn tls_to_redis_as_an_acl_user_with_only_what_atmost_needs() {
         "--store",
         "redis",
         "--redis-url",
-        &format!("rediss://atmost:s3cret@localhost:{tls_port}"),
-        "--redis-prefix",
-        &redis.prefix,
+        &format!("rediss://atmost:PASSWORD@localhost:{tls_port}"),
     ]);
     let r = untrusted
         .client()
@@ -654,4 +645,191 @@ async fn tls_to_redis_as_an_acl_user_with_only_what_atmost_needs() {
         .await;
     expect_error(r, Code::Unavailable, "STORE_UNAVAILABLE");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The README's ACL, its lines run as written, is all atmost needs in each
+/// durability mode (`replica`: with its line, and a replica): a whole cycle
+/// through the binary (create, dispatch, commit, replay, mark uncertain,
+/// list, get, resolve, revoke), the census (it counts the uncertain
+/// attempt) and the sweep (a store as that user, at a time past the
+/// permit's expiry, closes it), health SERVING throughout, and nothing in
+/// the log at error level or refused for permission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_acl_is_all_atmost_needs_in_each_durability_mode() {
+    use atmost::store::Store;
+    use atmost::store::redis::{Durability, RedisConfig, RedisStore, Time};
+    use atmost_testkit::RedisServer;
+    let _machine = shared().await;
+    for (durability, modes) in [
+        ("none", &[][..]),
+        ("replica", &["with --durability replica"]),
+    ] {
+        let primary = RedisServer::start().expect("primary");
+        let replica = (durability == "replica").then(|| {
+            let of = primary.port().to_string();
+            let replica = RedisServer::start_on(|_| {
+                vec!["--replicaof".into(), "127.0.0.1".into(), of.clone()]
+            })
+            .expect("replica");
+            atmost_testkit::topology::wait_replicas_online(primary.port(), 1).expect("in sync");
+            replica
+        });
+        let mut admin = redis::Client::open(primary.url())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect as the default user");
+        create_readme_user(&mut admin, modes).await;
+        let url = format!("redis://atmost:PASSWORD@127.0.0.1:{}", primary.port());
+        let log = std::env::temp_dir().join(format!(
+            "atmost-readme-acl-{durability}-{}.jsonl",
+            uuid::Uuid::now_v7().simple()
+        ));
+        let process = AtmostProcess::spawn_logged(
+            std::path::Path::new(env!("CARGO_BIN_EXE_atmost")),
+            &[
+                "--store",
+                "redis",
+                "--redis-url",
+                &url,
+                "--durability",
+                durability,
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--uncertain-census-interval",
+                "1s",
+                "--log-format",
+                "json",
+            ],
+            // The sweep's failures are logged at debug.
+            &[("RUST_LOG", "atmost=debug")],
+            &log,
+        )
+        .expect("start atmost");
+        let client = process.client().await;
+        wait_health(&client, ServingStatus::Serving).await;
+
+        let expires_at = atmost_client::now_ms() + 60_000;
+        let permit = client
+            .create_permit(NewPermit::new(["t"]).expires_at_ms(expires_at).build())
+            .await
+            .expect("create")
+            .permit_id;
+        let request = |key: &str| pb::AuthorizeRequest {
+            permit_id: permit.clone(),
+            tool: "t".into(),
+            idempotency_key: key.into(),
+            request_fingerprint: b"fp".to_vec(),
+            cost: 0,
+            holder_token: Vec::new(),
+        };
+        let a = client.authorize(request("k1")).await.expect("authorize");
+        assert_eq!(a.decision(), Decision::Dispatch, "{durability}");
+        let a = a.attempt.expect("an attempt");
+        client
+            .commit(pb::CommitRequest {
+                permit_id: permit.clone(),
+                idempotency_key: "k1".into(),
+                attempt_id: a.attempt_id,
+                outcome: Some(succeeded(b"ok", None)),
+            })
+            .await
+            .expect("commit");
+        let replay = client.authorize(request("k1")).await.expect("replay");
+        assert_eq!(replay.decision(), Decision::Replay, "{durability}");
+        let b = client
+            .authorize(request("k2"))
+            .await
+            .expect("authorize k2")
+            .attempt
+            .expect("an attempt");
+        client
+            .mark_uncertain(pb::MarkUncertainRequest {
+                permit_id: permit.clone(),
+                idempotency_key: "k2".into(),
+                attempt_id: b.attempt_id.clone(),
+                reason: "lost".into(),
+            })
+            .await
+            .expect("mark uncertain");
+        let listed = client.list_all_uncertain("", 10).await.expect("list");
+        assert_eq!(listed.len(), 1, "{durability}: {listed:?}");
+        // The census, as this user, counts it.
+        let metrics = process.metrics_addr().expect("metrics");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while crate::telemetry::scrape(metrics)
+            .await
+            .get("atmost_uncertain_attempts")
+            != Some(&1.0)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{durability}: the census never counted it"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let got = client
+            .get_attempt(&permit, "k2")
+            .await
+            .expect("get attempt");
+        assert_eq!(
+            got.attempt.expect("the attempt").state(),
+            pb::AttemptState::Uncertain,
+            "{durability}"
+        );
+        client
+            .resolve(pb::ResolveRequest {
+                permit_id: permit.clone(),
+                idempotency_key: "k2".into(),
+                attempt_id: b.attempt_id,
+                outcome: Some(resolved_succeeded(b"ok", None)),
+            })
+            .await
+            .expect("resolve");
+        let view = client.get_permit(&permit).await.expect("get permit");
+        assert_eq!(view.usage[0].calls_made, 2, "{durability}");
+        client.revoke_permit(&permit).await.expect("revoke");
+
+        // The sweep, as this user, at a time past the permit's expiry.
+        let store = RedisStore::connect(&RedisConfig {
+            url: url.clone(),
+            durability: match durability {
+                "none" => Durability::None,
+                _ => Durability::Replica,
+            },
+            time: Time::Caller,
+            ..RedisConfig::new("", "atmost")
+        })
+        .expect("store");
+        let later = expires_at + 2 * atmost::store::INDEX_MARGIN_MS;
+        assert_eq!(
+            store
+                .sweep(later)
+                .await
+                .expect("the sweep, as the README's user"),
+            1,
+            "{durability}: the revoked permit leaves the index"
+        );
+        wait_health(&client, ServingStatus::Serving).await;
+        // The write that follows each durable script leaves nothing behind.
+        let left: Vec<String> = redis::cmd("KEYS")
+            .arg("atmost:sync:*")
+            .query_async(&mut admin)
+            .await
+            .expect("KEYS");
+        assert!(left.is_empty(), "{durability}: {left:?}");
+
+        drop(process);
+        drop(replica);
+        let text = std::fs::read_to_string(&log).expect("the log");
+        let _ = std::fs::remove_file(&log);
+        for line in text.lines() {
+            assert!(
+                !line.to_ascii_lowercase().contains("noperm")
+                    && !line.contains("no permissions")
+                    && !line.contains("\"level\":\"ERROR\""),
+                "{durability}: {line}"
+            );
+        }
+    }
 }

@@ -71,10 +71,6 @@ const LIST_CHUNK: usize = 200;
 /// all, cut short by the store deadline.
 const NOT_RUN_TRIES: u32 = 8;
 
-/// How long the key written after each durable script lives (see
-/// `RedisStore::run_once`): only its write matters.
-const SYNC_KEY_MS: u64 = 10_000;
-
 /// The Redis store: its connection and the key prefix.
 #[derive(Clone)]
 pub struct RedisStore {
@@ -278,7 +274,8 @@ impl RedisStore {
     }
 
     /// `<prefix>:sync:{tag}`: in the slot of `key` (its hash tag, or the
-    /// whole key when it has none), written after each durable script.
+    /// whole key when it has none), written and deleted after each durable
+    /// script.
     /// atmost's keys have braces only around their tag (prefixes may not
     /// hold them, tenants are `[A-Za-z0-9._-]`, permit ids UUIDs).
     fn sync_key(&self, key: &[u8]) -> Vec<u8> {
@@ -394,19 +391,26 @@ impl RedisStore {
         let mut loaded = false;
         loop {
             let result = if wait {
-                // One pipeline: the three go out together on one
-                // connection. WAIT waits for what this connection last
-                // wrote; a script that wrote nothing (a replay) may have read
-                // what another connection wrote and no replica has yet, so a
-                // write always follows it (in its slot), and WAIT then covers
-                // everything the script could have seen.
+                // One pipeline: they go out together on one connection,
+                // to the script's node. WAIT waits for what this connection
+                // last wrote; a script that wrote nothing (a replay) may
+                // have read what another connection wrote and no replica
+                // has yet, so a write always follows it (in its slot), and
+                // WAIT then covers everything the script could have seen.
+                // That write is HSET then DEL of a key of atmost's own,
+                // commands the scripts already need, so no extra ACL grant:
+                // HSET is replicated even when it changes nothing, and the
+                // DEL leaves nothing behind.
+                let sync = self.sync_key(inv.slot_key());
                 let mut pipe = redis::pipe();
                 pipe.add_command(inv.evalsha())
-                    .cmd("SET")
-                    .arg(self.sync_key(inv.slot_key()))
+                    .cmd("HSET")
+                    .arg(&sync)
+                    .arg("w")
                     .arg(1)
-                    .arg("PX")
-                    .arg(SYNC_KEY_MS)
+                    .ignore()
+                    .cmd("DEL")
+                    .arg(&sync)
                     .ignore()
                     .cmd("WAIT")
                     .arg(1)
