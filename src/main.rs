@@ -10,7 +10,7 @@ use atmost::domain::Millis;
 use atmost::store::{
     Backend,
     memory::MemoryStore,
-    redis::{self, Durability, EvictionPolicy, Mode, RedisConfig, RedisStore, Time},
+    redis::{Durability, Mode, RedisConfig, RedisStore, Time},
 };
 use atmost::{App, run};
 use clap::builder::TypedValueParser;
@@ -208,6 +208,13 @@ struct ServeArgs {
     /// again. Without it, atmost refuses such a Redis.
     #[arg(long, env = "ATMOST_ALLOW_EVICTION")]
     allow_eviction: bool,
+    /// Serve on a Redis that will not tell its maxmemory-policy (neither
+    /// INFO memory nor CONFIG GET permitted): you vouch that it is
+    /// noeviction. If it is not, an evicted finished attempt lets its key be
+    /// dispatched again. Without it, atmost refuses such a Redis; granting
+    /// its Redis user +info lets it read the policy instead.
+    #[arg(long, env = "ATMOST_ALLOW_UNKNOWN_EVICTION_POLICY")]
+    allow_unknown_eviction_policy: bool,
     /// How long finished attempts and permits are kept past the permit's
     /// expiry (at most 10y).
     #[arg(long, env = "ATMOST_RETENTION", default_value = "24h", value_parser = retention)]
@@ -676,6 +683,7 @@ fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
                 retention_ms,
                 timeout: args.store_timeout,
                 allow_eviction: args.allow_eviction,
+                allow_unknown_eviction_policy: args.allow_unknown_eviction_policy,
                 time: Time::Redis,
                 tls_ca: redis_tls_ca,
             };
@@ -748,7 +756,7 @@ async fn serve(
             // prepare() checked the configuration: what is left to fail
             // here is not a setting.
             let store = RedisStore::connect(&config)?.with_quotas(quotas);
-            check_eviction(&store, args.allow_eviction, args.store_timeout).await?;
+            check_eviction(&store, args.store_timeout).await?;
             check_version(&store, args.store_timeout).await?;
             Backend::Redis(store)
         }
@@ -845,14 +853,11 @@ async fn serve(
 /// that does not answer yet is checked before the store serves anything.
 async fn check_eviction(
     store: &RedisStore,
-    allow: bool,
     timeout: Duration,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     match tokio::time::timeout(timeout, store.eviction_policy()).await {
-        Ok(Ok(EvictionPolicy::Evicts(policy))) if !allow => {
-            Err(redis::eviction_refusal(&policy).into())
-        }
-        Ok(Ok(_)) => Ok(()),
+        Ok(Ok((_, Some(refusal)))) => Err(refusal.into()),
+        Ok(Ok((_, None))) => Ok(()),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "Redis unreachable at start-up: its maxmemory-policy is read before anything is served");
             Ok(())

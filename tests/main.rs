@@ -36,7 +36,8 @@
 //! - `receipts`: signed receipts, verified offline with the published keys.
 //! - `redis_keys`: the Redis key layout and retention, read from Redis.
 //! - `redis_settings`: eviction policies refused or accepted, CONFIG
-//!   disabled, `maxmemory` reached.
+//!   disabled, a policy Redis will not tell, `maxmemory` reached, the
+//!   README's ACL in both durability modes.
 //! - `telemetry`: spans sent to an OTLP receiver in the test (the caller's
 //!   trace joined, the attributes, nothing secret), and the Prometheus
 //!   scrape after a known sequence of calls on each store.

@@ -34,7 +34,7 @@ mod reply;
 mod scripts;
 
 pub use conn::{Durability, Mode, RedisConfig, Time, connection_info};
-pub use eviction::{Policy as EvictionPolicy, refusal as eviction_refusal};
+pub use eviction::Policy as EvictionPolicy;
 pub use reply::unpack_reply;
 pub use scripts::{script_body, script_text};
 
@@ -70,10 +70,6 @@ const LIST_CHUNK: usize = 200;
 /// ...): the first, then retries after 10, 20, 40, ... ms, about 1.3 s in
 /// all, cut short by the store deadline.
 const NOT_RUN_TRIES: u32 = 8;
-
-/// How long the key written after each durable script lives (see
-/// `RedisStore::run_once`): only its write matters.
-const SYNC_KEY_MS: u64 = 10_000;
 
 /// The Redis store: its connection and the key prefix.
 #[derive(Clone)]
@@ -166,7 +162,10 @@ impl RedisStore {
             prefix: config.prefix.clone(),
             retention_ms: config.retention_ms,
             scan_budget: config.timeout / 2,
-            eviction: eviction::Guard::new(config.allow_eviction),
+            eviction: eviction::Guard::new(
+                config.allow_eviction,
+                config.allow_unknown_eviction_policy,
+            ),
             time: config.time,
             sweep_from: Arc::default(),
             quotas: Quotas::DEFAULT,
@@ -215,11 +214,15 @@ impl RedisStore {
     }
 
     /// Reads Redis's `maxmemory-policy` now (at start-up, to refuse an
-    /// evicting Redis before serving; the store also reads it before its
-    /// first operation and with every health check).
-    pub async fn eviction_policy(&self) -> Result<EvictionPolicy, Error> {
+    /// evicting Redis, or one that will not tell, before serving; the store
+    /// also reads it before its first operation and with every health
+    /// check): the policy, and why the store will not serve on it (`None`:
+    /// it may).
+    pub async fn eviction_policy(&self) -> Result<(EvictionPolicy, Option<String>), Error> {
         let mut conn = self.conn.get().await?;
-        self.eviction.check(&mut conn).await
+        let policy = self.eviction.check(&mut conn).await?;
+        let refused = self.eviction.refusal(&policy);
+        Ok((policy, refused))
     }
 
     /// Redis's version (major, minor), from `INFO server` (the oldest of a
@@ -271,7 +274,8 @@ impl RedisStore {
     }
 
     /// `<prefix>:sync:{tag}`: in the slot of `key` (its hash tag, or the
-    /// whole key when it has none), written after each durable script.
+    /// whole key when it has none), written and deleted after each durable
+    /// script.
     /// atmost's keys have braces only around their tag (prefixes may not
     /// hold them, tenants are `[A-Za-z0-9._-]`, permit ids UUIDs).
     fn sync_key(&self, key: &[u8]) -> Vec<u8> {
@@ -387,19 +391,26 @@ impl RedisStore {
         let mut loaded = false;
         loop {
             let result = if wait {
-                // One pipeline: the three go out together on one
-                // connection. WAIT waits for what this connection last
-                // wrote; a script that wrote nothing (a replay) may have read
-                // what another connection wrote and no replica has yet, so a
-                // write always follows it (in its slot), and WAIT then covers
-                // everything the script could have seen.
+                // One pipeline: they go out together on one connection,
+                // to the script's node. WAIT waits for what this connection
+                // last wrote; a script that wrote nothing (a replay) may
+                // have read what another connection wrote and no replica
+                // has yet, so a write always follows it (in its slot), and
+                // WAIT then covers everything the script could have seen.
+                // That write is HSET then DEL of a key of atmost's own,
+                // commands the scripts already need, so no extra ACL grant:
+                // HSET is replicated even when it changes nothing, and the
+                // DEL leaves nothing behind.
+                let sync = self.sync_key(inv.slot_key());
                 let mut pipe = redis::pipe();
                 pipe.add_command(inv.evalsha())
-                    .cmd("SET")
-                    .arg(self.sync_key(inv.slot_key()))
+                    .cmd("HSET")
+                    .arg(&sync)
+                    .arg("w")
                     .arg(1)
-                    .arg("PX")
-                    .arg(SYNC_KEY_MS)
+                    .ignore()
+                    .cmd("DEL")
+                    .arg(&sync)
                     .ignore()
                     .cmd("WAIT")
                     .arg(1)

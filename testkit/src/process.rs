@@ -238,6 +238,8 @@ pub struct AtmostProcess {
     bin: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// Where its stderr (the log) goes; none: this process's stderr.
+    log: Option<PathBuf>,
 }
 
 impl AtmostProcess {
@@ -256,12 +258,34 @@ impl AtmostProcess {
         args: &[S],
         env: &[(E, E)],
     ) -> std::io::Result<Self> {
+        Self::start(bin, args, env, None)
+    }
+
+    /// [`spawn_with_env`](Self::spawn_with_env) with its log (stderr)
+    /// appended to the file at `log` (a restart appends to it too), for the
+    /// test to read.
+    pub fn spawn_logged<S: AsRef<str>, E: AsRef<str>>(
+        bin: &Path,
+        args: &[S],
+        env: &[(E, E)],
+        log: &Path,
+    ) -> std::io::Result<Self> {
+        Self::start(bin, args, env, Some(log.to_owned()))
+    }
+
+    fn start<S: AsRef<str>, E: AsRef<str>>(
+        bin: &Path,
+        args: &[S],
+        env: &[(E, E)],
+        log: Option<PathBuf>,
+    ) -> std::io::Result<Self> {
         let args: Vec<String> = args.iter().map(|s| s.as_ref().to_owned()).collect();
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
             .collect();
-        let (child, addr, metrics_addr) = spawn_atmost(bin, "127.0.0.1:0", &args, &env)?;
+        let (child, addr, metrics_addr) =
+            spawn_atmost(bin, "127.0.0.1:0", &args, &env, log.as_deref())?;
         Ok(Self {
             child,
             addr,
@@ -269,6 +293,7 @@ impl AtmostProcess {
             bin: bin.to_owned(),
             args,
             env,
+            log,
         })
     }
 
@@ -311,7 +336,13 @@ impl AtmostProcess {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            match spawn_atmost(&self.bin, &self.addr.to_string(), &self.args, &self.env) {
+            match spawn_atmost(
+                &self.bin,
+                &self.addr.to_string(),
+                &self.args,
+                &self.env,
+                self.log.as_deref(),
+            ) {
                 Ok((child, _, metrics_addr)) => {
                     self.child = child;
                     self.metrics_addr = metrics_addr;
@@ -352,7 +383,17 @@ fn spawn_atmost(
     listen: &str,
     args: &[String],
     env: &[(String, String)],
+    log: Option<&Path>,
 ) -> std::io::Result<(Child, SocketAddr, Option<SocketAddr>)> {
+    let stderr = match log {
+        Some(path) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+        None => Stdio::inherit(),
+    };
     let mut child = Command::new(bin)
         .args(["serve", "--listen", listen])
         .args(args)
@@ -362,7 +403,7 @@ fn spawn_atmost(
         )
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()?;
     let stdout = child.stdout.take().expect("piped stdout");
     let mut stdout = std::io::BufReader::new(stdout);

@@ -46,6 +46,10 @@ pub struct RedisConfig {
     /// `eviction`): the operator accepts that an evicted finished attempt
     /// lets its key be dispatched again.
     pub allow_eviction: bool,
+    /// Serve even when Redis will not tell its `maxmemory-policy` (INFO
+    /// and CONFIG both disabled or not permitted): the operator vouches
+    /// that it is `noeviction`.
+    pub allow_unknown_eviction_policy: bool,
     /// Whose clock decides expiry, leases and key lifetimes.
     pub time: Time,
     /// For a `rediss://` URL: the CA (PEM) that signed Redis's certificate,
@@ -55,7 +59,8 @@ pub struct RedisConfig {
 
 impl RedisConfig {
     /// One standalone Redis at `url` under `prefix`: durability `none`,
-    /// 24 h retention, a 2 s timeout, Redis's clock, no eviction allowed.
+    /// 24 h retention, a 2 s timeout, Redis's clock, no eviction allowed
+    /// (nor a policy Redis will not tell).
     pub fn new(url: impl Into<String>, prefix: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -65,6 +70,7 @@ impl RedisConfig {
             retention_ms: 24 * 3600 * 1000,
             timeout: Duration::from_secs(2),
             allow_eviction: false,
+            allow_unknown_eviction_policy: false,
             time: Time::Redis,
             tls_ca: None,
         }

@@ -13,8 +13,11 @@
 //! failover can: on an evicting Redis it answers UNAVAILABLE and health turns
 //! NOT_SERVING, unless the operator accepted the risk (`--allow-eviction`).
 //! The policy is read from `INFO memory`, or else `CONFIG GET` (managed
-//! services often disable CONFIG); where neither answers, the policy cannot
-//! be read: it serves and says so loudly.
+//! services often disable CONFIG). Where neither tells it (both disabled or
+//! not permitted), Redis may be evicting for all atmost knows (managed
+//! services often default to `volatile-lru`): it is refused the same way,
+//! unless the operator vouches for it (`--allow-unknown-eviction-policy`,
+//! or `--allow-eviction`, which accepts any policy).
 
 use super::conn::Conn;
 use super::conn::unavailable;
@@ -29,15 +32,16 @@ pub enum Policy {
     NoEviction,
     /// Any other policy, by name: Redis deletes keys under memory pressure.
     Evicts(String),
-    /// Redis would not say (CONFIG disabled, renamed or not permitted), and why.
+    /// Redis would not say (INFO and CONFIG disabled, renamed or not
+    /// permitted), and what each answered.
     Unknown(String),
 }
 
 /// The store has not read the policy yet.
 const UNCHECKED: u8 = 0;
-/// It may serve: `noeviction`, eviction accepted, or a policy it cannot read.
+/// It may serve: `noeviction`, or a policy the operator accepted.
 const SERVE: u8 = 1;
-/// Redis evicts, and the operator did not accept it.
+/// Redis evicts, or would not say, and the operator did not accept it.
 const REFUSE: u8 = 2;
 
 /// The last reading of the policy, shared by the store's clones.
@@ -47,14 +51,29 @@ pub(super) struct Guard {
     /// The policy last read, for logs and for the refusal's message.
     last: Arc<Mutex<Option<Policy>>>,
     allow_eviction: bool,
+    allow_unknown: bool,
 }
 
 impl Guard {
-    pub(super) fn new(allow_eviction: bool) -> Self {
+    /// `allow_eviction`: serve on any policy; `allow_unknown`: serve where
+    /// the policy cannot be read.
+    pub(super) fn new(allow_eviction: bool, allow_unknown: bool) -> Self {
         Self {
             state: Arc::new(AtomicU8::new(UNCHECKED)),
             last: Arc::new(Mutex::new(None)),
             allow_eviction,
+            allow_unknown,
+        }
+    }
+
+    /// Why the store will not serve on `policy`; `None` when it may.
+    pub(super) fn refusal(&self, policy: &Policy) -> Option<String> {
+        match policy {
+            Policy::NoEviction => None,
+            Policy::Evicts(_) if self.allow_eviction => None,
+            Policy::Unknown(_) if self.allow_eviction || self.allow_unknown => None,
+            Policy::Evicts(name) => Some(refusal(name)),
+            Policy::Unknown(why) => Some(unknown_refusal(why)),
         }
     }
 
@@ -62,30 +81,34 @@ impl Guard {
     /// logging each change. Redis unreachable: UNAVAILABLE, nothing recorded.
     pub(super) async fn check(&self, conn: &mut Conn) -> Result<Policy, Error> {
         let policy = read(conn).await?;
-        let serve = match &policy {
-            Policy::NoEviction | Policy::Unknown(_) => true,
-            Policy::Evicts(_) => self.allow_eviction,
-        };
-        self.state
-            .store(if serve { SERVE } else { REFUSE }, Ordering::SeqCst);
+        let refused = self.refusal(&policy);
+        self.state.store(
+            if refused.is_none() { SERVE } else { REFUSE },
+            Ordering::SeqCst,
+        );
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if last.as_ref() != Some(&policy) {
-            match &policy {
-                Policy::NoEviction => tracing::info!("Redis maxmemory-policy is noeviction"),
-                Policy::Evicts(name) if serve => tracing::warn!(
+            match (&policy, refused) {
+                (Policy::Evicts(name), Some(why)) => tracing::error!(policy = %name, "{why}"),
+                (_, Some(why)) => tracing::error!("{why}"),
+                (Policy::NoEviction, None) => {
+                    tracing::info!("Redis maxmemory-policy is noeviction")
+                }
+                (Policy::Evicts(name), None) => tracing::warn!(
                     policy = %name,
                     "Redis may evict keys and --allow-eviction accepts it: a finished \
                      attempt evicted under memory pressure lets its key be dispatched again"
                 ),
-                Policy::Evicts(name) => tracing::error!(
-                    policy = %name,
-                    "{}", refusal(name)
-                ),
-                Policy::Unknown(why) => tracing::warn!(
+                (Policy::Unknown(why), None) => tracing::warn!(
                     %why,
-                    "could not read Redis's maxmemory-policy; serving anyway: make sure it is \
-                     noeviction, or a finished attempt evicted under memory pressure lets its \
-                     key be dispatched again"
+                    "Redis would not tell its maxmemory-policy, and {} accepts it: unless \
+                     it is noeviction, a finished attempt evicted under memory pressure lets \
+                     its key be dispatched again",
+                    if self.allow_unknown {
+                        "--allow-unknown-eviction-policy"
+                    } else {
+                        "--allow-eviction"
+                    }
                 ),
             }
             *last = Some(policy.clone());
@@ -109,18 +132,18 @@ impl Guard {
             SERVE => Ok(()),
             _ => {
                 let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-                let name = match last.as_ref() {
-                    Some(Policy::Evicts(name)) => name.as_str(),
-                    _ => "not noeviction",
-                };
-                Err(Error::StoreUnavailable(refusal(name)))
+                let why = last
+                    .as_ref()
+                    .and_then(|policy| self.refusal(policy))
+                    .unwrap_or_else(|| refusal("not noeviction"));
+                Err(Error::StoreUnavailable(why))
             }
         }
     }
 }
 
 /// Why atmost will not serve on an evicting Redis, and what to do about it.
-pub fn refusal(policy: &str) -> String {
+fn refusal(policy: &str) -> String {
     format!(
         "Redis's maxmemory-policy is {policy}: under memory pressure it may evict a \
          finished attempt, and a retry of its key would then be dispatched again (a double \
@@ -129,13 +152,25 @@ pub fn refusal(policy: &str) -> String {
     )
 }
 
+/// Why atmost will not serve on a Redis that would not tell its policy
+/// (`why`: what INFO and CONFIG answered), and what to do about it.
+fn unknown_refusal(why: &str) -> String {
+    format!(
+        "Redis would not tell its maxmemory-policy ({why}): unless it is noeviction, Redis \
+         may evict a finished attempt under memory pressure, and a retry of its key would \
+         then be dispatched again (a double charge). Grant atmost's Redis user +info (INFO \
+         memory shows the policy), or make sure the policy is noeviction and start atmost \
+         with --allow-unknown-eviction-policy to accept the risk"
+    )
+}
+
 /// The policy, from `INFO memory` (which an ACL can grant without CONFIG
 /// GET, whose `*` would also show other settings, passwords included), or
 /// else from `CONFIG GET maxmemory-policy`. A server that answers both with
-/// an error (disabled, no permission) gives [`Policy::Unknown`]; one that
-/// does not answer, UNAVAILABLE.
+/// an error (disabled, no permission) or without the policy gives
+/// [`Policy::Unknown`]; one that does not answer, UNAVAILABLE.
 async fn read(conn: &mut Conn) -> Result<Policy, Error> {
-    match conn.info("memory").await {
+    let info = match conn.info("memory").await {
         Ok(texts) => {
             // Each primary's (a Cluster's shards each have their own): one
             // that evicts decides.
@@ -146,11 +181,15 @@ async fn read(conn: &mut Conn) -> Result<Policy, Error> {
                     Some(name) => Policy::Evicts(name.to_owned()),
                 });
             }
+            "INFO memory has no maxmemory_policy".to_owned()
         }
-        Err(e) if matches!(e.code(), Some("ERR" | "NOPERM")) => {}
+        Err(e) if matches!(e.code(), Some("ERR" | "NOPERM")) => format!("INFO memory: {e}"),
         Err(e) => return Err(unavailable(e)),
-    }
-    read_config(conn).await
+    };
+    Ok(match read_config(conn).await? {
+        Policy::Unknown(config) => Policy::Unknown(format!("{info}; {config}")),
+        known => known,
+    })
 }
 
 /// `maxmemory_policy` in an `INFO memory` reply.
@@ -175,7 +214,9 @@ async fn read_config(conn: &mut Conn) -> Result<Policy, Error> {
             Some(name) => Policy::Evicts(name.to_owned()),
             None => Policy::Unknown("CONFIG GET maxmemory-policy answered nothing".into()),
         }),
-        Err(e) if matches!(e.code(), Some("ERR" | "NOPERM")) => Ok(Policy::Unknown(e.to_string())),
+        Err(e) if matches!(e.code(), Some("ERR" | "NOPERM")) => {
+            Ok(Policy::Unknown(format!("CONFIG GET: {e}")))
+        }
         Err(e) => Err(unavailable(e)),
     }
 }
@@ -197,8 +238,28 @@ fn policy_name(reply: redis::Value) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{info_policy, policy_name};
+    use super::{Guard, Policy, info_policy, policy_name};
     use redis::Value;
+
+    #[test]
+    fn a_policy_redis_will_not_tell_is_refused_unless_accepted() {
+        let unknown = Policy::Unknown("INFO memory: NOPERM; CONFIG GET: NOPERM".into());
+        let evicts = Policy::Evicts("volatile-lru".into());
+        let refused = |guard: &Guard, policy: &Policy| guard.refusal(policy).is_some();
+        let strict = Guard::new(false, false);
+        assert!(!refused(&strict, &Policy::NoEviction));
+        assert!(refused(&strict, &evicts));
+        let why = strict.refusal(&unknown).expect("refused");
+        assert!(why.contains("--allow-unknown-eviction-policy") && why.contains("+info"));
+        assert!(why.contains("INFO memory: NOPERM"), "{why}");
+        // Vouched for: the unknown one only.
+        let vouched = Guard::new(false, true);
+        assert!(!refused(&vouched, &unknown));
+        assert!(refused(&vouched, &evicts));
+        // Any policy accepted, an unknown one too.
+        let any = Guard::new(true, false);
+        assert!(!refused(&any, &unknown) && !refused(&any, &evicts));
+    }
 
     #[test]
     fn the_policy_is_read_from_info_memory() {
