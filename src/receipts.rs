@@ -448,6 +448,47 @@ mod tests {
         );
     }
 
+    /// The version 1 signature of [`attempt`] under the key of seed
+    /// `[1; 32]`, made by the code that signed version 1 (atmost at
+    /// 7e0fdc3): the bytes of version 1 must never change.
+    const V1_SIGNATURE: &str = "532af77ec1d547c75e25138f9301cc3afe9347781ee7340de811f7109f0f958abf1abfa4b4ac5bf9bcb66cf92c918837c9b536a8f5f6092ae5f7b63992362a05";
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn version_1_signs_the_same_bytes_as_ever() {
+        let keys = ReceiptKeys::new(SigningKey::from_bytes(&[1; 32]), Vec::new());
+        let (a, r) = attempt();
+        let m = canonical(
+            &a.permit_id,
+            &a.tool,
+            &a.idempotency_key,
+            &a.request_fingerprint,
+            &a.attempt_id,
+            &r,
+        );
+        let signature = keys.signing.sign(&m).to_bytes();
+        assert_eq!(hex(&signature), V1_SIGNATURE);
+        assert_eq!(
+            verify(&keys.verify, keys.signing_key_id(), &m, &signature),
+            Verdict::Verified
+        );
+    }
+
+    /// A Commit answer of an atmost that signed version 1, as grpcurl
+    /// printed it, and the keys it published (tests/data/receipt_v1).
+    #[test]
+    fn a_version_1_receipt_from_a_live_server_verifies() {
+        let doc = include_str!("../tests/data/receipt_v1/commit.json");
+        let pem = include_str!("../tests/data/receipt_v1/keys.pem");
+        assert_eq!(verify_json(doc, pem), Ok(Verdict::Verified));
+        let changed = doc.replace("d2FsbGV0IHR4IDk4MQ==", "d2FsbGV0IHR4IDk4Mg==");
+        assert_ne!(changed, doc);
+        assert_eq!(verify_json(&changed, pem), Ok(Verdict::Forged));
+    }
+
     #[test]
     fn a_verify_keys_file_with_stray_text_is_refused() {
         use ed25519_dalek::pkcs8::{EncodePrivateKey, EncodePublicKey, spki::der::pem::LineEnding};
