@@ -186,20 +186,24 @@ class Attempt(_message.Message):
     def __init__(self, attempt_id: _Optional[str] = ..., permit_id: _Optional[str] = ..., tool: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_fingerprint: _Optional[bytes] = ..., state: _Optional[_Union[AttemptState, str]] = ..., cost: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., failure_reason: _Optional[str] = ..., uncertain_reason: _Optional[str] = ..., uncertain_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("receipt_id", "result", "cost", "issued_at", "signature", "key_id")
+    __slots__ = ("receipt_id", "result", "cost", "issued_at", "signature", "key_id", "tenant", "signature_version")
     RECEIPT_ID_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
     ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_VERSION_FIELD_NUMBER: _ClassVar[int]
     receipt_id: str
     result: bytes
     cost: int
     issued_at: _timestamp_pb2.Timestamp
     signature: bytes
     key_id: str
-    def __init__(self, receipt_id: _Optional[str] = ..., result: _Optional[bytes] = ..., cost: _Optional[int] = ..., issued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[str] = ...) -> None: ...
+    tenant: str
+    signature_version: int
+    def __init__(self, receipt_id: _Optional[str] = ..., result: _Optional[bytes] = ..., cost: _Optional[int] = ..., issued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[str] = ..., tenant: _Optional[str] = ..., signature_version: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("tool", "calls_made", "calls_limit", "budget_remaining")
