@@ -9,9 +9,10 @@ the answer as protobuf JSON. An unknown field name or a wrong type in the
 JSON fails as it would in grpcurl, so a README example that the real
 grpcurl would refuse fails here too.
 
-    grpcurl.py -plaintext [-d JSON | -d @] ADDRESS SERVICE/METHOD
+    grpcurl.py -plaintext [-H 'NAME: VALUE']... [-d JSON | -d @] ADDRESS SERVICE/METHOD
 
-`-d @` reads the JSON from standard input. Anything else is refused.
+`-H` adds a header to the call (an API key: `-H 'authorization: Bearer
+KEY'`); `-d @` reads the JSON from standard input. Anything else is refused.
 """
 
 import sys
@@ -26,15 +27,21 @@ from grpc_status import rpc_status
 
 
 def usage(why):
-    sys.exit(f"grpcurl.py: {why}\nusage: grpcurl.py -plaintext [-d JSON|@] ADDRESS SERVICE/METHOD")
+    sys.exit(f"grpcurl.py: {why}\nusage: grpcurl.py -plaintext [-H 'NAME: VALUE']... [-d JSON|@] ADDRESS SERVICE/METHOD")
 
 
 def parse(argv):
-    plaintext, data, positional = False, "{}", []
+    plaintext, data, headers, positional = False, "{}", [], []
     args = iter(argv)
     for arg in args:
         if arg == "-plaintext":
             plaintext = True
+        elif arg == "-H":
+            header = next(args, None)
+            if header is None or ":" not in header:
+                usage("-H needs 'NAME: VALUE'")
+            name, value = header.split(":", 1)
+            headers.append((name.strip().lower(), value.strip()))
         elif arg == "-d":
             data = next(args, None)
             if data is None:
@@ -49,7 +56,7 @@ def parse(argv):
         usage("only -plaintext connections are supported")
     if len(positional) != 2 or "/" not in positional[1]:
         usage("need ADDRESS and SERVICE/METHOD")
-    return data, positional[0], positional[1]
+    return data, headers, positional[0], positional[1]
 
 
 def print_error(e):
@@ -66,7 +73,7 @@ def print_error(e):
 
 
 def main():
-    data, address, target = parse(sys.argv[1:])
+    data, headers, address, target = parse(sys.argv[1:])
     service_name, method_name = target.rsplit("/", 1)
     with grpc.insecure_channel(address) as channel:
         pool = descriptor_pool.DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
@@ -89,7 +96,7 @@ def main():
             response_deserializer=response_type.FromString,
         )
         try:
-            response = call(request, timeout=30)
+            response = call(request, timeout=30, metadata=headers or None)
         except grpc.RpcError as e:
             print_error(e)
             sys.exit(1)

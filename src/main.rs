@@ -76,7 +76,9 @@ enum ConfigCommand {
 enum ReceiptCommand {
     /// Check a receipt offline. Reads an attempt as grpcurl prints it (or
     /// an Authorize or Commit response holding one) and prints VERIFIED,
-    /// FORGED or UNKNOWN_KEY; exits 0, 1 or 3 (2: unusable input).
+    /// FORGED or UNKNOWN_KEY; exits 0, 1 or 3 (2: unusable input). A
+    /// verified receipt's tenant is said on standard error: version 2
+    /// signs it, version 1 (receipts signed before it) does not.
     Verify {
         /// The public keys to trust (PEM blocks, e.g. from `openssl pkey
         /// -pubout`, or made from GetSigningKeys).
@@ -106,16 +108,26 @@ fn receipt_verify(keys: &std::path::Path, attempt: &str) -> std::process::ExitCo
                 std::fs::read_to_string(keys).map_err(|e| format!("{}: {e}", keys.display()))?;
             verify_json(&text, &pem)
         });
-    match verdict {
-        Ok(Verdict::Verified) => {
+    match verdict.map(|c| (c.verdict, c.tenant)) {
+        Ok((Verdict::Verified, tenant)) => {
             println!("VERIFIED");
+            // What the signature proves about whose permit it was.
+            match tenant {
+                Some(t) if t.is_empty() => {
+                    eprintln!("atmost: signed in version 2, tenant \"\" (dev mode, no keys)")
+                }
+                Some(t) => eprintln!("atmost: signed in version 2, tenant {t:?}"),
+                None => eprintln!(
+                    "atmost: signed in version 1, which signs no tenant: it proves nothing about whose permit the receipt came from"
+                ),
+            }
             std::process::ExitCode::SUCCESS
         }
-        Ok(Verdict::Forged) => {
+        Ok((Verdict::Forged, _)) => {
             println!("FORGED");
             std::process::ExitCode::from(1)
         }
-        Ok(Verdict::UnknownKey) => {
+        Ok((Verdict::UnknownKey, _)) => {
             println!("UNKNOWN_KEY");
             std::process::ExitCode::from(3)
         }

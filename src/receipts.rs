@@ -1,22 +1,28 @@
 //! Signed receipts: every SUCCEEDED receipt atmost answers carries an
 //! Ed25519 signature over a canonical encoding of what it attests, and the
 //! id of the key that made it, so a tool provider (or an auditor) can check
-//! offline that atmost issued it, unchanged.
+//! offline that atmost issued it, unchanged, under which tenant's permit.
 //!
 //! The signature is made when the receipt is sent, not stored: Ed25519 is
 //! deterministic, so the same receipt under the same key always carries
 //! the same signature, and a key rotation signs old receipts anew.
 //!
-//! The canonical encoding (version 1), the bytes that are signed:
+//! The canonical encoding, the bytes that are signed, opens with a tag
+//! naming its version, so bytes of one version are never those of another:
 //!
 //! ```text
-//! "atmost.receipt.v1" 0x00
+//! "atmost.receipt.v2" 0x00        (version 1: "atmost.receipt.v1" 0x00)
 //! then each field as a 4-byte big-endian length and its bytes:
+//!   tenant (version 2 only: the permit's; "" in dev mode, a zero length),
 //!   permit_id, tool, idempotency_key, request_fingerprint, attempt_id,
 //!   receipt_id, outcome ("SUCCEEDED"), SHA-256 of the result (32 bytes),
 //!   cost (8 bytes, big-endian i64), issued_at (ms since the epoch,
 //!   8 bytes, big-endian i64)
 //! ```
+//!
+//! atmost signs version 2. Version 1, which atmost signed before, signs
+//! no tenant: it still verifies, but proves nothing about whose permit the
+//! receipt came from.
 
 use crate::domain::{Attempt, Receipt};
 use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey};
@@ -24,11 +30,40 @@ use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 
-/// The tag that opens the signed bytes.
-const DOMAIN: &[u8] = b"atmost.receipt.v1\0";
+/// A version of the canonical encoding, with what it signs beyond the
+/// attempt and its receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding<'a> {
+    /// Version 1: no tenant.
+    V1,
+    /// Version 2: the tenant of the receipt's permit ("" in dev mode).
+    V2 { tenant: &'a str },
+}
 
-/// The bytes a receipt's signature covers.
+impl Encoding<'_> {
+    /// The version atmost signs.
+    pub const CURRENT: u32 = 2;
+
+    /// Its number, as `Receipt.signature_version` carries it.
+    pub fn version(self) -> u32 {
+        match self {
+            Encoding::V1 => 1,
+            Encoding::V2 { .. } => 2,
+        }
+    }
+
+    /// The tag that opens the signed bytes: the version is signed too.
+    fn tag(self) -> &'static [u8] {
+        match self {
+            Encoding::V1 => b"atmost.receipt.v1\0",
+            Encoding::V2 { .. } => b"atmost.receipt.v2\0",
+        }
+    }
+}
+
+/// The bytes a receipt's signature covers, in `encoding`.
 pub fn canonical(
+    encoding: Encoding,
     permit_id: &str,
     tool: &str,
     idempotency_key: &str,
@@ -36,9 +71,13 @@ pub fn canonical(
     attempt_id: &str,
     receipt: &Receipt,
 ) -> Vec<u8> {
-    let mut out = DOMAIN.to_vec();
+    let mut out = encoding.tag().to_vec();
     let result_digest: [u8; 32] = Sha256::digest(&receipt.result).into();
-    for field in [
+    let tenant = match encoding {
+        Encoding::V1 => None,
+        Encoding::V2 { tenant } => Some(tenant.as_bytes()),
+    };
+    for field in tenant.into_iter().chain([
         permit_id.as_bytes(),
         tool.as_bytes(),
         idempotency_key.as_bytes(),
@@ -49,7 +88,7 @@ pub fn canonical(
         &result_digest,
         &receipt.cost.to_be_bytes(),
         &receipt.issued_at.to_be_bytes(),
-    ] {
+    ]) {
         out.extend_from_slice(&(field.len() as u32).to_be_bytes());
         out.extend_from_slice(field);
     }
@@ -151,9 +190,11 @@ impl ReceiptKeys {
             .map(|(id, key)| (id.as_str(), key, *id == self.signing_id))
     }
 
-    /// The signature of an attempt's receipt.
-    pub fn sign(&self, attempt: &Attempt, receipt: &Receipt) -> Vec<u8> {
+    /// The signature of an attempt's receipt, in the current encoding
+    /// (version 2): `tenant` is its permit's.
+    pub fn sign(&self, tenant: &str, attempt: &Attempt, receipt: &Receipt) -> Vec<u8> {
         let message = canonical(
+            Encoding::V2 { tenant },
             &attempt.permit_id,
             &attempt.tool,
             &attempt.idempotency_key,
@@ -267,11 +308,40 @@ pub fn pem_blocks(text: &str) -> Vec<String> {
     blocks
 }
 
+/// The encoding a receipt names by its `signature_version` and `tenant`:
+/// 2 signs the tenant; 1 signs none, and so does 0 (receipts signed before
+/// version 2 name no version). A tenant given with version 1 was never
+/// signed: refused, so that no reader takes it for proven.
+pub fn encoding(signature_version: u32, tenant: &str) -> Result<Encoding<'_>, String> {
+    match signature_version {
+        0 | 1 if tenant.is_empty() => Ok(Encoding::V1),
+        0 | 1 => Err(format!(
+            "tenant {tenant:?} is given, but a version 1 signature does not cover a tenant"
+        )),
+        2 => Ok(Encoding::V2 { tenant }),
+        v => Err(format!(
+            "signature version {v} is not one this verifier knows (1, 2)"
+        )),
+    }
+}
+
+/// What [`verify_json`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub verdict: Verdict,
+    /// The encoding's version the receipt names (1 or 2).
+    pub version: u32,
+    /// With version 2, the tenant it names (signed if `verdict` is
+    /// Verified); `None` with version 1, which signs no tenant.
+    pub tenant: Option<String>,
+}
+
 /// Checks the receipt of an attempt given as grpcurl prints it (proto3
 /// JSON: camelCase or snake_case names, bytes in base64, `cost` a number
-/// or a string, `issuedAt` RFC 3339), against the public keys of a PEM
+/// or a string, `issuedAt` RFC 3339, `signatureVersion` absent for a
+/// receipt signed before version 2), against the public keys of a PEM
 /// file (`atmost receipt verify`).
-pub fn verify_json(attempt: &str, keys_pem: &str) -> Result<Verdict, String> {
+pub fn verify_json(attempt: &str, keys_pem: &str) -> Result<Checked, String> {
     use base64::Engine;
     let b64 = base64::engine::general_purpose::STANDARD;
     let v: serde_json::Value =
@@ -332,7 +402,17 @@ pub fn verify_json(attempt: &str, keys_pem: &str) -> Result<Verdict, String> {
         cost,
         issued_at,
     };
+    let version = match field(&r, "signatureVersion", "signature_version") {
+        None => Some(0),
+        Some(serde_json::Value::Number(n)) => n.as_u64().and_then(|v| u32::try_from(v).ok()),
+        Some(serde_json::Value::String(s)) => s.parse().ok(),
+        Some(_) => None,
+    }
+    .ok_or("signatureVersion is not a version number")?;
+    let tenant = text(&r, "tenant", "tenant")?;
+    let encoding = encoding(version, &tenant)?;
     let message = canonical(
+        encoding,
         &text(a, "permitId", "permit_id")?,
         &text(a, "tool", "tool")?,
         &text(a, "idempotencyKey", "idempotency_key")?,
@@ -349,12 +429,19 @@ pub fn verify_json(attempt: &str, keys_pem: &str) -> Result<Verdict, String> {
     if keys.is_empty() {
         return Err("no public key in the keys file".into());
     }
-    Ok(verify(
-        &keys,
-        &text(&r, "keyId", "key_id")?,
-        &message,
-        &bytes(&r, "signature", "signature")?,
-    ))
+    Ok(Checked {
+        verdict: verify(
+            &keys,
+            &text(&r, "keyId", "key_id")?,
+            &message,
+            &bytes(&r, "signature", "signature")?,
+        ),
+        version: encoding.version(),
+        tenant: match encoding {
+            Encoding::V1 => None,
+            Encoding::V2 { tenant } => Some(tenant.to_owned()),
+        },
+    })
 }
 
 #[cfg(test)]
@@ -389,64 +476,274 @@ mod tests {
         (attempt, receipt)
     }
 
-    #[test]
-    fn a_receipt_verifies_and_any_changed_field_is_forged() {
-        let keys = ReceiptKeys::new(SigningKey::from_bytes(&[1; 32]), Vec::new());
-        let (a, r) = attempt();
-        let signature = keys.sign(&a, &r);
-        assert_eq!(signature, keys.sign(&a, &r), "deterministic");
-        let known: Vec<_> = keys.verify.clone();
-        let check = |a: &Attempt, r: &Receipt| {
-            let m = canonical(
-                &a.permit_id,
-                &a.tool,
-                &a.idempotency_key,
-                &a.request_fingerprint,
-                &a.attempt_id,
-                r,
-            );
-            verify(&known, keys.signing_key_id(), &m, &signature)
-        };
-        assert_eq!(check(&a, &r), Verdict::Verified);
-        type Edit = Box<dyn Fn(&mut Attempt, &mut Receipt)>;
-        let edits: Vec<Edit> = vec![
-            Box::new(|a, _| a.permit_id.push('x')),
-            Box::new(|a, _| a.tool.push('x')),
-            Box::new(|a, _| a.idempotency_key.push('x')),
-            Box::new(|a, _| a.request_fingerprint[0] ^= 1),
-            Box::new(|a, _| a.attempt_id.push('x')),
-            Box::new(|_, r| r.receipt_id.push('x')),
-            Box::new(|_, r| r.result.push(b'!')),
-            Box::new(|_, r| r.cost += 1),
-            Box::new(|_, r| r.issued_at += 1),
-            // Moving bytes between fields changes the lengths.
-            Box::new(|a, _| {
-                a.tool = "payments.charg".into();
-                a.idempotency_key = "eorder-42".into();
-            }),
-        ];
-        for (n, edit) in edits.iter().enumerate() {
-            let (mut a, mut r) = attempt();
-            edit(&mut a, &mut r);
-            assert_eq!(check(&a, &r), Verdict::Forged, "edit {n}");
-        }
-        let other = ReceiptKeys::new(SigningKey::from_bytes(&[2; 32]), Vec::new());
-        let m = canonical(
+    /// The bytes of `encoding` for an attempt and its receipt.
+    fn bytes_of(encoding: Encoding, a: &Attempt, r: &Receipt) -> Vec<u8> {
+        canonical(
+            encoding,
             &a.permit_id,
             &a.tool,
             &a.idempotency_key,
             &a.request_fingerprint,
             &a.attempt_id,
-            &r,
-        );
+            r,
+        )
+    }
+
+    #[test]
+    fn a_receipt_verifies_and_any_changed_field_is_forged() {
+        let keys = ReceiptKeys::new(SigningKey::from_bytes(&[1; 32]), Vec::new());
+        let (a, r) = attempt();
+        let signature = keys.sign("acme", &a, &r);
+        assert_eq!(signature, keys.sign("acme", &a, &r), "deterministic");
+        let known: Vec<_> = keys.verify.clone();
+        let check = |tenant: &str, a: &Attempt, r: &Receipt| {
+            let m = bytes_of(Encoding::V2 { tenant }, a, r);
+            verify(&known, keys.signing_key_id(), &m, &signature)
+        };
+        assert_eq!(check("acme", &a, &r), Verdict::Verified);
+        type Edit = Box<dyn Fn(&mut String, &mut Attempt, &mut Receipt)>;
+        let edits: Vec<Edit> = vec![
+            Box::new(|t, _, _| t.push('x')),
+            Box::new(|t, _, _| *t = "globex".into()),
+            // Dev mode's tenant, "", is a field of length 0: not "acme".
+            Box::new(|t, _, _| t.clear()),
+            Box::new(|_, a, _| a.permit_id.push('x')),
+            Box::new(|_, a, _| a.tool.push('x')),
+            Box::new(|_, a, _| a.idempotency_key.push('x')),
+            Box::new(|_, a, _| a.request_fingerprint[0] ^= 1),
+            Box::new(|_, a, _| a.attempt_id.push('x')),
+            Box::new(|_, _, r| r.receipt_id.push('x')),
+            Box::new(|_, _, r| r.result.push(b'!')),
+            Box::new(|_, _, r| r.cost += 1),
+            Box::new(|_, _, r| r.issued_at += 1),
+            // Moving bytes between fields changes the lengths.
+            Box::new(|_, a, _| {
+                a.tool = "payments.charg".into();
+                a.idempotency_key = "eorder-42".into();
+            }),
+            Box::new(|t, a, _| {
+                t.push('0');
+                a.permit_id.remove(0);
+            }),
+        ];
+        for (n, edit) in edits.iter().enumerate() {
+            let (mut a, mut r) = attempt();
+            let mut tenant = "acme".to_owned();
+            edit(&mut tenant, &mut a, &mut r);
+            assert_eq!(check(&tenant, &a, &r), Verdict::Forged, "edit {n}");
+        }
+        let other = ReceiptKeys::new(SigningKey::from_bytes(&[2; 32]), Vec::new());
+        let m = bytes_of(Encoding::V2 { tenant: "acme" }, &a, &r);
         assert_eq!(
-            verify(&known, other.signing_key_id(), &m, &other.sign(&a, &r)),
+            verify(
+                &known,
+                other.signing_key_id(),
+                &m,
+                &other.sign("acme", &a, &r)
+            ),
             Verdict::UnknownKey
         );
         assert_eq!(
             verify(&other.verify, other.signing_key_id(), &m, &signature),
             Verdict::Forged
         );
+    }
+
+    /// The version is signed: a version 1 signature never verifies as
+    /// version 2 (under any tenant, dev mode's "" too), nor a version 2
+    /// one as version 1.
+    #[test]
+    fn a_signature_of_one_version_is_forged_as_the_other() {
+        let keys = ReceiptKeys::new(SigningKey::from_bytes(&[1; 32]), Vec::new());
+        let (a, r) = attempt();
+        let v1 = keys
+            .signing
+            .sign(&bytes_of(Encoding::V1, &a, &r))
+            .to_bytes();
+        let id = keys.signing_key_id();
+        assert_eq!(
+            verify(&keys.verify, id, &bytes_of(Encoding::V1, &a, &r), &v1),
+            Verdict::Verified
+        );
+        for tenant in ["", "acme"] {
+            let as_v2 = bytes_of(Encoding::V2 { tenant }, &a, &r);
+            assert_eq!(verify(&keys.verify, id, &as_v2, &v1), Verdict::Forged);
+            let v2 = keys.sign(tenant, &a, &r);
+            assert_eq!(verify(&keys.verify, id, &as_v2, &v2), Verdict::Verified);
+            let as_v1 = bytes_of(Encoding::V1, &a, &r);
+            assert_eq!(verify(&keys.verify, id, &as_v1, &v2), Verdict::Forged);
+        }
+        // Dev mode's tenant is a field of length 0, after the tag.
+        let dev = bytes_of(Encoding::V2 { tenant: "" }, &a, &r);
+        assert!(dev.starts_with(b"atmost.receipt.v2\0\0\0\0\0\0\0\0\x24"));
+        let acme = bytes_of(Encoding::V2 { tenant: "acme" }, &a, &r);
+        assert!(acme.starts_with(b"atmost.receipt.v2\0\0\0\0\x04acme\0\0\0\x24"));
+        assert_eq!(
+            bytes_of(Encoding::V1, &a, &r)[18..],
+            dev[22..],
+            "version 2 is version 1's fields after the tenant"
+        );
+    }
+
+    /// The version 1 signature of [`attempt`] under the key of seed
+    /// `[1; 32]`, made by the code that signed version 1 (atmost at
+    /// 7e0fdc3): the bytes of version 1 must never change.
+    const V1_SIGNATURE: &str = "532af77ec1d547c75e25138f9301cc3afe9347781ee7340de811f7109f0f958abf1abfa4b4ac5bf9bcb66cf92c918837c9b536a8f5f6092ae5f7b63992362a05";
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn version_1_signs_the_same_bytes_as_ever() {
+        let keys = ReceiptKeys::new(SigningKey::from_bytes(&[1; 32]), Vec::new());
+        let (a, r) = attempt();
+        let m = bytes_of(Encoding::V1, &a, &r);
+        let signature = keys.signing.sign(&m).to_bytes();
+        assert_eq!(hex(&signature), V1_SIGNATURE);
+        assert_eq!(
+            verify(&keys.verify, keys.signing_key_id(), &m, &signature),
+            Verdict::Verified
+        );
+    }
+
+    /// A Commit answer of an atmost that signed version 1, as grpcurl
+    /// printed it, and the keys it published (tests/data/receipt_v1).
+    #[test]
+    fn a_version_1_receipt_from_a_live_server_verifies() {
+        let doc = include_str!("../tests/data/receipt_v1/commit.json");
+        let pem = include_str!("../tests/data/receipt_v1/keys.pem");
+        let checked = verify_json(doc, pem).expect("readable");
+        assert_eq!(
+            checked,
+            Checked {
+                verdict: Verdict::Verified,
+                version: 1,
+                tenant: None
+            }
+        );
+        let changed = doc.replace("d2FsbGV0IHR4IDk4MQ==", "d2FsbGV0IHR4IDk4Mg==");
+        assert_ne!(changed, doc);
+        assert_eq!(
+            verify_json(&changed, pem).map(|c| c.verdict),
+            Ok(Verdict::Forged)
+        );
+        // Passed off as version 2, of any tenant: forged.
+        let v1: serde_json::Value = serde_json::from_str(doc).expect("json");
+        for tenant in [None, Some(""), Some("acme")] {
+            let mut as_v2 = v1.clone();
+            let receipt = &mut as_v2["attempt"]["receipt"];
+            receipt["signatureVersion"] = 2.into();
+            if let Some(t) = tenant {
+                receipt["tenant"] = t.into();
+            }
+            let checked = verify_json(&as_v2.to_string(), pem).expect("readable");
+            assert_eq!(checked.verdict, Verdict::Forged, "{tenant:?}");
+            assert_eq!(checked.tenant.as_deref(), Some(tenant.unwrap_or("")));
+        }
+        // A tenant beside a version 1 signature was never signed.
+        for version in [None, Some(1)] {
+            let mut claimed = v1.clone();
+            let receipt = &mut claimed["attempt"]["receipt"];
+            receipt["tenant"] = "acme".into();
+            if let Some(v) = version {
+                receipt["signatureVersion"] = v.into();
+            }
+            let e = verify_json(&claimed.to_string(), pem).expect_err("an unsigned tenant");
+            assert!(
+                e.contains("version 1 signature does not cover a tenant"),
+                "{e}"
+            );
+        }
+    }
+
+    /// A version 2 receipt as grpcurl prints it: VERIFIED with its tenant;
+    /// its tenant changed, or its version, FORGED.
+    #[test]
+    fn a_version_2_receipt_verifies_as_json_with_its_tenant() {
+        use base64::Engine;
+        use ed25519_dalek::pkcs8::{EncodePublicKey, spki::der::pem::LineEnding};
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let keys = ReceiptKeys::new(SigningKey::from_bytes(&[1; 32]), Vec::new());
+        let pem = keys
+            .signing
+            .verifying_key()
+            .to_public_key_pem(LineEnding::LF)
+            .expect("pem");
+        let (a, r) = attempt();
+        let doc = |tenant: &str, version: serde_json::Value, signed_for: &str| {
+            let mut receipt = serde_json::json!({
+                "receiptId": r.receipt_id, "result": b64(&r.result), "cost": r.cost.to_string(),
+                "issuedAt": "2026-01-01T00:00:00Z",
+                "signature": b64(&keys.sign(signed_for, &a, &r)),
+                "keyId": keys.signing_key_id(),
+                "signatureVersion": version,
+            });
+            // proto3 JSON leaves out an empty string.
+            if !tenant.is_empty() {
+                receipt["tenant"] = tenant.into();
+            }
+            serde_json::json!({"attempt": {
+                "permitId": a.permit_id, "tool": a.tool, "idempotencyKey": a.idempotency_key,
+                "requestFingerprint": b64(&a.request_fingerprint), "attemptId": a.attempt_id,
+                "receipt": receipt,
+            }})
+            .to_string()
+        };
+        assert_eq!(r.issued_at, 1_767_225_600_000, "2026-01-01T00:00:00Z");
+        for tenant in ["acme", ""] {
+            assert_eq!(
+                verify_json(&doc(tenant, 2.into(), tenant), &pem),
+                Ok(Checked {
+                    verdict: Verdict::Verified,
+                    version: 2,
+                    tenant: Some(tenant.to_owned())
+                })
+            );
+        }
+        // The version as a string, as some proto3 JSON writers print it.
+        assert_eq!(
+            verify_json(&doc("acme", "2".into(), "acme"), &pem).map(|c| c.verdict),
+            Ok(Verdict::Verified)
+        );
+        for (tenant, signed_for) in [("globex", "acme"), ("", "acme"), ("acme", "")] {
+            assert_eq!(
+                verify_json(&doc(tenant, 2.into(), signed_for), &pem).map(|c| c.verdict),
+                Ok(Verdict::Forged),
+                "{tenant:?} signed for {signed_for:?}"
+            );
+        }
+        // Version 2 bytes read as version 1 (the version dropped): forged.
+        assert_eq!(
+            verify_json(&doc("", serde_json::Value::Null, ""), &pem).map(|c| c.verdict),
+            Err("signatureVersion is not a version number".to_owned())
+        );
+        let mut dropped: serde_json::Value =
+            serde_json::from_str(&doc("", 2.into(), "")).expect("json");
+        dropped["attempt"]["receipt"]
+            .as_object_mut()
+            .expect("receipt")
+            .remove("signatureVersion");
+        assert_eq!(
+            verify_json(&dropped.to_string(), &pem),
+            Ok(Checked {
+                verdict: Verdict::Forged,
+                version: 1,
+                tenant: None
+            })
+        );
+        for bad in [
+            serde_json::json!(3),
+            serde_json::json!(-1),
+            serde_json::json!("two"),
+        ] {
+            assert!(
+                verify_json(&doc("acme", bad.clone(), "acme"), &pem).is_err(),
+                "{bad}"
+            );
+        }
+        let e = verify_json(&doc("acme", 3.into(), "acme"), &pem).expect_err("version 3");
+        assert!(e.contains("signature version 3 is not one"), "{e}");
     }
 
     #[test]

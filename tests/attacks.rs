@@ -287,8 +287,22 @@ async fn the_attack_campaign() {
         .collect();
     let check = |a: &pb::Attempt| check_receipt(&keys, a, a.receipt.as_ref().expect("receipt"));
     assert_eq!(check(&replayed), Verdict::Verified);
+    let signed_for = replayed.receipt.as_ref().expect("r");
+    assert_eq!(
+        (signed_for.tenant.as_str(), signed_for.signature_version),
+        ("acme", 2)
+    );
     type Tamper = fn(&mut pb::Attempt);
-    let tampers: [(&str, Tamper); 11] = [
+    let tampers: [(&str, Tamper); 13] = [
+        ("tenant", |a| {
+            a.receipt.as_mut().expect("r").tenant = "globex".into()
+        }),
+        // Passed off as version 1, which signs no tenant.
+        ("signature_version", |a| {
+            let r = a.receipt.as_mut().expect("r");
+            r.signature_version = 1;
+            r.tenant.clear();
+        }),
         ("permit_id", |a| {
             a.permit_id = uuid::Uuid::now_v7().to_string()
         }),

@@ -685,7 +685,8 @@ pub async fn published(
 }
 
 /// Checks an attempt's receipt as it came over the wire against `keys`,
-/// as a tool provider would: the fields it knows, the signature.
+/// as a tool provider would: the fields it knows, the encoding the receipt
+/// names (its `signature_version`, its `tenant`), the signature.
 pub fn check_receipt(
     keys: &[(String, ed25519_dalek::VerifyingKey)],
     attempt: &pb::Attempt,
@@ -697,7 +698,10 @@ pub fn check_receipt(
         cost: receipt.cost,
         issued_at: atmost_client::millis(receipt.issued_at.as_ref().expect("issued_at")),
     };
+    let encoding = atmost::receipts::encoding(receipt.signature_version, &receipt.tenant)
+        .expect("a version this verifier knows");
     let message = atmost::receipts::canonical(
+        encoding,
         &attempt.permit_id,
         &attempt.tool,
         &attempt.idempotency_key,

@@ -9,8 +9,11 @@ KEYS_JSON is GetSigningKeys's answer and ATTEMPT_JSON an attempt (or an
 Authorize / Commit response holding one), both as grpcurl prints them
 (proto3 JSON: bytes in base64). Prints VERIFIED, FORGED or UNKNOWN_KEY and
 exits 0, 1 or 3, as `atmost receipt verify` does (2 for input it cannot
-read). The signed bytes are the
-receipt's canonical encoding, docs/api.md "Signed receipts".
+read); a verified receipt's tenant is said on standard error. The signed
+bytes are the receipt's canonical encoding, docs/api.md "Signed receipts":
+version 2 signs the tenant of the receipt's permit; version 1 (receipts
+without `signatureVersion`, signed before version 2) signs none, so it
+proves nothing about whose permit the receipt came from.
 """
 
 import base64
@@ -33,13 +36,30 @@ def strict_int(value):
     return int(value)
 
 
+def encoding(receipt):
+    """(version, tenant) the receipt names: tenant None with version 1."""
+    version = strict_int(receipt.get("signatureVersion", 0))
+    tenant = receipt.get("tenant")
+    if tenant is not None and not isinstance(tenant, str):
+        raise ValueError(f"tenant is not a string: {tenant!r}")
+    if version in (0, 1):
+        if tenant is not None:
+            raise ValueError(f"tenant {tenant!r} is given, but a version 1 signature does not cover a tenant")
+        return 1, None
+    if version == 2:
+        return 2, tenant or ""
+    raise ValueError(f"signature version {version} is not one this verifier knows (1, 2)")
+
+
 def canonical(attempt, receipt):
-    """The bytes atmost signs (version 1)."""
+    """The bytes atmost signs, in the version the receipt names."""
+    version, tenant = encoding(receipt)
     issued = datetime.datetime.fromisoformat(receipt["issuedAt"].replace("Z", "+00:00"))
     if issued.tzinfo is None:
         raise ValueError("issuedAt has no offset")
     issued_ms = int(issued.timestamp() * 1000 + 0.5)
-    fields = [
+    fields = [] if tenant is None else [tenant.encode()]
+    fields += [
         attempt["permitId"].encode(),
         attempt["tool"].encode(),
         attempt["idempotencyKey"].encode(),
@@ -51,7 +71,8 @@ def canonical(attempt, receipt):
         struct.pack(">q", strict_int(receipt.get("cost", 0))),
         struct.pack(">q", issued_ms),
     ]
-    out = b"atmost.receipt.v1\x00"
+    # The tag names the version, so the version is signed too.
+    out = b"atmost.receipt.v%d\x00" % version
     for field in fields:
         out += struct.pack(">I", len(field)) + field
     return out
@@ -62,18 +83,30 @@ def main(keys_path, attempt_path):
     doc = json.load(open(attempt_path))
     attempt = doc.get("attempt", doc)
     receipt = attempt["receipt"]
+    message = canonical(attempt, receipt)
     public = keys.get(receipt.get("keyId", ""))
     if public is None:
         print("UNKNOWN_KEY")
         return 3
     try:
         Ed25519PublicKey.from_public_bytes(public).verify(
-            base64.b64decode(receipt.get("signature", "")), canonical(attempt, receipt)
+            base64.b64decode(receipt.get("signature", "")), message
         )
     except InvalidSignature:
         print("FORGED")
         return 1
     print("VERIFIED")
+    version, tenant = encoding(receipt)
+    if version == 1:
+        print(
+            "verify_receipt.py: signed in version 1, which signs no tenant: "
+            "it proves nothing about whose permit the receipt came from",
+            file=sys.stderr,
+        )
+    elif tenant:
+        print(f"verify_receipt.py: signed in version 2, tenant {json.dumps(tenant)}", file=sys.stderr)
+    else:
+        print('verify_receipt.py: signed in version 2, tenant "" (dev mode, no keys)', file=sys.stderr)
     return 0
 
 

@@ -8,7 +8,7 @@ use crate::domain::{
     Millis, Outcome, PermitSpec, PermitStatus, ResolveCmd, UncertainPolicy, invalid,
 };
 use crate::pb;
-use crate::receipts::ReceiptKeys;
+use crate::receipts::{Encoding, ReceiptKeys};
 use crate::store::Cursor;
 use prost_types::{Duration, Timestamp};
 
@@ -260,16 +260,21 @@ fn state(s: AttemptState) -> pb::AttemptState {
 }
 
 /// An attempt on the wire; a SUCCEEDED one's receipt signed with `keys`
-/// when atmost has them.
-pub fn attempt(a: domain::Attempt, keys: Option<&ReceiptKeys>) -> pb::Attempt {
+/// when atmost has them, for `tenant`, its permit's. The caller's scope
+/// tenant is that: a store answers only for a permit of the scope's tenant
+/// (PERMIT_NOT_FOUND otherwise), so every attempt an answer carries is one.
+pub fn attempt(a: domain::Attempt, tenant: &str, keys: Option<&ReceiptKeys>) -> pb::Attempt {
     // Only a SUCCEEDED attempt's receipt is ever signed.
     let signed = match (&a.receipt, keys) {
-        (Some(r), Some(keys)) if a.state == AttemptState::Succeeded => {
-            Some((keys.sign(&a, r), keys.signing_key_id().to_owned()))
-        }
+        (Some(r), Some(keys)) if a.state == AttemptState::Succeeded => Some((
+            keys.sign(tenant, &a, r),
+            keys.signing_key_id().to_owned(),
+            tenant.to_owned(),
+            Encoding::CURRENT,
+        )),
         _ => None,
     };
-    let (signature, key_id) = signed.unwrap_or_default();
+    let (signature, key_id, tenant, signature_version) = signed.unwrap_or_default();
     pb::Attempt {
         attempt_id: a.attempt_id,
         permit_id: a.permit_id,
@@ -287,6 +292,8 @@ pub fn attempt(a: domain::Attempt, keys: Option<&ReceiptKeys>) -> pb::Attempt {
             issued_at: Some(timestamp(r.issued_at)),
             signature,
             key_id,
+            tenant,
+            signature_version,
         }),
         failure_reason: a.failure_reason,
         uncertain_reason: a.uncertain_reason,

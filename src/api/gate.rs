@@ -123,6 +123,7 @@ impl GateService {
             } as i32,
             attempt: Some(convert::attempt(
                 authorized.attempt,
+                &scope.tenant,
                 self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
             )),
             usage: Some(convert::usage(authorized.usage)),
@@ -161,6 +162,7 @@ impl GateService {
         Ok(pb::CommitResponse {
             attempt: Some(convert::attempt(
                 settled.attempt,
+                &scope.tenant,
                 self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
             )),
             usage: Some(convert::usage(settled.usage)),
@@ -191,6 +193,7 @@ impl GateService {
         Ok(pb::MarkUncertainResponse {
             attempt: Some(convert::attempt(
                 attempt,
+                &scope.tenant,
                 self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
             )),
         })

@@ -123,6 +123,7 @@ impl Permits for PermitsService {
         Ok(Response::new(pb::GetAttemptResponse {
             attempt: Some(convert::attempt(
                 attempt,
+                &scope.tenant,
                 self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
             )),
         }))
@@ -190,6 +191,7 @@ impl Permits for PermitsService {
                 .map(|a| {
                     convert::attempt(
                         a,
+                        &scope.tenant,
                         self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
                     )
                 })
@@ -236,6 +238,7 @@ impl Permits for PermitsService {
         Ok(Response::new(pb::ResolveResponse {
             attempt: Some(convert::attempt(
                 settled.attempt,
+                &scope.tenant,
                 self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
             )),
             usage: Some(convert::usage(settled.usage)),

@@ -110,7 +110,7 @@ fn answered<T>(result: Result<T, Error>, encode: impl FnOnce(T)) -> Result<(), T
 }
 
 fn encode_attempt(a: Attempt) {
-    let _ = convert::attempt(a, None).encode_to_vec();
+    let _ = convert::attempt(a, "", None).encode_to_vec();
 }
 
 fn encode_usage(u: Usage) {
