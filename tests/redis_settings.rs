@@ -314,8 +314,6 @@ pub fn atmost_acl(user: &str, password: &str, prefix: &str) -> Vec<String> {
         "+zlexcount",
         "+zscore",
         "+zrem",
-        "+sadd",
-        "+smembers",
         "+ping",
         "+info",
         "+config|get",
