@@ -169,7 +169,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Page, Error>> + Send;
     /// Housekeeping, run every few seconds by the server: drops a bounded
     /// batch of what nothing can reach any more (permits past retention,
-    /// index entries of permits that can never hold an open attempt again).
+    /// index entries of permits that can never hold an open attempt again,
+    /// tenants with nothing left in their index).
     /// Returns how many it dropped.
     fn sweep(&self, now: Millis) -> impl Future<Output = Result<usize, Error>> + Send;
     /// Succeeds when the store can serve requests (for health checks).

@@ -99,6 +99,14 @@ enum Op {
     /// Both stores' housekeeping ([`Store::sweep`]); what it may drop, no
     /// later answer may miss.
     Sweep,
+    /// Permit 2 created now, on the first such step (until then every
+    /// operation on it fails alike): perhaps after the sweep let its
+    /// tenant go with permit 0's last index entry.
+    Create,
+    /// A whole census pass on both stores ([`Store::census`]): the same
+    /// UNCERTAIN attempts and the same oldest age, so no sweep hid a
+    /// permit from it.
+    Census,
 }
 
 fn permit_config() -> impl Strategy<Value = PermitConfig> {
@@ -195,6 +203,8 @@ fn op() -> impl Strategy<Value = Op> {
         // Far enough for expiry and retention to pass.
         1 => (10_000i64..50_000).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Sweep),
+        1 => Just(Op::Create),
+        1 => Just(Op::Census),
     ]
 }
 
@@ -398,6 +408,21 @@ fn check<T: PartialEq + std::fmt::Debug>(
     Ok(())
 }
 
+/// A whole census pass: (UNCERTAIN attempts, the oldest one's age).
+async fn census_pass(store: &impl Store, now: Millis) -> Result<(u64, Millis), Error> {
+    let (mut uncertain, mut oldest) = (0, 0);
+    let mut after = None;
+    loop {
+        let batch = store.census(after.as_ref(), now).await?;
+        uncertain += batch.uncertain;
+        oldest = oldest.max(batch.oldest_age_ms);
+        match batch.next {
+            Some(next) => after = Some(next),
+            None => return Ok((uncertain, oldest)),
+        }
+    }
+}
+
 /// Quotas small enough for random sequences to reach them (of 8 keys, a
 /// permit may record 6 and hold 4 open), so both stores refuse alike.
 const QUOTAS: Quotas = Quotas {
@@ -435,8 +460,10 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
         model.create_permit(again.clone()).await,
         redis.create_permit(again).await,
     )?;
-    // Permit 2 is never created: every operation on it must fail alike.
+    // Permit 2 is not created until an Op::Create: until then every
+    // operation on it must fail alike.
     permits.push(permit_of(2, &configs[0]));
+    let mut created_late = false;
     let mut now = T0;
     // Ids carry their creation time, as the service makes them.
     let fresh = |now| atmost::domain::new_id(now);
@@ -617,6 +644,28 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 }
             }
             Op::Advance { ms } => now += ms,
+            Op::Create if !created_late => {
+                created_late = true;
+                let late = Permit {
+                    created_at: now,
+                    expires_at: now + configs[0].lifetime_ms,
+                    ..permit_of(2, &configs[0])
+                };
+                permits[2] = late.clone();
+                check(
+                    step,
+                    op,
+                    model.create_permit(late.clone()).await,
+                    redis.create_permit(late).await,
+                )?;
+            }
+            Op::Create => {}
+            Op::Census => check(
+                step,
+                op,
+                census_pass(&model, now).await,
+                census_pass(&redis, now).await,
+            )?,
             Op::Sweep => {
                 let a = model.sweep(now).await;
                 let b = redis.sweep(now).await;

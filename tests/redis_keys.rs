@@ -374,3 +374,408 @@ async fn a_permit_hash_lost_with_attempts_left_is_unavailable() {
         expect_error(result, tonic::Code::Unavailable, "STORE_UNAVAILABLE");
     }
 }
+
+// === the tenants index ===
+
+/// Far past the wall clock (as in the model test): Redis expires keys on
+/// its own clock, the store decides on this one (`Time::Caller`).
+const T0: atmost::domain::Millis = 4_102_444_800_000;
+const HOUR_MS: atmost::domain::Millis = 3_600_000;
+
+/// A permit of `tenant` over tool "t", created at `created_at`, with a 1 s
+/// lease.
+fn tenant_permit(
+    id: u128,
+    tenant: &str,
+    created_at: atmost::domain::Millis,
+    expires_at: atmost::domain::Millis,
+) -> atmost::domain::Permit {
+    use atmost::domain::{DuplicateGuard, GuardMode, Permit, PermitStatus, UncertainPolicy};
+    Permit {
+        permit_id: uuid::Uuid::from_u128(id).to_string(),
+        subject: "agent".into(),
+        tools: vec!["t".into()],
+        max_calls_per_tool: Default::default(),
+        budget: None,
+        currency: String::new(),
+        expires_at,
+        lease_ms: 1_000,
+        duplicate_guard: DuplicateGuard {
+            mode: GuardMode::Off,
+            window_ms: 1,
+        },
+        uncertain_policy: UncertainPolicy::Count,
+        status: PermitStatus::Active,
+        created_at,
+        tenant: tenant.into(),
+        agents: Vec::new(),
+    }
+}
+
+fn scope_of(tenant: &str) -> atmost::domain::Scope {
+    atmost::domain::Scope {
+        tenant: tenant.into(),
+        ..Default::default()
+    }
+}
+
+/// Opens key `key` under the permit at `now`: RESERVED, UNCERTAIN once its
+/// 1 s lease has passed. Its attempt id.
+async fn open_attempt(
+    store: &atmost::store::redis::RedisStore,
+    permit: &atmost::domain::Permit,
+    key: &str,
+    now: atmost::domain::Millis,
+) -> String {
+    use atmost::store::Store as _;
+    let cmd = atmost::domain::AuthorizeCmd {
+        permit_id: permit.permit_id.clone(),
+        tool: "t".into(),
+        idempotency_key: key.into(),
+        request_fingerprint: vec![1],
+        cost: 0,
+        holder_token: Vec::new(),
+    };
+    store
+        .authorize(
+            &scope_of(&permit.tenant),
+            &cmd,
+            now,
+            atmost::domain::new_id(now),
+        )
+        .await
+        .expect("authorize")
+        .attempt
+        .attempt_id
+}
+
+/// The tenants index as Redis holds it: (tenant, token) per member, in
+/// order.
+async fn tenants_index(
+    conn: &mut impl redis::aio::ConnectionLike,
+    prefix: &str,
+) -> Vec<(String, String)> {
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(format!("{prefix}:tenants"))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("ZRANGE the tenants index");
+    members
+        .iter()
+        .map(|m| {
+            let (tenant, token) = m.split_once('\n').expect("<tenant>\\n<token>");
+            (tenant.to_owned(), token.to_owned())
+        })
+        .collect()
+}
+
+fn entry(permit: &atmost::domain::Permit) -> (String, String) {
+    (permit.tenant.clone(), permit.permit_id.clone())
+}
+
+/// Sweeps until a call drops nothing.
+async fn sweep_all(store: &atmost::store::redis::RedisStore, now: atmost::domain::Millis) {
+    use atmost::store::Store as _;
+    for _ in 0..8 {
+        if store.sweep(now).await.expect("sweep") == 0 {
+            return;
+        }
+    }
+    panic!("the sweep still drops something after 8 calls");
+}
+
+/// A census pass's UNCERTAIN attempts.
+async fn census_count(
+    store: &atmost::store::redis::RedisStore,
+    now: atmost::domain::Millis,
+) -> u64 {
+    use atmost::store::Store as _;
+    let (mut uncertain, mut after) = (0, None);
+    loop {
+        let batch = store.census(after.as_ref(), now).await.expect("census");
+        uncertain += batch.uncertain;
+        match batch.next {
+            Some(next) => after = Some(next),
+            None => return uncertain,
+        }
+    }
+}
+
+/// The tenants index follows the tenants' permits: a tenant leaves it when
+/// the sweep drops its last index entry (its permit past retention, or
+/// expired by the margin and closed), stays while a permit may still hold
+/// an open attempt, and comes back with its next permit; the census counts
+/// every UNCERTAIN attempt throughout. On one Redis and on a Cluster, where
+/// the tenants index and each tenant's index are in slots of their own.
+async fn the_tenants_index_shrinks_with_the_last_permit(
+    store: atmost::store::redis::RedisStore,
+    conn: &mut impl redis::aio::ConnectionLike,
+    prefix: &str,
+) {
+    use atmost::domain::Outcome;
+    use atmost::store::{INDEX_MARGIN_MS, Store as _};
+    let a1 = tenant_permit(1, "acme", T0, T0 + HOUR_MS);
+    let a2 = tenant_permit(2, "acme", T0, T0 + 2 * HOUR_MS);
+    let g1 = tenant_permit(3, "globex", T0, T0 + HOUR_MS);
+    for p in [&a1, &a2, &g1] {
+        store.create_permit(p.clone()).await.expect("create");
+    }
+    let lost = open_attempt(&store, &g1, "lost", T0).await;
+    assert_eq!(
+        tenants_index(conn, prefix).await,
+        [entry(&a2), entry(&g1)],
+        "each tenant once, with its latest permit's id"
+    );
+
+    // a1 expired by the margin: dropped, but acme still has a2.
+    let now = T0 + HOUR_MS + INDEX_MARGIN_MS + 1;
+    sweep_all(&store, now).await;
+    assert_eq!(tenants_index(conn, prefix).await, [entry(&a2), entry(&g1)]);
+    assert_eq!(census_count(&store, now).await, 1);
+
+    // a2 past its retention: acme's index is empty and acme leaves; globex
+    // stays, its permit holding an UNCERTAIN attempt.
+    let now = T0 + 2 * HOUR_MS + DAY_MS + 1;
+    sweep_all(&store, now).await;
+    assert_eq!(tenants_index(conn, prefix).await, [entry(&g1)]);
+    let acme_index: bool = redis::cmd("EXISTS")
+        .arg(format!("{prefix}:permits:acme"))
+        .query_async(conn)
+        .await
+        .expect("EXISTS");
+    assert!(!acme_index, "acme's index is empty");
+    assert_eq!(census_count(&store, now).await, 1, "globex's attempt");
+
+    // A new permit brings acme back, and the census finds its attempt.
+    let a3 = tenant_permit(4, "acme", now, now + HOUR_MS);
+    store.create_permit(a3.clone()).await.expect("create");
+    assert_eq!(tenants_index(conn, prefix).await, [entry(&a3), entry(&g1)]);
+    let open = open_attempt(&store, &a3, "k", now).await;
+    let now = now + 1_000;
+    assert_eq!(census_count(&store, now).await, 2);
+    sweep_all(&store, now).await;
+    assert_eq!(tenants_index(conn, prefix).await, [entry(&a3), entry(&g1)]);
+
+    // globex's attempt resolved: its permit leaves its index, globex the
+    // tenants index.
+    let resolve = atmost::domain::ResolveCmd {
+        permit_id: g1.permit_id.clone(),
+        idempotency_key: "lost".into(),
+        attempt_id: lost,
+        outcome: Outcome::Failed {
+            reason: "declined".into(),
+        },
+    };
+    store
+        .resolve(
+            &scope_of("globex"),
+            &resolve,
+            now,
+            atmost::domain::new_id(now),
+        )
+        .await
+        .expect("resolve");
+    sweep_all(&store, now).await;
+    assert_eq!(tenants_index(conn, prefix).await, [entry(&a3)]);
+
+    // And acme's last one, once resolved and expired: nothing is left.
+    let resolve = atmost::domain::ResolveCmd {
+        permit_id: a3.permit_id.clone(),
+        idempotency_key: "k".into(),
+        attempt_id: open,
+        outcome: Outcome::NotSent,
+    };
+    store
+        .resolve(
+            &scope_of("acme"),
+            &resolve,
+            now,
+            atmost::domain::new_id(now),
+        )
+        .await
+        .expect("resolve");
+    let now = now + HOUR_MS + INDEX_MARGIN_MS;
+    sweep_all(&store, now).await;
+    assert_eq!(tenants_index(conn, prefix).await, []);
+    assert_eq!(census_count(&store, now).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenants_index_shrinks_with_the_last_permit_on_redis() {
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(5));
+    let mut conn = redis.connect().await;
+    the_tenants_index_shrinks_with_the_last_permit(store, &mut conn, &redis.prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenants_index_shrinks_with_the_last_permit_on_a_cluster() {
+    let _machine = shared().await;
+    let urls = tokio::task::block_in_place(shared_cluster);
+    let prefix = format!("t{}", uuid::Uuid::now_v7().simple());
+    let store = cluster_store(urls, &prefix, std::time::Duration::from_secs(5));
+    let mut conn = redis::cluster::ClusterClient::new(urls.split(',').collect::<Vec<_>>())
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("connect to the Cluster");
+    the_tenants_index_shrinks_with_the_last_permit(store, &mut conn, &prefix).await;
+}
+
+/// The race the token is for: the sweep reads acme's entry, drops acme's
+/// last permit and sees the index empty; before it removes the entry,
+/// CreatePermit indexes a new permit of acme and writes acme's entry. The
+/// sweep is stopped there by holding Redis's reply (the proxy switches to
+/// holding before the sweep's last ZREM of acme's index reaches Redis), so
+/// the interleaving is exact. The sweep's removal then meets a new token
+/// and removes nothing: the new permit, with its open attempt, stays
+/// reachable by the sweep and the census.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_created_while_the_sweep_lets_its_tenant_go_keeps_it() {
+    use atmost::store::{INDEX_MARGIN_MS, Store as _};
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let held = proxy::Proxy::for_redis(&redis.url).await;
+    let timeout = std::time::Duration::from_secs(10);
+    let sweeper = redis_store(&held.url(), &redis.prefix, timeout);
+    let store = redis_store(&redis.url, &redis.prefix, timeout);
+    let mut conn = redis.connect().await;
+    let a1 = tenant_permit(1, "acme", T0, T0 + HOUR_MS);
+    store.create_permit(a1.clone()).await.expect("create");
+    assert_eq!(tenants_index(&mut conn, &redis.prefix).await, [entry(&a1)]);
+
+    let now = T0 + HOUR_MS + INDEX_MARGIN_MS + 1;
+    let index = format!("{}:permits:acme", redis.prefix);
+    held.hold_from("ZREM", &index);
+    let sweep = tokio::spawn(async move { sweeper.sweep(now).await });
+    // The sweep's ZREM of a1 (and the EXISTS after it) ran; their replies
+    // are held.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while held.count_command("ZREM", &index) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweep never dropped a1: {:?}",
+            held.commands()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let in_index: usize = redis::cmd("ZCARD")
+        .arg(&index)
+        .query_async(&mut conn)
+        .await
+        .expect("ZCARD");
+    assert_eq!(in_index, 0, "the sweep saw acme's index empty");
+
+    let a2 = tenant_permit(2, "acme", now, now + HOUR_MS);
+    store.create_permit(a2.clone()).await.expect("create");
+    open_attempt(&store, &a2, "k", now).await;
+    held.set_mode(proxy::Mode::Pass);
+    let swept = sweep.await.expect("sweep task");
+    assert_eq!(
+        held.count_command("ZREM", &format!("{}:tenants", redis.prefix)),
+        1,
+        "the sweep tried to let acme go: {:?}",
+        held.commands()
+    );
+    assert_eq!(
+        tenants_index(&mut conn, &redis.prefix).await,
+        [entry(&a2)],
+        "acme stays, with a2's token"
+    );
+    assert_eq!(swept, Ok(1), "a1 dropped, and nothing else");
+    let now = now + 1_000;
+    assert_eq!(
+        census_count(&store, now).await,
+        1,
+        "a2's attempt is counted"
+    );
+    sweep_all(&store, now + 2 * HOUR_MS).await;
+    assert_eq!(tenants_index(&mut conn, &redis.prefix).await, [entry(&a2)]);
+    assert_eq!(census_count(&store, now + 2 * HOUR_MS).await, 1);
+}
+
+/// A tenants index member this version cannot read (another version's, or
+/// written by hand) fails the census, never counted as nothing, and the
+/// sweep leaves it in place; index_tenant.lua refuses a tenant or a token
+/// that cannot make an entry, and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_tenants_index_entry_is_unavailable_and_left_alone() {
+    use atmost::store::Store as _;
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(5));
+    let mut conn = redis.connect().await;
+    let a1 = tenant_permit(1, "acme", T0, T0 + HOUR_MS);
+    store.create_permit(a1.clone()).await.expect("create");
+    let key = format!("{}:tenants", redis.prefix);
+
+    let script = atmost::store::redis::script_text(
+        atmost::store::redis::script_body("index_tenant").expect("index_tenant.lua"),
+    );
+    for (tenant, token) in [
+        ("", "t"),
+        ("a\nb", "t"),
+        ("a b", "t"),
+        (&"a".repeat(65)[..], "t"),
+        ("acme", ""),
+        ("acme", "x\ny"),
+    ] {
+        let packed: Vec<u8> = redis::cmd("EVAL")
+            .arg(&script)
+            .arg(1)
+            .arg(&key)
+            .arg(tenant)
+            .arg(token)
+            .query_async(&mut conn)
+            .await
+            .expect("EVAL index_tenant.lua");
+        let reply = atmost::store::redis::unpack_reply(&packed).expect("a msgpack reply");
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        };
+        assert_eq!(
+            reply.iter().take(2).map(text).collect::<Vec<_>>(),
+            ["ERR", "STORE_UNAVAILABLE"],
+            "{tenant:?} {token:?}: {reply:?}"
+        );
+        assert_eq!(
+            tenants_index(&mut conn, &redis.prefix).await,
+            [entry(&a1)],
+            "{tenant:?} {token:?} changed the tenants index"
+        );
+    }
+
+    let _: () = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(0)
+        .arg("no-token")
+        .query_async(&mut conn)
+        .await
+        .expect("ZADD");
+    match store.census(None, T0).await {
+        Err(atmost::domain::Error::StoreUnavailable(why)) => {
+            assert!(why.contains("tenants index member"), "{why}");
+        }
+        other => panic!("the census read an unreadable entry: {other:?}"),
+    }
+    store
+        .sweep(T0 + 2 * HOUR_MS)
+        .await
+        .expect("the sweep goes on");
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .expect("ZRANGE");
+    assert_eq!(
+        members,
+        ["no-token"],
+        "acme left; the unreadable entry stays"
+    );
+}

@@ -7,7 +7,7 @@ use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, GetAttemptCmd, Ledger, MarkUncertainCmd,
     Millis, Permit, PermitView, Quota, Quotas, ResolveCmd, Scope, Settled,
 };
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
@@ -35,10 +35,11 @@ type Entry = (Millis, Arc<str>);
 struct Inner {
     /// Boxed, so the map moves pointers, not ledgers.
     ledgers: HashMap<Arc<str>, Box<Ledger>>,
-    /// Permits with a RESERVED or UNCERTAIN attempt, by tenant, in
-    /// ListUncertain's order (expires_at, id): the cross-permit listing
+    /// Permits with a RESERVED or UNCERTAIN attempt, by tenant (in name
+    /// order, for the census; a tenant leaves with its last such permit),
+    /// in ListUncertain's order (expires_at, id): the cross-permit listing
     /// looks only here.
-    open: HashMap<Arc<str>, BTreeSet<Entry>>,
+    open: BTreeMap<Arc<str>, BTreeSet<Entry>>,
     /// Every other permit, by when it is forgotten ([`Ledger::forget_at`]).
     forget: BTreeSet<Entry>,
     /// Every permit not yet expired (and some expired ones not yet pruned),
@@ -403,22 +404,17 @@ impl Store for MemoryStore {
         now: Millis,
     ) -> Result<CensusBatch, Error> {
         let inner = self.lock();
-        let mut tenants: Vec<&Arc<str>> = inner
-            .open
-            .keys()
-            .filter(|t| after.is_none_or(|c| t.as_ref() >= c.tenant.as_str()))
-            .collect();
-        tenants.sort();
+        let from = after.map_or(Bound::Unbounded, |c| Bound::Included(c.tenant.as_str()));
         let mut batch = CensusBatch::default();
         let mut looked = 0;
-        for tenant in tenants {
+        for (tenant, permits) in inner.open.range::<str, _>((from, Bound::Unbounded)) {
             let start = match after {
                 Some(c) if c.tenant == tenant.as_ref() => {
                     Bound::Excluded((c.expires_at, Arc::from(c.permit_id.as_str())))
                 }
                 _ => Bound::Unbounded,
             };
-            for (expires_at, id) in inner.open[tenant].range((start, Bound::Unbounded)) {
+            for (expires_at, id) in permits.range((start, Bound::Unbounded)) {
                 if looked == CENSUS_BATCH {
                     return Ok(batch);
                 }

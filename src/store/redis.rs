@@ -61,6 +61,10 @@ use std::time::Duration;
 /// sweeping.
 const LIST_BATCH: usize = 64;
 
+/// Most tenants one sweep call walks (see [`Store::sweep`]): the next call
+/// goes on after them.
+const SWEEP_TENANTS: usize = 64;
+
 /// Most attempts one list_uncertain.lua run reads: about 1.5 ms of Redis's
 /// time (5 us per attempt), so a page of 1000 never shows in a 10 ms
 /// SLOWLOG (docs/performance.md, "ListUncertain at scale").
@@ -93,6 +97,9 @@ pub struct RedisStore {
     /// Where this replica's sweep of each tenant's index goes on from (an
     /// index member; none: from the start).
     sweep_from: Arc<Mutex<HashMap<String, String>>>,
+    /// Where this replica's sweep of the tenants index goes on from (the
+    /// last member it read; none: a new round, dev mode's index first).
+    sweep_tenants_from: Arc<Mutex<Option<String>>>,
     quotas: Quotas,
 }
 
@@ -138,6 +145,18 @@ fn parse_index_member(member: &str) -> Result<(Millis, &str), Error> {
         .ok_or_else(|| malformed(format!("index member {member:?}")))
 }
 
+/// The tenant of a tenants index member, "<tenant>\n<token>"
+/// (index_tenant.lua). Tenant names are `[A-Za-z0-9._-]`, all after "\v",
+/// so the index sorts by tenant name and a tenant's members sort in
+/// ["<tenant>\n", "<tenant>\v").
+fn parse_tenant_member(member: &str) -> Result<&str, Error> {
+    member
+        .split_once('\n')
+        .filter(|(tenant, token)| crate::domain::valid_name(tenant) && !token.is_empty())
+        .map(|(tenant, _)| tenant)
+        .ok_or_else(|| malformed(format!("tenants index member {member:?}")))
+}
+
 /// An attempt's member in a permit's open set (lib.lua: open_add).
 fn open_member(at: Millis, key: &str) -> String {
     format!("{at:015}:{key}")
@@ -168,6 +187,7 @@ impl RedisStore {
             ),
             time: config.time,
             sweep_from: Arc::default(),
+            sweep_tenants_from: Arc::default(),
             quotas: Quotas::DEFAULT,
         })
     }
@@ -321,7 +341,11 @@ impl RedisStore {
         }
     }
 
-    /// The tenants that have an index (so the sweep finds them all).
+    /// The tenants index: every tenant whose index may hold a permit, by
+    /// [`parse_tenant_member`], so the sweep and the census find each index
+    /// (dev mode's is walked besides). A tenant enters it with each new
+    /// permit, once the permit is indexed, and leaves it when the sweep
+    /// finds its index empty ([`Store::sweep`]).
     fn tenants_key(&self) -> String {
         format!("{}:tenants", self.prefix)
     }
@@ -462,18 +486,16 @@ impl Store for RedisStore {
         // ListUncertain see an indexed permit with no hash yet and tidy it
         // away for good.) If this fails the caller gets UNAVAILABLE and an
         // unknown, unused permit expires with its retention.
-        // The tenants set first (idempotent), so the sweep finds every
-        // index; then the tenant's quota is counted and the index added to
-        // in one script on the index alone (one key: one Cluster slot).
+        // The tenant's quota is counted and the index added to in one
+        // script on the index alone (one key: one Cluster slot); then the
+        // tenant enters the tenants index with this permit's id as its
+        // token, after the index holds the permit: a sweep that removes the
+        // tenant's entry read it before it saw the index empty, so any
+        // permit indexed before that entry was written is in what it saw,
+        // and a later entry has another token, which its removal misses
+        // (Store::sweep). If this last step fails, the permit is indexed
+        // but nobody knows its id: no attempt can open under it.
         let mut conn = self.conn().await?;
-        if !permit.tenant.is_empty() {
-            redis::cmd("SADD")
-                .arg(self.tenants_key())
-                .arg(&permit.tenant)
-                .exec_async(&mut conn)
-                .await
-                .map_err(|e| self.lost(e))?;
-        }
         let mut inv = Lua::IndexPermit.prepare_invoke();
         inv.key(self.index_key(&permit.tenant))
             .arg(self.now_arg(permit.created_at))
@@ -488,6 +510,9 @@ impl Store for RedisStore {
                 .await
                 .map_err(|e| self.lost(e))?;
             return Err(refused);
+        }
+        if !permit.tenant.is_empty() {
+            self.index_tenant(&permit.tenant, &permit.permit_id).await?;
         }
         Ok(permit)
     }
@@ -736,89 +761,120 @@ impl Store for RedisStore {
         Ok(page)
     }
 
-    /// Walks this replica's next batch of each tenant's index entries of
-    /// permits expired more than [`INDEX_MARGIN_MS`] ago, dropping those
-    /// with no open attempt (or gone): an index keeps only permits that may
-    /// still hold one. Each tenant's walk wraps around to its start when it
-    /// reaches the end.
+    /// Walks this replica's next batch of tenants (at most
+    /// [`SWEEP_TENANTS`] of the tenants index, after the last call's; a new
+    /// round starts with dev mode's index), and each one's next batch of
+    /// index entries of permits expired more than [`INDEX_MARGIN_MS`] ago,
+    /// dropping those with no open attempt (or gone): an index keeps only
+    /// permits that may still hold one. Each walk wraps around to its
+    /// start when it reaches the end.
+    ///
+    /// A tenant whose index the walk saw empty leaves the tenants index:
+    /// the sweep removes the exact member it read, "<tenant>\n<token>",
+    /// and read it before it saw the index empty. Any permit whose
+    /// CreatePermit wrote that member (or an earlier one) was indexed
+    /// before, so it is not live (it was closed and dropped); a permit
+    /// indexed since wrote another token, so the removal removes nothing
+    /// (`create_permit`). A tenant with a live permit stays in the tenants
+    /// index whatever the interleaving, and one whose removal fails halfway
+    /// merely stays too.
     async fn sweep(&self, now: Millis) -> Result<usize, Error> {
         let mut conn = self.conn().await?;
-        let mut tenants: Vec<String> = redis::cmd("SMEMBERS")
+        let after = self
+            .sweep_tenants_from
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut dropped = 0;
+        let from = match after {
+            Some(last) => format!("({last}"),
+            None => {
+                dropped += self.sweep_tenant(&mut conn, "", now).await?.0;
+                "-".to_owned()
+            }
+        };
+        let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
             .arg(self.tenants_key())
+            .arg(&from)
+            .arg("+")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(SWEEP_TENANTS)
             .query_async(&mut conn)
             .await
             .map_err(|e| self.lost(e))?;
-        tenants.push(String::new());
-        let mut dropped = 0;
-        for tenant in tenants {
-            dropped += self.sweep_tenant(&mut conn, &tenant, now).await?;
+        // The next sweep goes on after this batch, whatever happens to it.
+        *self
+            .sweep_tenants_from
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = members
+            .last()
+            .filter(|_| members.len() == SWEEP_TENANTS)
+            .cloned();
+        for member in &members {
+            // A member this version cannot read stays: never dropped on a
+            // guess.
+            let Ok(tenant) = parse_tenant_member(member) else {
+                tracing::warn!(member, "unreadable tenants index member left in place");
+                continue;
+            };
+            let (n, empty) = self.sweep_tenant(&mut conn, tenant, now).await?;
+            dropped += n;
+            if empty && self.forget_tenant(&mut conn, member).await? {
+                dropped += 1;
+            }
         }
         Ok(dropped)
     }
 
-    /// Walks the tenants' indexes (the tenants set and dev mode's "", in
-    /// name order), one census.lua run per permit.
+    /// Walks the tenants' indexes (dev mode's "" first, then the tenants
+    /// index's, in name order), one census.lua run per permit.
     async fn census(
         &self,
         after: Option<&CensusCursor>,
         now: Millis,
     ) -> Result<CensusBatch, Error> {
         let mut conn = self.conn().await?;
-        let mut tenants: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(self.tenants_key())
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.lost(e))?;
-        tenants.push(String::new());
-        tenants.retain(|t| after.is_none_or(|c| *t >= c.tenant));
-        tenants.sort();
-        tenants.dedup();
         let mut batch = CensusBatch::default();
         let mut looked = 0;
-        for tenant in &tenants {
-            let mut from = match after {
-                Some(c) if c.tenant == *tenant => {
-                    format!("({}", index_member(c.expires_at, &c.permit_id))
-                }
-                _ => "-".to_owned(),
-            };
-            loop {
-                let want = CENSUS_BATCH - looked;
-                let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
-                    .arg(self.index_key(tenant))
-                    .arg(&from)
-                    .arg("+")
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(want)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.lost(e))?;
-                for member in &members {
-                    let (expires_at, id) = parse_index_member(member)?;
-                    let k = self.keys(id);
-                    let mut inv = Lua::Census.prepare_invoke();
-                    inv.key(&k.permit).key(&k.open).arg(self.now_arg(now));
-                    let mut f = open_ok(self.run(&inv).await?, &About::permit(id))?;
-                    let (read_at, uncertain, since) = (f.int()?, f.count()?, f.int()?);
-                    batch.uncertain += uncertain;
-                    if uncertain > 0 {
-                        batch.oldest_age_ms = batch.oldest_age_ms.max(read_at - since);
-                    }
-                    looked += 1;
-                    batch.next = Some(CensusCursor {
-                        tenant: tenant.clone(),
-                        expires_at,
-                        permit_id: id.to_owned(),
-                    });
-                }
-                if looked == CENSUS_BATCH {
+        if after.is_none_or(|c| c.tenant.is_empty())
+            && self
+                .census_tenant(&mut conn, "", after, &mut batch, &mut looked, now)
+                .await?
+        {
+            return Ok(batch);
+        }
+        // From the cursor's tenant (all its members sort after
+        // "<tenant>\n"), or the start.
+        let mut from = match after {
+            Some(c) if !c.tenant.is_empty() => format!("[{}\n", c.tenant),
+            _ => "-".to_owned(),
+        };
+        loop {
+            let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
+                .arg(self.tenants_key())
+                .arg(&from)
+                .arg("+")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(CENSUS_BATCH)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.lost(e))?;
+            for member in &members {
+                // A tenant the census cannot name fails the pass: its
+                // permits are never counted as nothing.
+                let tenant = parse_tenant_member(member)?;
+                if self
+                    .census_tenant(&mut conn, tenant, after, &mut batch, &mut looked, now)
+                    .await?
+                {
                     return Ok(batch);
                 }
-                match members.last() {
-                    Some(last) if members.len() == want => from = format!("({last}"),
-                    _ => break,
-                }
+            }
+            match members.last() {
+                Some(last) if members.len() == CENSUS_BATCH => from = format!("({last}"),
+                _ => break,
             }
         }
         batch.next = None;
@@ -958,13 +1014,91 @@ impl RedisStore {
         }
     }
 
-    /// One tenant's batch of [`Store::sweep`].
+    /// Puts a new permit's tenant in the tenants index, with the permit's
+    /// id as its token (index_tenant.lua).
+    async fn index_tenant(&self, tenant: &str, permit_id: &str) -> Result<(), Error> {
+        let mut inv = Lua::IndexTenant.prepare_invoke();
+        inv.key(self.tenants_key()).arg(tenant).arg(permit_id);
+        open_ok(self.run(&inv).await?, &About::permit(permit_id)).map(drop)
+    }
+
+    /// Removes this exact member from the tenants index (its tenant's index
+    /// was seen empty after it was read); whether it was there.
+    async fn forget_tenant(&self, conn: &mut Conn, member: &str) -> Result<bool, Error> {
+        redis::cmd("ZREM")
+            .arg(self.tenants_key())
+            .arg(member)
+            .query_async(conn)
+            .await
+            .map_err(|e| self.lost(e))
+    }
+
+    /// One tenant's share of a [`Store::census`] batch: its index after
+    /// the cursor (when the cursor is in it), until the batch holds
+    /// [`CENSUS_BATCH`] permits; whether it does.
+    async fn census_tenant(
+        &self,
+        conn: &mut Conn,
+        tenant: &str,
+        after: Option<&CensusCursor>,
+        batch: &mut CensusBatch,
+        looked: &mut usize,
+        now: Millis,
+    ) -> Result<bool, Error> {
+        let mut from = match after {
+            Some(c) if c.tenant == tenant => {
+                format!("({}", index_member(c.expires_at, &c.permit_id))
+            }
+            _ => "-".to_owned(),
+        };
+        loop {
+            let want = CENSUS_BATCH - *looked;
+            let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
+                .arg(self.index_key(tenant))
+                .arg(&from)
+                .arg("+")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(want)
+                .query_async(conn)
+                .await
+                .map_err(|e| self.lost(e))?;
+            for member in &members {
+                let (expires_at, id) = parse_index_member(member)?;
+                let k = self.keys(id);
+                let mut inv = Lua::Census.prepare_invoke();
+                inv.key(&k.permit).key(&k.open).arg(self.now_arg(now));
+                let mut f = open_ok(self.run(&inv).await?, &About::permit(id))?;
+                let (read_at, uncertain, since) = (f.int()?, f.count()?, f.int()?);
+                batch.uncertain += uncertain;
+                if uncertain > 0 {
+                    batch.oldest_age_ms = batch.oldest_age_ms.max(read_at - since);
+                }
+                *looked += 1;
+                batch.next = Some(CensusCursor {
+                    tenant: tenant.to_owned(),
+                    expires_at,
+                    permit_id: id.to_owned(),
+                });
+            }
+            if *looked == CENSUS_BATCH {
+                return Ok(true);
+            }
+            match members.last() {
+                Some(last) if members.len() == want => from = format!("({last}"),
+                _ => return Ok(false),
+            }
+        }
+    }
+
+    /// One tenant's batch of [`Store::sweep`]: how many entries it dropped,
+    /// and whether the index was empty when last read.
     async fn sweep_tenant(
         &self,
         conn: &mut Conn,
         tenant: &str,
         now: Millis,
-    ) -> Result<usize, Error> {
+    ) -> Result<(usize, bool), Error> {
         let from = {
             let cursors = self.sweep_from.lock().unwrap_or_else(|e| e.into_inner());
             match cursors.get(tenant) {
@@ -974,16 +1108,22 @@ impl RedisStore {
         };
         // Members of permits expired by the margin sort before this one.
         let until = format!("({:015}", now.saturating_sub(INDEX_MARGIN_MS));
-        let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
+        // With whether the index holds anything at all, in the same round
+        // trip.
+        let (members, exists): (Vec<String>, bool) = redis::pipe()
+            .cmd("ZRANGEBYLEX")
             .arg(self.index_key(tenant))
             .arg(&from)
             .arg(&until)
             .arg("LIMIT")
             .arg(0)
             .arg(LIST_BATCH)
+            .cmd("EXISTS")
+            .arg(self.index_key(tenant))
             .query_async(conn)
             .await
             .map_err(|e| self.lost(e))?;
+        let mut empty = !exists;
         // The next sweep goes on after this batch, whatever happens to it.
         {
             let mut cursors = self.sweep_from.lock().unwrap_or_else(|e| e.into_inner());
@@ -1005,21 +1145,27 @@ impl RedisStore {
                 continue;
             };
             if self.close(id, now).await? {
-                self.unindex(conn, tenant, member).await?;
+                empty = self.unindex(conn, tenant, member).await?;
                 dropped += 1;
             }
         }
-        Ok(dropped)
+        Ok((dropped, empty))
     }
 
-    /// Drops an index member (after its permit was closed, or is gone).
-    async fn unindex(&self, conn: &mut Conn, tenant: &str, member: &str) -> Result<(), Error> {
-        redis::cmd("ZREM")
+    /// Drops an index member (after its permit was closed, or is gone);
+    /// whether the index is empty after it.
+    async fn unindex(&self, conn: &mut Conn, tenant: &str, member: &str) -> Result<bool, Error> {
+        let (exists,): (bool,) = redis::pipe()
+            .cmd("ZREM")
             .arg(self.index_key(tenant))
             .arg(member)
-            .exec_async(conn)
+            .ignore()
+            .cmd("EXISTS")
+            .arg(self.index_key(tenant))
+            .query_async(conn)
             .await
-            .map_err(|e| self.lost(e))
+            .map_err(|e| self.lost(e))?;
+        Ok(!exists)
     }
 }
 

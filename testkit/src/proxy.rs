@@ -50,6 +50,9 @@ struct Shared {
     swallowed: AtomicUsize,
     /// Reply chunks read from Redis and not yet written to the client.
     pending: AtomicUsize,
+    /// (command name, argument needle): the next such command switches the
+    /// mode to [`HOLD`] before it reaches Redis ([`Proxy::hold_from`]).
+    hold_from: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
 }
 
 pub struct Proxy {
@@ -72,6 +75,7 @@ impl Proxy {
             commands: Mutex::new(Vec::new()),
             swallowed: AtomicUsize::new(0),
             pending: AtomicUsize::new(0),
+            hold_from: Mutex::new(None),
         });
         let stop = CancellationToken::new();
         tokio::spawn(accept(listener, shared.clone(), stop.clone()));
@@ -103,6 +107,17 @@ impl Proxy {
 
     pub fn mode(&self) -> Mode {
         *self.shared.mode.borrow()
+    }
+
+    /// Holds the replies from the next command named `name`
+    /// (case-insensitive) with an argument containing `needle` on: the mode
+    /// becomes [`HOLD`] before that command reaches Redis, so the command
+    /// runs and its reply, and every later one, waits until the mode
+    /// changes. A client that waits for that reply is stopped exactly
+    /// there, whatever the timing.
+    pub fn hold_from(&self, name: &str, needle: &str) {
+        *self.shared.hold_from.lock().expect("hold_from") =
+            Some((name.as_bytes().to_vec(), needle.as_bytes().to_vec()));
     }
 
     /// Commands forwarded to Redis so far that contain `needle` in one of
@@ -260,7 +275,9 @@ impl Drop for Pending<'_> {
     }
 }
 
-/// Client -> server: forwards at once, then logs the complete commands.
+/// Client -> server: forwards at once (switching to [`HOLD`] first when a
+/// command completed here is the one [`Proxy::hold_from`] names), then logs
+/// the complete commands.
 async fn forward_commands(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: &Shared) {
     let mut buf = vec![0u8; 16 * 1024];
     let mut parser = Parser::default();
@@ -269,10 +286,23 @@ async fn forward_commands(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, share
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        let commands = parser.feed(&buf[..n]);
+        {
+            let mut hold_from = shared.hold_from.lock().expect("hold_from");
+            let armed = hold_from.as_ref().is_some_and(|(name, needle)| {
+                commands.iter().any(|c| {
+                    c.first().is_some_and(|n| n.eq_ignore_ascii_case(name))
+                        && c[1..].iter().any(|a| contains(a, needle))
+                })
+            });
+            if armed {
+                *hold_from = None;
+                shared.mode.send_replace(HOLD);
+            }
+        }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
-        let commands = parser.feed(&buf[..n]);
         if !commands.is_empty() {
             shared
                 .commands

@@ -66,6 +66,7 @@ scripts! {
     ListUncertain => "list_uncertain",
     ClosePermit => "close_permit",
     IndexPermit => "index_permit",
+    IndexTenant => "index_tenant",
     Census => "census",
 }
 
@@ -162,6 +163,7 @@ mod tests {
         assert_eq!(script_body("lib"), None);
         assert_eq!(TABLE[Lua::Settle as usize].0, "settle");
         assert!(Lua::Authorize.writes() && Lua::IndexPermit.writes());
+        assert!(Lua::IndexTenant.writes());
         assert!(!Lua::GetPermit.writes() && !Lua::ListUncertain.writes());
         assert!(!Lua::GetAttempt.writes() && !Lua::Census.writes());
         assert_eq!(Lua::Census.name(), "census");

@@ -26,6 +26,19 @@
 --       latest key (a pointer, checked against the attempt's tool and full
 --       fingerprint on every read, so a collision only loses a pointer)
 --
+-- Keys across permits (no hash tag: each is one key, in a slot of its own;
+-- no script touches two of them, nor one of them and a permit's keys):
+--   <prefix>:permits[:<tenant>]  ZSET  a tenant's cross-permit index (dev
+--       mode's tenant "": no suffix), all score 0, member
+--       "<expires_at, 15 digits>:<permit id>": the permits that may hold an
+--       open attempt (index_permit.lua adds them; the sweep and
+--       ListUncertain drop a permit once close_permit.lua has closed it)
+--   <prefix>:tenants  ZSET  the tenants whose index may hold a permit, all
+--       score 0, one member "<tenant>\n<token>" each (index_tenant.lua;
+--       the token is the id of the tenant's latest permit): the sweep and
+--       the census walk it by lex, and the sweep removes a member whose
+--       tenant's index it saw empty (store/redis.rs: Store::sweep)
+--
 -- Time: ARGV[1] of every script is "" and the script reads Redis's clock
 -- (TIME), the one clock every replica shares; tests with an injected clock
 -- pass their time instead (store/redis/conn.rs: Time). Ids made by the
