@@ -352,3 +352,134 @@ async fn the_attack_campaign() {
     let pay = view.usage.iter().find(|u| u.tool == "pay").expect("pay");
     assert_eq!(pay.calls_made, 1);
 }
+
+// === another agent of the tenant (issue 24, hole 1) ===
+
+/// Agent A's call charged (or may have: its answer was lost) and A marked
+/// it UNCERTAIN. Agent B of the same tenant, on a permit open to every
+/// agent, retries A's key with the same request: it must learn neither the
+/// attempt's id nor be able to settle it. Before, the REPLAY handed B the
+/// id and B's Commit Failed gave the money back: the budget read 100 again
+/// for a call that may have charged 100, and a new key spent it twice.
+async fn another_agent_can_neither_learn_nor_settle_an_open_attempt(kind: Kind) {
+    const A: &str = "acme-agent-a-0123456789";
+    const B: &str = "acme-agent-b-0123456789";
+    let keys = KeyFile::new(
+        &[
+            entry("acme-admin", ADMIN, "acme", "\"admin\""),
+            entry("agent-a", A, "acme", "\"agent\""),
+            entry("agent-b", B, "acme", "\"agent\""),
+        ]
+        .concat(),
+    );
+    let h = crate::auth::authed_harness_on(&keys, kind).await;
+    let key = |k: &str| h.client.clone().with_api_key(k).expect("ascii");
+    let (admin, a, b) = (key(ADMIN), key(A), key(B));
+    let mut p = h.permit(&["pay"]);
+    p.budget = Some(100);
+    p.max_calls_per_tool = [("pay".to_owned(), 2)].into();
+    let permit = admin.create_permit(p).await.expect("create").permit_id;
+    let charge = |k: &str, token: &[u8]| pb::AuthorizeRequest {
+        holder_token: token.to_vec(),
+        ..authorize(&permit, "pay", k, b"charge 100 to acct_42", 100)
+    };
+
+    let held = a.authorize(charge("k1", b"")).await.expect("A dispatches");
+    assert_eq!(held.decision(), Decision::Dispatch);
+    let held = held.attempt.expect("attempt");
+    assert_eq!(held.reserved_by, "agent-a");
+    a.mark_uncertain(pb::MarkUncertainRequest {
+        permit_id: permit.clone(),
+        idempotency_key: "k1".into(),
+        attempt_id: held.attempt_id.clone(),
+        reason: "response lost".into(),
+    })
+    .await
+    .expect("A marks it");
+
+    // B retries A's key: the same unknown, without its fencing token.
+    let seen = b.authorize(charge("k1", b"")).await.expect("replay");
+    assert_eq!(seen.decision(), Decision::Replay);
+    let seen = seen.attempt.expect("attempt");
+    assert_eq!(seen.state(), pb::AttemptState::Uncertain);
+    assert_eq!(seen.attempt_id, "", "B is given A's open attempt's id");
+    assert_eq!(seen.reserved_by, "agent-a");
+
+    // B holding the id anyway (from a log, say) settles nothing.
+    let forged_commit = |outcome| pb::CommitRequest {
+        permit_id: permit.clone(),
+        idempotency_key: "k1".into(),
+        attempt_id: held.attempt_id.clone(),
+        outcome: Some(outcome),
+    };
+    for outcome in [failed("declined"), succeeded(b"forged", Some(0))] {
+        let (meta, _) = expect_error(
+            b.commit(forged_commit(outcome)).await,
+            Code::PermissionDenied,
+            "ATTEMPT_HOLDER_MISMATCH",
+        );
+        assert_eq!(meta["idempotency_key"], "k1");
+    }
+    expect_error(
+        b.mark_uncertain(pb::MarkUncertainRequest {
+            permit_id: permit.clone(),
+            idempotency_key: "k1".into(),
+            attempt_id: held.attempt_id.clone(),
+            reason: "b".into(),
+        })
+        .await,
+        Code::PermissionDenied,
+        "ATTEMPT_HOLDER_MISMATCH",
+    );
+    // The money stays held: a new key does not fit.
+    let view = admin.get_permit(&permit).await.expect("get");
+    assert_eq!(
+        (view.budget_reserved, view.budget_remaining),
+        (100, Some(0))
+    );
+    expect_error(
+        b.authorize(charge("k2", b"")).await,
+        Code::ResourceExhausted,
+        "PERMIT_BUDGET_EXCEEDED",
+    );
+
+    // A redelivery is A's alone, even to B presenting A's holder token.
+    let cheap = |k: &str, token: &[u8]| pb::AuthorizeRequest {
+        holder_token: token.to_vec(),
+        ..authorize(&permit, "pay", k, b"a free lookup", 0)
+    };
+    let first = a.authorize(cheap("k3", b"A's token")).await.expect("dispatch");
+    expect_error(
+        b.authorize(cheap("k3", b"A's token")).await,
+        Code::Aborted,
+        "IDEMPOTENCY_IN_PROGRESS",
+    );
+    let again = a.authorize(cheap("k3", b"A's token")).await.expect("again");
+    assert!(again.redelivered);
+    assert_eq!(again.attempt, first.attempt);
+
+    // A, retrying its own key, gets its id back and settles it; the id of
+    // a settled attempt is then anyone's to read.
+    let own = a.authorize(charge("k1", b"")).await.expect("replay");
+    assert_eq!(own.attempt.expect("attempt").attempt_id, held.attempt_id);
+    a.commit(forged_commit(succeeded(b"charged", None)))
+        .await
+        .expect("A commits");
+    let settled = b.authorize(charge("k1", b"")).await.expect("replay");
+    assert_eq!(
+        settled.attempt.expect("attempt").attempt_id,
+        held.attempt_id
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_agent_can_neither_learn_nor_settle_an_open_attempt_on_memory() {
+    let _machine = shared().await;
+    another_agent_can_neither_learn_nor_settle_an_open_attempt(Kind::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_agent_can_neither_learn_nor_settle_an_open_attempt_on_redis() {
+    let _machine = shared().await;
+    another_agent_can_neither_learn_nor_settle_an_open_attempt(Kind::Redis).await;
+}

@@ -74,7 +74,7 @@ async fn authed_harness(keys: &KeyFile) -> Harness {
     authed_harness_on(keys, Kind::Memory).await
 }
 
-async fn authed_harness_on(keys: &KeyFile, kind: Kind) -> Harness {
+pub async fn authed_harness_on(keys: &KeyFile, kind: Kind) -> Harness {
     let auth = Arc::new(Authenticator::load(&keys.path).expect("keys load"));
     let redis = (kind == Kind::Redis).then(Redis::start);
     let backend = match &redis {

@@ -7,7 +7,7 @@
 //! lists what is UNCERTAIN and Resolves it with what the tool's provider
 //! says; two replicas that take any request off the network and run it on
 //! the store; a network that loses, duplicates and reorders requests and
-//! replies (and a replica whose answer came too late, answered UNAVAILABLE
+//! replies (a lost reply is also a replica whose answer came too late:
 //! after the store applied it); and a clock whose steps end leases and the
 //! permit. The store is the **real [`Ledger`]**, the reference semantics
 //! the memory store runs and the Redis scripts are held to
@@ -68,10 +68,10 @@ pub struct Bounds {
     pub tries: u8,
     /// Crashes, of all agents together.
     pub crashes: u8,
-    /// Messages the network may lose (a replica's late UNAVAILABLE counts
-    /// as one).
+    /// Messages the network may lose (a lost reply is also a replica that
+    /// answered after its caller's deadline).
     pub losses: u8,
-    /// Messages it may deliver twice.
+    /// Requests it may deliver twice.
     pub duplicates: u8,
     /// Clock steps.
     pub ticks: u8,
@@ -248,7 +248,6 @@ pub enum Reply {
     /// Any other refusal (cap, budget, expired, a holder mismatch, ...).
     Refused,
     Settled,
-    Unavailable,
 }
 
 /// What happened to one attempt in the world.
@@ -328,14 +327,8 @@ pub enum Action {
         agent: u8,
         memory: bool,
     },
-    /// A replica takes a request off the network and runs it on the store;
-    /// `late`: its answer comes after the caller's deadline (UNAVAILABLE,
-    /// though the store applied it).
-    Serve {
-        msg: Msg,
-        replica: u8,
-        late: bool,
-    },
+    /// A replica takes a request off the network and runs it on the store.
+    Serve { msg: Msg, replica: u8 },
     Deliver {
         msg: Msg,
     },
@@ -589,16 +582,13 @@ impl Agent {
         self.phase = Phase::Idle;
         self.calls_left -= 1;
         self.call += 1;
+        // No answer is read any more (State::forget_unread).
+        self.seq += 1;
         self.journal = None;
     }
 
     fn send(&mut self, net: &mut Vec<Msg>, agent: u8, body: Request) {
         self.seq += 1;
-        // Answers to this agent's earlier requests would only be dropped
-        // when they arrive (it reads the answer to its last request only):
-        // drop them now, so states differ only in what can matter. Its
-        // earlier requests stay: a replica may still run them.
-        net.retain(|m| !matches!(m, Msg::Reply { agent: a, .. } if *a == agent));
         insert(
             net,
             Msg::Request {
@@ -714,7 +704,14 @@ impl Model for Protocol {
                 }
                 Phase::Idle => {}
                 Phase::Authorizing { tries, .. } | Phase::Reporting { tries, .. } => {
-                    if tries < self.bounds.tries {
+                    // Its deadline passes while the request (or, once
+                    // lost, nothing) is on its way; an answer already on
+                    // its way arrives first, unless the network loses it.
+                    let answered = s.net.iter().any(
+                        |m| matches!(m, Msg::Reply { agent: to, seq, .. } if *to == agent && *seq == a.seq),
+                    );
+                    if answered {
+                    } else if tries < self.bounds.tries {
                         actions.push(Action::Retry { agent });
                     } else {
                         actions.push(Action::GiveUp { agent });
@@ -762,24 +759,21 @@ impl Model for Protocol {
                         actions.push(Action::Serve {
                             msg: *msg,
                             replica,
-                            late: false,
                         });
                     }
-                    if s.losses_left > 0 {
-                        actions.push(Action::Serve {
-                            msg: *msg,
-                            replica: 0,
-                            late: true,
-                        });
+                    // A reply read twice changes nothing (the agent has
+                    // moved on), so only requests are duplicated.
+                    if s.duplicates_left > 0 {
+                        actions.push(Action::Duplicate { msg: *msg });
                     }
                 }
                 Msg::Reply { .. } => actions.push(Action::Deliver { msg: *msg }),
             }
+            // A lost reply is also a replica that answered too late (the
+            // store applied the request; the caller saw UNAVAILABLE or its
+            // own deadline, and may retry): the same to the agent.
             if s.losses_left > 0 {
                 actions.push(Action::Lose { msg: *msg });
-            }
-            if s.duplicates_left > 0 {
-                actions.push(Action::Duplicate { msg: *msg });
             }
         }
         // The operator's ListUncertain, and a Resolve of each listed.
@@ -795,150 +789,8 @@ impl Model for Protocol {
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let mut s = last.clone();
-        match action {
-            Action::Start { agent, key } => {
-                let a = &mut s.agents[usize::from(agent)];
-                a.authorize(&mut s.net, agent, key, false);
-            }
-            Action::Retry { agent } => {
-                let a = &mut s.agents[usize::from(agent)];
-                let body = match &mut a.phase {
-                    Phase::Authorizing {
-                        key, token, tries, ..
-                    } => {
-                        *tries += 1;
-                        Request::Authorize {
-                            key: *key,
-                            token: *token,
-                        }
-                    }
-                    Phase::Reporting {
-                        key,
-                        attempt,
-                        report,
-                        tries,
-                    } => {
-                        *tries += 1;
-                        Request::Report {
-                            key: *key,
-                            attempt: *attempt,
-                            report: *report,
-                        }
-                    }
-                    _ => return None,
-                };
-                a.send(&mut s.net, agent, body);
-            }
-            Action::GiveUp { agent } => s.agents[usize::from(agent)].finish(),
-            Action::Send { agent, result } => {
-                let a = &mut s.agents[usize::from(agent)];
-                let Phase::Holding { key, attempt, .. } = a.phase else {
-                    return None;
-                };
-                let w = &mut s.world;
-                if w.sends > 0 {
-                    w.second_call_sent = true;
-                }
-                w.sends += 1;
-                w.sends_since_release[usize::from(key)] += 1;
-                let charged = result != Report::Failed;
-                if charged {
-                    w.charged += COST;
-                }
-                if let Some(fate) = w.fates.get_mut(&attempt) {
-                    fate.sent = true;
-                    fate.charged |= charged;
-                }
-                a.report(key, attempt, result, &mut s.net, agent);
-            }
-            Action::TooLate { agent } => {
-                let a = &mut s.agents[usize::from(agent)];
-                let Phase::Holding { key, attempt, .. } = a.phase else {
-                    return None;
-                };
-                a.report(key, attempt, Report::NotSent, &mut s.net, agent);
-            }
-            Action::Accept { agent } => s.agents[usize::from(agent)].finish(),
-            Action::SettleHanded { agent } => {
-                let a = &mut s.agents[usize::from(agent)];
-                let Phase::Replayed { key, attempt } = a.phase else {
-                    return None;
-                };
-                a.report(key, attempt, Report::Failed, &mut s.net, agent);
-            }
-            Action::Crash { agent, memory } => {
-                s.crashes_left -= 1;
-                let a = &mut s.agents[usize::from(agent)];
-                match (memory, a.journal) {
-                    (true, Some(journal)) => {
-                        a.authorize(&mut s.net, agent, journal.key, true);
-                    }
-                    _ => a.finish(),
-                }
-            }
-            Action::Serve { msg, late, .. } => {
-                let Msg::Request { agent, seq, body } = msg else {
-                    return None;
-                };
-                remove(&mut s.net, &msg);
-                let mut reply = self.serve(&mut s, agent, body);
-                if late {
-                    s.losses_left -= 1;
-                    reply = Reply::Unavailable;
-                }
-                insert(
-                    &mut s.net,
-                    Msg::Reply {
-                        agent,
-                        seq,
-                        body: reply,
-                    },
-                );
-            }
-            Action::Deliver { msg } => {
-                let Msg::Reply { agent, seq, body } = msg else {
-                    return None;
-                };
-                remove(&mut s.net, &msg);
-                if s.agents[usize::from(agent)].seq == seq {
-                    self.read(&mut s, agent, body);
-                }
-            }
-            Action::Lose { msg } => {
-                s.losses_left -= 1;
-                remove(&mut s.net, &msg);
-            }
-            Action::Duplicate { msg } => {
-                s.duplicates_left -= 1;
-                insert(&mut s.net, msg);
-            }
-            Action::Resolve { attempt } => {
-                let fate = s.world.fates.get(&attempt).copied()?;
-                // What the provider says: it charged, it declined, or the
-                // call never arrived.
-                let report = match (fate.sent, fate.charged) {
-                    (true, true) => Report::Succeeded,
-                    (true, false) => Report::Failed,
-                    (false, _) => Report::NotSent,
-                };
-                let cmd = ResolveCmd {
-                    permit_id: PERMIT_ID.into(),
-                    idempotency_key: KEYS[usize::from(attempt.0)].into(),
-                    attempt_id: attempt_id(attempt),
-                    outcome: outcome(report),
-                };
-                let receipt = format!("r.{}", attempt_id(attempt));
-                let state = s
-                    .ledger
-                    .resolve(&cmd, ms(s.now), receipt)
-                    .ok()?
-                    .attempt
-                    .state;
-                s.world.resolved = true;
-                s.world.settle(attempt, state);
-            }
-            Action::Tick => s.now += 1,
-        }
+        self.step(&mut s, action)?;
+        s.forget_unread();
         Some(s)
     }
 
@@ -1024,6 +876,166 @@ impl Model for Protocol {
 
     fn within_boundary(&self, _: &State) -> bool {
         true
+    }
+}
+
+impl Protocol {
+    /// One action's effect on `s`; `None` if it has none.
+    fn step(&self, s: &mut State, action: Action) -> Option<()> {
+        match action {
+            Action::Start { agent, key } => {
+                let a = &mut s.agents[usize::from(agent)];
+                a.authorize(&mut s.net, agent, key, false);
+            }
+            Action::Retry { agent } => {
+                let a = &mut s.agents[usize::from(agent)];
+                let body = match &mut a.phase {
+                    Phase::Authorizing {
+                        key, token, tries, ..
+                    } => {
+                        *tries += 1;
+                        Request::Authorize {
+                            key: *key,
+                            token: *token,
+                        }
+                    }
+                    Phase::Reporting {
+                        key,
+                        attempt,
+                        report,
+                        tries,
+                    } => {
+                        *tries += 1;
+                        Request::Report {
+                            key: *key,
+                            attempt: *attempt,
+                            report: *report,
+                        }
+                    }
+                    _ => return None,
+                };
+                a.send(&mut s.net, agent, body);
+            }
+            Action::GiveUp { agent } => s.agents[usize::from(agent)].finish(),
+            Action::Send { agent, result } => {
+                let a = &mut s.agents[usize::from(agent)];
+                let Phase::Holding { key, attempt, .. } = a.phase else {
+                    return None;
+                };
+                let w = &mut s.world;
+                if w.sends > 0 {
+                    w.second_call_sent = true;
+                }
+                w.sends += 1;
+                w.sends_since_release[usize::from(key)] += 1;
+                let charged = result != Report::Failed;
+                if charged {
+                    w.charged += COST;
+                }
+                if let Some(fate) = w.fates.get_mut(&attempt) {
+                    fate.sent = true;
+                    fate.charged |= charged;
+                }
+                a.report(key, attempt, result, &mut s.net, agent);
+            }
+            Action::TooLate { agent } => {
+                let a = &mut s.agents[usize::from(agent)];
+                let Phase::Holding { key, attempt, .. } = a.phase else {
+                    return None;
+                };
+                a.report(key, attempt, Report::NotSent, &mut s.net, agent);
+            }
+            Action::Accept { agent } => s.agents[usize::from(agent)].finish(),
+            Action::SettleHanded { agent } => {
+                let a = &mut s.agents[usize::from(agent)];
+                let Phase::Replayed { key, attempt } = a.phase else {
+                    return None;
+                };
+                a.report(key, attempt, Report::Failed, &mut s.net, agent);
+            }
+            Action::Crash { agent, memory } => {
+                s.crashes_left -= 1;
+                let a = &mut s.agents[usize::from(agent)];
+                match (memory, a.journal) {
+                    (true, Some(journal)) => {
+                        a.authorize(&mut s.net, agent, journal.key, true);
+                    }
+                    _ => a.finish(),
+                }
+            }
+            Action::Serve { msg, .. } => {
+                let Msg::Request { agent, seq, body } = msg else {
+                    return None;
+                };
+                remove(&mut s.net, &msg);
+                let reply = self.serve(s, agent, body);
+                insert(
+                    &mut s.net,
+                    Msg::Reply {
+                        agent,
+                        seq,
+                        body: reply,
+                    },
+                );
+            }
+            Action::Deliver { msg } => {
+                let Msg::Reply { agent, seq, body } = msg else {
+                    return None;
+                };
+                remove(&mut s.net, &msg);
+                if s.agents[usize::from(agent)].seq == seq {
+                    self.read(s, agent, body);
+                }
+            }
+            Action::Lose { msg } => {
+                s.losses_left -= 1;
+                remove(&mut s.net, &msg);
+            }
+            Action::Duplicate { msg } => {
+                s.duplicates_left -= 1;
+                insert(&mut s.net, msg);
+            }
+            Action::Resolve { attempt } => {
+                let fate = s.world.fates.get(&attempt).copied()?;
+                // What the provider says: it charged, it declined, or the
+                // call never arrived.
+                let report = match (fate.sent, fate.charged) {
+                    (true, true) => Report::Succeeded,
+                    (true, false) => Report::Failed,
+                    (false, _) => Report::NotSent,
+                };
+                let cmd = ResolveCmd {
+                    permit_id: PERMIT_ID.into(),
+                    idempotency_key: KEYS[usize::from(attempt.0)].into(),
+                    attempt_id: attempt_id(attempt),
+                    outcome: outcome(report),
+                };
+                let receipt = format!("r.{}", attempt_id(attempt));
+                let state = s
+                    .ledger
+                    .resolve(&cmd, ms(s.now), receipt)
+                    .ok()?
+                    .attempt
+                    .state;
+                s.world.resolved = true;
+                s.world.settle(attempt, state);
+            }
+            Action::Tick => s.now += 1,
+        }
+        Some(())
+    }
+}
+
+impl State {
+    /// Drops every answer its agent will not read (it reads only the answer
+    /// to its last request), so states differ only in what can matter. The
+    /// agents' earlier requests stay: a replica may still run them.
+    fn forget_unread(&mut self) {
+        let agents = &self.agents;
+        self.net.retain(|m| match m {
+            Msg::Reply { agent, seq, .. } => agents[usize::from(*agent)].seq == *seq,
+            Msg::Request { .. } => true,
+        });
     }
 }
 
