@@ -325,6 +325,7 @@ pub fn atmost_acl(user: &str, password: &str, prefix: &str) -> Vec<String> {
         "+hset",
         "+hdel",
         "+hlen",
+        "+zcard",
         "+del",
         "+hgetall",
         "+exists",
