@@ -303,7 +303,12 @@ const TABLE: &[(Scenario, Target, Vals, Expect)] = &[
     (CommitNotSent, Field("committed"), Vals::Kind, Unavailable),
     (CommitNotSent, Field("reserved"), Vals::Kind, Unavailable),
     // Less than k1's cost.
-    (CommitNotSent, Field("reserved"), Vals::Set(&[b"0"]), Unavailable),
+    (
+        CommitNotSent,
+        Field("reserved"),
+        Vals::Set(&[b"0"]),
+        Unavailable,
+    ),
     (CommitNotSent, Field("open"), Vals::Kind, Unavailable),
     // Not the number of open attempts (the open set's).
     (
@@ -554,7 +559,12 @@ const TABLE: &[(Scenario, Target, Vals, Expect)] = &[
     (Census, Field("open"), Vals::Kind, Unavailable),
     (Census, OpenMember, Vals::Shapes, Unavailable),
     (Census, OpenMember, Vals::Delete, Unchanged("0 uncertain")),
-    (Census, OpenMember, Vals::OutOfRange, Unchanged("0 uncertain")),
+    (
+        Census,
+        OpenMember,
+        Vals::OutOfRange,
+        Unchanged("0 uncertain"),
+    ),
     (Census, KeyType("permit"), Vals::Kind, Unavailable),
     (Census, KeyType("open"), Vals::Kind, Unavailable),
 ];
@@ -659,7 +669,6 @@ impl Ctx {
             name => format!("{}:{{{}}}:{name}", self.prefix, self.permit_id),
         }
     }
-
 }
 
 /// An attempt's member of the open set, or of the held set, at `at`.
@@ -785,7 +794,11 @@ async fn build(redis: &Redis, n: usize, scenario: Scenario) -> Ctx {
 
 /// The scenario's call, and its answer: the verdict, the error's reason,
 /// or what a listing or a sweep found.
-async fn call(ctx: &Ctx, scenario: Scenario, conn: &mut MultiplexedConnection) -> Result<String, Error> {
+async fn call(
+    ctx: &Ctx,
+    scenario: Scenario,
+    conn: &mut MultiplexedConnection,
+) -> Result<String, Error> {
     let store = &ctx.store;
     let id = &ctx.permit_id;
     let authorized = |r: atmost::domain::Authorized| match r.decision {
@@ -1082,7 +1095,11 @@ const NOT_INTEGERS: &[&[u8]] = &[
 ];
 
 fn field_values(field: &str) -> Vec<Bad> {
-    let set = |list: &[&[u8]]| list.iter().map(|v| Bad::Set(v.to_vec())).collect::<Vec<_>>();
+    let set = |list: &[&[u8]]| {
+        list.iter()
+            .map(|v| Bad::Set(v.to_vec()))
+            .collect::<Vec<_>>()
+    };
     let required = |mut v: Vec<Bad>| {
         v.push(Bad::Delete);
         v
@@ -1151,7 +1168,12 @@ fn element_values(i: usize) -> Vec<M> {
         // holder token
         13 => vec![M::Int(1)],
         // uncertain since: at most the lease
-        14 => vec![s(b"0"), M::F64(0.5), M::Int(-1), M::Int(999_999_999_999_999)],
+        14 => vec![
+            s(b"0"),
+            M::F64(0.5),
+            M::Int(-1),
+            M::Int(999_999_999_999_999),
+        ],
         // by: "" or a key id
         15 => vec![M::Int(1), s(b"\xff"), s(b"a b")],
         // one more element than atmost writes
@@ -1231,10 +1253,7 @@ fn member_values(scenario: Scenario, target: Target, vals: Vals) -> Vec<Bad> {
         Vals::Shapes => shapes,
         Vals::OutOfRange => vec![format!("{prefix}x")],
         _ => {
-            let mut v = vec![
-                member(target, at, "kzz"),
-                member(target, at, "k1"),
-            ];
+            let mut v = vec![member(target, at, "kzz"), member(target, at, "k1")];
             v.extend(shapes);
             v
         }
@@ -1296,10 +1315,21 @@ async fn apply(ctx: &Ctx, conn: &mut MultiplexedConnection, target: Target, bad:
     let mut cmds = Vec::new();
     match (target, bad) {
         (Field(f), Bad::Set(v)) => {
-            cmds.push(redis::cmd("HSET").arg(ctx.key("permit")).arg(field(f)).arg(v).clone());
+            cmds.push(
+                redis::cmd("HSET")
+                    .arg(ctx.key("permit"))
+                    .arg(field(f))
+                    .arg(v)
+                    .clone(),
+            );
         }
         (Field(f), Bad::Delete) => {
-            cmds.push(redis::cmd("HDEL").arg(ctx.key("permit")).arg(field(f)).clone());
+            cmds.push(
+                redis::cmd("HDEL")
+                    .arg(ctx.key("permit"))
+                    .arg(field(f))
+                    .clone(),
+            );
         }
         (DupPointer, Bad::Set(v)) => {
             let f = dup_field(conn).await;
@@ -1316,11 +1346,23 @@ async fn apply(ctx: &Ctx, conn: &mut MultiplexedConnection, target: Target, bad:
             }
             items[i - 1] = m.clone();
             let raw = packed(&M::Arr(items));
-            cmds.push(redis::cmd("HSET").arg(ctx.key("attempts")).arg("k1").arg(raw).clone());
+            cmds.push(
+                redis::cmd("HSET")
+                    .arg(ctx.key("attempts"))
+                    .arg("k1")
+                    .arg(raw)
+                    .clone(),
+            );
         }
         (Record, Bad::Shape(i)) => {
             let raw = record_values(&k1_record(ctx, conn).await).swap_remove(*i);
-            cmds.push(redis::cmd("HSET").arg(ctx.key("attempts")).arg("k1").arg(raw).clone());
+            cmds.push(
+                redis::cmd("HSET")
+                    .arg(ctx.key("attempts"))
+                    .arg("k1")
+                    .arg(raw)
+                    .clone(),
+            );
         }
         (OpenMember | HeldMember, bad) => {
             let set = ctx.key(if target == HeldMember { "held" } else { "open" });
@@ -1333,15 +1375,32 @@ async fn apply(ctx: &Ctx, conn: &mut MultiplexedConnection, target: Target, bad:
             }
         }
         (IndexMember, Bad::Add(m, score)) => {
-            cmds.push(redis::cmd("ZADD").arg(ctx.key("index")).arg(score).arg(m).clone());
+            cmds.push(
+                redis::cmd("ZADD")
+                    .arg(ctx.key("index"))
+                    .arg(score)
+                    .arg(m)
+                    .clone(),
+            );
         }
         (IndexMember, Bad::Own(score)) => {
             let m = index_member(&ctx.permit_id);
-            cmds.push(redis::cmd("ZADD").arg(ctx.key("index")).arg(score).arg(m).clone());
+            cmds.push(
+                redis::cmd("ZADD")
+                    .arg(ctx.key("index"))
+                    .arg(score)
+                    .arg(m)
+                    .clone(),
+            );
         }
         (KeyType(k), Bad::Type) => {
             cmds.push(redis::cmd("DEL").arg(ctx.key(k)).clone());
-            cmds.push(redis::cmd("SET").arg(ctx.key(k)).arg("not a hash or a set").clone());
+            cmds.push(
+                redis::cmd("SET")
+                    .arg(ctx.key(k))
+                    .arg("not a hash or a set")
+                    .clone(),
+            );
         }
         other => panic!("no way to apply {other:?}"),
     }
@@ -1375,9 +1434,11 @@ async fn snapshot(
         .expect("snapshot");
     flat.chunks(3)
         .map(|c| match c {
-            [redis::Value::BulkString(k), redis::Value::BulkString(dump), redis::Value::Int(at)] => {
-                (String::from_utf8_lossy(k).into_owned(), (dump.clone(), *at))
-            }
+            [
+                redis::Value::BulkString(k),
+                redis::Value::BulkString(dump),
+                redis::Value::Int(at),
+            ] => (String::from_utf8_lossy(k).into_owned(), (dump.clone(), *at)),
             other => panic!("snapshot: {other:?}"),
         })
         .collect()
@@ -1599,7 +1660,10 @@ fn reads(script: &str) -> BTreeSet<Target> {
     }
     let mut out: BTreeSet<Target> = keys.values().map(|k| KeyType(leak(k))).collect();
     for text in &texts {
-        for call in calls(text, "redis.call").into_iter().chain(calls(text, "redis.pcall")) {
+        for call in calls(text, "redis.call")
+            .into_iter()
+            .chain(calls(text, "redis.pcall"))
+        {
             let words = quoted(call);
             let Some(cmd) = words.first() else { continue };
             if *cmd == "HMGET" {
@@ -1614,7 +1678,10 @@ fn reads(script: &str) -> BTreeSet<Target> {
                 .nth(1)
                 .and_then(|n| n.parse::<usize>().ok())
                 .and_then(|n| keys.get(&n));
-            let read = matches!(*cmd, "ZSCORE" | "ZRANGEBYLEX" | "ZLEXCOUNT" | "ZCARD" | "HGET");
+            let read = matches!(
+                *cmd,
+                "ZSCORE" | "ZRANGEBYLEX" | "ZLEXCOUNT" | "ZCARD" | "HGET"
+            );
             match (key.map(String::as_str), read) {
                 (Some("dup"), true) => {
                     out.insert(DupPointer);
