@@ -132,11 +132,9 @@ if p.gmode ~= GUARD_OFF then
   if earlier_key then
     -- A pointer names a key whose attempt is there (after a collision,
     -- another tool's or request's: checked below).
-    local earlier = valid_key(earlier_key) and load_attempt(KEYS[2], earlier_key)
-    if earlier == false and valid_key(earlier_key) then
-      return UNREADABLE_ATTEMPT
-    elseif not earlier then
-      return {'ERR', 'STORE_UNAVAILABLE', 'duplicate guard names no attempt'}
+    local earlier = valid(earlier_key, 255, KEY) and load_attempt(KEYS[2], earlier_key)
+    if not earlier then
+      return {'ERR', 'STORE_UNAVAILABLE', 'duplicate guard names no readable attempt'}
     end
     if earlier.tool == tool and earlier.fp == fp
         and earlier.state ~= RELEASED

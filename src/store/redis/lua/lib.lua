@@ -78,32 +78,15 @@ local function whole(n)
   return type(n) == 'number' and n >= 0 and n <= MAX_AMOUNT and n == math.floor(n)
 end
 
--- Names as the service checks them (domain.rs): an idempotency key (1..=255
--- printable ASCII), a key id or tenant (1..=64 of [A-Za-z0-9._-]), a tool
--- (1..=128 of [A-Za-z0-9._:/-]).
-local function valid_key(s)
-  return type(s) == 'string' and #s >= 1 and #s <= 255
-    and not string.find(s, '[^\032-\126]')
-end
+-- Names as the service checks them (domain.rs): 1 to `max` bytes, none
+-- that `outside` matches. A KEY, an idempotency key: 1..=255 printable
+-- ASCII; a NAME, a key id or tenant: 1..=64 of [A-Za-z0-9._-]; a TOOL:
+-- 1..=128 of [A-Za-z0-9._:/-].
+local KEY, NAME, TOOL = '[^\032-\126]', '[^A-Za-z0-9%._%-]', '[^A-Za-z0-9%._:/%-]'
 
-local function valid_name(s)
-  return type(s) == 'string' and #s >= 1 and #s <= 64
-    and not string.find(s, '[^A-Za-z0-9%._%-]')
-end
-
-local function valid_tool(s)
-  return type(s) == 'string' and #s >= 1 and #s <= 128
-    and not string.find(s, '[^A-Za-z0-9%._:/%-]')
-end
-
--- Whether s is "\n"-joined parts each of which ok accepts (none empty).
-local function joined(s, ok)
-  for part in string.gmatch(s .. '\n', '([^\n]*)\n') do
-    if not ok(part) then
-      return false
-    end
-  end
-  return true
+local function valid(s, max, outside)
+  return type(s) == 'string' and #s >= 1 and #s <= max
+    and not string.find(s, outside)
 end
 
 -- Whether s is UTF-8 text, as the service decodes the text it is sent
@@ -223,15 +206,15 @@ local function read_attempt(raw)
   local receipt_id, result, actual = at(7, ''), at(8, ''), at(9, 0)
   local failure, ureason, dup_of = at(10, ''), at(11, ''), at(12, '')
   local token, usince, by = at(13, ''), at(14, 0), at(15, '')
-  if not (type(id) == 'string' and #id == 16 and valid_tool(tool)
+  if not (type(id) == 'string' and #id == 16 and valid(tool, 128, TOOL)
       and type(fp) == 'string' and whole(cost)
       and whole(state) and state >= RESERVED and state <= RELEASED
       and whole(lease) and lease >= 1 and lease <= MAX_DURATION
       and type(receipt_id) == 'string' and (receipt_id == '' or #receipt_id == 16)
       and type(result) == 'string' and whole(actual) and actual <= cost
       and utf8_text(failure) and utf8_text(ureason)
-      and (dup_of == '' or valid_key(dup_of)) and type(token) == 'string'
-      and whole(usince) and (by == '' or valid_name(by))) then
+      and (dup_of == '' or valid(dup_of, 255, KEY)) and type(token) == 'string'
+      and whole(usince) and (by == '' or valid(by, 64, NAME))) then
     return nil
   end
   local created = id_ms(id)
@@ -425,59 +408,38 @@ end
 -- does not write, or lacks a field it must have: never a default.
 local UNREADABLE_PERMIT = {'ERR', 'STORE_UNAVAILABLE', 'unreadable permit record'}
 
--- How atmost writes each field of the permit hash (the fields above):
--- 'int' with %d (uint), 'duration' the same, 1 ms to 7 days, 'cap' "" (no
--- cap) or an int, a table the codes there are, 'text' any string (read
--- whole by readable_record). t:<tool> and n:<tool> go by their prefix.
-local FIELDS = {
-  subject = 'text', currency = 'text', tools = 'text', ten = 'text',
-  agents = 'text', exp = 'int', created = 'int', committed = 'int',
-  reserved = 'int', open = 'int', fa = 'int', budget = 'int',
-  lease = 'duration', gwin = 'duration',
-  status = {['1'] = STATUS_ACTIVE, ['2'] = STATUS_REVOKED},
-  gmode = {['0'] = GUARD_OFF, ['1'] = GUARD_LOG, ['2'] = GUARD_ENFORCE},
-  -- Absent: count; "1": hold the tool. Absent: not closed.
-  upol = {['1'] = true}, closed = {['1'] = true},
-  ['t:'] = 'cap', ['n:'] = 'int',
-}
--- The fields every permit has; the others may be absent (budget:
--- unlimited, upol: count, closed: not closed, ten: "", agents: any,
--- t:<tool>: not in scope, n:<tool>: no call yet).
-local REQUIRED = {
-  subject = true, currency = true, tools = true, exp = true, lease = true,
-  gmode = true, gwin = true, status = true, created = true, committed = true,
-  reserved = true, open = true, fa = true,
-}
-
-local function field_kind(name)
-  return FIELDS[name] or FIELDS[string.sub(name, 1, 2)]
-end
-
--- One field's value as the scripts use it: a number, a code's meaning, ""
--- or a number for a cap, a text field's string; nil when the field is
--- absent; false when it is not what atmost writes (or is absent and
--- required).
+-- One permit field's value as the scripts use it, read as atmost writes
+-- it (the fields above): a number with %d (uint), a lease or guard
+-- window 1 ms to 7 days, a code this version knows (status, gmode; upol
+-- and closed "1", read as true), a cap "" (none) or a number, a text
+-- field's string (read whole by readable_record). nil when the field is
+-- absent; false when it is not what atmost writes, or is absent and every
+-- permit has it (all but budget, upol, closed, ten, agents, t:<tool> and
+-- n:<tool>).
 local function permit_value(name, v)
+  local prefix = string.sub(name, 1, 2)
   if not v then
-    if REQUIRED[name] then
-      return false
+    if name == 'budget' or name == 'upol' or name == 'closed' or name == 'ten'
+        or name == 'agents' or prefix == 't:' or prefix == 'n:' then
+      return nil
     end
-    return nil
+    return false
   end
-  local kind = field_kind(name)
-  if type(kind) == 'table' then
-    local code = kind[v]
-    if code == nil then
-      return false
-    end
-    return code
-  elseif kind == 'text' then
+  if name == 'subject' or name == 'currency' or name == 'tools' or name == 'ten'
+      or name == 'agents' then
     return v
-  elseif kind == 'cap' and v == '' then
+  elseif name == 'status' then
+    return (v == '1' and STATUS_ACTIVE) or (v == '2' and STATUS_REVOKED) or false
+  elseif name == 'gmode' then
+    return (v == '0' and GUARD_OFF) or (v == '1' and GUARD_LOG)
+      or (v == '2' and GUARD_ENFORCE) or false
+  elseif name == 'upol' or name == 'closed' then
+    return v == '1'
+  elseif prefix == 't:' and v == '' then
     return ''
   end
   local n = uint(v)
-  if not n or (kind == 'duration' and (n < 1 or n > MAX_DURATION)) then
+  if not n or ((name == 'lease' or name == 'gwin') and (n < 1 or n > MAX_DURATION)) then
     return false
   end
   return n
@@ -532,30 +494,45 @@ local function permit_for(keys, now, tenant, agent, ...)
 end
 
 -- Whether a whole permit hash (HGETALL's flat list) is what atmost
--- writes: every field it knows by permit_value, and the text as the
--- service decodes it (store/redis/codec.rs: decode_permit): subject and
--- currency UTF-8, tools "\n"-joined tools each with its t:<tool>, ten a
--- tenant, agents "\n"-joined key ids. GetPermit and RevokePermit answer
--- the hash, so RevokePermit reads it whole before it writes.
+-- writes: each field by permit_value (the t:<tool> and n:<tool> of any
+-- tool; a field it does not know is left, as the service leaves it), none
+-- that every permit has missing, and the text as the service decodes it
+-- (store/redis/codec.rs: decode_permit): subject and currency UTF-8, tools
+-- "\n"-joined tools each with its t:<tool>, ten a tenant, agents
+-- "\n"-joined key ids. GetPermit and RevokePermit answer the hash, so
+-- RevokePermit reads it whole before it writes.
 local function readable_record(hash)
+  -- Whether s is "\n"-joined names (none empty).
+  local function joined(s, max, outside)
+    for part in string.gmatch(s .. '\n', '([^\n]*)\n') do
+      if not valid(part, max, outside) then
+        return false
+      end
+    end
+    return true
+  end
   local f = {}
   for i = 1, #hash, 2 do
     f[hash[i]] = hash[i + 1]
   end
-  for name in pairs(REQUIRED) do
+  for name in string.gmatch('subject currency tools exp lease gmode gwin status '
+      .. 'created committed reserved open fa', '%S+') do
     if not f[name] then
       return false
     end
   end
   for name, v in pairs(f) do
-    if field_kind(name) and permit_value(name, v) == false then
+    local prefix = string.sub(name, 1, 2)
+    if (prefix == 't:' or prefix == 'n:' or string.find(' budget upol closed '
+        .. 'exp lease gmode gwin status created committed reserved open fa ',
+        ' ' .. name .. ' ', 1, true)) and permit_value(name, v) == false then
       return false
     end
   end
   if not (utf8_text(f.subject) and utf8_text(f.currency)
-      and (not f.ten or valid_name(f.ten))
-      and (not f.agents or joined(f.agents, valid_name))
-      and joined(f.tools, valid_tool)) then
+      and (not f.ten or valid(f.ten, 64, NAME))
+      and (not f.agents or joined(f.agents, 64, NAME))
+      and joined(f.tools, 128, TOOL)) then
     return false
   end
   for tool in string.gmatch(f.tools, '[^\n]+') do

@@ -116,8 +116,8 @@ local dup_key, pointer
 if outcome == 'not_sent' then
   dup_key = dup_field(a.tool, a.fp)
   pointer = redis.call('HGET', KEYS[4], dup_key)
-  if pointer and not valid_key(pointer) then
-    return {'ERR', 'STORE_UNAVAILABLE', 'duplicate guard names no attempt'}
+  if pointer and not valid(pointer, 255, KEY) then
+    return {'ERR', 'STORE_UNAVAILABLE', 'duplicate guard names no readable attempt'}
   end
 end
 
