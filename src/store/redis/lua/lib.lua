@@ -417,16 +417,19 @@ local UNREADABLE_PERMIT = {'ERR', 'STORE_UNAVAILABLE', 'unreadable permit record
 -- permit has it (all but budget, upol, closed, ten, agents, t:<tool> and
 -- n:<tool>).
 local function permit_value(name, v)
-  local prefix = string.sub(name, 1, 2)
   if not v then
     if name == 'budget' or name == 'upol' or name == 'closed' or name == 'ten'
-        or name == 'agents' or prefix == 't:' or prefix == 'n:' then
+        or name == 'agents' then
+      return nil
+    end
+    local prefix = string.sub(name, 1, 2)
+    if prefix == 't:' or prefix == 'n:' then
       return nil
     end
     return false
   end
-  if name == 'subject' or name == 'currency' or name == 'tools' or name == 'ten'
-      or name == 'agents' then
+  if name == 'ten' or name == 'agents' or name == 'subject' or name == 'currency'
+      or name == 'tools' then
     return v
   elseif name == 'status' then
     return (v == '1' and STATUS_ACTIVE) or (v == '2' and STATUS_REVOKED) or false
@@ -435,7 +438,7 @@ local function permit_value(name, v)
       or (v == '2' and GUARD_ENFORCE) or false
   elseif name == 'upol' or name == 'closed' then
     return v == '1'
-  elseif prefix == 't:' and v == '' then
+  elseif v == '' and string.sub(name, 1, 2) == 't:' then
     return ''
   end
   local n = uint(v)
