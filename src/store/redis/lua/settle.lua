@@ -117,7 +117,7 @@ if outcome == 'not_sent' then
   dup_key = dup_field(a.tool, a.fp)
   pointer = redis.call('HGET', KEYS[4], dup_key)
   if pointer and not valid(pointer, 255, KEY) then
-    return {'ERR', 'STORE_UNAVAILABLE', 'duplicate guard names no readable attempt'}
+    return {'ERR', 'STORE_UNAVAILABLE', 'duplicate guard pointer is not a key'}
   end
 end
 
