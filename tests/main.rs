@@ -34,6 +34,8 @@
 //! - `operations`: health, reflection, failing closed, script reloads,
 //!   SIGTERM, huge pages.
 //! - `receipts`: signed receipts, verified offline with the published keys.
+//! - `redis_corruption`: every script, each value it reads corrupted in
+//!   turn: STORE_UNAVAILABLE, and every key as it was.
 //! - `redis_keys`: the Redis key layout and retention, read from Redis.
 //! - `redis_settings`: eviction policies refused or accepted, CONFIG
 //!   disabled, a policy Redis will not tell, `maxmemory` reached, the
@@ -64,6 +66,7 @@ mod faults;
 mod model;
 mod operations;
 mod receipts;
+mod redis_corruption;
 mod redis_keys;
 mod redis_settings;
 mod replicas;

@@ -91,12 +91,13 @@ async fn an_unreadable_permit_record_is_unavailable_never_a_guess() {
     let redis = h.redis.as_ref().expect("redis");
     let mut conn = redis.connect().await;
     // (field, new value or None to delete it, whether Commit reads it,
-    // whether GetPermit does: it shows no `open` count)
+    // whether GetPermit does; tests/redis_corruption.rs has every field of
+    // every script)
     for (field, value, commit_reads_it, get_reads_it) in [
         ("gmode", Some("7"), false, true),
         ("status", Some("3"), false, true),
         ("reserved", None, true, true),
-        ("open", Some("x"), true, false),
+        ("open", Some("x"), true, true),
         ("n:t", Some("x"), true, true),
     ] {
         let permit = h.create_with(&["t"], &[], None).await;

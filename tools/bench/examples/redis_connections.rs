@@ -154,10 +154,13 @@ async fn drive(
 
 async fn setup_permit(conn: &mut ConnectionManager, prefix: &str) -> redis::RedisResult<()> {
     let permit = format!("{prefix}:{{00000000-0000-7000-8000-000000000000}}:permit");
+    let exp = now_ms() + 86_400_000;
+    // The fields authorize.lua reads, as the store writes them.
     redis::cmd("HSET")
         .arg(&permit)
         .arg(&[
-            ("exp", (now_ms() + 86_400_000).to_string()),
+            ("exp", exp.to_string()),
+            ("fa", (exp + 86_400_000).to_string()),
             ("status", "1".into()),
             ("lease", "30000".into()),
             ("gmode", "1".into()),

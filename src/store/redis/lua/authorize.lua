@@ -34,10 +34,13 @@
 --   {"ERR", "PERMIT_MAX_CALLS_EXCEEDED", limit, calls_made}
 --   {"ERR", "PERMIT_BUDGET_EXCEEDED", budget, committed, reserved}
 --   {"ERR", "QUOTA_OPEN_ATTEMPTS", limit} | {"ERR", "QUOTA_ATTEMPTS", limit}
---   {"ERR", "STORE_UNAVAILABLE", why}  the permit record holds a status,
---     guard mode or policy this version does not know, or a field is
---     missing or not a number, or the permit is gone but its attempts are
---     not
+--   {"ERR", "STORE_UNAVAILABLE", why}  a record this version does not
+--     write: a permit field missing or not as atmost writes it (a number
+--     with %d, a status, guard mode or policy it knows), an attempt record
+--     (the key's, or the one the guard's pointer names) of another shape,
+--     a pointer that names no attempt, a held member that names no
+--     uncertain attempt, a key of another type; or the permit gone while
+--     its attempts are not. Nothing is written then.
 -- Example: ARGV={"1767225600000","payments.charge","order-42",<32 bytes>,"250",<uuid>,"",
 --   "acme","agent-7","0","0","agent-7"}
 --   -> {"DISPATCH", {<uuid>,"payments.charge",...}, {"payments.charge","1",1,"3",1,"750"}, "",
@@ -47,18 +50,24 @@ local now = clock(ARGV[1])
 local tool, key, fp = ARGV[2], ARGV[3], ARGV[4]
 local cost = tonumber(ARGV[5])
 
-local p = redis.call('HMGET', KEYS[1], 'exp', 'status', 'lease', 'gmode',
-  'gwin', 'budget', 'committed', 'reserved', 't:' .. tool, 'n:' .. tool, 'open',
-  'upol', 'fa', 'closed', 'ten', 'agents')
-if not p[1] or forgotten(p[13], p[11], now) then
-  return permit_not_found(p[1], KEYS[2])
+-- Every field read, and each one checked, before anything else.
+local p, refused = permit_for(KEYS, now, ARGV[8], ARGV[9], 'status', 'lease',
+  'gmode', 'gwin', 'budget', 'committed', 'reserved', 't:' .. tool,
+  'n:' .. tool, 'upol', 'closed')
+if refused then
+  return refused
 end
-if not visible(p[15], p[16], ARGV[8], ARGV[9]) then
-  return NOT_VISIBLE
-end
+-- n:<tool> is absent until the tool's first Authorize; t:<tool>, for a
+-- tool out of scope.
+local cap, calls = p['t:' .. tool], p['n:' .. tool] or 0
+local committed, reserved, open = p.committed, p.reserved, p.open
+local hold = p.upol == true
 
 -- 1. The key exists (and was not released): replay, in progress or reused.
 local existing = load_attempt(KEYS[2], key)
+if existing == false then
+  return UNREADABLE_ATTEMPT
+end
 if existing and existing.state ~= RELEASED then
   if existing.tool ~= tool or existing.fp ~= fp or existing.cost ~= cost then
     return {'ERR', 'IDEMPOTENCY_KEY_REUSED'}
@@ -71,14 +80,15 @@ if existing and existing.state ~= RELEASED then
         int(existing.lease - now)}
     end
   end
-  local usage = usage_reply(KEYS[1], tool)
-  if not usage then
+  -- The attempt exists, so its tool is in scope.
+  if not cap then
     return UNREADABLE_PERMIT
   end
+  local u = usage(tool, calls, cap, p.budget, committed, reserved)
   local reply = attempt_reply(existing, key, now)
   if state == RESERVED then
     -- The same holder, whose DISPATCH answer was lost: the same attempt.
-    return {'REDELIVERED', reply, usage, existing.dup_of,
+    return {'REDELIVERED', reply, u, existing.dup_of,
       int(existing.lease - now)}
   end
   -- An open attempt's id is the fencing token of its Commit and
@@ -86,37 +96,19 @@ if existing and existing.state ~= RELEASED then
   if state == UNCERTAIN and not mine then
     reply[1] = ''
   end
-  return {'REPLAY', reply, usage, '', '0'}
+  return {'REPLAY', reply, u, '', '0'}
 end
 
 -- 2. A new key: found -> not revoked -> not expired -> in scope -> not
 --    held -> duplicate guard -> cap -> budget -> quotas.
-local exp, status, lease, gmode, window = tonumber(p[1]), tonumber(p[2]),
-  tonumber(p[3]), tonumber(p[4]), tonumber(p[5])
-local committed, reserved, open = tonumber(p[7]), tonumber(p[8]), tonumber(p[11])
--- n:<tool> is absent until the tool's first Authorize.
-local calls = tonumber(p[10] or 0)
-local hold = holds(p[12])
--- A code this version does not know, or a field that is missing or not a
--- number, is never read as a default: the store answers UNAVAILABLE rather
--- than guess, before anything is written.
-if (status ~= STATUS_ACTIVE and status ~= STATUS_REVOKED)
-    or (gmode ~= GUARD_OFF and gmode ~= GUARD_LOG and gmode ~= GUARD_ENFORCE)
-    or hold == nil
-    or not (exp and lease and window and committed and reserved and open and calls)
-    or (p[6] and not tonumber(p[6]))
-    or (p[9] and p[9] ~= '' and not tonumber(p[9])) then
-  return UNREADABLE_PERMIT
-end
-if status == STATUS_REVOKED then
+if p.status == STATUS_REVOKED then
   return {'ERR', 'PERMIT_REVOKED'}
 end
 -- Closed: expired past the index margin and gone from the cross-permit
 -- index (close_permit.lua); expired on any later reading of the clock.
-if now >= exp or p[14] then
-  return {'ERR', 'PERMIT_EXPIRED', p[1]}
+if now >= p.exp or p.closed then
+  return {'ERR', 'PERMIT_EXPIRED', int(p.exp)}
 end
-local cap = p[9]
 if not cap then
   return {'ERR', 'TOOL_NOT_IN_SCOPE'}
 end
@@ -125,32 +117,42 @@ if hold then
   local first = redis.call('ZRANGEBYLEX', KEYS[5], '[' .. tool .. '\n',
     '(' .. tool .. '\n' .. at15(now + 1), 'LIMIT', 0, 1)[1]
   if first then
-    return {'ERR', 'TOOL_HELD_UNCERTAIN', string.sub(first, #tool + 18)}
+    local _, held = uncertain_member(KEYS[2], first, tool, now)
+    if not held then
+      return OPEN_SET_DISAGREES
+    end
+    return {'ERR', 'TOOL_HELD_UNCERTAIN', held}
   end
 end
 local dup_key
 local duplicate_of = ''
-if gmode ~= GUARD_OFF then
+if p.gmode ~= GUARD_OFF then
   dup_key = dup_field(tool, fp)
   local earlier_key = redis.call('HGET', KEYS[4], dup_key)
   if earlier_key then
-    local earlier = load_attempt(KEYS[2], earlier_key)
-    if earlier and earlier.tool == tool and earlier.fp == fp
+    -- A pointer names a key whose attempt is there (after a collision,
+    -- another tool's or request's: checked below).
+    local earlier = valid(earlier_key, 255, KEY) and load_attempt(KEYS[2], earlier_key)
+    if not earlier then
+      return {'ERR', 'STORE_UNAVAILABLE', 'duplicate guard names no readable attempt'}
+    end
+    if earlier.tool == tool and earlier.fp == fp
         and earlier.state ~= RELEASED
-        and now - earlier.created < window then
-      if gmode == GUARD_ENFORCE then
+        and now - earlier.created < p.gwin then
+      if p.gmode == GUARD_ENFORCE then
         return {'ERR', 'DUPLICATE_REQUEST_SUSPECTED', earlier_key}
       end
       duplicate_of = earlier_key
     end
   end
 end
-if cap ~= '' and calls >= tonumber(cap) then
-  return {'ERR', 'PERMIT_MAX_CALLS_EXCEEDED', cap, int(calls)}
+if cap ~= '' and calls >= cap then
+  return {'ERR', 'PERMIT_MAX_CALLS_EXCEEDED', int(cap), int(calls)}
 end
 -- Without a budget, totals still stop at the accounting ceiling 2^53-1.
-if committed + reserved + cost > tonumber(p[6] or MAX_AMOUNT) then
-  return {'ERR', 'PERMIT_BUDGET_EXCEEDED', p[6] or MAX_AMOUNT, int(committed),
+local budget = p.budget or MAX_AMOUNT
+if committed + reserved + cost > budget then
+  return {'ERR', 'PERMIT_BUDGET_EXCEEDED', int(budget), int(committed),
     int(reserved)}
 end
 -- Last, the quotas: a released key re-reserved is no new record.
@@ -163,14 +165,16 @@ if max_keys > 0 and not existing and redis.call('HLEN', KEYS[2]) >= max_keys the
 end
 
 -- Everything checked: reserve the slot and the cost, record the attempt.
+-- The open set is written first: the one key not read above, so one of
+-- another type fails this first write, before anything has changed.
 local a = {
   id = stamp(ARGV[6], now), tool = tool, fp = fp, cost = cost,
-  state = RESERVED, created = now, lease = now + lease, receipt_id = '',
+  state = RESERVED, created = now, lease = now + p.lease, receipt_id = '',
   result = '', actual = 0, issued = 0, failure = '', ureason = '',
   dup_of = duplicate_of, token = ARGV[7], usince = 0, by = ARGV[12],
 }
-save_attempt(KEYS[2], key, a)
 open_add(KEYS, hold, a, key, a.lease)
+save_attempt(KEYS[2], key, a)
 if dup_key then
   redis.call('HSET', KEYS[4], dup_key, key)
 end
@@ -181,4 +185,4 @@ if open == 1 then
   pin(KEYS)
 end
 return {'DISPATCH', attempt_reply(a, key, now),
-  usage(tool, calls, cap, p[6], committed, reserved), duplicate_of, int(lease)}
+  usage(tool, calls, cap, p.budget, committed, reserved), duplicate_of, int(p.lease)}

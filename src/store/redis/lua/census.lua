@@ -9,21 +9,20 @@
 --
 -- Returns {"OK", now, uncertain, oldest_since} (oldest_since 0 when none
 -- is uncertain). A permit that is gone, or has nothing open, counts 0. A
--- permit whose open counter is missing or not a number answers
+-- permit whose exp or open counter is missing or not as atmost writes it,
+-- or whose first uncertain member is not "<at>:<key>", answers
 -- {"ERR", "STORE_UNAVAILABLE", why}: never counted as 0 (the pass fails,
 -- and its census age tells).
 -- Example: ARGV={""} -> {"OK", "1767225600000", 2, "1767225590000"}
 
 local now = clock(ARGV[1])
-local p = redis.call('HMGET', KEYS[1], 'exp', 'open')
-if not p[1] then
+local p = read_permit(KEYS[1], 'exp', 'open')
+if not p then
   return {'OK', int(now), 0, '0'}
-end
-local open = tonumber(p[2])
-if not open then
+elseif p.unreadable then
   return UNREADABLE_PERMIT
 end
-if open == 0 then
+if p.open == 0 then
   return {'OK', int(now), 0, '0'}
 end
 -- Members up to "<now + 1>" (exclusive) are those uncertain at `now`.
@@ -33,4 +32,7 @@ if n == 0 then
   return {'OK', int(now), 0, '0'}
 end
 local first = redis.call('ZRANGEBYLEX', KEYS[2], '-', upto, 'LIMIT', 0, 1)[1]
+if not string.find(first, '^' .. string.rep('[0-9]', 15) .. ':.') then
+  return OPEN_SET_DISAGREES
+end
 return {'OK', int(now), n, string.sub(first, 1, 15)}

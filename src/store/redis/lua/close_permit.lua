@@ -12,22 +12,23 @@
 -- margin ago and has no open attempt, now or at an earlier close), so it
 -- may leave the index; {"OK", 0} when it may not; or
 -- {"ERR", "PERMIT_NOT_FOUND"} (gone: it may leave the index) |
--- {"ERR", "STORE_UNAVAILABLE", why}.
+-- {"ERR", "STORE_UNAVAILABLE", why} (a field not as atmost writes it:
+-- nothing is written; or the permit gone while its attempts remain).
 -- Example: ARGV={"", 60000} -> {"OK", 1}
 
 local now = clock(ARGV[1])
-local p = redis.call('HMGET', KEYS[1], 'exp', 'open', 'fa', 'closed')
-if not p[1] or forgotten(p[3], p[2], now) then
-  return permit_not_found(p[1], KEYS[2])
-end
-local exp, open = tonumber(p[1]), tonumber(p[2])
-if not (exp and open) then
+local p = read_permit(KEYS[1], 'exp', 'open', 'fa', 'closed')
+if not p then
+  return permit_not_found(KEYS[2])
+elseif p.unreadable then
   return UNREADABLE_PERMIT
+elseif forgotten(p, now) then
+  return PERMIT_NOT_FOUND
 end
-if p[4] then
+if p.closed then
   return {'OK', 1}
 end
-if open == 0 and now > exp + tonumber(ARGV[2]) then
+if p.open == 0 and now > p.exp + tonumber(ARGV[2]) then
   redis.call('HSET', KEYS[1], 'closed', '1')
   return {'OK', 1}
 end

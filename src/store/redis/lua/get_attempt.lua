@@ -10,20 +10,19 @@
 --
 -- Returns {"OK", attempt}, or {"ERR", "PERMIT_NOT_FOUND"} (none, forgotten,
 -- or not visible to the caller) | {"ERR", "ATTEMPT_NOT_FOUND"} |
--- {"ERR", "STORE_UNAVAILABLE", why} (the permit gone while its attempts
--- remain).
+-- {"ERR", "STORE_UNAVAILABLE", why} (a permit field or the attempt record
+-- not as atmost writes it, or the permit gone while its attempts remain).
 -- Example: ARGV={"","order-42","acme",""} -> {"OK", {<id>,"wallet.charge",...}}
 
 local now, key = clock(ARGV[1]), ARGV[2]
-local exp, fa, open, ten, agents = unpack(redis.call('HMGET', KEYS[1], 'exp', 'fa',
-  'open', 'ten', 'agents'))
-if not exp or forgotten(fa, open, now) then
-  return permit_not_found(exp, KEYS[2])
-end
-if not visible(ten, agents, ARGV[3], ARGV[4]) then
-  return NOT_VISIBLE
+local _, refused = permit_for(KEYS, now, ARGV[3], ARGV[4])
+if refused then
+  return refused
 end
 local a = load_attempt(KEYS[2], key)
+if a == false then
+  return UNREADABLE_ATTEMPT
+end
 if not a then
   return {'ERR', 'ATTEMPT_NOT_FOUND'}
 end

@@ -8,15 +8,16 @@
 --
 -- Returns {"OK", hash}, hash the permit as HGETALL gives it, or
 -- {"ERR", "PERMIT_NOT_FOUND"} (none, or forgotten: lib.lua, forgotten) |
--- {"ERR", "STORE_UNAVAILABLE", why} (gone while its attempts remain).
+-- {"ERR", "STORE_UNAVAILABLE", why} (the record, read whole, not as atmost
+-- writes it: lib.lua, readable_record; or gone while its attempts remain).
 -- Example: ARGV={""} -> {"OK", {"subject","agent-7","currency","EUR",...}}
 
-local exp, fa, open, ten, agents = unpack(redis.call('HMGET', KEYS[1], 'exp', 'fa',
-  'open', 'ten', 'agents'))
-if not exp or forgotten(fa, open, clock(ARGV[1])) then
-  return permit_not_found(exp, KEYS[2])
+local _, refused = permit_for(KEYS, clock(ARGV[1]), ARGV[2], ARGV[3])
+if refused then
+  return refused
 end
-if not visible(ten, agents, ARGV[2], ARGV[3]) then
-  return NOT_VISIBLE
+local hash = redis.call('HGETALL', KEYS[1])
+if not readable_record(hash) then
+  return UNREADABLE_PERMIT
 end
-return {'OK', redis.call('HGETALL', KEYS[1])}
+return {'OK', hash}

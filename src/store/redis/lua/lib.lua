@@ -44,10 +44,15 @@
 -- pass their time instead (store/redis/conn.rs: Time). Ids made by the
 -- service are stamped with the script's time (stamp).
 --
--- Every script validates everything before its first write (Lua has no
--- rollback) and returns business outcomes as values: {"OK", ...} (or
--- Authorize's "DISPATCH"/"REPLAY"), or {"ERR", REASON, ...} where REASON is
--- the domain's name for it, the one clients see (domain/error.rs: Reason;
+-- Every script validates everything it reads before its first write (Lua
+-- has no rollback): each permit field as atmost writes it (read_permit), an
+-- attempt record whole (load_attempt), the set members and pointers it
+-- follows, and that the keys it writes hold their type (each is read
+-- first, or is the first written). What it cannot read is
+-- {"ERR", "STORE_UNAVAILABLE", why}, never a default, and nothing is
+-- written. Business outcomes are values: {"OK", ...} (or Authorize's
+-- "DISPATCH"/"REPLAY"), or {"ERR", REASON, ...} where REASON is the
+-- domain's name for it, the one clients see (domain/error.rs: Reason;
 -- store/redis/reply.rs: open decodes the fields after it).
 -- Amounts are passed to Redis as strings formatted with %d, never as Lua
 -- numbers (which Redis would print as 1e+15).
@@ -56,11 +61,96 @@ local RESERVED, SUCCEEDED, FAILED, UNCERTAIN, RELEASED = 1, 2, 3, 4, 5
 local GUARD_OFF, GUARD_LOG, GUARD_ENFORCE = 0, 1, 2
 local STATUS_ACTIVE, STATUS_REVOKED = 1, 2
 -- The accounting ceiling (domain::MAX_AMOUNT): every amount, total and cap
--- stays below 2^53, where Lua numbers (doubles) are exact.
-local MAX_AMOUNT = '9007199254740991'
+-- stays below 2^53, where Lua numbers (doubles) are exact; so does every
+-- number atmost stores (times, counts, durations).
+local MAX_AMOUNT = 9007199254740991
+-- The longest lease or guard window (domain::MAX_DURATION_MS).
+local MAX_DURATION = 604800000
 
 local function int(n)
   return string.format('%d', n)
+end
+
+-- A stored number as atmost writes it (%d): "0" or digits without a
+-- leading zero, at most MAX_AMOUNT; nil for anything else ("1e3", "1.5",
+-- "-1", " 1", "01", "0x10", "", a missing field).
+local function uint(s)
+  if type(s) ~= 'string' or #s > 16
+      or not (s == '0' or string.find(s, '^[1-9][0-9]*$')) then
+    return nil
+  end
+  local n = tonumber(s)
+  if n > MAX_AMOUNT then
+    return nil
+  end
+  return n
+end
+
+-- A whole number in 0..=MAX_AMOUNT (a Lua number from a record).
+local function whole(n)
+  return type(n) == 'number' and n >= 0 and n <= MAX_AMOUNT and n == math.floor(n)
+end
+
+-- Names as the service checks them (domain.rs): 1 to `max` bytes, none
+-- that `outside` matches. A KEY, an idempotency key: 1..=255 printable
+-- ASCII; a NAME, a key id or tenant: 1..=64 of [A-Za-z0-9._-]; a TOOL:
+-- 1..=128 of [A-Za-z0-9._:/-].
+local KEY, NAME, TOOL = '[^\032-\126]', '[^A-Za-z0-9%._%-]', '[^A-Za-z0-9%._:/%-]'
+
+local function valid(s, max, outside)
+  return type(s) == 'string' and #s >= 1 and #s <= max
+    and not string.find(s, outside)
+end
+
+-- Whether s is UTF-8 text, as the service decodes the text it is sent
+-- (Rust's String: no overlong forms, surrogates or code points past
+-- U+10FFFF).
+local function utf8_text(s)
+  if type(s) ~= 'string' then
+    return false
+  end
+  if not string.find(s, '[\128-\255]') then
+    return true
+  end
+  local i, n = 1, #s
+  while i <= n do
+    local c = string.byte(s, i)
+    if c < 128 then
+      i = i + 1
+    else
+      -- The sequence's length, and the range of its second byte.
+      local len, lo, hi
+      if c >= 0xC2 and c <= 0xDF then
+        len, lo, hi = 2, 0x80, 0xBF
+      elseif c == 0xE0 then
+        len, lo, hi = 3, 0xA0, 0xBF
+      elseif c == 0xED then
+        len, lo, hi = 3, 0x80, 0x9F
+      elseif c >= 0xE1 and c <= 0xEF then
+        len, lo, hi = 3, 0x80, 0xBF
+      elseif c == 0xF0 then
+        len, lo, hi = 4, 0x90, 0xBF
+      elseif c >= 0xF1 and c <= 0xF3 then
+        len, lo, hi = 4, 0x80, 0xBF
+      elseif c == 0xF4 then
+        len, lo, hi = 4, 0x80, 0x8F
+      else
+        return false
+      end
+      local b = string.byte(s, i + 1)
+      if not b or b < lo or b > hi then
+        return false
+      end
+      for j = i + 2, i + len - 1 do
+        b = string.byte(s, j)
+        if not b or b < 0x80 or b > 0xBF then
+          return false
+        end
+      end
+      i = i + len
+    end
+  end
+  return true
 end
 
 -- The script's `now` in ms: Redis's clock, or the time the caller passed.
@@ -100,22 +190,69 @@ end
 -- became so), by (the key id whose Authorize reserved it; '' in dev mode,
 -- and for records made before it was recorded), with trailing empty values
 -- ('' or 0) left off. created and issued come from the ids.
+--
+-- A record is read only as save_attempt writes it: one cmsgpack array that
+-- packs back to the same bytes (no map, no hole, no other encoding,
+-- nothing after it), of 6 to 15 elements, each of its type and range:
+-- ids of 16 bytes, a tool, key, key id and text as the service checks
+-- them, numbers whole, the state one this version knows, the lease 1 ms to
+-- 7 days, the actual cost at most the cost, usince at most the lease.
+-- load_attempt answers the attempt, nil when the key has none, or false
+-- when its record cannot be read: scripts then answer UNREADABLE_ATTEMPT,
+-- before anything is written.
+local function read_attempt(raw)
+  local ok, t = pcall(cmsgpack.unpack, raw)
+  if not ok or type(t) ~= 'table' or cmsgpack.pack(t) ~= raw then
+    return nil
+  end
+  local n = #t
+  if n < 6 or n > 15 then
+    return nil
+  end
+  local function at(i, empty)
+    if i > n then
+      return empty
+    end
+    return t[i]
+  end
+  local id, tool, fp, cost, state, lease = t[1], t[2], t[3], t[4], t[5], t[6]
+  local receipt_id, result, actual = at(7, ''), at(8, ''), at(9, 0)
+  local failure, ureason, dup_of = at(10, ''), at(11, ''), at(12, '')
+  local token, usince, by = at(13, ''), at(14, 0), at(15, '')
+  if not (type(id) == 'string' and #id == 16 and valid(tool, 128, TOOL)
+      and type(fp) == 'string' and whole(cost)
+      and whole(state) and state >= RESERVED and state <= RELEASED
+      and whole(lease) and lease >= 1 and lease <= MAX_DURATION
+      and type(receipt_id) == 'string' and (receipt_id == '' or #receipt_id == 16)
+      and type(result) == 'string' and whole(actual) and actual <= cost
+      and utf8_text(failure) and utf8_text(ureason)
+      and (dup_of == '' or valid(dup_of, 255, KEY)) and type(token) == 'string'
+      and whole(usince) and (by == '' or valid(by, 64, NAME))) then
+    return nil
+  end
+  local created = id_ms(id)
+  if usince > created + lease then
+    return nil
+  end
+  return {
+    id = id, tool = tool, fp = fp, cost = cost, state = state,
+    created = created, lease = created + lease, receipt_id = receipt_id,
+    result = result, actual = actual,
+    issued = receipt_id ~= '' and id_ms(receipt_id) or 0,
+    failure = failure, ureason = ureason, dup_of = dup_of,
+    token = token, usince = usince, by = by,
+  }
+end
+
 local function load_attempt(attempts_key, key)
   local raw = redis.call('HGET', attempts_key, key)
   if not raw then
     return nil
   end
-  local t = cmsgpack.unpack(raw)
-  local created, receipt_id = id_ms(t[1]), t[7] or ''
-  return {
-    id = t[1], tool = t[2], fp = t[3], cost = t[4], state = t[5],
-    created = created, lease = created + t[6], receipt_id = receipt_id,
-    result = t[8] or '', actual = t[9] or 0,
-    issued = receipt_id ~= '' and id_ms(receipt_id) or 0,
-    failure = t[10] or '', ureason = t[11] or '', dup_of = t[12] or '',
-    token = t[13] or '', usince = t[14] or 0, by = t[15] or '',
-  }
+  return read_attempt(raw) or false
 end
+
+local UNREADABLE_ATTEMPT = {'ERR', 'STORE_UNAVAILABLE', 'unreadable attempt record'}
 
 local function save_attempt(attempts_key, key, a)
   local t = {
@@ -187,24 +324,43 @@ local function open_del(keys, hold, a, key, at)
   end
 end
 
--- Whether the permit's uncertain policy holds tools: upol absent (count) or
--- "1" (hold); nil for a code this version does not know.
-local function holds(upol)
-  if not upol then
-    return false
-  elseif upol == '1' then
-    return true
-  end
-  return nil
+-- Whether a permit read at `now` (read_permit) is forgotten: nothing is
+-- open and its retention ran out (fa), though Redis may not have expired
+-- its keys yet (with a caller's clock; on Redis's own clock both happen at
+-- the same instant).
+local function forgotten(p, now)
+  return p.open == 0 and now > p.fa
 end
 
--- Whether a permit hash read at `now` is forgotten: nothing is open and its
--- retention ran out (fa), though Redis may not have expired its keys yet
--- (with a caller's clock; on Redis's own clock both happen at the same
--- instant).
-local function forgotten(fa, open, now)
-  return fa and tonumber(open) == 0 and now > tonumber(fa)
+-- Whether the open attempt `a` of `key` is in its place in the open set
+-- (keys[3]) and, under the hold-tool policy, the held set (keys[5]): read
+-- before either is written, so sets that disagree with the attempt (or
+-- keys of another type) are found while nothing has changed.
+local function open_has(keys, hold, a, key)
+  local member = at15(open_at(a)) .. ':' .. key
+  return redis.call('ZSCORE', keys[3], member)
+    and (not hold or redis.call('ZSCORE', keys[5], a.tool .. '\n' .. member))
 end
+
+-- The attempt an open-set member ("<at>:<key>"; in the held set,
+-- "<tool>\n<at>:<key>", tool given) names, with its key, if that attempt
+-- is uncertain at `now` and the member is its place; nil otherwise: the
+-- records disagree (OPEN_SET_DISAGREES), and nothing is guessed.
+local function uncertain_member(attempts_key, member, tool, now)
+  local prefix = tool and (tool .. '\n') or ''
+  local key = string.sub(member, #prefix + 17)
+  if key == '' then
+    return nil
+  end
+  local a = load_attempt(attempts_key, key)
+  if not a or (tool and a.tool ~= tool) or observed_state(a, now) ~= UNCERTAIN
+      or member ~= prefix .. at15(open_at(a)) .. ':' .. key then
+    return nil
+  end
+  return a, key
+end
+
+local OPEN_SET_DISAGREES = {'ERR', 'STORE_UNAVAILABLE', 'open set disagrees with the attempts'}
 
 -- The duplicate guard's index field: 48 bits of SHA-1 over the tool and the
 -- fingerprint (12 characters: the smallest allocation Redis makes for it).
@@ -227,15 +383,18 @@ local function usage(tool, calls, cap, budget, committed, reserved)
   }
 end
 
--- What a script answers for a permit hash that is not there (`exp`, read
--- from it, nil) or is forgotten: PERMIT_NOT_FOUND. All of a permit's keys
--- expire together, so a hash gone while its attempts remain is a lost
--- record (evicted, or deleted by hand): UNAVAILABLE, never a guess.
-local function permit_not_found(exp, attempts_key)
-  if not exp and redis.call('EXISTS', attempts_key) == 1 then
+local PERMIT_NOT_FOUND = {'ERR', 'PERMIT_NOT_FOUND'}
+local NOT_VISIBLE = PERMIT_NOT_FOUND
+
+-- What a script answers for a permit hash that is not there:
+-- PERMIT_NOT_FOUND. All of a permit's keys expire together, so a hash gone
+-- while its attempts remain is a lost record (evicted, or deleted by
+-- hand): UNAVAILABLE, never a guess.
+local function permit_not_found(attempts_key)
+  if redis.call('EXISTS', attempts_key) == 1 then
     return {'ERR', 'STORE_UNAVAILABLE', 'permit record lost while its attempts remain'}
   end
-  return {'ERR', 'PERMIT_NOT_FOUND'}
+  return PERMIT_NOT_FOUND
 end
 
 -- Whether a caller may see the permit whose hash holds `ten` and `agents`:
@@ -258,22 +417,146 @@ local function visible(ten, agents, tenant, agent)
   return false
 end
 
-local NOT_VISIBLE = {'ERR', 'PERMIT_NOT_FOUND'}
-
--- What a script answers when the permit hash holds a code this version does
--- not know, or lacks a field it must have: never a default.
+-- What a script answers when the permit hash holds a value this version
+-- does not write, or lacks a field it must have: never a default.
 local UNREADABLE_PERMIT = {'ERR', 'STORE_UNAVAILABLE', 'unreadable permit record'}
 
--- The usage of one tool read from the permit hash, or nil when the hash
--- cannot be read (n:<tool> is absent until the tool's first Authorize).
-local function usage_reply(permit_key, tool)
-  local u = redis.call('HMGET', permit_key, 'n:' .. tool, 't:' .. tool,
-    'budget', 'committed', 'reserved')
-  local calls, committed, reserved = tonumber(u[1] or 0), tonumber(u[4]), tonumber(u[5])
-  if not (calls and u[2] and committed and reserved) or (u[3] and not tonumber(u[3])) then
+-- One permit field's value as the scripts use it, read as atmost writes
+-- it (the fields above): a number with %d (uint), a lease or guard
+-- window 1 ms to 7 days, a code this version knows (status, gmode; upol
+-- and closed "1", read as true), a cap "" (none) or a number, a text
+-- field's string (read whole by readable_record). nil when the field is
+-- absent; false when it is not what atmost writes, or is absent and every
+-- permit has it (all but budget, upol, closed, ten, agents, t:<tool> and
+-- n:<tool>).
+local function permit_value(name, v)
+  if not v then
+    if name == 'budget' or name == 'upol' or name == 'closed' or name == 'ten'
+        or name == 'agents' then
+      return nil
+    end
+    local prefix = string.sub(name, 1, 2)
+    if prefix == 't:' or prefix == 'n:' then
+      return nil
+    end
+    return false
+  end
+  if name == 'ten' or name == 'agents' or name == 'subject' or name == 'currency'
+      or name == 'tools' then
+    return v
+  elseif name == 'status' then
+    return (v == '1' and STATUS_ACTIVE) or (v == '2' and STATUS_REVOKED) or false
+  elseif name == 'gmode' then
+    return (v == '0' and GUARD_OFF) or (v == '1' and GUARD_LOG)
+      or (v == '2' and GUARD_ENFORCE) or false
+  elseif name == 'upol' or name == 'closed' then
+    return v == '1'
+  elseif v == '' and string.sub(name, 1, 2) == 't:' then
+    return ''
+  end
+  local n = uint(v)
+  if not n or ((name == 'lease' or name == 'gwin') and (n < 1 or n > MAX_DURATION)) then
+    return false
+  end
+  return n
+end
+
+-- The permit fields `...` of the hash at `key` (HMGET), each read by
+-- permit_value: p[name]. nil when there is no permit hash; p.unreadable
+-- when a field is not what atmost writes, or one every permit has is
+-- missing (exp among them: a hash without it is not a permit's).
+local function read_permit(key, ...)
+  local names = {...}
+  local raw = redis.call('HMGET', key, ...)
+  local p, any = {}, false
+  for i, name in ipairs(names) do
+    if raw[i] then
+      any = true
+    end
+    local v = permit_value(name, raw[i])
+    if v == false then
+      p.unreadable = true
+    else
+      p[name] = v
+    end
+  end
+  if not any and redis.call('EXISTS', key) == 0 then
     return nil
   end
-  return usage(tool, calls, u[2], u[3], committed, reserved)
+  return p
+end
+
+-- The permit (keys[1]) as a caller of `tenant` (agent key id `agent`)
+-- reads it at `now`: its fields exp, fa, open, ten, agents and `...`, or
+-- nil and the answer: PERMIT_NOT_FOUND (none, forgotten, or not the
+-- caller's to see: checked before readability, so another tenant learns
+-- nothing of the record), or UNAVAILABLE (gone while its attempts,
+-- keys[2], remain; unreadable).
+local function permit_for(keys, now, tenant, agent, ...)
+  local p = read_permit(keys[1], 'exp', 'fa', 'open', 'ten', 'agents', ...)
+  if not p then
+    return nil, permit_not_found(keys[2])
+  end
+  if not visible(p.ten, p.agents, tenant, agent) then
+    return nil, NOT_VISIBLE
+  end
+  if p.unreadable then
+    return nil, UNREADABLE_PERMIT
+  end
+  if forgotten(p, now) then
+    return nil, PERMIT_NOT_FOUND
+  end
+  return p
+end
+
+-- Whether a whole permit hash (HGETALL's flat list) is what atmost
+-- writes: each field by permit_value (the t:<tool> and n:<tool> of any
+-- tool; a field it does not know is left, as the service leaves it), none
+-- that every permit has missing, and the text as the service decodes it
+-- (store/redis/codec.rs: decode_permit): subject and currency UTF-8, tools
+-- "\n"-joined tools each with its t:<tool>, ten a tenant, agents
+-- "\n"-joined key ids. GetPermit and RevokePermit answer the hash, so
+-- RevokePermit reads it whole before it writes.
+local function readable_record(hash)
+  -- Whether s is "\n"-joined names (none empty).
+  local function joined(s, max, outside)
+    for part in string.gmatch(s .. '\n', '([^\n]*)\n') do
+      if not valid(part, max, outside) then
+        return false
+      end
+    end
+    return true
+  end
+  local f = {}
+  for i = 1, #hash, 2 do
+    f[hash[i]] = hash[i + 1]
+  end
+  for name in string.gmatch('subject currency tools exp lease gmode gwin status '
+      .. 'created committed reserved open fa', '%S+') do
+    if not f[name] then
+      return false
+    end
+  end
+  for name, v in pairs(f) do
+    local prefix = string.sub(name, 1, 2)
+    if (prefix == 't:' or prefix == 'n:' or string.find(' budget upol closed '
+        .. 'exp lease gmode gwin status created committed reserved open fa ',
+        ' ' .. name .. ' ', 1, true)) and permit_value(name, v) == false then
+      return false
+    end
+  end
+  if not (utf8_text(f.subject) and utf8_text(f.currency)
+      and (not f.ten or valid(f.ten, 64, NAME))
+      and (not f.agents or joined(f.agents, 64, NAME))
+      and joined(f.tools, 128, TOOL)) then
+    return false
+  end
+  for tool in string.gmatch(f.tools, '[^\n]+') do
+    if not f['t:' .. tool] then
+      return false
+    end
+  end
+  return true
 end
 
 -- Open attempts pin the permit's keys; once none is open they expire

@@ -16,30 +16,24 @@
 -- Returns {"OK", expires_at, removable, attempt, attempt, ...}, or
 -- {"ERR", "PERMIT_NOT_FOUND"} (a permit that is gone may leave the
 -- cross-permit index), or {"ERR", "STORE_UNAVAILABLE", why} when a record
--- cannot be read (no open counter; an open-set member without its attempt,
--- or whose attempt is not uncertain): an open attempt is never skipped.
+-- cannot be read (a permit field not as atmost writes it; an open-set
+-- member that is not an uncertain attempt's place, or whose attempt record
+-- cannot be read): an open attempt is never skipped.
 -- removable is 1 when the permit may leave the index: expired more than
 -- the margin ago with no open attempt (close_permit.lua then closes it, so
 -- no new key can open one any more).
 -- Example: ARGV={"","",100,60000} -> {"OK", "1767225600000", 0, {<attempt>}, ...}
 
 local now, limit = clock(ARGV[1]), tonumber(ARGV[3])
-local p = redis.call('HMGET', KEYS[1], 'exp', 'open', 'fa', 'ten', 'agents')
-if not p[1] or forgotten(p[3], p[2], now) then
-  return permit_not_found(p[1], KEYS[2])
-end
-if not visible(p[4], p[5], ARGV[5], ARGV[6]) then
-  return NOT_VISIBLE
-end
-local exp, open = tonumber(p[1]), tonumber(p[2])
-if not (exp and open) then
-  return UNREADABLE_PERMIT
+local p, refused = permit_for(KEYS, now, ARGV[5], ARGV[6])
+if refused then
+  return refused
 end
 local removable = 0
-if open == 0 and now > exp + tonumber(ARGV[4]) then
+if p.open == 0 and now > p.exp + tonumber(ARGV[4]) then
   removable = 1
 end
-local out = {'OK', p[1], removable}
+local out = {'OK', int(p.exp), removable}
 local from = '-'
 if ARGV[2] ~= '' then
   from = '(' .. ARGV[2]
@@ -48,12 +42,11 @@ end
 local members = redis.call('ZRANGEBYLEX', KEYS[3], from, '(' .. at15(now + 1),
   'LIMIT', 0, limit)
 for _, member in ipairs(members) do
-  local key = string.sub(member, 17)
-  local a = load_attempt(KEYS[2], key)
-  -- A member is an open attempt uncertain at `now`, or the records
-  -- disagree: never skipped, never guessed.
-  if not a or observed_state(a, now) ~= UNCERTAIN then
-    return {'ERR', 'STORE_UNAVAILABLE', 'unreadable attempt record'}
+  -- A member is an open attempt uncertain at `now`, in its place, or the
+  -- records disagree: never skipped, never guessed.
+  local a, key = uncertain_member(KEYS[2], member, nil, now)
+  if not a then
+    return OPEN_SET_DISAGREES
   end
   out[#out + 1] = attempt_reply(a, key, now)
 end

@@ -16,22 +16,21 @@
 -- {"ERR", "ATTEMPT_MISMATCH"} | {"ERR", "ATTEMPT_HOLDER_MISMATCH"} (an
 -- agent key that did not reserve it: lib.lua, held_by) |
 -- {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
--- {"ERR", "STORE_UNAVAILABLE", why}.
+-- {"ERR", "STORE_UNAVAILABLE", why} (a permit field or the attempt record
+-- not as atmost writes it, the attempt's member missing from the open or
+-- held set, a key of another type; nothing is written then).
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"client deadline exceeded"}
 
 local now, key = clock(ARGV[1]), ARGV[2]
-local p = redis.call('HMGET', KEYS[1], 'exp', 'upol', 'fa', 'open', 'ten', 'agents')
-if not p[1] or forgotten(p[3], p[4], now) then
-  return permit_not_found(p[1], KEYS[2])
+local p, refused = permit_for(KEYS, now, ARGV[5], ARGV[6], 'upol')
+if refused then
+  return refused
 end
-if not visible(p[5], p[6], ARGV[5], ARGV[6]) then
-  return NOT_VISIBLE
-end
-local hold = holds(p[2])
-if hold == nil then
-  return UNREADABLE_PERMIT
-end
+local hold = p.upol == true
 local a = load_attempt(KEYS[2], key)
+if a == false then
+  return UNREADABLE_ATTEMPT
+end
 if not a then
   return {'ERR', 'ATTEMPT_NOT_FOUND'}
 end
@@ -42,6 +41,10 @@ if not held_by(a.by, ARGV[6]) then
   return {'ERR', 'ATTEMPT_HOLDER_MISMATCH'}
 end
 if a.state == RESERVED then
+  -- Its members move: they must be where it is.
+  if not open_has(KEYS, hold, a, key) then
+    return OPEN_SET_DISAGREES
+  end
   -- Uncertain from now on, or since its lease ended if that was earlier:
   -- it never moves later in the listing order.
   open_del(KEYS, hold, a, key, a.lease)

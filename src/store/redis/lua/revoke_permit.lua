@@ -8,15 +8,17 @@
 --          = not limited): lib.lua, visible
 --
 -- Returns {"OK", hash}, hash the permit as HGETALL gives it (after the
--- change), or {"ERR", "PERMIT_NOT_FOUND"} | {"ERR", "STORE_UNAVAILABLE", why}.
+-- change), or {"ERR", "PERMIT_NOT_FOUND"} | {"ERR", "STORE_UNAVAILABLE", why}
+-- (the record, read whole, not as atmost writes it: lib.lua,
+-- readable_record; nothing is written then; or the permit gone while its
+-- attempts remain).
 
-local exp, fa, open, ten, agents = unpack(redis.call('HMGET', KEYS[1], 'exp', 'fa',
-  'open', 'ten', 'agents'))
-if not exp or forgotten(fa, open, clock(ARGV[1])) then
-  return permit_not_found(exp, KEYS[2])
+local _, refused = permit_for(KEYS, clock(ARGV[1]), ARGV[2], ARGV[3])
+if refused then
+  return refused
 end
-if not visible(ten, agents, ARGV[2], ARGV[3]) then
-  return NOT_VISIBLE
+if not readable_record(redis.call('HGETALL', KEYS[1])) then
+  return UNREADABLE_PERMIT
 end
 redis.call('HSET', KEYS[1], 'status', STATUS_REVOKED)
 return {'OK', redis.call('HGETALL', KEYS[1])}

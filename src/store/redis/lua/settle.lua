@@ -25,21 +25,25 @@
 -- holder's Commit from an agent key that did not reserve it: lib.lua,
 -- held_by) | {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
 -- {"ERR", "INVALID_REQUEST", "succeeded.actual_cost", description} (more
--- than the reserved cost) | {"ERR", "STORE_UNAVAILABLE", why} (the permit
--- hash lacks a counter, or holds one that is not a number, or a policy
--- this version does not know, or is gone while its attempts remain).
+-- than the reserved cost) | {"ERR", "STORE_UNAVAILABLE", why}: a record
+-- this version does not write (a permit field missing or not as atmost
+-- writes it, the attempt record of another shape, a guard pointer that is
+-- no key, a key of another type), records that disagree with the open
+-- attempt (its member missing from the open or held set, the open count
+-- not the open set's, less reserved than its cost, no slot counted), or
+-- the permit gone while its attempts remain. Nothing is written then.
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"succeeded","ok","","<uuid>","holder","86400000"}
 
 local now, key, outcome, payload = clock(ARGV[1]), ARGV[2], ARGV[4], ARGV[5]
 local a = load_attempt(KEYS[2], key)
 local tool = a and a.tool or ''
-local p = redis.call('HMGET', KEYS[1], 'exp', 'budget', 'committed', 'reserved',
-  'open', 'n:' .. tool, 't:' .. tool, 'upol', 'fa', 'ten', 'agents')
-if not p[1] or forgotten(p[9], p[5], now) then
-  return permit_not_found(p[1], KEYS[2])
+local p, refused = permit_for(KEYS, now, ARGV[10], ARGV[11], 'budget',
+  'committed', 'reserved', 'n:' .. tool, 't:' .. tool, 'upol')
+if refused then
+  return refused
 end
-if not visible(p[10], p[11], ARGV[10], ARGV[11]) then
-  return NOT_VISIBLE
+if a == false then
+  return UNREADABLE_ATTEMPT
 end
 if not a then
   return {'ERR', 'ATTEMPT_NOT_FOUND'}
@@ -62,19 +66,18 @@ if ARGV[6] ~= '' then
   actual = tonumber(ARGV[6])
 end
 -- The attempt exists, so its tool is in scope (t:<tool>) and was
--- authorized (n:<tool>). A field missing or not a number is never read as a
--- default: written back, it would move a cap, a budget or a pin.
-local calls, cap = tonumber(p[6]), p[7]
-local committed, reserved, open = tonumber(p[3]), tonumber(p[4]), tonumber(p[5])
-local hold = holds(p[8])
-if not (calls and cap and committed and reserved and open) or hold == nil
-    or (cap ~= '' and not tonumber(cap)) or (p[2] and not tonumber(p[2])) then
+-- authorized (n:<tool>). A field missing is never read as a default:
+-- written back, it would move a cap, a budget or a pin.
+local calls, cap = p['n:' .. tool], p['t:' .. tool]
+local committed, reserved, open = p.committed, p.reserved, p.open
+local hold = p.upol == true
+if not (calls and cap) then
   return UNREADABLE_PERMIT
 end
 
 local function answer()
   return {'OK', attempt_reply(a, key, now),
-    usage(tool, calls, cap, p[2], committed, reserved)}
+    usage(tool, calls, cap, p.budget, committed, reserved)}
 end
 
 if not settleable then
@@ -99,6 +102,24 @@ if outcome == 'not_sent' and ARGV[8] == 'holder' and state ~= RESERVED then
   -- operator verifies it never took effect (Resolve NotSent).
   return {'ERR', 'ATTEMPT_STATE_CONFLICT', state}
 end
+-- What is written below must agree with this open attempt: its members
+-- in the open (and held) set, the open count the open set's size (it
+-- decides whether the keys are unpinned), its cost reserved, its slot
+-- counted; and the guard's pointer, a key.
+if not open_has(KEYS, hold, a, key) then
+  return OPEN_SET_DISAGREES
+end
+if redis.call('ZCARD', KEYS[3]) ~= open or reserved < a.cost or calls < 1 then
+  return {'ERR', 'STORE_UNAVAILABLE', 'permit counters disagree with its open attempts'}
+end
+local dup_key, pointer
+if outcome == 'not_sent' then
+  dup_key = dup_field(a.tool, a.fp)
+  pointer = redis.call('HGET', KEYS[4], dup_key)
+  if pointer and not valid(pointer, 255, KEY) then
+    return {'ERR', 'STORE_UNAVAILABLE', 'duplicate guard pointer is not a key'}
+  end
+end
 
 open_del(KEYS, hold, a, key, open_at(a))
 reserved = reserved - a.cost
@@ -111,8 +132,7 @@ elseif outcome == 'failed' then
 else
   a.state = RELEASED
   calls = calls - 1
-  local dup_key = dup_field(a.tool, a.fp)
-  if redis.call('HGET', KEYS[4], dup_key) == key then
+  if pointer == key then
     if a.dup_of ~= '' then
       redis.call('HSET', KEYS[4], dup_key, a.dup_of)
     else
@@ -125,7 +145,7 @@ a.token, a.usince = '', 0
 save_attempt(KEYS[2], key, a)
 open = open - 1
 if open == 0 then
-  local at = forget_at(tonumber(p[1]), tonumber(ARGV[9]), now)
+  local at = forget_at(p.exp, tonumber(ARGV[9]), now)
   redis.call('HSET', KEYS[1], 'reserved', int(reserved), 'committed',
     int(committed), 'n:' .. tool, int(calls), 'open', '0', 'fa', at)
   unpin(KEYS, at)
