@@ -448,7 +448,10 @@ async fn another_agent_can_neither_learn_nor_settle_an_open_attempt(kind: Kind) 
         holder_token: token.to_vec(),
         ..authorize(&permit, "pay", k, b"a free lookup", 0)
     };
-    let first = a.authorize(cheap("k3", b"A's token")).await.expect("dispatch");
+    let first = a
+        .authorize(cheap("k3", b"A's token"))
+        .await
+        .expect("dispatch");
     expect_error(
         b.authorize(cheap("k3", b"A's token")).await,
         Code::Aborted,

@@ -78,15 +78,28 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// What `cargo test` explores on every run (docs/guarantees.md gives
-    /// its state count and time).
-    pub const CI: Bounds = Bounds {
+    /// What `cargo test` explores on every run, in two searches (each
+    /// state count is in docs/guarantees.md): several agents on one key,
+    /// over a network that loses and duplicates ...
+    pub const AGENTS: Bounds = Bounds {
         agents: 2,
+        calls: 1,
+        tries: 1,
+        crashes: 0,
+        losses: 1,
+        duplicates: 1,
+        ticks: 3,
+    };
+
+    /// ... and one agent that retries, crashes and restarts, with or
+    /// without its memory.
+    pub const RESTARTS: Bounds = Bounds {
+        agents: 1,
         calls: 1,
         tries: 2,
         crashes: 1,
         losses: 1,
-        duplicates: 1,
+        duplicates: 0,
         ticks: 3,
     };
 }
@@ -328,7 +341,10 @@ pub enum Action {
         memory: bool,
     },
     /// A replica takes a request off the network and runs it on the store.
-    Serve { msg: Msg, replica: u8 },
+    Serve {
+        msg: Msg,
+        replica: u8,
+    },
     Deliver {
         msg: Msg,
     },
@@ -602,7 +618,8 @@ impl Agent {
     fn authorize(&mut self, net: &mut Vec<Msg>, agent: u8, key: Key, restored: bool) {
         let journal = *self.journal.get_or_insert(Journal {
             key,
-            token: self.call,
+            // One token per logical call of one agent: never shared.
+            token: (agent << 4) | self.call,
             maybe_sent: false,
         });
         self.phase = Phase::Authorizing {
@@ -756,10 +773,7 @@ impl Model for Protocol {
             match msg {
                 Msg::Request { .. } => {
                     for replica in 0..2 {
-                        actions.push(Action::Serve {
-                            msg: *msg,
-                            replica,
-                        });
+                        actions.push(Action::Serve { msg: *msg, replica });
                     }
                     // A reply read twice changes nothing (the agent has
                     // moved on), so only requests are duplicated.

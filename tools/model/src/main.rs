@@ -1,5 +1,5 @@
 //! `atmost-model`: the protocol's model check at bounds of your choice (the
-//! test runs [`Bounds::CI`]): `cargo run -p atmost-model --release --
+//! test runs [`Bounds::AGENTS`]): `cargo run -p atmost-model --release --
 //! --agents 3 --calls 2`. Prints the states explored and each property's
 //! verdict; exits 1 if a property fails.
 
@@ -10,19 +10,19 @@ use std::time::Instant;
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long, default_value_t = Bounds::CI.agents)]
+    #[arg(long, default_value_t = Bounds::AGENTS.agents)]
     agents: u8,
-    #[arg(long, default_value_t = Bounds::CI.calls)]
+    #[arg(long, default_value_t = Bounds::AGENTS.calls)]
     calls: u8,
-    #[arg(long, default_value_t = Bounds::CI.tries)]
+    #[arg(long, default_value_t = Bounds::AGENTS.tries)]
     tries: u8,
-    #[arg(long, default_value_t = Bounds::CI.crashes)]
+    #[arg(long, default_value_t = Bounds::AGENTS.crashes)]
     crashes: u8,
-    #[arg(long, default_value_t = Bounds::CI.losses)]
+    #[arg(long, default_value_t = Bounds::AGENTS.losses)]
     losses: u8,
-    #[arg(long, default_value_t = Bounds::CI.duplicates)]
+    #[arg(long, default_value_t = Bounds::AGENTS.duplicates)]
     duplicates: u8,
-    #[arg(long, default_value_t = Bounds::CI.ticks)]
+    #[arg(long, default_value_t = Bounds::AGENTS.ticks)]
     ticks: u8,
     /// Put hole 1 back (the store ignores which agent calls).
     #[arg(long)]
