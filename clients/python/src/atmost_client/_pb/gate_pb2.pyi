@@ -1,4 +1,7 @@
+import datetime
+
 from atmost_client._pb import types_pb2 as _types_pb2
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -33,18 +36,20 @@ class AuthorizeRequest(_message.Message):
     def __init__(self, permit_id: _Optional[str] = ..., tool: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_fingerprint: _Optional[bytes] = ..., cost: _Optional[int] = ..., holder_token: _Optional[bytes] = ...) -> None: ...
 
 class AuthorizeResponse(_message.Message):
-    __slots__ = ("decision", "attempt", "usage", "duplicate_of", "redelivered")
+    __slots__ = ("decision", "attempt", "usage", "duplicate_of", "redelivered", "lease_remaining")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_OF_FIELD_NUMBER: _ClassVar[int]
     REDELIVERED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REMAINING_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     attempt: _types_pb2.Attempt
     usage: _types_pb2.Usage
     duplicate_of: str
     redelivered: bool
-    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., attempt: _Optional[_Union[_types_pb2.Attempt, _Mapping]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., duplicate_of: _Optional[str] = ..., redelivered: bool = ...) -> None: ...
+    lease_remaining: _duration_pb2.Duration
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., attempt: _Optional[_Union[_types_pb2.Attempt, _Mapping]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., duplicate_of: _Optional[str] = ..., redelivered: bool = ..., lease_remaining: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("permit_id", "idempotency_key", "attempt_id", "succeeded", "failed", "not_sent")

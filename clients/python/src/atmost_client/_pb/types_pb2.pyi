@@ -66,6 +66,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     QUOTA_ATTEMPTS: _ClassVar[ErrorReason]
     QUOTA_TENANT_PERMITS: _ClassVar[ErrorReason]
     QUOTA_STORE_FULL: _ClassVar[ErrorReason]
+    ATTEMPT_HOLDER_MISMATCH: _ClassVar[ErrorReason]
 UNCERTAIN_POLICY_UNSPECIFIED: UncertainPolicy
 UNCERTAIN_POLICY_COUNT: UncertainPolicy
 UNCERTAIN_POLICY_HOLD_TOOL: UncertainPolicy
@@ -107,6 +108,7 @@ QUOTA_OPEN_ATTEMPTS: ErrorReason
 QUOTA_ATTEMPTS: ErrorReason
 QUOTA_TENANT_PERMITS: ErrorReason
 QUOTA_STORE_FULL: ErrorReason
+ATTEMPT_HOLDER_MISMATCH: ErrorReason
 
 class Permit(_message.Message):
     __slots__ = ("permit_id", "subject", "tools", "max_calls_per_tool", "budget", "currency", "expires_at", "lease", "duplicate_guard", "status", "created_at", "uncertain_policy", "tenant", "agents")
@@ -156,7 +158,7 @@ class DuplicateGuard(_message.Message):
     def __init__(self, mode: _Optional[_Union[DuplicateGuardMode, str]] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("attempt_id", "permit_id", "tool", "idempotency_key", "request_fingerprint", "state", "cost", "created_at", "lease_expires_at", "receipt", "failure_reason", "uncertain_reason", "uncertain_since")
+    __slots__ = ("attempt_id", "permit_id", "tool", "idempotency_key", "request_fingerprint", "state", "cost", "created_at", "lease_expires_at", "receipt", "failure_reason", "uncertain_reason", "uncertain_since", "reserved_by")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +172,7 @@ class Attempt(_message.Message):
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     UNCERTAIN_REASON_FIELD_NUMBER: _ClassVar[int]
     UNCERTAIN_SINCE_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BY_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     permit_id: str
     tool: str
@@ -183,7 +186,8 @@ class Attempt(_message.Message):
     failure_reason: str
     uncertain_reason: str
     uncertain_since: _timestamp_pb2.Timestamp
-    def __init__(self, attempt_id: _Optional[str] = ..., permit_id: _Optional[str] = ..., tool: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_fingerprint: _Optional[bytes] = ..., state: _Optional[_Union[AttemptState, str]] = ..., cost: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., failure_reason: _Optional[str] = ..., uncertain_reason: _Optional[str] = ..., uncertain_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    reserved_by: str
+    def __init__(self, attempt_id: _Optional[str] = ..., permit_id: _Optional[str] = ..., tool: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_fingerprint: _Optional[bytes] = ..., state: _Optional[_Union[AttemptState, str]] = ..., cost: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., failure_reason: _Optional[str] = ..., uncertain_reason: _Optional[str] = ..., uncertain_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reserved_by: _Optional[str] = ...) -> None: ...
 
 class Receipt(_message.Message):
     __slots__ = ("receipt_id", "result", "cost", "issued_at", "signature", "key_id")
