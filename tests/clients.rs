@@ -560,7 +560,7 @@ async fn a_lost_answer_to_the_calls_own_token_is_dispatched_once(kind: Kind) {
         .expect("redelivered, dispatched, committed");
     assert!(relay.lost(), "the first answer was lost");
     assert_eq!(*retried.lock().expect("retries"), ["Authorize"]);
-    assert_eq!(tool.ids(), [outcome.attempt.attempt_id.clone()]);
+    assert_eq!(tool.ids(), [outcome.attempt.attempt_id.as_str()]);
     assert_eq!(calls_made(&h, &p).await, 1, "nothing more was reserved");
 }
 

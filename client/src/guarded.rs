@@ -449,7 +449,7 @@ pub enum GuardError {
     HeldByEarlierRun {
         attempt_id: AttemptId,
         /// The attempt, RESERVED, as the settle methods take it.
-        attempt: pb::Attempt,
+        attempt: Box<pb::Attempt>,
         lease_remaining: Option<Duration>,
     },
     /// The outcome could not be recorded (Commit or MarkUncertain failed
@@ -589,7 +589,7 @@ impl Client {
                 if answer.redelivered && !token_is_ours {
                     return Err(GuardError::HeldByEarlierRun {
                         attempt_id: AttemptId(attempt.attempt_id.clone()),
-                        attempt,
+                        attempt: Box::new(attempt),
                         lease_remaining,
                     });
                 }
