@@ -54,7 +54,8 @@ class Outcome:
     that were not bytes: :meth:`json` decodes it; ``sha256:<hex>`` for one
     over 64 KiB). ``attempt`` is the attempt as recorded, SUCCEEDED with its
     receipt. ``redelivered``: the DISPATCH was the one an earlier Authorize
-    of this holder token got, whose answer was lost.
+    try of this call got, whose answer was lost (to the call's own random
+    holder token: a redelivery to one the caller gave is never dispatched).
     """
 
     result: Any
@@ -479,6 +480,8 @@ def call_guarded(
     seconds, but never past the lease less 1 s, the default): past it the
     attempt is marked UNCERTAIN and OutcomeUncertain raised; the thread
     cannot be stopped and whatever it returns later is dropped.
+    A DISPATCH redelivered to a ``holder_token`` you gave raises
+    HeldByEarlierRun without calling ``dispatch``.
     ``dispatch`` raising a ToolFailed or NotSent of its own is recorded as
     such and raised; anything else it raises, a ToolFailed or NotSent of a
     guarded call made inside it included, is recorded UNCERTAIN and raised
