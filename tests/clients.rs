@@ -24,7 +24,9 @@ on_each_store!(
     an_error_in_dispatch_ends_uncertain,
     the_lease_bounds_dispatch_without_a_timeout,
     a_dispatch_timeout_never_outlasts_the_lease,
-    a_lost_dispatch_is_redelivered_to_its_holder_only,
+    a_restart_with_a_kept_token_settles_the_attempt_and_never_sends_again,
+    a_lost_answer_to_the_calls_own_token_is_dispatched_once,
+    a_redelivery_late_in_the_lease_gets_only_what_is_left,
     a_server_not_up_yet_is_retried_until_it_is,
     an_outcome_atmost_refuses_to_record_says_so,
     an_outcome_the_server_is_gone_for_says_so,
@@ -418,32 +420,51 @@ async fn a_dispatch_timeout_never_outlasts_the_lease(kind: Kind) {
     assert_eq!(calls_made(&h, &q).await, 0, "released unsent");
 }
 
-/// The lost DISPATCH: Authorize made by hand with key K and token T, its
-/// answer "lost". Another token gets InProgress and sends nothing; the
-/// guarded call with K and T gets the same attempt redelivered and sends
-/// exactly once.
-async fn a_lost_dispatch_is_redelivered_to_its_holder_only(kind: Kind) {
+/// A restart with a kept holder token: process A's guarded call reserves
+/// and sends, then A dies before its Commit (its task is aborted while
+/// dispatch runs). The restarted process makes the same call, with the
+/// same key, request and token: atmost redelivers the DISPATCH, and the
+/// call must not send again: HeldByEarlierRun names the attempt, and
+/// nothing is recorded. Nothing says A never sent, so it is settled
+/// uncertain: the slot stays held and the key replays the unknown. A
+/// second key, whose run died before sending (its journal would say so),
+/// is settled NotSent: the key is free, and the call made again is a fresh
+/// DISPATCH, sent once. Another worker's token is told IN_PROGRESS.
+async fn a_restart_with_a_kept_token_settles_the_attempt_and_never_sends_again(kind: Kind) {
     let h = Harness::start(kind).await;
-    let p = permit(&h, 1).await;
-    let token = b"holder-token-of-charge-1".to_vec();
-    let lost = h
-        .client
-        .authorize(pb::AuthorizeRequest {
-            permit_id: p.clone(),
-            tool: TOOL.into(),
-            idempotency_key: "charge-1".into(),
-            request_fingerprint: fingerprint(&charge_request(500)).to_vec(),
-            cost: 500,
-            holder_token: token.clone(),
-        })
-        .await
-        .expect("the DISPATCH whose answer is lost");
-    assert_eq!(lost.decision(), pb::Decision::Dispatch);
-    let reserved = lost.attempt.expect("attempt").attempt_id;
-
+    let p = permit(&h, 2).await;
     let tool = FakeTool::default();
-    let other = h
-        .client
+    // Process A: `send` says whether its dispatch reached the tool before
+    // it died.
+    let crash = |key: &'static str, token: &[u8], send: bool| {
+        let (client, tool) = (h.client.clone(), tool.clone());
+        let call = call(&p, key).holder_token(token.to_vec());
+        async move {
+            let (entered, dispatching) = oneshot::channel();
+            let run = tokio::spawn(async move {
+                client
+                    .guarded(call, move |id| {
+                        if send {
+                            tool.record(&id);
+                        }
+                        let _ = entered.send(());
+                        std::future::pending::<Result<Vec<u8>, DispatchError>>()
+                    })
+                    .await
+            });
+            dispatching.await.expect("A dispatched");
+            run.abort();
+            assert!(run.await.expect_err("A died").is_cancelled());
+        }
+    };
+    let restarted = Client::connect(format!("http://{}", h.addr))
+        .await
+        .expect("the restarted process connects");
+
+    let token = b"kept in the journal with charge-1".to_vec();
+    crash("charge-1", &token, true).await;
+    assert_eq!(tool.sent(), 1);
+    let other = restarted
         .guarded(
             call(&p, "charge-1").holder_token(b"another worker".to_vec()),
             tool.charge(),
@@ -453,17 +474,137 @@ async fn a_lost_dispatch_is_redelivered_to_its_holder_only(kind: Kind) {
         panic!("expected InProgress, got {other:?}");
     };
     assert_eq!(e.reason(), Some(Reason::IdempotencyInProgress));
-    assert_eq!(tool.sent(), 0);
-
-    let outcome = h
-        .client
+    let again = restarted
+        .guarded(
+            call(&p, "charge-1").holder_token(token.clone()),
+            tool.charge(),
+        )
+        .await;
+    let Err(GuardError::HeldByEarlierRun {
+        attempt_id,
+        attempt,
+        lease_remaining: Some(left),
+    }) = again
+    else {
+        panic!("expected HeldByEarlierRun, got {again:?}");
+    };
+    assert_eq!(tool.sent(), 1, "never sent again");
+    assert_eq!(tool.ids(), [attempt_id.to_string()]);
+    assert_eq!(attempt.attempt_id, attempt_id.as_str());
+    assert_eq!(
+        attempt.state(),
+        pb::AttemptState::Reserved,
+        "nothing recorded"
+    );
+    assert!(
+        left <= Duration::from_secs(30),
+        "within the permit's lease: {left:?}"
+    );
+    let settled = restarted
+        .settle_uncertain(&attempt, "restarted: the earlier run may have sent")
+        .await
+        .expect("marked uncertain");
+    assert_eq!(settled.state(), pb::AttemptState::Uncertain);
+    let replayed = restarted
         .guarded(call(&p, "charge-1").holder_token(token), tool.charge())
+        .await;
+    assert!(
+        matches!(&replayed, Err(GuardError::OutcomeUncertain { attempt_id: same, replayed: true, .. }) if *same == attempt_id),
+        "{replayed:?}"
+    );
+    assert_eq!(calls_made(&h, &p).await, 1, "the slot stays held");
+
+    let token = b"kept in the journal with charge-2".to_vec();
+    crash("charge-2", &token, false).await;
+    assert_eq!(tool.sent(), 1, "A died before sending charge-2");
+    let again = restarted
+        .guarded(
+            call(&p, "charge-2").holder_token(token.clone()),
+            tool.charge(),
+        )
+        .await;
+    let Err(GuardError::HeldByEarlierRun { attempt, .. }) = again else {
+        panic!("expected HeldByEarlierRun, got {again:?}");
+    };
+    let released = restarted.settle_not_sent(&attempt).await.expect("released");
+    assert_eq!(released.state(), pb::AttemptState::Released);
+    assert_eq!(calls_made(&h, &p).await, 1, "the slot came back");
+    let outcome = restarted
+        .guarded(call(&p, "charge-2").holder_token(token), tool.charge())
+        .await
+        .expect("a fresh DISPATCH to the kept token, sent");
+    assert!(!outcome.replayed);
+    assert_ne!(outcome.attempt.attempt_id, attempt.attempt_id);
+    assert_eq!(tool.sent(), 2);
+    assert_eq!(calls_made(&h, &p).await, 2);
+}
+
+/// The lost DISPATCH with the call's own random token: the first
+/// Authorize's answer is lost after atmost reserved, the retry carries the
+/// same token and gets the same attempt redelivered, and the call, which
+/// knows it never sent, dispatches it exactly once.
+async fn a_lost_answer_to_the_calls_own_token_is_dispatched_once(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 1).await;
+    let relay = LosingRelay::start(h.addr, 1).await;
+    let client = relay.client();
+    let retried = Arc::new(Mutex::new(Vec::new()));
+    let seen = retried.clone();
+    let tool = FakeTool::default();
+    let outcome = client
+        .guarded(
+            call(&p, "charge-1").on_retry(move |r| seen.lock().expect("retries").push(r.rpc)),
+            tool.charge(),
+        )
         .await
         .expect("redelivered, dispatched, committed");
-    assert_eq!(outcome.attempt.attempt_id, reserved);
-    assert_eq!(tool.ids(), [reserved]);
-    assert_eq!(outcome.result, b"wallet tx 1");
+    assert!(relay.lost(), "the first answer was lost");
+    assert_eq!(*retried.lock().expect("retries"), ["Authorize"]);
+    assert_eq!(tool.ids(), [outcome.attempt.attempt_id.as_str()]);
     assert_eq!(calls_made(&h, &p).await, 1, "nothing more was reserved");
+}
+
+/// A redelivery late in the lease gets what atmost says is left of it,
+/// less the margin, not the whole lease: the first Authorize's answer is
+/// lost, and the server's clock moves on before the retry. With 1.5 s of
+/// a 3 s lease left, dispatch is given 500 ms; with 0.9 s left (under the
+/// margin) it is not called, and the attempt is given back unsent.
+async fn a_redelivery_late_in_the_lease_gets_only_what_is_left(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let mut short = h.permit(&[TOOL]);
+    short.lease = Some(atmost_client::duration(Duration::from_secs(3)));
+    let p = h.create(short).await.permit_id;
+    let tool = FakeTool::default();
+    let late = |ms: i64| {
+        let clock = h.clock.clone();
+        call(&p, &format!("late-{ms}")).on_retry(move |r| {
+            if r.rpc == "Authorize" {
+                clock.advance(ms);
+            }
+        })
+    };
+
+    let relay = LosingRelay::start(h.addr, 1).await;
+    let lost = relay.client().guarded(late(1_500), tool.hang()).await;
+    assert!(relay.lost());
+    let Err(GuardError::OutcomeUncertain { reason, .. }) = lost else {
+        panic!("expected OutcomeUncertain, got {lost:?}");
+    };
+    assert_eq!(
+        reason,
+        "dispatch still running at its deadline, 500ms after the DISPATCH: dropped"
+    );
+    assert_eq!(tool.sent(), 1);
+
+    let relay = LosingRelay::start(h.addr, 1).await;
+    let none_left = relay.client().guarded(late(2_100), tool.charge()).await;
+    assert!(relay.lost());
+    assert!(
+        matches!(none_left, Err(GuardError::NoTimeToDispatch { .. })),
+        "{none_left:?}"
+    );
+    assert_eq!(tool.sent(), 1, "not called");
+    assert_eq!(calls_made(&h, &p).await, 1, "released unsent");
 }
 
 /// UNAVAILABLE, then up: the address has no server at the first try; the
@@ -788,6 +929,110 @@ async fn tls_and_mtls(kind: Kind) {
         "the handshake fails, nothing is answered: {refused:?}"
     );
     assert_eq!(tool.sent(), 2);
+}
+
+// === a lost answer ===
+
+/// A loopback relay to the server that loses one answer: it reads the
+/// server's side as HTTP/2 frames (9 bytes of header: length 3, type 1,
+/// flags 1, stream id 4; type 0 is DATA) and cuts the connection just
+/// before the first DATA frame of the `lose`-th response (counted across
+/// connections), after atmost has applied and answered the request.
+/// Every other byte passes unchanged.
+struct LosingRelay {
+    addr: std::net::SocketAddr,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LosingRelay {
+    async fn start(upstream: std::net::SocketAddr, lose: usize) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let responses = Arc::new(AtomicUsize::new(0));
+        let cut = lost.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let up = tokio::net::TcpStream::connect(upstream)
+                    .await
+                    .expect("the server");
+                let (responses, cut) = (responses.clone(), cut.clone());
+                tokio::spawn(async move {
+                    let (mut down_read, down_write) = down.into_split();
+                    let (up_read, mut up_write) = up.into_split();
+                    let requests = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut down_read, &mut up_write).await;
+                    });
+                    answers(up_read, down_write, lose, &responses, &cut).await;
+                    requests.abort();
+                });
+            }
+        });
+        Self { addr, lost, task }
+    }
+
+    fn client(&self) -> Client {
+        Client::builder(self.addr.to_string())
+            .connect_lazy()
+            .expect("a lazy channel")
+    }
+
+    fn lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for LosingRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Server to client, frame by frame, until the `lose`-th response's first
+/// DATA frame: then the connection is dropped, that frame unsent.
+async fn answers(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    lose: usize,
+    responses: &AtomicUsize,
+    cut: &std::sync::atomic::AtomicBool,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut buffer, mut streams) = (Vec::new(), std::collections::HashSet::new());
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        buffer.extend_from_slice(&chunk[..n]);
+        let mut whole = 0;
+        while buffer.len() - whole >= 9 {
+            let frame = &buffer[whole..];
+            let size = 9
+                + (usize::from(frame[0]) << 16
+                    | usize::from(frame[1]) << 8
+                    | usize::from(frame[2]));
+            if frame.len() < size {
+                break;
+            }
+            let stream = u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & 0x7fff_ffff;
+            if frame[3] == 0 && stream != 0 && streams.insert(stream) {
+                let n = responses.fetch_add(1, Ordering::SeqCst) + 1;
+                if n == lose {
+                    let _ = to.write_all(&buffer[..whole]).await;
+                    cut.store(true, Ordering::SeqCst);
+                    return;
+                }
+            }
+            whole += size;
+        }
+        if to.write_all(&buffer[..whole]).await.is_err() {
+            return;
+        }
+        buffer.drain(..whole);
+    }
 }
 
 // === a server of the test's own ===

@@ -8,8 +8,10 @@
 //!   reloading the key file, dev mode.
 //! - `behaviour`: every behaviour case, once on each store.
 //! - `clients`: the Rust client's guarded call on each store: dispatch,
-//!   replay, refusals, the lost response and the lost DISPATCH, a server
-//!   not up yet, outcomes that cannot be recorded, keys, TLS and mTLS.
+//!   replay, refusals, the lost response and the lost DISPATCH (its
+//!   deadline, late in the lease), a restart with a kept holder token, a
+//!   server not up yet, outcomes that cannot be recorded, keys, TLS and
+//!   mTLS.
 //! - `cli`: the operator CLI and `atmost demo`, the binary run against a
 //!   live server: tables, `--json`, exit codes, API keys, TLS.
 //! - `campaign`: hostile input, one table of requests through the server

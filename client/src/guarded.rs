@@ -6,10 +6,14 @@
 //!    DEADLINE_EXCEEDED, IDEMPOTENCY_IN_PROGRESS), always as the same
 //!    request.
 //! 2. **REPLAY**: the key's earlier outcome, and nothing is dispatched.
-//! 3. **DISPATCH**: the caller's `dispatch` runs once, under a deadline;
-//!    what it says decides the report: Commit Succeeded, Failed or NotSent,
-//!    or MarkUncertain when the outcome is unknown. Nothing is ever sent
-//!    twice within one guarded call.
+//! 3. **DISPATCH**: the caller's `dispatch` runs once, under a deadline
+//!    (the lease atmost says is left, less [`LEASE_MARGIN`]); what it says
+//!    decides the report: Commit Succeeded, Failed or NotSent, or
+//!    MarkUncertain when the outcome is unknown. Nothing is ever sent twice
+//!    within one guarded call. A DISPATCH *redelivered* to a token the
+//!    caller gave ([`GuardedCall::holder_token`]) is not dispatched: an
+//!    earlier run may have sent it, so the call answers
+//!    [`GuardError::HeldByEarlierRun`] for the caller to settle.
 //! 4. **Commit / MarkUncertain**, retried like Authorize; if they cannot be
 //!    recorded, [`GuardError::CommitNotRecorded`] says so and names the
 //!    attempt (its lease turns it UNCERTAIN; an operator resolves it).
@@ -17,11 +21,16 @@
 //! What it cannot do: if the task running the guarded call is dropped or
 //! panics while `dispatch` runs, nothing is reported; the attempt stays
 //! RESERVED until its lease passes and then reads UNCERTAIN, as atmost
-//! promises for any holder that goes away.
+//! promises for any holder that goes away. A restarted process that kept
+//! the call's holder token gets [`GuardError::HeldByEarlierRun`] within the
+//! lease and settles the attempt with [`Client::settle_not_sent`] or
+//! [`Client::settle_uncertain`].
 
 // A GuardError is made at most once per tool call, beside several network
 // round trips: its size is nothing, and boxing what it carries would only
-// make every caller's match read through one more indirection.
+// make every caller's match read through one more indirection. (The one
+// whole attempt a variant carries, HeldByEarlierRun's, is boxed: it alone
+// would triple every variant's size.)
 #![allow(clippy::result_large_err)]
 
 use crate::{Client, Error, Reason, pb};
@@ -180,20 +189,22 @@ impl GuardedCall {
     }
 
     /// The holder token (1..=64 bytes) to send instead of 16 random bytes
-    /// made for this call: for a caller that keeps it across a restart, so
-    /// the restarted process can recover a DISPATCH whose answer it lost
-    /// (docs/api.md, "Recovering a lost DISPATCH"). Never give one token
-    /// to two workers: both would be told to send.
+    /// made for this call: for a caller that keeps it with the call (say in
+    /// its journal) so that, restarted, it can recover the attempt an
+    /// earlier run reserved and settle it, never to send it again. Within
+    /// the lease, the same key, request and token then answer
+    /// [`GuardError::HeldByEarlierRun`] instead of IDEMPOTENCY_IN_PROGRESS;
+    /// `dispatch` is not called (atmost cannot know whether the earlier run
+    /// sent). A fresh DISPATCH to it is dispatched as usual (docs/api.md,
+    /// "Recovering a lost DISPATCH"). Never give one token to two workers.
     pub fn holder_token(mut self, token: impl Into<Vec<u8>>) -> Self {
         self.holder_token = Some(token.into());
         self
     }
 
     /// How long `dispatch` may run, from when the DISPATCH arrived; never
-    /// past the default, the attempt's lease less [`LEASE_MARGIN`] (a
-    /// longer timeout is cut to it). Give one with a holder token of your
-    /// own: its reservation may be older than this call, which the default
-    /// cannot see.
+    /// past the default, what atmost said is left of the attempt's lease
+    /// less [`LEASE_MARGIN`] (a longer timeout is cut to it).
     pub fn dispatch_timeout(mut self, timeout: Duration) -> Self {
         self.dispatch_timeout = Some(timeout);
         self
@@ -425,6 +436,24 @@ pub enum GuardError {
     /// so `dispatch` was not called; Commit NotSent gave the slot back.
     #[error("no time left in attempt {attempt_id}'s lease to dispatch; released unsent")]
     NoTimeToDispatch { attempt_id: AttemptId },
+    /// The key's attempt is RESERVED by an earlier run of this call: atmost
+    /// redelivered its DISPATCH to the holder token the caller gave
+    /// ([`GuardedCall::holder_token`]), and this call cannot know whether
+    /// that run sent. `dispatch` was not called and nothing was recorded.
+    /// Settle it: [`Client::settle_not_sent`] only if you know the call
+    /// never left (your own durable journal says so), else
+    /// [`Client::settle_uncertain`]; left alone, it turns UNCERTAIN at its
+    /// lease and an operator resolves it. `lease_remaining`: what atmost
+    /// said was left of the lease (`None` from a server that does not say).
+    #[error(
+        "an earlier run of this call holds attempt {attempt_id}, and atmost cannot know whether it sent: settle it NotSent only if you know it did not, else mark it uncertain"
+    )]
+    HeldByEarlierRun {
+        attempt_id: AttemptId,
+        /// The attempt, RESERVED, as the settle methods take it.
+        attempt: Box<pb::Attempt>,
+        lease_remaining: Option<Duration>,
+    },
     /// The outcome could not be recorded (Commit or MarkUncertain failed
     /// through every try, or was refused). The attempt reads UNCERTAIN once
     /// its lease passes; an operator resolves it with what `outcome` says.
@@ -469,6 +498,7 @@ impl GuardError {
             | Self::OutcomeUncertain { attempt_id, .. }
             | Self::NotSent { attempt_id }
             | Self::NoTimeToDispatch { attempt_id }
+            | Self::HeldByEarlierRun { attempt_id, .. }
             | Self::CommitNotRecorded { attempt_id, .. } => Some(attempt_id),
             _ => None,
         }
@@ -532,11 +562,17 @@ impl Client {
             cost: call.cost,
             holder_token,
         };
+        // Before the first try: any reservation a try of this call made is
+        // younger.
         let sent = Instant::now();
         let answer = self
-            .retrying(&call, "Authorize", authorize_may_retry, |within| {
-                self.authorize_within(request.clone(), within)
-            })
+            .retrying(
+                &call.retry,
+                call.on_retry.as_ref(),
+                "Authorize",
+                authorize_may_retry,
+                |within| self.authorize_within(request.clone(), within),
+            )
             .await
             .map_err(authorize_refused)?;
         let arrived = Instant::now();
@@ -547,18 +583,20 @@ impl Client {
         match answer.decision() {
             pb::Decision::Replay => replay(attempt),
             pb::Decision::Dispatch => {
-                // The lease's length (by the server's clock) counted from
-                // when the DISPATCH arrived. A redelivery to this call's
-                // own random token repeats a reservation one of its earlier
-                // tries made, so its lease began after the first try was
-                // sent: counted from there, it cannot be overestimated.
-                let from = if answer.redelivered && token_is_ours {
-                    sent
-                } else {
-                    arrived
-                };
-                let deadline =
-                    dispatch_deadline(lease_of(&attempt)?, from, arrived, call.dispatch_timeout);
+                let lease_remaining = answer.lease_remaining.map(duration_of);
+                // A redelivery to this call's own random token repeats a
+                // reservation one of its earlier tries made, whose answer
+                // was lost: nothing was sent. To a token the caller gave,
+                // it may repeat an earlier run's, which may have sent.
+                if answer.redelivered && !token_is_ours {
+                    return Err(GuardError::HeldByEarlierRun {
+                        attempt_id: AttemptId(attempt.attempt_id.clone()),
+                        attempt: Box::new(attempt),
+                        lease_remaining,
+                    });
+                }
+                let (from, lease) = lease_window(lease_remaining, &attempt, sent, arrived)?;
+                let deadline = dispatch_deadline(lease, from, arrived, call.dispatch_timeout);
                 self.dispatch_once(&call, attempt, arrived, deadline, dispatch)
                     .await
             }
@@ -678,6 +716,7 @@ impl Client {
             attempt_id: attempt_id.clone(),
             outcome: Some(outcome),
         };
+        let (limits, observer) = (&call.retry, call.on_retry.as_ref());
         let answer = match &report {
             Report::Succeeded {
                 stored,
@@ -687,29 +726,17 @@ impl Client {
                     result: stored.clone(),
                     actual_cost: *actual_cost,
                 }));
-                self.retrying(call, "Commit", settle_may_retry, |within| {
-                    self.commit_within(request.clone(), within)
-                })
-                .await
-                .map(|r| r.attempt)
+                self.commit_retried(limits, observer, request).await
             }
             Report::Failed(reason) => {
                 let request = commit(Commit::Failed(pb::Failed {
                     reason: reason.clone(),
                 }));
-                self.retrying(call, "Commit", settle_may_retry, |within| {
-                    self.commit_within(request.clone(), within)
-                })
-                .await
-                .map(|r| r.attempt)
+                self.commit_retried(limits, observer, request).await
             }
             Report::NotSent => {
                 let request = commit(Commit::NotSent(pb::NotSent {}));
-                self.retrying(call, "Commit", settle_may_retry, |within| {
-                    self.commit_within(request.clone(), within)
-                })
-                .await
-                .map(|r| r.attempt)
+                self.commit_retried(limits, observer, request).await
             }
             Report::Uncertain(reason) => {
                 let request = pb::MarkUncertainRequest {
@@ -718,11 +745,7 @@ impl Client {
                     attempt_id: attempt_id.clone(),
                     reason: reason.clone(),
                 };
-                self.retrying(call, "MarkUncertain", settle_may_retry, |within| {
-                    self.mark_uncertain_within(request.clone(), within)
-                })
-                .await
-                .map(|r| r.attempt)
+                self.mark_uncertain_retried(limits, observer, request).await
             }
         };
         match answer {
@@ -736,13 +759,46 @@ impl Client {
         }
     }
 
+    /// Commit, retried as the same request; the attempt it answers.
+    async fn commit_retried(
+        &self,
+        limits: &RetryLimits,
+        observer: Option<&RetryObserver>,
+        request: pb::CommitRequest,
+    ) -> Result<Option<pb::Attempt>, Error> {
+        self.retrying(limits, observer, "Commit", settle_may_retry, |within| {
+            self.commit_within(request.clone(), within)
+        })
+        .await
+        .map(|r| r.attempt)
+    }
+
+    /// MarkUncertain, retried as the same request; the attempt it answers.
+    async fn mark_uncertain_retried(
+        &self,
+        limits: &RetryLimits,
+        observer: Option<&RetryObserver>,
+        request: pb::MarkUncertainRequest,
+    ) -> Result<Option<pb::Attempt>, Error> {
+        self.retrying(
+            limits,
+            observer,
+            "MarkUncertain",
+            settle_may_retry,
+            |within| self.mark_uncertain_within(request.clone(), within),
+        )
+        .await
+        .map(|r| r.attempt)
+    }
+
     /// Runs `once` until it succeeds, fails in a way `may_retry` does not
-    /// allow, or the call's retry limits are reached; each try's deadline
-    /// is the time left. Waits the error's RetryInfo delay, else a backoff;
-    /// a wait that would end past the time limit is not begun.
+    /// allow, or the retry limits are reached; each try's deadline is the
+    /// time left. Waits the error's RetryInfo delay, else a backoff; a wait
+    /// that would end past the time limit is not begun.
     async fn retrying<T, Fut>(
         &self,
-        call: &GuardedCall,
+        limits: &RetryLimits,
+        observer: Option<&RetryObserver>,
         rpc: &'static str,
         may_retry: fn(&Error) -> bool,
         mut once: impl FnMut(Option<Duration>) -> Fut,
@@ -750,7 +806,7 @@ impl Client {
     where
         Fut: Future<Output = Result<T, Error>>,
     {
-        let limits = call.retry;
+        let limits = *limits;
         let start = Instant::now();
         let mut tries = 0;
         loop {
@@ -767,7 +823,7 @@ impl Client {
             if start.elapsed() + delay >= limits.max_time {
                 return Err(error);
             }
-            if let Some(observe) = &call.on_retry {
+            if let Some(observe) = observer {
                 observe(&Retrying {
                     rpc,
                     tries,
@@ -777,6 +833,56 @@ impl Client {
             }
             tokio::time::sleep(delay).await;
         }
+    }
+}
+
+// === settling an attempt an earlier run holds ===
+
+impl Client {
+    /// Commit NotSent for an attempt this caller holds and knows was never
+    /// sent: the slot, the cost and the key come back. For the attempt of
+    /// [`GuardError::HeldByEarlierRun`] when your own durable record says
+    /// the earlier run never sent it; anything less than that knowledge is
+    /// [`settle_uncertain`](Self::settle_uncertain). Retried like the
+    /// guarded call's Commit (the default [`RetryLimits`]); the attempt as
+    /// recorded, RELEASED.
+    pub async fn settle_not_sent(&self, attempt: &pb::Attempt) -> Result<pb::Attempt, Error> {
+        let request = pb::CommitRequest {
+            permit_id: attempt.permit_id.clone(),
+            idempotency_key: attempt.idempotency_key.clone(),
+            attempt_id: attempt.attempt_id.clone(),
+            outcome: Some(pb::commit_request::Outcome::NotSent(pb::NotSent {})),
+        };
+        self.commit_retried(&RetryLimits::default(), None, request)
+            .await?
+            .ok_or_else(|| Error::from(Status::internal("Commit answered without the attempt")))
+    }
+
+    /// MarkUncertain for an attempt this caller holds whose call may have
+    /// gone out (the attempt of [`GuardError::HeldByEarlierRun`], say): the
+    /// slot and the cost stay held, nothing is sent again, and an operator
+    /// resolves it. `reason` is cut to the 1024 bytes atmost keeps.
+    /// Retried like the guarded call's MarkUncertain; the attempt as
+    /// recorded, UNCERTAIN.
+    pub async fn settle_uncertain(
+        &self,
+        attempt: &pb::Attempt,
+        reason: impl Into<String>,
+    ) -> Result<pb::Attempt, Error> {
+        let reason = reason.into();
+        let request = pb::MarkUncertainRequest {
+            permit_id: attempt.permit_id.clone(),
+            idempotency_key: attempt.idempotency_key.clone(),
+            attempt_id: attempt.attempt_id.clone(),
+            reason: truncate(&reason, MAX_REASON_BYTES).to_owned(),
+        };
+        self.mark_uncertain_retried(&RetryLimits::default(), None, request)
+            .await?
+            .ok_or_else(|| {
+                Error::from(Status::internal(
+                    "MarkUncertain answered without the attempt",
+                ))
+            })
     }
 }
 
@@ -851,12 +957,37 @@ fn replay(attempt: pb::Attempt) -> Result<Outcome, GuardError> {
     }
 }
 
-/// When `dispatch` must be done: the lease less [`LEASE_MARGIN`], counted
-/// from `from` (before the reservation was made). A caller's `timeout`,
-/// counted from when the DISPATCH `arrived`, can only shorten it: past the
-/// lease the attempt reads UNCERTAIN, an operator may resolve it NotSent
-/// and the key be used again, and a call still being sent then would
-/// exceed the cap.
+/// What is left of a DISPATCH's lease, and from when to count it on this
+/// process's clock. atmost's `lease_remaining`, from when the DISPATCH
+/// `arrived`: decided on the store's clock just before the answer left, so
+/// only the answer's trip is overcounted, which [`LEASE_MARGIN`] covers.
+/// From a server that does not send it, the attempt's whole lease
+/// (`lease_expires_at - created_at`, on the server's clock) counted from
+/// the `first_try`: every reservation a try of this call can hold was made
+/// after it was sent, so the lease cannot be overrun however long a lost
+/// answer and the retries took.
+fn lease_window(
+    lease_remaining: Option<Duration>,
+    attempt: &pb::Attempt,
+    first_try: Instant,
+    arrived: Instant,
+) -> Result<(Instant, Duration), GuardError> {
+    match lease_remaining {
+        Some(left) => Ok((arrived, left)),
+        None => Ok((first_try, lease_of(attempt)?)),
+    }
+}
+
+/// A protobuf duration; a negative one (no time) as zero.
+fn duration_of(d: prost_types::Duration) -> Duration {
+    Duration::try_from(d).unwrap_or(Duration::ZERO)
+}
+
+/// When `dispatch` must be done: `lease` less [`LEASE_MARGIN`], counted
+/// from `from` ([`lease_window`]). A caller's `timeout`, counted from when
+/// the DISPATCH `arrived`, can only shorten it: past the lease the attempt
+/// reads UNCERTAIN, an operator may resolve it NotSent and the key be used
+/// again, and a call still being sent then would exceed the cap.
 fn dispatch_deadline(
     lease: Duration,
     from: Instant,
@@ -891,13 +1022,31 @@ fn broken(what: &str) -> GuardError {
 /// A failure whose request may be sent again as it is: nothing was
 /// decided, or what was decided is given back to the same request (the
 /// same key replays; the same Commit answers the same). CANCELLED without
-/// ErrorInfo is how tonic reports its own deadline ("Timeout expired").
+/// ErrorInfo is how tonic reports its own deadline ("Timeout expired");
+/// UNKNOWN without ErrorInfo, caused by an I/O error, how it reports a
+/// connection that broke while the call was on it ("transport error", "h2
+/// protocol error": reset, closed, a broken pipe), answer lost or not.
 fn transient(error: &Error) -> bool {
     match error.code() {
         Code::Unavailable | Code::DeadlineExceeded => true,
         Code::Cancelled => error.reason().is_none(),
+        Code::Unknown => error.reason().is_none() && connection_broke(error),
         _ => false,
     }
+}
+
+/// Whether an I/O error is among the causes of `error` (an h2 error keeps
+/// its I/O error to itself: [`h2::Error::is_io`]).
+fn connection_broke(error: &Error) -> bool {
+    use std::error::Error as _;
+    let mut cause = error.status().source();
+    while let Some(e) = cause {
+        if e.is::<std::io::Error>() || e.downcast_ref::<h2::Error>().is_some_and(h2::Error::is_io) {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 fn authorize_may_retry(error: &Error) -> bool {

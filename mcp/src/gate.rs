@@ -499,7 +499,11 @@ impl Answer<'_> {
                 Err(error)
             }
             Err(GuardError::InvalidCall(why)) => Err(ErrorData::invalid_params(why, None)),
-            Err(e @ GuardError::NoRandomness(_)) => Err(ErrorData::internal_error(e.to_string(), None)),
+            // The proxy gives no holder token (each call's is the guarded
+            // call's own random one), so no earlier run can hold its call.
+            Err(e @ (GuardError::NoRandomness(_) | GuardError::HeldByEarlierRun { .. })) => {
+                Err(ErrorData::internal_error(e.to_string(), None))
+            }
         }
     }
 

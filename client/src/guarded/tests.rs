@@ -52,6 +52,30 @@ fn authorize_retries_only_what_cannot_dispatch_twice() {
 }
 
 #[test]
+fn a_connection_that_broke_mid_call_is_retried_like_unavailable() {
+    // What tonic answers when the connection breaks while a call is on
+    // it: UNKNOWN, no ErrorInfo, the I/O error among its causes.
+    let broke = Error::from(Status::from_error(Box::new(std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        "stream closed because of a broken pipe",
+    ))));
+    assert_eq!(broke.code(), Code::Unknown);
+    assert!(authorize_may_retry(&broke) && settle_may_retry(&broke));
+    assert!(matches!(
+        authorize_refused(broke),
+        GuardError::Unavailable(_)
+    ));
+    // The body of an answer cut off (tonic's "h2 protocol error", an
+    // h2 I/O error no unit test can make): tests/clients.rs, through a
+    // relay that cuts the connection.
+    // UNKNOWN for any other cause, or atmost's own word, is not retried.
+    let unknown = Error::from(Status::unknown("a proxy's answer"));
+    assert!(!authorize_may_retry(&unknown));
+    let answered = atmost_error(Code::Unknown, "STORE_UNAVAILABLE", &[]);
+    assert!(!authorize_may_retry(&answered));
+}
+
+#[test]
 fn each_refusal_has_its_kind() {
     let kind = |e: Error| match authorize_refused(e) {
         GuardError::Denied(_) => "denied",
@@ -229,6 +253,62 @@ fn a_dispatch_timeout_only_shortens_the_lease_based_deadline() {
     let first_try = arrived - Duration::from_millis(300);
     let redelivered = dispatch_deadline(lease, first_try, arrived, Some(Duration::from_secs(5)));
     assert_eq!(ms(redelivered), 200);
+}
+
+/// An attempt whose lease is `lease_ms` long on the server's clock.
+fn attempt_with_lease(lease_ms: i64) -> pb::Attempt {
+    let created = 1_767_225_600_000;
+    pb::Attempt {
+        attempt_id: "0190a5b2-0000-7000-8000-000000000001".into(),
+        created_at: Some(crate::timestamp(created)),
+        lease_expires_at: Some(crate::timestamp(created + lease_ms)),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_lease_atmost_says_is_left_bounds_dispatch_from_the_arrival() {
+    let first_try = Instant::now();
+    let arrived = first_try + Duration::from_millis(700);
+    let attempt = attempt_with_lease(3_000);
+    let ms = |d: Instant| d.saturating_duration_since(arrived).as_millis();
+    let deadline = |left: Option<u64>, timeout: Option<u64>| {
+        let (from, lease) = lease_window(
+            left.map(Duration::from_millis),
+            &attempt,
+            first_try,
+            arrived,
+        )
+        .expect("a lease");
+        dispatch_deadline(lease, from, arrived, timeout.map(Duration::from_millis))
+    };
+    // A fresh DISPATCH: the whole lease was left.
+    assert_eq!(ms(deadline(Some(3_000), None)), 2_000);
+    // A redelivery late in the lease: what is left, not the whole lease,
+    // whatever the timeout; a shorter timeout is kept.
+    assert_eq!(ms(deadline(Some(1_500), None)), 500);
+    assert_eq!(ms(deadline(Some(1_500), Some(5_000))), 500);
+    assert_eq!(ms(deadline(Some(1_500), Some(200))), 200);
+    // Less than the margin left: no time at all, so dispatch is not called.
+    assert_eq!(deadline(Some(999), Some(5_000)), arrived);
+    assert_eq!(deadline(Some(0), None), arrived);
+    // A server that does not say: the whole lease from the first try,
+    // 700 ms before the arrival.
+    assert_eq!(ms(deadline(None, None)), 1_300);
+    assert_eq!(ms(deadline(None, Some(5_000))), 1_300);
+    let unknown = lease_window(None, &pb::Attempt::default(), first_try, arrived);
+    assert!(matches!(unknown, Err(GuardError::Rpc(_))), "{unknown:?}");
+}
+
+#[test]
+fn a_negative_lease_remaining_is_no_time() {
+    let negative = prost_types::Duration {
+        seconds: -1,
+        nanos: 0,
+    };
+    assert_eq!(duration_of(negative), Duration::ZERO);
+    let left = crate::duration(Duration::from_millis(1_234));
+    assert_eq!(duration_of(left), Duration::from_millis(1_234));
 }
 
 #[test]

@@ -6,13 +6,15 @@
  */
 import * as grpc from "@grpc/grpc-js";
 
-import { fromServiceError } from "./errors.js";
-import { runGuarded, type Dispatch, type GuardedCall, type GuardedOutcome } from "./guarded.js";
+import { AtmostError, fromServiceError } from "./errors.js";
+import { clip, runGuarded, type Dispatch, type GuardedCall, type GuardedOutcome } from "./guarded.js";
+import { DEFAULT_RETRY, isTransient, withRetries } from "./retry.js";
 import { atmostV1 } from "./proto.js";
 import type { GateClient } from "./generated/atmost/v1/Gate.js";
 import type { PermitsClient } from "./generated/atmost/v1/Permits.js";
 import type { ReceiptsClient } from "./generated/atmost/v1/Receipts.js";
 import type {
+  Attempt,
   AuthorizeRequest,
   AuthorizeResponse,
   CommitRequest,
@@ -197,6 +199,38 @@ export class Client {
     return runGuarded(this, call, dispatch);
   }
 
+  /**
+   * Commit NotSent for an attempt you hold and know was never sent: the
+   * slot, the cost and the key come back. For the `attempt` of
+   * {@link HeldByEarlierRun} when your own durable record says the earlier
+   * run never sent it; anything less than that knowledge is
+   * {@link Client.settleUncertain}. Retried like the guarded call's Commit
+   * (5 tries, 10 s); resolves to the attempt as recorded, RELEASED.
+   */
+  async settleNotSent(attempt: Attempt): Promise<Attempt> {
+    const { permitId, idempotencyKey, attemptId } = attempt;
+    const done = await withRetries("Commit", DEFAULT_RETRY, isTransient, undefined, (leftMs) =>
+      this.commit({ permitId, idempotencyKey, attemptId, notSent: {} }, { deadlineMs: Math.min(this.deadlineMs, leftMs) }),
+    );
+    return recorded(done.attempt, "Commit");
+  }
+
+  /**
+   * MarkUncertain for an attempt you hold whose call may have gone out (the
+   * `attempt` of {@link HeldByEarlierRun}, say): the slot and the cost stay
+   * held, nothing is sent again, and an operator resolves it. `reason` is
+   * cut to the 1024 bytes atmost keeps. Retried like the guarded call's
+   * MarkUncertain; resolves to the attempt as recorded, UNCERTAIN.
+   */
+  async settleUncertain(attempt: Attempt, reason: string): Promise<Attempt> {
+    const { permitId, idempotencyKey, attemptId } = attempt;
+    const clipped = clip(reason);
+    const done = await withRetries("MarkUncertain", DEFAULT_RETRY, isTransient, undefined, (leftMs) =>
+      this.markUncertain({ permitId, idempotencyKey, attemptId, reason: clipped }, { deadlineMs: Math.min(this.deadlineMs, leftMs) }),
+    );
+    return recorded(done.attempt, "MarkUncertain");
+  }
+
   private unary<T>(
     options: CallOptions | undefined,
     start: (metadata: grpc.Metadata, callOptions: grpc.CallOptions, callback: Callback<T>) => void,
@@ -211,6 +245,11 @@ export class Client {
       });
     });
   }
+}
+
+function recorded(attempt: Attempt | null, rpc: string): Attempt {
+  if (attempt === null) throw new AtmostError(`${rpc} answered without the attempt`);
+  return attempt;
 }
 
 function checkDeadline(value: number, name: string): number {

@@ -85,8 +85,10 @@ function numeric(value: string | undefined): number | undefined {
  * atmost refused: PERMIT_MAX_CALLS_EXCEEDED, PERMIT_BUDGET_EXCEEDED,
  * TOOL_NOT_IN_SCOPE, PERMIT_REVOKED, PERMIT_EXPIRED, PERMIT_NOT_FOUND,
  * IDEMPOTENCY_KEY_REUSED, TOOL_HELD_UNCERTAIN, DUPLICATE_REQUEST_SUSPECTED,
- * the quotas, UNAUTHENTICATED, ROLE_NOT_ALLOWED. Nothing was reserved and
- * nothing may be sent; the same request fails the same way.
+ * the quotas, UNAUTHENTICATED, ROLE_NOT_ALLOWED; for a Commit or
+ * MarkUncertain, ATTEMPT_HOLDER_MISMATCH (another key reserved the
+ * attempt). Nothing was reserved and nothing may be sent; the same request
+ * fails the same way.
  */
 export class Denied extends AtmostError {}
 
@@ -125,6 +127,7 @@ export const DENIED_REASONS: ReadonlySet<string> = new Set([
   "QUOTA_ATTEMPTS",
   "QUOTA_TENANT_PERMITS",
   "QUOTA_STORE_FULL",
+  "ATTEMPT_HOLDER_MISMATCH",
 ]);
 
 /**
@@ -225,6 +228,32 @@ export class OutcomeUncertain extends AtmostError {
     super(details, init);
     this.replayed = init.replayed ?? false;
     this.attempt = init.attempt;
+  }
+}
+
+/**
+ * The key's attempt is RESERVED by an earlier run of this call: atmost
+ * redelivered its DISPATCH to the `holderToken` you gave, and this call
+ * cannot know whether that run sent it. `dispatch` was not called and
+ * nothing was recorded. Settle it: {@link Client.settleNotSent} only if you
+ * know the call never left (your own durable journal says so), else
+ * {@link Client.settleUncertain}; left alone, it turns UNCERTAIN at its
+ * lease and an operator resolves it. `attempt` is the RESERVED attempt
+ * (what the settle methods take), `leaseRemainingMs` what atmost said was
+ * left of its lease (absent from a server that does not say).
+ */
+export class HeldByEarlierRun extends AtmostError {
+  declare readonly attemptId: string;
+  readonly attempt: Attempt;
+  readonly leaseRemainingMs?: number;
+
+  constructor(attempt: Attempt, leaseRemainingMs?: number) {
+    super(
+      `an earlier run of this call holds attempt ${attempt.attemptId}, and atmost cannot know whether it sent: settle it NotSent only if you know it did not, else mark it uncertain`,
+      { attemptId: attempt.attemptId },
+    );
+    this.attempt = attempt;
+    this.leaseRemainingMs = leaseRemainingMs;
   }
 }
 

@@ -4,12 +4,15 @@
  *
  *  1. One holder token (16 random bytes unless given) for every Authorize
  *     try of this call, so a DISPATCH whose answer was lost is redelivered
- *     to it (docs/api.md, "Recovering a lost DISPATCH").
+ *     to it (docs/api.md, "Recovering a lost DISPATCH"). Redelivered to a
+ *     token the caller gave, it is not dispatched: an earlier run may have
+ *     sent it ({@link HeldByEarlierRun}).
  *  2. Authorize, retried only where that is safe (retry.ts), always with the
  *     same key, fingerprint, cost and token.
  *  3. REPLAY: dispatch is never called; the stored outcome is returned or
  *     raised.
- *  4. DISPATCH: `dispatch(attemptId, signal)` runs under a deadline, then
+ *  4. DISPATCH: `dispatch(attemptId, signal)` runs under a deadline (what
+ *     atmost says is left of the lease, less a margin), then
  *     exactly one of Commit Succeeded / Failed / NotSent or MarkUncertain
  *     records what happened. Nothing is ever sent twice in one call.
  */
@@ -18,6 +21,7 @@ import { createHash, randomBytes } from "node:crypto";
 import {
   AtmostError,
   CommitNotRecorded,
+  HeldByEarlierRun,
   NotSent,
   OutcomeUncertain,
   ToolFailed,
@@ -25,7 +29,7 @@ import {
 } from "./errors.js";
 import { fingerprint as fingerprintOf } from "./fingerprint.js";
 import { isAuthorizeRetryable, isTransient, retryPolicy, withRetries, type RetryEvent, type RetryPolicy } from "./retry.js";
-import type { Attempt, Receipt, Timestamp } from "./types.js";
+import type { Attempt, Duration, Receipt, Timestamp } from "./types.js";
 import type { CallOptions, Client } from "./client.js";
 
 /** One logical call. Keep `idempotencyKey` (and `holderToken`, if you persist one) the same across your own retries of it. */
@@ -40,14 +44,17 @@ export interface GuardedCall {
   fingerprint?: Uint8Array;
   /** Minor units to reserve (default 0). */
   cost?: number;
-  /** 1..=64 bytes proving this caller holds the call, for callers that persist it across restarts; default 16 random bytes per guarded call. */
+  /**
+   * 1..=64 bytes proving this caller holds the call; default 16 random bytes
+   * per guarded call. Give your own, kept with the call (in your journal),
+   * only to recover the attempt after a restart and settle it: a DISPATCH
+   * redelivered to it raises {@link HeldByEarlierRun}, never a second send.
+   */
   holderToken?: Uint8Array;
   /**
    * The dispatch's deadline in milliseconds from when the DISPATCH arrived,
-   * never past the default: the attempt's lease minus a 1 s margin, counted
-   * from when the DISPATCH arrived, or for one redelivered to the call's own
-   * random token from its first Authorize try. Give one with a
-   * `holderToken` of your own: its reservation may be older than this call.
+   * never past the default: what atmost said is left of the attempt's lease,
+   * minus a 1 s margin, counted from when the DISPATCH arrived.
    */
   dispatchTimeoutMs?: number;
   /** How long Authorize, Commit and MarkUncertain are each retried (default 5 tries, 10 s). */
@@ -136,6 +143,11 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   }
 
   const attemptId = attempt.attemptId;
+  const leaseRemainingMs = answer.leaseRemaining === null ? undefined : Math.max(durationMs(answer.leaseRemaining), 0);
+  // A redelivery to this call's own random token repeats a reservation one
+  // of its earlier tries made, whose answer was lost: nothing was sent. To a
+  // token the caller gave, it may repeat an earlier run's, which may have.
+  if (answer.redelivered && !input.tokenIsOurs) throw new HeldByEarlierRun(attempt, leaseRemainingMs);
   const record = <R>(rpc: string, outcome: RecordedOutcome, send: (options: CallOptions) => Promise<R>, result?: unknown): Promise<R> =>
     withRetries(rpc, retry, isTransient, call.onRetry, (leftMs) => send(within(leftMs))).catch((error: unknown) => {
       throw error instanceof AtmostError ? new CommitNotRecorded(attemptId, outcome, error, result) : error;
@@ -143,22 +155,7 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   const commitNotSent = () =>
     record("Commit", "not_sent", (options) => client.commit({ permitId, idempotencyKey, attemptId, notSent: {} }, options));
 
-  // The time dispatch gets, from when the DISPATCH arrived. The lease is
-  // atmost's; it is counted on our clock from an instant we know. A fresh
-  // DISPATCH was reserved by the try that answered it: counted from its
-  // arrival, only the answer's trip is overcounted, and the margin covers
-  // that. A redelivery to this call's own token repeats a reservation an
-  // earlier try made, maybe long before (its answer lost, the retries'
-  // waits): counted from the first try, sent before any of them, the lease
-  // cannot be overrun. A token the caller gave may hold a reservation older
-  // than this call, which nothing here can see: the caller gives
-  // dispatchTimeoutMs then. The caller's timeout can only shorten it: past
-  // the lease the attempt reads UNCERTAIN, an operator may resolve it
-  // NotSent and the key be used again, and a call still sent then would
-  // exceed the cap.
-  const lostMs = answer.redelivered && input.tokenIsOurs ? arrived - firstTry : 0;
-  const leaseGrantedMs = leaseMs(attempt) - LEASE_MARGIN_MS - lostMs;
-  const grantedMs = input.dispatchTimeoutMs === undefined ? leaseGrantedMs : Math.min(input.dispatchTimeoutMs, leaseGrantedMs);
+  const grantedMs = dispatchTimeMs(leaseRemainingMs, leaseMs(attempt), arrived - firstTry, input.dispatchTimeoutMs);
   const leftMs = grantedMs - (performance.now() - arrived);
   if (!(leftMs > 0)) {
     // Sending now could land after the lease, when an operator may already
@@ -293,6 +290,32 @@ export function encodeResult(value: unknown): Buffer {
   return Buffer.from(`sha256:${createHash("sha256").update(bytes).digest("hex")}`, "ascii");
 }
 
+/**
+ * The milliseconds dispatch gets, counted from when the DISPATCH arrived.
+ * `leaseRemainingMs` is what atmost said was left of the lease, decided on
+ * the store's clock just before the answer left: from the arrival only the
+ * answer's trip is overcounted, and {@link LEASE_MARGIN_MS} covers it. From
+ * a server that does not say (undefined), the attempt's whole `leaseMs`
+ * counted from the call's first Authorize try, `sinceFirstTryMs` before the
+ * arrival: every reservation a try of this call can hold was made after it
+ * was sent. The caller's `timeoutMs` can only shorten it: past the lease
+ * the attempt reads UNCERTAIN, an operator may resolve it NotSent and the
+ * key be used again, and a call still sent then would exceed the cap.
+ */
+export function dispatchTimeMs(
+  leaseRemainingMs: number | undefined,
+  leaseMs: number,
+  sinceFirstTryMs: number,
+  timeoutMs: number | undefined,
+): number {
+  const byLease = leaseRemainingMs === undefined ? leaseMs - LEASE_MARGIN_MS - sinceFirstTryMs : leaseRemainingMs - LEASE_MARGIN_MS;
+  return timeoutMs === undefined ? byLease : Math.min(timeoutMs, byLease);
+}
+
+function durationMs(d: Duration): number {
+  return d.seconds * 1000 + Math.floor(d.nanos / 1e6);
+}
+
 function leaseMs(attempt: Attempt): number {
   if (!attempt.createdAt || !attempt.leaseExpiresAt) return Number.NaN;
   return millis(attempt.leaseExpiresAt) - millis(attempt.createdAt);
@@ -303,7 +326,7 @@ function millis(t: Timestamp): number {
 }
 
 /** A reason cut to atmost's 1024 bytes, on a character boundary. */
-function clip(reason: string): string {
+export function clip(reason: string): string {
   if (Buffer.byteLength(reason, "utf8") <= MAX_REASON_BYTES) return reason;
   let out = "";
   let bytes = 0;
@@ -328,7 +351,7 @@ interface CheckedCall {
   fingerprint: Buffer;
   cost: number;
   holderToken: Buffer;
-  /** The token was made here, for this call only (not given by the caller). */
+  /** The token was made here, for this call only (not given by the caller): a redelivery to it repeats this call's own reservation. */
   tokenIsOurs: boolean;
   dispatchTimeoutMs?: number;
 }

@@ -30,3 +30,4 @@ export type { Receipt__Output as Receipt } from "./generated/atmost/v1/Receipt.j
 export type { Usage__Output as Usage } from "./generated/atmost/v1/Usage.js";
 export type { ErrorReason__Output as ErrorReason } from "./generated/atmost/v1/ErrorReason.js";
 export type { Timestamp__Output as Timestamp } from "./generated/google/protobuf/Timestamp.js";
+export type { Duration__Output as Duration } from "./generated/google/protobuf/Duration.js";

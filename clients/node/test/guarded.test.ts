@@ -15,11 +15,13 @@ import {
   CommitNotRecorded,
   DEFAULT_RETRY,
   Denied,
+  HeldByEarlierRun,
   InProgress,
   NotSent,
   OutcomeUncertain,
   ToolFailed,
   Unavailable,
+  dispatchTimeMs,
   fingerprint,
   type Dispatch,
   type RetryEvent,
@@ -292,46 +294,99 @@ describe("guarded call", { timeout: 120_000 }, () => {
     assert.equal(await callsMade(permit.permitId), 3, "the two outer calls and the inner FAILED one hold their slots");
   });
 
-  test("the lost DISPATCH: the same key and holder token get the redelivered DISPATCH and send once; another token gets InProgress", async () => {
-    const permit = await createPermit(client, [TOOL], { [TOOL]: 1 });
+  test("a restart with a kept holder token: the DISPATCH redelivered to it is never sent again; HeldByEarlierRun is settled uncertain or, known unsent, NotSent", async () => {
+    // Process A makes the guarded call with a token it keeps in its journal,
+    // and dies after its dispatch started: its channel is gone, so nothing
+    // is reported. The restarted process makes the same call (key, request,
+    // token): atmost redelivers the DISPATCH, and it must not be sent again.
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 2 });
     const tool = new FakeTool();
-    const k = key("lost-dispatch");
-    const token = randomBytes(16);
-    // Authorize by hand; its answer is "lost" (the caller never sends).
-    const lost = await client.authorize({
-      permitId: permit.permitId,
-      tool: TOOL,
-      idempotencyKey: k,
-      requestFingerprint: fingerprint(CHARGE),
-      cost: 0,
-      holderToken: token,
-    });
-    assert.equal(lost.decision, "DECISION_DISPATCH");
-
-    const dispatch = async (attemptId: string) => {
-      tool.hit(attemptId);
-      return "charged";
+    const crash = async (k: string, token: Buffer, send: boolean) => {
+      const a = atmost.client();
+      const died = await rejection(
+        a.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE, holderToken: token }, (attemptId) => {
+          if (send) tool.hit(attemptId);
+          a.close(); // the process dies: nothing more reaches atmost
+          throw new Error("process A died");
+        }),
+      );
+      assert.ok(!(died instanceof OutcomeUncertain), `A could not report: ${String(died)}`);
     };
+    const charge1 = key("restart-sent");
+    const token1 = randomBytes(16);
+    await crash(charge1, token1, true);
+    assert.equal(tool.calls.length, 1);
+
     const retries: RetryEvent[] = [];
     const other = await rejection(
       client.guarded(
-        { permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE, holderToken: randomBytes(16), onRetry: (e) => retries.push(e) },
-        dispatch,
+        { permitId: permit.permitId, tool: TOOL, idempotencyKey: charge1, request: CHARGE, holderToken: randomBytes(16), onRetry: (e) => retries.push(e) },
+        (id) => tool.hit(id),
       ),
     );
     assert.ok(other instanceof InProgress, String(other));
-    assert.equal(other.reason, "IDEMPOTENCY_IN_PROGRESS");
     // RetryInfo: the time to the lease's end, 30 s, past the 10 s retry
     // budget: raised at once, not slept on into the budget's end.
     assert.ok((other.retryAfterMs ?? 0) > DEFAULT_RETRY.maxTotalMs, `retryAfterMs ${other.retryAfterMs}`);
     assert.deepEqual(retries, [], "no wait begun that would end past the budget");
-    assert.equal(tool.calls.length, 0);
 
-    const mine = await client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: k, request: CHARGE, holderToken: token }, dispatch);
-    assert.equal(mine.replayed, false);
-    assert.equal(mine.result, "charged");
-    assert.deepEqual(tool.calls, [lost.attempt!.attemptId], "the redelivered attempt, dispatched exactly once");
-    assert.equal(await callsMade(permit.permitId), 1, "nothing more reserved");
+    const restarted = atmost.client();
+    try {
+      const held = await rejection(
+        restarted.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: charge1, request: CHARGE, holderToken: token1 }, (id) => tool.hit(id)),
+      );
+      assert.ok(held instanceof HeldByEarlierRun, String(held));
+      assert.deepEqual(tool.calls, [held.attemptId], "never sent again");
+      assert.equal(held.attempt.state, "ATTEMPT_STATE_RESERVED", "nothing recorded");
+      assert.ok(held.leaseRemainingMs !== undefined && held.leaseRemainingMs > 0 && held.leaseRemainingMs <= 30_000, String(held.leaseRemainingMs));
+      // Nothing says A never sent: settled uncertain, the slot stays held.
+      const settled = await restarted.settleUncertain(held.attempt, "restarted: the earlier run may have sent");
+      assert.equal(settled.state, "ATTEMPT_STATE_UNCERTAIN");
+      const replayed = await rejection(
+        restarted.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: charge1, request: CHARGE, holderToken: token1 }, (id) => tool.hit(id)),
+      );
+      assert.ok(replayed instanceof OutcomeUncertain && replayed.replayed, String(replayed));
+      assert.equal(replayed.attemptId, held.attemptId);
+      assert.equal(await callsMade(permit.permitId), 1);
+
+      // A second key, whose run died before sending (its journal says so):
+      // NotSent frees the key, and the call made again is a fresh DISPATCH,
+      // sent once.
+      const charge2 = key("restart-unsent");
+      const token2 = randomBytes(16);
+      await crash(charge2, token2, false);
+      const held2 = await rejection(
+        restarted.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: charge2, request: CHARGE, holderToken: token2 }, (id) => tool.hit(id)),
+      );
+      assert.ok(held2 instanceof HeldByEarlierRun, String(held2));
+      const released = await restarted.settleNotSent(held2.attempt);
+      assert.equal(released.state, "ATTEMPT_STATE_RELEASED");
+      assert.equal(await callsMade(permit.permitId), 1, "the slot came back");
+      const again = await restarted.guarded(
+        { permitId: permit.permitId, tool: TOOL, idempotencyKey: charge2, request: CHARGE, holderToken: token2 },
+        async (id) => {
+          tool.hit(id);
+          return "charged";
+        },
+      );
+      assert.equal(again.replayed, false);
+      assert.notEqual(again.attempt.attemptId, held2.attemptId);
+      assert.equal(tool.calls.length, 2);
+      assert.equal(await callsMade(permit.permitId), 2);
+    } finally {
+      restarted.close();
+    }
+  });
+
+  test("the dispatch time is what atmost says is left of the lease, less the margin", () => {
+    // From the DISPATCH's arrival: leaseRemainingMs, leaseMs, since the first try, timeout.
+    assert.equal(dispatchTimeMs(30_000, 30_000, 700, undefined), 29_000, "a fresh DISPATCH: the whole lease was left");
+    assert.equal(dispatchTimeMs(1_500, 3_000, 700, undefined), 500, "a redelivery late in the lease: what is left");
+    assert.equal(dispatchTimeMs(1_500, 3_000, 700, 5_000), 500, "a longer timeout is cut to it");
+    assert.equal(dispatchTimeMs(1_500, 3_000, 700, 200), 200, "a shorter one is kept");
+    assert.ok(dispatchTimeMs(999, 3_000, 700, 5_000) <= 0, "under the margin: no time, dispatch is not called");
+    assert.equal(dispatchTimeMs(undefined, 3_000, 700, undefined), 1_300, "a server that does not say: the whole lease from the first try");
+    assert.equal(dispatchTimeMs(undefined, 3_000, 700, 5_000), 1_300);
   });
 
   test("results: bytes are stored as they are; over 64 KiB, sha256:<hex> is stored and the caller gets the whole result", async () => {
@@ -492,13 +547,12 @@ describe("guarded call, with atmost going away or coming late", { timeout: 120_0
     }
   });
 
-  test("a DISPATCH redelivered after a lost answer gets only what is left of its lease since the first try", async () => {
+  test("a DISPATCH redelivered after a lost answer to the call's own token is sent once, with only what atmost says is left of its lease", async () => {
     // The first Authorize answer is lost; the retry, with the same token,
-    // gets the DISPATCH redelivered. Its lease began when atmost recorded
-    // the reservation, after the first try was sent: counted from the
-    // redelivery instead, the deadline would be the whole lease less the
-    // margin, 2000 ms of a 3 s lease, and overrun the lease by the lost
-    // answer and the backoff.
+    // gets the DISPATCH redelivered, a lost answer and a backoff after
+    // atmost reserved. Given the whole lease less the margin from the
+    // redelivery, 2000 ms of a 3 s lease, it would overrun the lease by
+    // that long.
     const atmost = await Atmost.start();
     const setup = atmost.client();
     const permit = await createPermit(setup, [TOOL], {}, { lease: { seconds: 3, nanos: 0 } });

@@ -94,6 +94,39 @@ describe("a stalled store: CANCELLED is retried", { timeout: 120_000 }, () => {
     assert.equal(await callsMade(permit.permitId), 1, "one reservation: the retry got the first try's back");
   });
 
+  test("a reservation the store made late gets what it says is left of its lease, not a lease counted from the first try", async () => {
+    // The first Authorize stalls in Redis for atmost's 500 ms request
+    // timeout; the store reserves when it resumes, at the retry, and the
+    // retry gets that reservation redelivered. Counted from the first try,
+    // a 1.49 s lease less the 1 s margin would leave nothing after the
+    // stall, and the call would be given back unsent; what atmost says is
+    // left, less the margin, is what the dispatch gets.
+    const permit = await createPermit(client, [TOOL], {}, { lease: { seconds: 1, nanos: 490_000_000 } });
+    const tool = new FakeTool();
+    const { seen, onRetry } = retrying();
+    redis.pause(); // the first Authorize stalls
+    let error: unknown;
+    try {
+      await client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: key("late"), request: CHARGE, onRetry }, (attemptId, signal) => {
+        tool.hit(attemptId);
+        return new Promise<never>((_, reject) => signal.addEventListener("abort", () => reject(signal.reason)));
+      });
+    } catch (e) {
+      error = e;
+    } finally {
+      redis.resume();
+    }
+    assert.deepEqual(
+      seen.map((e) => e.rpc),
+      ["Authorize"],
+    );
+    assert.ok(error instanceof OutcomeUncertain, String(error));
+    const granted = /dispatch deadline of (-?\d+) ms passed/.exec(error.message);
+    assert.ok(granted, error.message);
+    assert.ok(Number(granted[1]) > 0 && Number(granted[1]) <= 490, `granted ${granted[1]} ms of a 1.49 s lease`);
+    assert.deepEqual(tool.calls, [error.attemptId], "dispatched once");
+  });
+
   test("a CANCELLED Commit is retried as the same request and answered the same", async () => {
     const permit = await createPermit(client, [TOOL]);
     const tool = new FakeTool();

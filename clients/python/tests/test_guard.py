@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
-from typing import Any, List, Optional
+from typing import Any, List
 
 import grpc
 import pytest
@@ -18,6 +17,7 @@ from atmost_client import (
     Client,
     CommitNotRecorded,
     Denied,
+    HeldByEarlierRun,
     InProgress,
     InvalidRequest,
     NotSent,
@@ -28,7 +28,7 @@ from atmost_client import (
     fingerprint,
     pb,
 )
-from atmost_client.guard import LEASE_MARGIN
+from atmost_client.guard import LEASE_MARGIN, dispatch_time
 
 TOOL = "wallet.charge"
 REQUEST = {"amount": 500, "currency": "EUR", "to": "acct_42"}
@@ -299,17 +299,23 @@ def test_a_lease_too_short_to_send_in_gives_the_slot_back(client):
     assert client.get_permit(permit).usage[0].calls_made == 0
 
 
-def test_a_lost_dispatch_is_redelivered_to_its_holder_only(client):
-    permit = new_permit(client)
-    token = os.urandom(16)
-    # Authorize by hand; its answer is "lost" (we only keep the attempt id to compare).
-    lost = client.authorize(permit, TOOL, "charge-1", fingerprint(REQUEST), cost=500, holder_token=token)
-    assert lost.decision == pb.DECISION_DISPATCH
+def test_a_restart_with_a_kept_token_settles_the_attempt_and_never_sends_again(client, server):
+    # Process A authorizes with a token it keeps in its journal, sends, and
+    # dies before reporting: its guarded call is dropped unsettled. The
+    # restarted process makes the same call (key, request, token): atmost
+    # redelivers the DISPATCH, and the call must not send again.
+    permit = new_permit(client, cap=2)
+    CHARGE = dict(request=REQUEST, cost=500)
+    tool = Tool()
+    token = b"kept in the journal with charge-1"
+    crashed = client.guard(permit, TOOL, "charge-1", **CHARGE, holder_token=token).authorize()
+    tool(crashed.attempt_id)
+    del crashed
 
     retries: List[str] = []
     other = Retry(on_retry=lambda rpc, e, delay: retries.append(e.reason or ""))
     with pytest.raises(InProgress) as caught:
-        # Another holder: the lease (30 s) is past the retry budget (10 s), so it is not waited for.
+        # Another worker: the lease (30 s) is past the retry budget (10 s), so it is not waited for.
         client.call_guarded(
             permit,
             TOOL,
@@ -324,14 +330,50 @@ def test_a_lost_dispatch_is_redelivered_to_its_holder_only(client):
     assert caught.value.retry_after is not None and caught.value.retry_after > 10
     assert retries == []
 
-    tool = Tool()
-    outcome = client.call_guarded(
-        permit, TOOL, "charge-1", tool, request=REQUEST, cost=500, holder_token=token
-    )
-    assert outcome.redelivered and not outcome.replayed
-    assert tool.sent == [lost.attempt.attempt_id]
-    replay = client.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST, cost=500)
-    assert replay.replayed and len(tool.sent) == 1
+    with Client(server.address) as restarted:
+        with pytest.raises(HeldByEarlierRun) as held:
+            restarted.call_guarded(permit, TOOL, "charge-1", tool, **CHARGE, holder_token=token)
+        with pytest.raises(HeldByEarlierRun):
+            with restarted.guard(permit, TOOL, "charge-1", **CHARGE, holder_token=token):
+                raise AssertionError("the block ran on a DISPATCH an earlier run holds")
+        assert tool.sent == [held.value.attempt_id], "never sent again"
+        attempt = held.value.attempt
+        assert attempt.state == pb.ATTEMPT_STATE_RESERVED, "nothing recorded"
+        assert held.value.lease_remaining is not None and 0 < held.value.lease_remaining <= 30
+        # Nothing says A never sent: settled uncertain, the slot stays held.
+        settled = restarted.settle_uncertain(attempt, "restarted: the earlier run may have sent")
+        assert settled.state == pb.ATTEMPT_STATE_UNCERTAIN
+        with pytest.raises(OutcomeUncertain) as replay:
+            restarted.call_guarded(permit, TOOL, "charge-1", never, **CHARGE, holder_token=token)
+        assert replay.value.replayed and replay.value.attempt_id == attempt.attempt_id
+        assert client.get_permit(permit).usage[0].calls_made == 1
+
+        # charge-2: A died before sending (its journal says so): NotSent
+        # frees the key, and the call made again is a fresh DISPATCH, sent once.
+        token = b"kept in the journal with charge-2"
+        client.guard(permit, TOOL, "charge-2", **CHARGE, holder_token=token).authorize()
+        with pytest.raises(HeldByEarlierRun) as held:
+            restarted.call_guarded(permit, TOOL, "charge-2", never, **CHARGE, holder_token=token)
+        released = restarted.settle_not_sent(held.value.attempt)
+        assert released.state == pb.ATTEMPT_STATE_RELEASED
+        assert client.get_permit(permit).usage[0].calls_made == 1, "the slot came back"
+        outcome = restarted.call_guarded(permit, TOOL, "charge-2", tool, **CHARGE, holder_token=token)
+        assert not outcome.replayed and not outcome.redelivered
+        assert outcome.attempt_id != held.value.attempt_id
+    assert len(tool.sent) == 2
+    assert client.get_permit(permit).usage[0].calls_made == 2
+
+
+def test_the_dispatch_time_is_what_atmost_says_is_left_less_the_margin():
+    # Seconds from the DISPATCH's arrival: lease_remaining, lease, time since the first try, timeout.
+    assert dispatch_time(30.0, 30.0, 0.7, None) == 29.0  # a fresh DISPATCH: the whole lease was left
+    assert dispatch_time(1.5, 3.0, 0.7, None) == 0.5  # a redelivery late in the lease: what is left
+    assert dispatch_time(1.5, 3.0, 0.7, 5) == 0.5  # a longer timeout is cut to it
+    assert dispatch_time(1.5, 3.0, 0.7, 0.2) == 0.2  # a shorter one is kept
+    assert dispatch_time(0.9, 3.0, 0.7, 5) < 0  # under the margin: no time, dispatch is not called
+    # A server that does not say: the whole lease, counted from the first try.
+    assert dispatch_time(None, 3.0, 0.7, None) == pytest.approx(1.3)
+    assert dispatch_time(None, 3.0, 0.7, 5) == pytest.approx(1.3)
 
 
 def test_in_progress_waits_the_servers_retry_delay(client):
@@ -463,20 +505,13 @@ class Relay:
     that it can lose one answer: with ``lose_response=n``, the connection is
     cut just before the first DATA frame of the n-th response (counted
     across connections), after atmost has applied and answered the request.
-    It reads the client's side as frames too, to note when the first
-    request (its HEADERS frame) went on to atmost: ``first_request_at``, on
-    ``time.monotonic()``.
     """
-
-    #: What an HTTP/2 client sends before its first frame.
-    PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
     def __init__(self, port: int, upstream: str, lose_response: int = 0) -> None:
         host, _, up_port = upstream.rpartition(":")
         self.upstream = (host, int(up_port))
         self.lose_response = lose_response
         self.responses = 0
-        self.first_request_at: Optional[float] = None
         self.lost = threading.Event()
         self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", port))
@@ -495,28 +530,12 @@ class Relay:
             threading.Thread(target=self._frames, args=(up, conn), daemon=True).start()
 
     def _requests(self, src: socket.socket, dst: socket.socket) -> None:
-        """Client to server, unchanged; the preface, then frames (type 1 is
-        HEADERS). The instant is taken before the bytes go on, so atmost
-        has the request only after it."""
-        buffer, skip = b"", len(self.PREFACE)
+        """Client to server, unchanged."""
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                if self.first_request_at is None:
-                    buffer += data
-                while self.first_request_at is None:
-                    if skip:
-                        taken = min(skip, len(buffer))
-                        buffer, skip = buffer[taken:], skip - taken
-                        if skip:
-                            break
-                    if len(buffer) < 9:
-                        break
-                    if buffer[3] == 1:
-                        self.first_request_at = time.monotonic()
-                    skip = 9 + int.from_bytes(buffer[:3], "big")
                 dst.sendall(data)
         except OSError:
             pass
@@ -614,11 +633,10 @@ def test_a_lost_authorize_answer_is_retried_with_the_same_holder_token(client, s
 
 def test_a_redelivered_dispatch_gets_only_what_is_left_of_the_lease(client, server, relays):
     # The first Authorize answer is lost; the retry, with the same token,
-    # gets the DISPATCH redelivered. Its lease began when atmost recorded
-    # the reservation, after the first request reached it: the deadline
-    # must end within the lease (less the margin) counted from there, not
-    # from the redelivery, which came a lost answer and a backoff later.
-    permit = new_permit(client)
+    # gets the DISPATCH redelivered, a lost answer and a backoff after
+    # atmost reserved. The call gets what atmost says is left of the lease,
+    # less the margin, not the whole lease counted from the redelivery.
+    permit = new_permit(client, lease=3.0)
     relay = Relay(free_port(), server.address, lose_response=1)
     relays.append(relay)
     port = relay.listener.getsockname()[1]
@@ -627,9 +645,9 @@ def test_a_redelivered_dispatch_gets_only_what_is_left_of_the_lease(client, serv
             assert relay.lost.is_set() and call.redelivered
             expires, created = call.attempt.lease_expires_at, call.attempt.created_at
             lease = (expires.seconds - created.seconds) + (expires.nanos - created.nanos) / 1e9
-            assert relay.first_request_at is not None
-            assert call.deadline <= relay.first_request_at + lease - LEASE_MARGIN
-            assert call.time_left() > 0  # the default 30 s lease leaves plenty
+            assert lease == 3.0
+            assert call.lease_remaining is not None and call.lease_remaining < lease
+            assert call.timeout == call.lease_remaining - LEASE_MARGIN
             call.succeeded({"tx": 1})
     assert client.get_permit(permit).usage[0].calls_made == 1
 

@@ -18,6 +18,7 @@ import pytest
 from conftest import Redis, Server
 
 from atmost_client import AtmostError, Client, OutcomeUncertain, Retry, Unavailable
+from atmost_client.guard import LEASE_MARGIN
 
 TOOL = "wallet.charge"
 REQUEST = {"amount": 500, "currency": "EUR", "to": "acct_42"}
@@ -98,6 +99,29 @@ def test_a_cancelled_authorize_is_retried_with_the_same_holder_token(stalling):
     # and got that reservation back, not a second one.
     assert outcome.redelivered and not outcome.replayed
     assert sent == [outcome.attempt_id]
+    assert client.get_permit(permit).usage[0].calls_made == 1
+
+
+def test_a_reservation_made_late_gets_what_the_store_says_is_left_of_its_lease(stalling):
+    # The first Authorize stalls in Redis for the server's 500 ms request
+    # timeout; the store reserves when it resumes, at the retry, and the
+    # retry gets that reservation redelivered. The lease began when the
+    # store reserved, not when this call first tried: counted from the
+    # first try, a 1.49 s lease less the 1 s margin would leave nothing
+    # after the stall, and the call would be given back unsent. What atmost
+    # says is left, less the margin, is what the dispatch gets.
+    client, redis = stalling.client, stalling.redis
+    permit = client.create_permit([TOOL], lease=1.49).permit_id
+    seen, retry = _retries(redis)
+    redis.pause()
+    try:
+        with client.guard(permit, TOOL, "charge-1", request=REQUEST, retry=retry) as call:
+            assert [rpc for rpc, _ in seen] == ["Authorize"] and call.redelivered
+            assert call.lease_remaining is not None and call.lease_remaining <= 1.49
+            assert call.timeout == call.lease_remaining - LEASE_MARGIN
+            call.succeeded({"tx": 981})
+    finally:
+        redis.resume()
     assert client.get_permit(permit).usage[0].calls_made == 1
 
 

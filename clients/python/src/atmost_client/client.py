@@ -23,7 +23,7 @@ import grpc
 from . import pb
 from ._pb import gate_pb2_grpc, permits_pb2_grpc, receipts_pb2_grpc
 from .errors import AtmostError, InProgress, Unavailable, from_rpc_error
-from .guard import GuardedCall, Outcome, call_guarded, guarded
+from .guard import GuardedCall, Outcome, call_guarded, clip_reason, guarded
 
 PemSource = Union[bytes, str, "os.PathLike[str]"]
 
@@ -381,6 +381,40 @@ class Client:
     def guarded(self, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Outcome]]:
         """The guarded call as a decorator: see :func:`atmost_client.guard.guarded`."""
         return guarded(self, **options)
+
+    def settle_not_sent(self, attempt: pb.Attempt) -> pb.Attempt:
+        """Commit NotSent for an attempt you hold and know was never sent:
+        the slot, the cost and the key come back. For the ``attempt`` of
+        :class:`HeldByEarlierRun` when your own durable record says the
+        earlier run never sent it; anything less than that knowledge is
+        :meth:`settle_uncertain`. Retried like the guarded call's Commit
+        (``self.retry``); returns the attempt as recorded, RELEASED."""
+        return self._retrying(
+            "Commit",
+            lambda timeout: self.commit(
+                attempt.permit_id, attempt.idempotency_key, attempt.attempt_id, not_sent=True, timeout=timeout
+            ),
+            self.retry,
+        ).attempt
+
+    def settle_uncertain(self, attempt: pb.Attempt, reason: str) -> pb.Attempt:
+        """MarkUncertain for an attempt you hold whose call may have gone
+        out (the ``attempt`` of :class:`HeldByEarlierRun`, say): the slot
+        and the cost stay held, nothing is sent again, and an operator
+        resolves it. ``reason`` is cut to the 1024 bytes atmost keeps.
+        Retried like the guarded call's MarkUncertain; returns the attempt
+        as recorded, UNCERTAIN."""
+        return self._retrying(
+            "MarkUncertain",
+            lambda timeout: self.mark_uncertain(
+                attempt.permit_id,
+                attempt.idempotency_key,
+                attempt.attempt_id,
+                clip_reason(reason),
+                timeout=timeout,
+            ),
+            self.retry,
+        ).attempt
 
     # === retrying (used by the guarded call) ===
 

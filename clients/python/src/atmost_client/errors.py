@@ -22,7 +22,8 @@ from grpc_status import rpc_status
 DOMAIN = "atmost"
 
 #: Reasons that refuse the request for what it asks (the permit, the tool,
-#: the key, a quota or the caller's role): retrying it as it is fails again.
+#: the key, a quota, the caller's role, or an attempt another key reserved):
+#: retrying it as it is fails again.
 DENIED_REASONS = frozenset(
     {
         "PERMIT_NOT_FOUND",
@@ -40,6 +41,7 @@ DENIED_REASONS = frozenset(
         "QUOTA_ATTEMPTS",
         "QUOTA_TENANT_PERMITS",
         "QUOTA_STORE_FULL",
+        "ATTEMPT_HOLDER_MISMATCH",
     }
 )
 
@@ -182,6 +184,28 @@ class OutcomeUncertain(AtmostError):
         self.attempt_id = attempt_id
         self.replayed = replayed
         self.attempt = attempt
+
+
+class HeldByEarlierRun(AtmostError):
+    """The key's attempt is RESERVED by an earlier run of this call: atmost
+    redelivered its DISPATCH to the ``holder_token`` you gave, and this call
+    cannot know whether that run sent it. Nothing was dispatched and nothing
+    recorded. Settle it: :meth:`Client.settle_not_sent` only if you know the
+    call never left (your own durable journal says so), else
+    :meth:`Client.settle_uncertain`; left alone, it turns UNCERTAIN at its
+    lease and an operator resolves it. ``attempt`` is the RESERVED attempt
+    (what the settle methods take), ``lease_remaining`` the seconds atmost
+    said were left of its lease (``None`` from a server that does not
+    say)."""
+
+    def __init__(self, attempt: Any, lease_remaining: Optional[float]) -> None:
+        super().__init__(
+            f"an earlier run of this call holds attempt {attempt.attempt_id}, and atmost cannot know"
+            " whether it sent: settle it NotSent only if you know it did not, else mark it uncertain"
+        )
+        self.attempt_id: str = attempt.attempt_id
+        self.attempt = attempt
+        self.lease_remaining = lease_remaining
 
 
 class CommitNotRecorded(AtmostError):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
 
 from . import pb
-from .errors import AtmostError, CommitNotRecorded, NotSent, OutcomeUncertain, ToolFailed
+from .errors import AtmostError, CommitNotRecorded, HeldByEarlierRun, NotSent, OutcomeUncertain, ToolFailed
 from .fingerprint import fingerprint as fingerprint_of
 
 if TYPE_CHECKING:
@@ -54,7 +54,8 @@ class Outcome:
     that were not bytes: :meth:`json` decodes it; ``sha256:<hex>`` for one
     over 64 KiB). ``attempt`` is the attempt as recorded, SUCCEEDED with its
     receipt. ``redelivered``: the DISPATCH was the one an earlier Authorize
-    of this holder token got, whose answer was lost.
+    try of this call got, whose answer was lost (to the call's own random
+    holder token: a redelivery to one the caller gave is never dispatched).
     """
 
     result: Any
@@ -122,13 +123,17 @@ class GuardedCall:
       leaving the block without settling, a programming error. Keeping to
       the deadline is the block's job here: the function forms enforce it.
 
+    A DISPATCH redelivered to a ``holder_token`` you gave raises
+    HeldByEarlierRun on entry (an earlier run may have sent it), and the
+    block does not run.
+
     Options: ``request`` (a JSON value, fingerprinted) or ``fingerprint``
     (bytes), ``cost`` (default 0), ``holder_token`` (bytes; default 16
-    random ones, for this call only), ``timeout`` (the dispatch deadline in
-    seconds from when DISPATCH arrived; never past the lease-based one, the
-    default: the attempt's lease less 1 s, counted from when DISPATCH
-    arrived, or for a DISPATCH redelivered to the call's own random token
-    from its first Authorize try), ``retry`` (a :class:`Retry`; default the
+    random ones, for this call only; give your own, kept with the call,
+    only to recover and settle the attempt after a restart), ``timeout``
+    (the dispatch deadline in seconds from when DISPATCH arrived; never past
+    the default: what atmost said is left of the lease, less 1 s, counted
+    from when DISPATCH arrived), ``retry`` (a :class:`Retry`; default the
     client's).
     """
 
@@ -170,8 +175,10 @@ class GuardedCall:
         self.fingerprint = fingerprint if fingerprint is not None else fingerprint_of(request)
         self.cost = cost
         self.holder_token = holder_token if holder_token is not None else secrets.token_bytes(16)
-        # A token made here was first sent by this call's first Authorize
-        # try, so any reservation it holds is younger than that try.
+        # A token made here is this call's alone: a DISPATCH redelivered to
+        # it repeats a reservation one of its own tries made, whose answer
+        # was lost, so nothing was sent. One the caller gave may repeat an
+        # earlier run's, which may have sent.
         self._token_is_ours = holder_token is None
         self._timeout = timeout
         self.retry = retry if retry is not None else client.retry
@@ -179,13 +186,17 @@ class GuardedCall:
         self.attempt: Optional[pb.Attempt] = None
         self.replayed = False
         self.redelivered = False
+        #: Seconds atmost said were left of the DISPATCH's lease (None
+        #: before it, or from a server that does not say).
+        self.lease_remaining: Optional[float] = None
         self.result: Any = None
         self.outcome: Optional[Outcome] = None
         #: The time the dispatch was given, in seconds from when DISPATCH
         #: arrived, and the deadline's instant on time.monotonic().
         self.timeout: Optional[float] = None
         self.deadline: Optional[float] = None
-        # "new" -> "dispatch" -> "settling" -> "settled"; "replay" for a REPLAY.
+        # "new" -> "dispatch" -> "settling" -> "settled"; "replay" for a
+        # REPLAY, "held" for a DISPATCH an earlier run holds.
         self._state = "new"
 
     # --- reading it ---
@@ -211,9 +222,10 @@ class GuardedCall:
         """Authorize, retried per ``retry`` with the same key, fingerprint,
         cost and holder token. A REPLAY of SUCCEEDED sets ``replayed``,
         ``result`` and ``outcome``; of FAILED raises ToolFailed; of
-        UNCERTAIN raises OutcomeUncertain. A DISPATCH sets the deadline; one
-        that leaves no time to send is given back (Commit NotSent) and
-        raises NotSent."""
+        UNCERTAIN raises OutcomeUncertain. A DISPATCH redelivered to a token
+        the caller gave raises HeldByEarlierRun. A DISPATCH sets the
+        deadline; one that leaves no time to send is given back (Commit
+        NotSent) and raises NotSent."""
         if self._state != "new":
             raise RuntimeError("a guarded call authorizes once")
         self._state = "authorizing"
@@ -260,29 +272,17 @@ class GuardedCall:
             )
         if answer.decision != pb.DECISION_DISPATCH:
             raise AtmostError(f"atmost answered decision {answer.decision}, which this client does not know")
-        self._state = "dispatch"
         self.redelivered = answer.redelivered
+        if answer.HasField("lease_remaining"):
+            self.lease_remaining = max(answer.lease_remaining.ToNanoseconds() / 1e9, 0.0)
+        if self.redelivered and not self._token_is_ours:
+            self._state = "held"
+            raise HeldByEarlierRun(attempt, self.lease_remaining)
+        self._state = "dispatch"
         expires, created = attempt.lease_expires_at, attempt.created_at
         # In whole seconds and nanoseconds: exact, where two epoch floats would round.
         lease = (expires.seconds - created.seconds) + (expires.nanos - created.nanos) / 1e9
-        # The lease is the server's; it is counted on our clock from an
-        # instant we know. A fresh DISPATCH was reserved by the try that
-        # answered it: counted from its arrival, only the answer's trip is
-        # overcounted, and the margin covers that. A redelivery to this
-        # call's own token repeats a reservation an earlier try made, maybe
-        # long before (its answer lost, the retries' waits): counted from
-        # the first try, sent before any of them, the lease cannot be
-        # overrun. A token the caller gave may hold a reservation older than
-        # this call, which nothing here can see: the caller gives
-        # ``timeout`` then.
-        since = first_try if self.redelivered and self._token_is_ours else arrived
-        self.timeout = lease - LEASE_MARGIN - (arrived - since)
-        if self._timeout is not None:
-            # The caller's timeout can only shorten it: past the lease the
-            # attempt reads UNCERTAIN, an operator may resolve it NotSent and
-            # the key be used again, and a call still sent then would exceed
-            # the cap.
-            self.timeout = min(float(self._timeout), self.timeout)
+        self.timeout = dispatch_time(self.lease_remaining, lease, arrived - first_try, self._timeout)
         self.deadline = arrived + self.timeout
         if self.time_left() <= 0:
             self.not_sent(
@@ -390,6 +390,8 @@ class GuardedCall:
                 + (
                     " (it is a REPLAY: send nothing)"
                     if self._state == "replay"
+                    else " (an earlier run holds it: client.settle_not_sent or settle_uncertain settles it)"
+                    if self._state == "held"
                     else f" (state {self._state})"
                 )
             )
@@ -413,6 +415,30 @@ class GuardedCall:
                 outcome=outcome,
                 result=value,
             ) from error
+
+
+def dispatch_time(
+    lease_remaining: Optional[float], lease: float, since_first_try: float, timeout: Optional[float]
+) -> float:
+    """Seconds the dispatch gets, counted from when the DISPATCH arrived.
+
+    ``lease_remaining`` is what atmost said was left of the lease, decided
+    on the store's clock just before the answer left: from the arrival only
+    the answer's trip is overcounted, and :data:`LEASE_MARGIN` covers it.
+    From a server that does not say (``None``), the attempt's whole
+    ``lease`` counted from the call's first Authorize try,
+    ``since_first_try`` seconds before the arrival: every reservation a try
+    of this call can hold was made after it was sent. The caller's
+    ``timeout`` can only shorten it: past the lease the attempt reads
+    UNCERTAIN, an operator may resolve it NotSent and the key be used again,
+    and a call still sent then would exceed the cap."""
+    if lease_remaining is not None:
+        granted = lease_remaining - LEASE_MARGIN
+    else:
+        granted = lease - LEASE_MARGIN - since_first_try
+    if timeout is not None:
+        granted = min(float(timeout), granted)
+    return granted
 
 
 def _ours(error: Union[ToolFailed, NotSent], attempt_id: str) -> bool:
@@ -454,6 +480,8 @@ def call_guarded(
     seconds, but never past the lease less 1 s, the default): past it the
     attempt is marked UNCERTAIN and OutcomeUncertain raised; the thread
     cannot be stopped and whatever it returns later is dropped.
+    A DISPATCH redelivered to a ``holder_token`` you gave raises
+    HeldByEarlierRun without calling ``dispatch``.
     ``dispatch`` raising a ToolFailed or NotSent of its own is recorded as
     such and raised; anything else it raises, a ToolFailed or NotSent of a
     guarded call made inside it included, is recorded UNCERTAIN and raised
