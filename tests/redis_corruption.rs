@@ -61,6 +61,10 @@ enum Scenario {
     /// index_permit.lua, run directly (through the store, create_permit.lua
     /// writes the permit first): the permit enters its tenant's index.
     Index,
+    /// index_tenant.lua, run directly (through the store, after
+    /// index_permit.lua): the tenant's entry in the tenants index, with a
+    /// fresh token, replaces its earlier one.
+    IndexTenant,
     /// get_permit.lua (read-only), k1 open.
     GetPermit,
     /// get_attempt.lua (read-only): k1, RESERVED.
@@ -72,7 +76,7 @@ enum Scenario {
 }
 
 impl Scenario {
-    const ALL: [Scenario; 15] = [
+    const ALL: [Scenario; 16] = [
         Scenario::AuthorizeNew,
         Scenario::AuthorizeReleased,
         Scenario::AuthorizeHeld,
@@ -84,6 +88,7 @@ impl Scenario {
         Scenario::Close,
         Scenario::Create,
         Scenario::Index,
+        Scenario::IndexTenant,
         Scenario::GetPermit,
         Scenario::GetAttempt,
         Scenario::ListUncertain,
@@ -100,6 +105,7 @@ impl Scenario {
             Close => "close_permit",
             Create => "create_permit",
             Index => "index_permit",
+            IndexTenant => "index_tenant",
             GetPermit => "get_permit",
             GetAttempt => "get_attempt",
             ListUncertain => "list_uncertain",
@@ -113,7 +119,8 @@ impl Scenario {
         match self {
             AuthorizeNew | AuthorizeReleased => "DISPATCH",
             AuthorizeHeld => "TOOL_HELD_UNCERTAIN",
-            Close => "dropped 1",
+            // The permit, then the tenant's entry (its index empty).
+            Close => "dropped 2",
             ListUncertain => "1 listed",
             Census => "1 uncertain",
             _ => "OK",
@@ -148,6 +155,8 @@ enum Target {
     HeldMember,
     /// A member of the tenant's cross-permit index.
     IndexMember,
+    /// A member of the tenants index.
+    TenantMember,
     /// The key (lib.lua's names: permit, attempts, open, dup, held, index)
     /// replaced by a string.
     KeyType(&'static str),
@@ -191,7 +200,9 @@ enum Expect {
 
 use Expect::{Unavailable, Unchanged, Writes};
 use Scenario::*;
-use Target::{DupPointer, Element, Field, HeldMember, IndexMember, KeyType, OpenMember, Record};
+use Target::{
+    DupPointer, Element, Field, HeldMember, IndexMember, KeyType, OpenMember, Record, TenantMember,
+};
 
 /// Every field of the permit hash (lib.lua's header).
 const ALL_FIELDS: [&str; 20] = [
@@ -455,7 +466,7 @@ const TABLE: &[(Scenario, Target, Vals, Expect)] = &[
     (Close, Field("fa"), Vals::Kind, Unavailable),
     (Close, Field("closed"), Vals::Kind, Unavailable),
     (Close, KeyType("permit"), Vals::Kind, Unavailable),
-    (Close, KeyType("attempts"), Vals::Kind, Writes("dropped 1")),
+    (Close, KeyType("attempts"), Vals::Kind, Writes("dropped 2")),
     // --- create_permit.lua: whether the id is taken.
     (Create, KeyType("permit"), Vals::Kind, Unavailable),
     // --- index_permit.lua
@@ -466,6 +477,29 @@ const TABLE: &[(Scenario, Target, Vals, Expect)] = &[
     // counts against the quota (fail closed); none is read one by one.
     (Index, IndexMember, Vals::AddMember("x"), Writes("OK")),
     (Index, KeyType("index"), Vals::Kind, Unavailable),
+    // --- index_tenant.lua
+    // The tenant's earlier members are only removed, whatever they hold,
+    // and another tenant's are never read: any value is one it may
+    // replace or leave.
+    (
+        IndexTenant,
+        TenantMember,
+        Vals::AddMember("acme\n\u{1}"),
+        Writes("OK"),
+    ),
+    (
+        IndexTenant,
+        TenantMember,
+        Vals::AddMember("acme\n"),
+        Writes("OK"),
+    ),
+    (
+        IndexTenant,
+        TenantMember,
+        Vals::AddMember("acmf"),
+        Writes("OK"),
+    ),
+    (IndexTenant, KeyType("tenants"), Vals::Kind, Unavailable),
     // --- get_permit.lua (read-only): the whole record, which it answers.
     (GetPermit, Field("subject"), Vals::Kind, Unavailable),
     (GetPermit, Field("currency"), Vals::Kind, Unavailable),
@@ -666,6 +700,7 @@ impl Ctx {
     fn key(&self, name: &str) -> String {
         match name {
             "index" => format!("{}:permits:acme", self.prefix),
+            "tenants" => format!("{}:tenants", self.prefix),
             name => format!("{}:{{{}}}:{name}", self.prefix, self.permit_id),
         }
     }
@@ -747,7 +782,7 @@ async fn build(redis: &Redis, n: usize, scenario: Scenario) -> Ctx {
         k1_id: String::new(),
         k1_at: 0,
     };
-    if matches!(scenario, Create | Index) {
+    if matches!(scenario, Create | Index | IndexTenant) {
         return ctx;
     }
     ctx.store
@@ -861,30 +896,12 @@ async fn call(
             .map(|n| format!("dropped {n}")),
         Create => store.create_permit(permit(id)).await.map(ok),
         Index => {
-            let body = atmost::store::redis::script_body("index_permit").expect("index_permit");
-            let packed: Result<Vec<u8>, _> = redis::cmd("EVAL")
-                .arg(atmost::store::redis::script_text(body))
-                .arg(1)
-                .arg(ctx.key("index"))
-                .arg(OP.to_string())
-                .arg(100)
-                .arg(index_member(id))
-                .query_async(conn)
-                .await;
-            let packed = packed.map_err(|e| Error::StoreUnavailable(e.to_string()))?;
-            let values = atmost::store::redis::unpack_reply(&packed)?;
-            let text = |v: &redis::Value| match v {
-                redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                other => format!("{other:?}"),
-            };
-            match values.as_slice() {
-                [ok] => Ok(text(ok)),
-                [_, reason, ..] if text(reason) == "STORE_UNAVAILABLE" => {
-                    Err(Error::StoreUnavailable(format!("{values:?}")))
-                }
-                [_, reason, ..] => Ok(text(reason)),
-                [] => Ok("nothing".into()),
-            }
+            let args = [OP.to_string(), "100".into(), index_member(id)];
+            eval(conn, "index_permit", &ctx.key("index"), &args).await
+        }
+        IndexTenant => {
+            let args = ["acme".to_owned(), id.clone()];
+            eval(conn, "index_tenant", &ctx.key("tenants"), &args).await
         }
         GetPermit => store.get_permit(&agent(), id, OP).await.map(ok),
         GetAttempt => {
@@ -902,6 +919,38 @@ async fn call(
             .census(None, OP)
             .await
             .map(|batch| format!("{} uncertain", batch.uncertain)),
+    }
+}
+
+/// Runs a script on one key, as the store does, and names its answer: its
+/// one value, or its reason (STORE_UNAVAILABLE as the store's error).
+async fn eval(
+    conn: &mut MultiplexedConnection,
+    script: &str,
+    key: &str,
+    args: &[String],
+) -> Result<String, Error> {
+    let body = atmost::store::redis::script_body(script).expect("the script");
+    let packed: Result<Vec<u8>, _> = redis::cmd("EVAL")
+        .arg(atmost::store::redis::script_text(body))
+        .arg(1)
+        .arg(key)
+        .arg(args)
+        .query_async(conn)
+        .await;
+    let packed = packed.map_err(|e| Error::StoreUnavailable(e.to_string()))?;
+    let values = atmost::store::redis::unpack_reply(&packed)?;
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => format!("{other:?}"),
+    };
+    match values.as_slice() {
+        [ok] => Ok(text(ok)),
+        [_, reason, ..] if text(reason) == "STORE_UNAVAILABLE" => {
+            Err(Error::StoreUnavailable(format!("{values:?}")))
+        }
+        [_, reason, ..] => Ok(text(reason)),
+        [] => Ok("nothing".into()),
     }
 }
 
@@ -1282,7 +1331,9 @@ fn values(scenario: Scenario, target: Target, vals: Vals) -> Vec<Bad> {
             .map(|v| Bad::Set(v.to_vec()))
             .collect(),
         OpenMember | HeldMember => member_values(scenario, target, vals),
-        IndexMember => unreachable!("index members are added, with their values"),
+        IndexMember | TenantMember => {
+            unreachable!("index members are added, with their values")
+        }
         KeyType(_) => vec![Bad::Type],
     }
 }
@@ -1378,6 +1429,15 @@ async fn apply(ctx: &Ctx, conn: &mut MultiplexedConnection, target: Target, bad:
             cmds.push(
                 redis::cmd("ZADD")
                     .arg(ctx.key("index"))
+                    .arg(score)
+                    .arg(m)
+                    .clone(),
+            );
+        }
+        (TenantMember, Bad::Add(m, score)) => {
+            cmds.push(
+                redis::cmd("ZADD")
+                    .arg(ctx.key("tenants"))
                     .arg(score)
                     .arg(m)
                     .clone(),
@@ -1694,6 +1754,9 @@ fn reads(script: &str) -> BTreeSet<Target> {
                 }
                 (Some("index"), true) => {
                     out.insert(IndexMember);
+                }
+                (Some("tenants"), true) => {
+                    out.insert(TenantMember);
                 }
                 _ => {}
             }
