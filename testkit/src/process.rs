@@ -8,21 +8,47 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1 (free when asked; callers retry on a clash).
+/// Ports [`free_port`] has handed out in this process: never handed out
+/// twice, so two servers of one test binary never start on one port (the
+/// second would fail to bind while the first answered its PING), and a
+/// server restarted on its port finds it free of this process's others.
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A free TCP port on 127.0.0.1 (free when asked, and never handed out
+/// before by this process; callers retry on a clash with another process).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a loopback port")
-        .port()
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind a loopback port")
+            .port();
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
 }
 
-fn ping(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut buf = [0u8; 7];
-    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+/// The process id of the Redis answering on `port` (`INFO server`), or
+/// `None` while nothing answers.
+fn server_pid(port: u16) -> Option<u32> {
+    let s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    (&s).write_all(b"INFO server\r\n").ok()?;
+    let mut reader = std::io::BufReader::new(&s);
+    let mut header = String::new();
+    reader.read_line(&mut header).ok()?;
+    let len: usize = header.trim_end().strip_prefix('$')?.parse().ok()?;
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body).ok()?;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
 }
 
 /// A `redis-server` of our own on a loopback port, killed on drop.
@@ -128,28 +154,50 @@ impl Drop for RedisServer {
 /// SIGKILL from a CI timeout), so no test leaves a server behind.
 pub struct Tethered {
     shell: Child,
+    /// The server's process id, as the shell started it.
+    pid: u32,
 }
 
 impl Tethered {
     /// Runs `redis-server <args>` tethered to this process.
     pub fn spawn(args: &[String]) -> std::io::Result<Self> {
-        let shell = Command::new("sh")
+        let mut shell = Command::new("sh")
             .arg("-c")
             // The shell ends when the server does; the reader, when the
             // input closes (killing the server if it still runs). A
             // background job's input is /dev/null unless redirected, so the
             // reader reads the pipe through fd 3.
+            // The server's pid is the shell's first and only line out.
             .arg(concat!(
-                r#"exec 3<&0; redis-server "$@" </dev/null & r=$!; "#,
+                r#"exec 3<&0; redis-server "$@" </dev/null >/dev/null & r=$!; "#,
+                r#"echo $r; exec 1>/dev/null; "#,
                 r#"{ read _ignored <&3; kill -9 $r 2>/dev/null; } & wait $r"#
             ))
             .arg("sh")
             .args(args)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()?;
-        Ok(Self { shell })
+        let mut line = String::new();
+        let read =
+            std::io::BufReader::new(shell.stdout.take().expect("piped")).read_line(&mut line);
+        let mut tethered = Self { shell, pid: 0 };
+        match read.ok().and_then(|_| line.trim().parse().ok()) {
+            Some(pid) => {
+                tethered.pid = pid;
+                Ok(tethered)
+            }
+            None => {
+                drop(tethered);
+                Err(std::io::Error::other("redis-server did not start"))
+            }
+        }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
 
     /// SIGKILLs the server and waits until it is gone.
@@ -170,7 +218,9 @@ impl Drop for Tethered {
     }
 }
 
-/// Spawns `redis-server` on `port` and waits until it answers PING.
+/// Spawns `redis-server` on `port` and waits until it answers, as itself:
+/// another process's server on the port (a port taken since it was found
+/// free) is an error, never taken for ours.
 fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> std::io::Result<Tethered> {
     if Command::new("redis-server")
         .arg("--version")
@@ -213,8 +263,16 @@ fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> std::io::Result<Tethe
     let mut child = Tethered::spawn(&args)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        if ping(port) {
-            return Ok(child);
+        match server_pid(port) {
+            Some(pid) if pid == child.pid() => return Ok(child),
+            Some(other) => {
+                child.kill();
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("port {port} is another redis-server's (pid {other})"),
+                ));
+            }
+            None => {}
         }
         if !child.is_running() {
             return Err(std::io::Error::other(format!(
@@ -225,7 +283,7 @@ fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> std::io::Result<Tethe
     }
     child.kill();
     Err(std::io::Error::other(format!(
-        "redis-server on port {port} did not answer PING within 10 s"
+        "redis-server on port {port} did not answer within 10 s"
     )))
 }
 
@@ -432,5 +490,36 @@ fn spawn_atmost(
                 "atmost did not start ({status}); stdout said {line:?}"
             )))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server started on a port another server holds fails to bind and
+    /// exits; the other's answer must not pass for its own (the test whose
+    /// Redis then "refused connections" mid-run when the other was killed).
+    #[test]
+    fn a_port_another_server_holds_is_never_taken_for_ours() {
+        let first = RedisServer::start().expect("a redis-server");
+        let dir =
+            std::env::temp_dir().join(format!("atmost-redis-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let second = spawn_redis(first.port(), &dir, &[]);
+        let _ = std::fs::remove_dir_all(&dir);
+        let err = second.err().expect("the port is the first server's");
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+        assert_eq!(
+            server_pid(first.port()),
+            first.child.as_ref().map(Tethered::pid)
+        );
+    }
+
+    #[test]
+    fn no_port_is_handed_out_twice() {
+        let ports: Vec<u16> = (0..2000).map(|_| free_port()).collect();
+        let distinct: std::collections::BTreeSet<&u16> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len());
     }
 }
