@@ -6,7 +6,8 @@
 # virtualenv under target/; each client's own packages, by its
 # clients/*/test.sh), then runs every test
 # of the workspace (tests start their own redis-server on free loopback
-# ports, or use REDIS_URL), then the README's commands as written
+# ports, or use REDIS_URL) and the protocol's model check (tools/model,
+# with the number of states it explored), then the README's commands as written
 # (scripts/readme.sh), then the deployment files through promtool,
 # kustomize and the Kubernetes schemas (scripts/deploy_check.sh).
 # Usage: scripts/test.sh [extra cargo test args]
@@ -61,7 +62,9 @@ fi
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --locked --workspace --all-targets "$@" 2>&1 | tee "$log"
+cargo test --locked --workspace --all-targets --exclude atmost-model "$@" 2>&1 | tee "$log"
+# The protocol's model check, printing the states each search explored.
+cargo test --locked -p atmost-model -- --nocapture 2>&1 | tee -a "$log"
 # The examples in the docs (the client's), compiled and run.
 cargo test --locked --workspace --doc 2>&1 | tee -a "$log"
 scripts/readme.sh
