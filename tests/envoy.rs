@@ -76,8 +76,14 @@ tool = "wallet.read"
 tools = { "wallet.capture" = 1000 }
 "#;
 
+/// What the refusal of a path that folds onto the capture says.
+const READ_AS_CAPTURE: &str =
+    "could read it as tool.route[1] (POST /v1/charges/{id}/capture -> wallet.capture)";
+
 /// Paths many upstreams run as `/v1/charges/abc/capture` whose bytes fit
-/// only [`STEERABLE`]'s catch-all, each with what the refusal says.
+/// only [`STEERABLE`]'s catch-all, each with what the refusal says: forms
+/// that are not plain, and plain ones an upstream that ignores case or a
+/// format suffix reads as the capture.
 const STEERING_PATHS: &[(&str, &str)] = &[
     ("/v1/charges/abc/capture/", "ends in '/'"),
     ("/v1/charges/abc//capture", "an empty segment ('//')"),
@@ -87,6 +93,10 @@ const STEERING_PATHS: &[(&str, &str)] = &[
     ("/v1/charges%2Fabc%2Fcapture", "percent-encoded"),
     ("/v1/charges/abc/capture;x=1", "a path parameter (';')"),
     ("/v1/charges/abc\\capture", "no character of a URI path"),
+    ("/v1/charges/abc/CAPTURE", READ_AS_CAPTURE),
+    ("/v1/charges/abc/Capture", READ_AS_CAPTURE),
+    ("/v1/charges/abc/capture.json", READ_AS_CAPTURE),
+    ("/v1/charges/abc/capture.JSON", READ_AS_CAPTURE),
 ];
 
 /// A permit over [`STEERABLE`]'s tools: one capture, a budget of 1000.

@@ -78,8 +78,10 @@ pub mod reasons {
     /// body, say): the gateway operator's to fix, not the client's.
     pub const GATEWAY_MISCONFIGURED: &str = "GATEWAY_MISCONFIGURED";
     /// The route table would name the tool, and the path is not in its one
-    /// plain form ([`super::mapping::plain_path`]): an upstream could read
-    /// it as another route than the one it matches.
+    /// plain form ([`super::mapping::plain_path`]), or its case or a format
+    /// suffix aside it matches an earlier route naming another tool
+    /// ([`super::mapping::route_of`]): an upstream could read it as another
+    /// route than the one it matches.
     pub const PATH_NOT_CANONICAL: &str = "PATH_NOT_CANONICAL";
 }
 
@@ -178,8 +180,9 @@ pub(crate) enum Unmapped {
     /// Envoy does not send what the mapping needs: 500, the gateway
     /// operator's to fix.
     Misconfigured(String),
-    /// The route table would name the tool and the path is not plain
-    /// (why): 400, before any route was matched.
+    /// The route table would name the tool and the path is not plain, or
+    /// could be read as an earlier route naming another tool (why): 400,
+    /// before anything was reserved.
     PathNotCanonical(String),
 }
 
@@ -280,10 +283,16 @@ impl Mapping {
     ) -> Result<pb::AuthorizeRequest, Unmapped> {
         // The table matches plain paths only: any other form of a path is
         // refused before a route is matched, whatever else the request
-        // holds. A tool the route names leaves the path to Envoy's routing.
-        if request.route_tool.is_none() && !self.tool.routes.is_empty() {
-            mapping::plain_path(request.path).map_err(Unmapped::PathNotCanonical)?;
-        }
+        // holds, and so is a path an upstream could read as an earlier
+        // route naming another tool. A tool the route names leaves the
+        // path to Envoy's routing.
+        let routed = if request.route_tool.is_none() && !self.tool.routes.is_empty() {
+            let path = mapping::plain_path(request.path).map_err(Unmapped::PathNotCanonical)?;
+            mapping::route_of(&self.tool.routes, request.method, path)
+                .map_err(Unmapped::PathNotCanonical)?
+        } else {
+            None
+        };
         let mut read = Reader {
             headers: request.headers,
             violations: Vec::new(),
@@ -341,13 +350,7 @@ impl Mapping {
         let tool = request
             .route_tool
             .map(str::to_owned)
-            .or_else(|| {
-                self.tool
-                    .routes
-                    .iter()
-                    .find(|r| r.matches(request.method, request.path))
-                    .map(|r| r.tool.clone())
-            })
+            .or_else(|| routed.map(|r| r.tool.clone()))
             .or(from_header);
         if tool.is_none() {
             read.violations.push(violation(
@@ -556,7 +559,7 @@ impl Reply {
                     reasons::PATH_NOT_CANONICAL,
                     json(serde_json::json!({
                         "reason": reasons::PATH_NOT_CANONICAL,
-                        "message": "the path is not in its plain form, the only one the route table matches: an upstream could read it as another route; send it without empty, '.' or '..' segments, a trailing '/', percent-encoding, ';' or '\\'",
+                        "message": "the path is not in the one form the route table matches: an upstream could read it as another route; send it without empty, '.' or '..' segments, a trailing '/', percent-encoding, ';' or '\\', with each route's literal segments as the table spells them and no '.format' suffix",
                         "violations": [{"field": "path", "description": why}],
                     })),
                 )

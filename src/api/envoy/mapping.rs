@@ -51,6 +51,8 @@ pub struct Route {
     /// The template ends in `/*`: any rest of the path matches.
     rest: bool,
     pub tool: String,
+    /// How the file names it: `tool.route[1] (POST /v1/x -> t)`.
+    shown: String,
 }
 
 impl Route {
@@ -58,24 +60,93 @@ impl Route {
     /// string is ignored) match. The table matches only a path
     /// [`plain_path`] passed.
     pub fn matches(&self, method: &str, path: &str) -> bool {
+        self.matches_parts(method, &parts(path), false)
+    }
+
+    /// Whether `method` and the path's segments match, each literal
+    /// segment byte for byte or (`folded`) ignoring ASCII case.
+    fn matches_parts(&self, method: &str, given: &[&str], folded: bool) -> bool {
         if self.method.as_deref().is_some_and(|m| m != method) {
             return false;
         }
-        let path = path.split('?').next().unwrap_or_default();
-        let Some(path) = path.strip_prefix('/') else {
-            return false;
-        };
-        let given: Vec<&str> = path.split('/').collect();
-        if given.len() < self.segments.len() || (!self.rest && given.len() != self.segments.len()) {
+        if given.is_empty()
+            || given.len() < self.segments.len()
+            || (!self.rest && given.len() != self.segments.len())
+        {
             return false;
         }
         self.segments
             .iter()
-            .zip(&given)
+            .zip(given)
             .all(|(segment, part)| match segment {
+                Segment::Literal(text) if folded => text.eq_ignore_ascii_case(part),
                 Segment::Literal(text) => text == part,
                 Segment::Any => !part.is_empty(),
             })
+    }
+}
+
+/// The segments of `path` (what precedes its first `?`); none when it
+/// does not start with `/`.
+fn parts(path: &str) -> Vec<&str> {
+    let path = path.split('?').next().unwrap_or_default();
+    match path.strip_prefix('/') {
+        Some(path) => path.split('/').collect(),
+        None => Vec::new(),
+    }
+}
+
+/// The route of `routes` that names the tool of `method` and `path` (a
+/// path [`plain_path`] passed): the first that matches it byte for byte,
+/// if any. Else why not: an upstream that matches routes ignoring ASCII
+/// case (Express, ASP.NET Core) or reads the last segment's `.suffix` as
+/// a format (Rails' `(.:format)`, Spring's suffix match before 5.3: what
+/// follows any dot with text before it) could run the path as
+/// an earlier route (or, when none matches, as any route) naming another
+/// tool: `/v1/charges/abc/CAPTURE` or `capture.json` as
+/// `/v1/charges/{id}/capture`, while its bytes fit only a catch-all. Only
+/// the template's literal segments are folded against; a `{name}`
+/// matches any segment.
+pub fn route_of<'r>(
+    routes: &'r [Route],
+    method: &str,
+    path: &str,
+) -> Result<Option<&'r Route>, String> {
+    let given = parts(path);
+    let matched = routes
+        .iter()
+        .position(|r| r.matches_parts(method, &given, false));
+    let earlier = &routes[..matched.unwrap_or(routes.len())];
+    let tool = matched.map(|n| routes[n].tool.as_str());
+    // The path as such an upstream reads it: its case folded, and its last
+    // segment whole or cut at any of its dots with text before it (Rails
+    // cuts at the last, Spring's `capture.*` reads `capture.tar.gz` too).
+    let last = given.len().saturating_sub(1);
+    let stems = given.last().into_iter().flat_map(|segment| {
+        segment
+            .match_indices('.')
+            .map(|(at, _)| &segment[..at])
+            .filter(|stem| !stem.is_empty())
+    });
+    let forms: Vec<Vec<&str>> = std::iter::once(given.clone())
+        .chain(stems.map(|stem| {
+            let mut form = given.clone();
+            form[last] = stem;
+            form
+        }))
+        .collect();
+    let misread = earlier.iter().find(|r| {
+        Some(r.tool.as_str()) != tool
+            && forms.iter().any(|form| r.matches_parts(method, form, true))
+    });
+    match misread {
+        None => Ok(matched.map(|n| &routes[n])),
+        Some(other) => Err(format!(
+            "the path {} matches {}, but an upstream that ignores case or a '.format' suffix could read it as {}",
+            crate::domain::shown(path.split('?').next().unwrap_or_default()),
+            matched.map_or("no route".to_owned(), |n| routes[n].shown.clone()),
+            other.shown,
+        )),
     }
 }
 
@@ -449,11 +520,17 @@ fn route(at: &str, row: RouteFile) -> Result<Route, String> {
             },
         );
     }
+    let tool = tool(&format!("{at}.tool"), &row.tool)?;
     Ok(Route {
+        shown: format!(
+            "{at} ({} {} -> {tool})",
+            method.as_deref().unwrap_or("*"),
+            row.path
+        ),
         method,
         segments,
         rest,
-        tool: tool(&format!("{at}.tool"), &row.tool)?,
+        tool,
     })
 }
 
@@ -654,5 +731,163 @@ impl Mapping {
             cost: cost_source,
             response,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The capture (its literal `capture` spelled as written) and, when
+    /// `catch_all`, a catch-all to a free read after it.
+    fn table(catch_all: bool) -> Vec<Route> {
+        let mut text = String::from(
+            "[[tool.route]]\nmethod = \"POST\"\npath = \"/v1/charges/{id}/capture\"\ntool = \"wallet.capture\"\n",
+        );
+        if catch_all {
+            text.push_str("[[tool.route]]\npath = \"/v1/*\"\ntool = \"wallet.read\"\n");
+        }
+        Mapping::parse(Path::new("t.toml"), &text)
+            .expect("a valid mapping")
+            .tool
+            .routes
+    }
+
+    fn tool<'r>(routes: &'r [Route], method: &str, path: &str) -> Result<Option<&'r str>, String> {
+        route_of(routes, method, path).map(|r| r.map(|r| r.tool.as_str()))
+    }
+
+    /// A path the capture's bytes do not fit but whose case or format
+    /// suffix folds onto it is refused, naming the route it could be read
+    /// as, with the catch-all after the capture and without one.
+    #[test]
+    fn a_path_that_folds_onto_an_earlier_route_of_another_tool_is_refused() {
+        for catch_all in [true, false] {
+            let routes = table(catch_all);
+            let matched = if catch_all {
+                "matches tool.route[2] (* /v1/* -> wallet.read)"
+            } else {
+                "matches no route"
+            };
+            for path in [
+                "/v1/charges/abc/CAPTURE",
+                "/v1/charges/abc/Capture",
+                "/v1/charges/abc/capture.json",
+                "/v1/charges/abc/capture.JSON",
+                "/v1/charges/abc/CAPTURE.json",
+                "/v1/charges/abc/capture.tar.gz",
+                "/v1/charges/abc/CAPTURE?x=1",
+            ] {
+                let why = tool(&routes, "POST", path).expect_err(path);
+                assert!(why.contains(matched), "{path}: {why}");
+                assert!(
+                    why.ends_with(
+                        "could read it as tool.route[1] (POST /v1/charges/{id}/capture -> wallet.capture)"
+                    ),
+                    "{path}: {why}"
+                );
+                let shown = crate::domain::shown(path.split('?').next().unwrap());
+                assert!(why.starts_with(&format!("the path {shown} ")), "{why}");
+            }
+        }
+        // Not even the catch-all's `/v1` matches: any route it folds onto.
+        let why = tool(&table(true), "POST", "/V1/CHARGES/abc/capture").expect_err("folded");
+        assert!(why.contains("matches no route"), "{why}");
+        assert!(
+            why.ends_with("as tool.route[1] (POST /v1/charges/{id}/capture -> wallet.capture)"),
+            "{why}"
+        );
+    }
+
+    /// What matches its own route byte for byte, or folds onto no earlier
+    /// route of another tool, passes.
+    #[test]
+    fn a_path_that_folds_onto_its_own_route_passes() {
+        let routes = table(true);
+        for (method, path, named) in [
+            ("POST", "/v1/charges/abc/capture", Some("wallet.capture")),
+            (
+                "POST",
+                "/v1/charges/abc/capture?f=x.JSON",
+                Some("wallet.capture"),
+            ),
+            // The id is no literal: its case and its dots are the id's.
+            (
+                "POST",
+                "/v1/charges/ABC.json/capture",
+                Some("wallet.capture"),
+            ),
+            ("POST", "/v1/charges/abc", Some("wallet.read")),
+            (
+                "POST",
+                "/v1/charges/abc/capture/refunds",
+                Some("wallet.read"),
+            ),
+            // No `.suffix` without a stem before it.
+            ("POST", "/v1/charges/abc/.capture", Some("wallet.read")),
+            // Not a POST: the capture is no route of it, whatever the case.
+            ("GET", "/v1/charges/abc/CAPTURE", Some("wallet.read")),
+            ("POST", "/v2/charges/abc/capture", None),
+        ] {
+            assert_eq!(tool(&routes, method, path), Ok(named), "{method} {path}");
+        }
+        // A route folds onto itself: `/v1/*` reads `/V1/x` as no route.
+        let routes = table(false);
+        assert_eq!(
+            tool(&routes, "POST", "/v1/charges/abc/capture"),
+            Ok(Some("wallet.capture"))
+        );
+        assert_eq!(
+            tool(&routes, "POST", "/v1/charges/abc/refund.json"),
+            Ok(None)
+        );
+    }
+
+    /// An earlier route naming the same tool leaves nothing to steer; a
+    /// literal the table spells in capitals is folded against too.
+    #[test]
+    fn a_path_that_folds_onto_the_same_tool_passes() {
+        let routes = Mapping::parse(
+            Path::new("t.toml"),
+            r#"
+[[tool.route]]
+path = "/v1/Charges/{id}"
+tool = "wallet.read"
+[[tool.route]]
+path = "/v1/*"
+tool = "wallet.read"
+[[tool.route]]
+path = "/v1/Reports/{id}"
+tool = "reports.export"
+"#,
+        )
+        .unwrap()
+        .tool
+        .routes;
+        assert_eq!(
+            tool(&routes, "GET", "/v1/charges/abc"),
+            Ok(Some("wallet.read"))
+        );
+        assert_eq!(
+            tool(&routes, "GET", "/v1/Charges/abc"),
+            Ok(Some("wallet.read"))
+        );
+        // A later route is no other reading of the catch-all's path.
+        assert_eq!(
+            tool(&routes, "GET", "/v1/reports/abc"),
+            Ok(Some("wallet.read"))
+        );
+        let routes = Mapping::parse(
+            Path::new("t.toml"),
+            "[[tool.route]]\npath = \"/v1/Reports/{id}\"\ntool = \"reports.export\"\n",
+        )
+        .unwrap()
+        .tool
+        .routes;
+        let why = tool(&routes, "GET", "/v1/reports/abc").expect_err("folded");
+        assert!(
+            why.contains("tool.route[1] (* /v1/Reports/{id} -> reports.export)"),
+            "{why}"
+        );
     }
 }
