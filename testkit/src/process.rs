@@ -33,22 +33,33 @@ pub fn free_port() -> u16 {
     }
 }
 
-/// The process id of the Redis answering on `port` (`INFO server`), or
-/// `None` while nothing answers.
-fn server_pid(port: u16) -> Option<u32> {
-    let s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
-    (&s).write_all(b"INFO server\r\n").ok()?;
-    let mut reader = std::io::BufReader::new(&s);
-    let mut header = String::new();
-    reader.read_line(&mut header).ok()?;
-    let len: usize = header.trim_end().strip_prefix('$')?.parse().ok()?;
-    let mut body = vec![0u8; len];
-    reader.read_exact(&mut body).ok()?;
-    String::from_utf8_lossy(&body)
-        .lines()
-        .find_map(|l| l.strip_prefix("process_id:"))
-        .and_then(|pid| pid.trim().parse().ok())
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut buf = [0u8; 7];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+/// Whose is the socket listening on 127.0.0.1:`port`: whether process
+/// `pid` holds it, from the kernel's tables (no command of the server's,
+/// which a test may have renamed away). `None` where there is no /proc to
+/// tell, or no listener yet.
+fn listener_is(pid: u32, port: u16) -> Option<bool> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let local = format!("0100007F:{port:04X}");
+    // sl local_address rem_address st ... inode: a listener is state 0A.
+    let inode = table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A"))
+            .then(|| fields.get(9).map(|i| format!("socket:[{i}]")))
+            .flatten()
+    })?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    Some(fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == inode.as_str())
+    }))
 }
 
 /// A `redis-server` of our own on a loopback port, killed on drop.
@@ -263,16 +274,17 @@ fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> std::io::Result<Tethe
     let mut child = Tethered::spawn(&args)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        match server_pid(port) {
-            Some(pid) if pid == child.pid() => return Ok(child),
-            Some(other) => {
-                child.kill();
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AddrInUse,
-                    format!("port {port} is another redis-server's (pid {other})"),
-                ));
+        if ping(port) {
+            match listener_is(child.pid(), port) {
+                Some(true) | None => return Ok(child),
+                Some(false) => {
+                    child.kill();
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        format!("port {port} is another process's"),
+                    ));
+                }
             }
-            None => {}
         }
         if !child.is_running() {
             return Err(std::io::Error::other(format!(
@@ -510,10 +522,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let err = second.err().expect("the port is the first server's");
         assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
-        assert_eq!(
-            server_pid(first.port()),
-            first.child.as_ref().map(Tethered::pid)
-        );
+        let pid = first.child.as_ref().map(Tethered::pid).expect("running");
+        assert_eq!(listener_is(pid, first.port()), Some(true));
     }
 
     #[test]
