@@ -5,8 +5,10 @@
 //! MarkUncertain, retry with the same key or give up, present a holder
 //! token, crash and restart with or without their memory; one operator who
 //! lists what is UNCERTAIN and Resolves it with what the tool's provider
-//! says; two replicas that take any request off the network and run it on
-//! the store; a network that loses, duplicates and reorders requests and
+//! says; a store that takes any request off the network and runs it (one
+//! serving loop stands for any number of replicas: they hold no state, and
+//! each request is one atomic step of the store, so N replicas interleave
+//! exactly as the requests do); a network that loses, duplicates and reorders requests and
 //! replies (a lost reply is also a replica whose answer came too late:
 //! after the store applied it); and a clock whose steps end leases and the
 //! permit. The store is the **real [`Ledger`]**, the reference semantics
@@ -35,14 +37,10 @@ use std::collections::BTreeMap;
 
 // === the world ===
 
-/// The one tool, capped at [`CAP`] calls.
+/// The one tool, capped at [`Limit::cap`] calls.
 pub const TOOL: &str = "wallet.charge";
-/// Every call's cost; the budget is one call's worth, so a second call
-/// fits only once the first one's money came back (it failed, or was
-/// never sent).
+/// Every call's cost.
 pub const COST: i64 = 100;
-pub const BUDGET: i64 = 100;
-pub const CAP: u64 = 2;
 /// The idempotency keys agents choose from: the same key is the same
 /// request (the same fingerprint), whichever agent sends it.
 pub const KEYS: [&str; 2] = ["k1", "k2"];
@@ -57,9 +55,41 @@ const PERMIT_ID: &str = "0190f3a2-7b1c-7d4e-8f00-0123456789ab";
 /// more).
 const PAGE: usize = 16;
 
+/// Which of the permit's limits the search puts at one call, the other at
+/// two: a limit of two calls no bounded search here can exceed, so each
+/// search checks one limit, and the other holds only as a bystander.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Limit {
+    /// One call per tool; a budget of two calls. A second key fits the
+    /// budget once the first call failed (its money back, its slot used):
+    /// only the cap refuses it.
+    Cap,
+    /// A budget of one call; two calls per tool. A second key fits the cap
+    /// while the first is reserved: only the budget refuses it.
+    Budget,
+}
+
+impl Limit {
+    pub fn cap(self) -> u64 {
+        match self {
+            Limit::Cap => 1,
+            Limit::Budget => 2,
+        }
+    }
+
+    pub fn budget(self) -> i64 {
+        match self {
+            Limit::Cap => 2 * COST,
+            Limit::Budget => COST,
+        }
+    }
+}
+
 /// How far the search goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
+    /// The limit at one call.
+    pub limit: Limit,
     /// Agents, each with its own agent key (`agent-0`, `agent-1`, ...).
     pub agents: u8,
     /// Logical calls each agent makes (each with a key it chooses).
@@ -73,33 +103,50 @@ pub struct Bounds {
     pub losses: u8,
     /// Requests it may deliver twice.
     pub duplicates: u8,
+    /// Commits (NotSent) or MarkUncertains an agent sends for another
+    /// agent's attempt, its id learnt elsewhere (a log, an upstream's
+    /// header).
+    pub leaks: u8,
     /// Clock steps.
     pub ticks: u8,
 }
 
 impl Bounds {
-    /// What `cargo test` explores on every run, in two searches (each
+    /// What `cargo test` explores on every run, in three searches (each
     /// state count is in docs/guarantees.md): several agents on one key,
-    /// over a network that loses and duplicates ...
+    /// over a network that loses and duplicates, one of them settling
+    /// another's attempt by a leaked id, under the cap ...
     pub const AGENTS: Bounds = Bounds {
+        limit: Limit::Cap,
         agents: 2,
         calls: 1,
         tries: 1,
         crashes: 0,
         losses: 1,
         duplicates: 1,
+        leaks: 1,
         ticks: 3,
+    };
+
+    /// ... the same under the budget (no leaked id: the holder check is
+    /// the same under either limit) ...
+    pub const AGENTS_BUDGET: Bounds = Bounds {
+        limit: Limit::Budget,
+        leaks: 0,
+        ..Self::AGENTS
     };
 
     /// ... and one agent that retries, crashes and restarts, with or
     /// without its memory.
     pub const RESTARTS: Bounds = Bounds {
+        limit: Limit::Cap,
         agents: 1,
         calls: 1,
         tries: 2,
         crashes: 1,
         losses: 1,
         duplicates: 0,
+        leaks: 0,
         ticks: 3,
     };
 }
@@ -116,6 +163,11 @@ pub struct Holes {
     /// restart that kept its holder token, with a deadline of a whole lease
     /// from when the answer arrived.
     pub client_sends_on_any_redelivery: bool,
+    /// Half of hole 1's fix taken out: a REPLAY still withholds the id,
+    /// but Commit and MarkUncertain do not check who reserved the attempt
+    /// (they run as an operator's would), so an id learnt elsewhere
+    /// settles it.
+    pub settle_ignores_the_holder: bool,
 }
 
 /// The model: bounds, and which holes are planted.
@@ -157,6 +209,7 @@ pub struct State {
     pub crashes_left: u8,
     pub losses_left: u8,
     pub duplicates_left: u8,
+    pub leaks_left: u8,
     /// What really happened, which no participant sees whole.
     pub world: World,
 }
@@ -297,6 +350,8 @@ pub struct World {
     pub restart_settled: bool,
     pub resolved: bool,
     pub second_call_sent: bool,
+    /// A new key was refused by the limit at one call.
+    pub refused_by_the_limit: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -334,16 +389,23 @@ pub enum Action {
     SettleHanded {
         agent: u8,
     },
+    /// The agent sends a Commit Failed or a MarkUncertain for another
+    /// agent's open attempt, whose id it learnt elsewhere; it reads no
+    /// answer.
+    SettleLeaked {
+        agent: u8,
+        attempt: Gen,
+        report: Report,
+    },
     /// The agent's process dies and starts again, with or without its
     /// journal.
     Crash {
         agent: u8,
         memory: bool,
     },
-    /// A replica takes a request off the network and runs it on the store.
+    /// The store takes a request off the network and runs it.
     Serve {
         msg: Msg,
-        replica: u8,
     },
     Deliver {
         msg: Msg,
@@ -377,13 +439,13 @@ impl Protocol {
         self
     }
 
-    fn permit() -> Permit {
+    fn permit(&self) -> Permit {
         Permit {
             permit_id: PERMIT_ID.into(),
             subject: "model".into(),
             tools: vec![TOOL.into()],
-            max_calls_per_tool: [(TOOL.to_owned(), CAP)].into(),
-            budget: Some(BUDGET),
+            max_calls_per_tool: [(TOOL.to_owned(), self.bounds.limit.cap())].into(),
+            budget: Some(self.bounds.limit.budget()),
             currency: "EUR".into(),
             expires_at: T0 + Millis::from(EXPIRY_TICKS) * TICK_MS,
             lease_ms: Millis::from(LEASE_TICKS) * TICK_MS,
@@ -403,12 +465,15 @@ impl Protocol {
     }
 
     /// The Gate's scope of an agent's key: limited to that agent, unless
-    /// hole 1 is planted.
-    fn scope(&self, agent: u8) -> Scope {
+    /// hole 1 is planted (or, for a Commit or MarkUncertain, its second
+    /// half).
+    fn scope(&self, agent: u8, settles: bool) -> Scope {
         let key_id = agent_name(agent);
+        let unlimited =
+            self.holes.store_ignores_the_agent || (settles && self.holes.settle_ignores_the_holder);
         Scope {
             tenant: String::new(),
-            agent: (!self.holes.store_ignores_the_agent).then(|| key_id.clone()),
+            agent: (!unlimited).then(|| key_id.clone()),
             key_id,
         }
     }
@@ -416,7 +481,7 @@ impl Protocol {
     /// What a replica does with a request: one store call, and its answer.
     fn serve(&self, s: &mut State, agent: u8, body: Request) -> Reply {
         let now = ms(s.now);
-        let scope = self.scope(agent);
+        let scope = self.scope(agent, matches!(body, Request::Report { .. }));
         match body {
             Request::Authorize { key, token } => {
                 let generation = s.world.reservations[usize::from(key)];
@@ -465,7 +530,14 @@ impl Protocol {
                         }
                     }
                     Err(Error::InProgress { .. }) => Reply::InProgress,
-                    Err(_) => Reply::Refused,
+                    Err(e) => {
+                        let limit = match self.bounds.limit {
+                            Limit::Cap => matches!(e, Error::MaxCallsExceeded { .. }),
+                            Limit::Budget => matches!(e, Error::BudgetExceeded { .. }),
+                        };
+                        s.world.refused_by_the_limit |= limit;
+                        Reply::Refused
+                    }
                 }
             }
             Request::Report {
@@ -569,6 +641,10 @@ impl Protocol {
         }
     }
 }
+
+/// The sequence number of a request whose answer its agent never reads
+/// (an agent's own never reach it within the bounds).
+const UNREAD: u8 = u8::MAX;
 
 fn ms(tick: u8) -> Millis {
     T0 + Millis::from(tick) * TICK_MS
@@ -702,12 +778,13 @@ impl Model for Protocol {
         };
         vec![State {
             now: 0,
-            ledger: Ledger::new(Self::permit()),
+            ledger: Ledger::new(self.permit()),
             agents: vec![agent; usize::from(self.bounds.agents)],
             net: Vec::new(),
             crashes_left: self.bounds.crashes,
             losses_left: self.bounds.losses,
             duplicates_left: self.bounds.duplicates,
+            leaks_left: self.bounds.leaks,
             world: World::default(),
         }]
     }
@@ -753,6 +830,21 @@ impl Model for Protocol {
                     }
                 }
             }
+            if s.leaks_left > 0 {
+                for (attempt, fate) in &s.world.fates {
+                    if fate.reserved_by != agent && fate.settled.is_none() {
+                        // A Commit (NotSent: the one that frees the slot)
+                        // and a MarkUncertain: the holder check of each.
+                        for report in [Report::NotSent, Report::Uncertain] {
+                            actions.push(Action::SettleLeaked {
+                                agent,
+                                attempt: *attempt,
+                                report,
+                            });
+                        }
+                    }
+                }
+            }
             if s.crashes_left > 0 && a.phase != Phase::Idle {
                 actions.push(Action::Crash {
                     agent,
@@ -772,9 +864,7 @@ impl Model for Protocol {
             last = Some(msg);
             match msg {
                 Msg::Request { .. } => {
-                    for replica in 0..2 {
-                        actions.push(Action::Serve { msg: *msg, replica });
-                    }
+                    actions.push(Action::Serve { msg: *msg });
                     // A reply read twice changes nothing (the agent has
                     // moved on), so only requests are duplicated.
                     if s.duplicates_left > 0 {
@@ -812,7 +902,7 @@ impl Model for Protocol {
         vec![
             Property::always(
                 "sends per tool never exceed the cap",
-                |_: &Protocol, s: &State| u64::from(s.world.sends) <= CAP,
+                |p: &Protocol, s: &State| u64::from(s.world.sends) <= p.bounds.limit.cap(),
             ),
             Property::always(
                 "no key is sent twice without a NotSent between",
@@ -820,14 +910,14 @@ impl Model for Protocol {
             ),
             Property::always(
                 "reserved plus committed never exceeds the budget",
-                |_: &Protocol, s: &State| {
+                |p: &Protocol, s: &State| {
                     let v = s.ledger.view();
-                    v.budget_committed + v.budget_reserved <= BUDGET
+                    v.budget_committed + v.budget_reserved <= p.bounds.limit.budget()
                 },
             ),
             Property::always(
                 "the provider never charges more than the budget",
-                |_: &Protocol, s: &State| s.world.charged <= BUDGET,
+                |p: &Protocol, s: &State| s.world.charged <= p.bounds.limit.budget(),
             ),
             Property::always(
                 "a settled attempt never changes its outcome",
@@ -860,6 +950,23 @@ impl Model for Protocol {
                 },
             ),
             Property::always(
+                "an attempt never settled stays RESERVED or UNCERTAIN",
+                |_: &Protocol, s: &State| {
+                    let now = ms(s.now);
+                    s.world
+                        .fates
+                        .iter()
+                        .filter(|(_, fate)| fate.settled.is_none())
+                        .all(|(g, _)| {
+                            matches!(
+                                s.ledger.get_attempt(KEYS[usize::from(g.0)], now),
+                                Ok(a) if a.attempt_id == attempt_id(*g)
+                                    && matches!(a.state, AttemptState::Reserved | AttemptState::Uncertain)
+                            )
+                        })
+                },
+            ),
+            Property::always(
                 "no agent settles another's attempt",
                 |_: &Protocol, s: &State| !s.world.settled_by_another,
             ),
@@ -877,6 +984,10 @@ impl Model for Protocol {
             Property::sometimes("a second call is sent", |_: &Protocol, s: &State| {
                 s.world.second_call_sent
             }),
+            Property::sometimes(
+                "a new key is refused by the limit at one call",
+                |_: &Protocol, s: &State| s.world.refused_by_the_limit,
+            ),
             Property::sometimes(
                 "the operator resolves an attempt",
                 |_: &Protocol, s: &State| s.world.resolved,
@@ -966,6 +1077,27 @@ impl Protocol {
                     return None;
                 };
                 a.report(key, attempt, Report::Failed, &mut s.net, agent);
+            }
+            Action::SettleLeaked {
+                agent,
+                attempt,
+                report,
+            } => {
+                s.leaks_left -= 1;
+                // A sequence number the agent never reads an answer to.
+                let body = Request::Report {
+                    key: attempt.0,
+                    attempt,
+                    report,
+                };
+                insert(
+                    &mut s.net,
+                    Msg::Request {
+                        agent,
+                        seq: UNREAD,
+                        body,
+                    },
+                );
             }
             Action::Crash { agent, memory } => {
                 s.crashes_left -= 1;
