@@ -208,7 +208,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn permit_of(index: usize, c: &PermitConfig) -> Permit {
+fn permit_of(index: usize, c: &PermitConfig, dev: bool) -> Permit {
     let mut caps = BTreeMap::new();
     if let Some(n) = c.cap_alpha {
         caps.insert("alpha".to_string(), n);
@@ -235,8 +235,9 @@ fn permit_of(index: usize, c: &PermitConfig) -> Permit {
         uncertain_policy: c.policy,
         status: PermitStatus::Active,
         created_at: T0,
-        // Permits 0 and 2 are one tenant's, 1 another's, limited to agent a1.
-        tenant: TENANTS[index % 2].into(),
+        // Permits 0 and 2 are one tenant's, 1 another's, limited to agent
+        // a1; in dev mode all three are tenant "".
+        tenant: if dev { "" } else { TENANTS[index % 2] }.into(),
         agents: if index == 1 {
             vec!["a1".into()]
         } else {
@@ -247,24 +248,65 @@ fn permit_of(index: usize, c: &PermitConfig) -> Permit {
 
 const TENANTS: [&str; 2] = ["acme", "globex"];
 
-/// The caller of a step about `permit`: its own tenant (and for permit 1
-/// its agent a1), but every seventh step another tenant's and every fifth
-/// another agent: those must see nothing, on both stores alike.
-fn scope(permit: usize, step: usize) -> Scope {
+/// Who makes a step's call, with keys configured.
+#[derive(Debug, Clone, Copy)]
+enum Caller {
+    /// Agent key a1 of the permit's tenant, the one permit 1 names.
+    A1,
+    /// Agent key a2 of the permit's tenant: not named by permit 1, and
+    /// not the holder of a1's attempts.
+    A2,
+    /// An admin key of the permit's tenant: holds every attempt, while an
+    /// agent does not hold the ones it reserved.
+    Admin,
+    /// No key id: what an attempt recorded before attempts recorded their
+    /// holder reads as (reserved by ""), which every agent holds.
+    NoKeyId,
+    /// Another tenant's agent key, then admin key: they must see nothing.
+    Stranger,
+    StrangerAdmin,
+}
+
+fn caller() -> impl Strategy<Value = Caller> {
+    prop_oneof![
+        8 => Just(Caller::A1),
+        3 => Just(Caller::A2),
+        3 => Just(Caller::Admin),
+        1 => Just(Caller::NoKeyId),
+        1 => Just(Caller::Stranger),
+        1 => Just(Caller::StrangerAdmin),
+    ]
+}
+
+/// The scope of `caller`'s step about `permit`, as the Gate builds it
+/// (`api::scope_of`): a key's tenant and id, and its id as `agent` unless
+/// the key is an admin's. In dev mode (no keys) every caller is
+/// `Scope::default()`: tenant "", not limited, key id "".
+fn scope_for(permit: usize, caller: Caller, dev: bool) -> Scope {
+    if dev {
+        return Scope::default();
+    }
     let own = TENANTS[permit % 2];
     let other = TENANTS[(permit + 1) % 2];
-    let agent = if step % 5 == 2 { "a2" } else { "a1" };
+    let (tenant, key_id, limited) = match caller {
+        Caller::A1 => (own, "a1", true),
+        Caller::A2 => (own, "a2", true),
+        Caller::Admin => (own, "admin", false),
+        Caller::NoKeyId => (own, "", false),
+        Caller::Stranger => (other, "b1", true),
+        Caller::StrangerAdmin => (other, "b-admin", false),
+    };
     Scope {
-        tenant: if step % 7 == 3 { other } else { own }.into(),
-        agent: Some(agent.into()),
-        key_id: agent.into(),
+        tenant: tenant.into(),
+        agent: limited.then(|| key_id.into()),
+        key_id: key_id.into(),
     }
 }
 
 /// The owner's scope, not limited to an agent: for the checks.
-fn owner(permit: usize) -> Scope {
+fn owner(permit: &Permit) -> Scope {
     Scope {
-        tenant: TENANTS[permit % 2].into(),
+        tenant: permit.tenant.clone(),
         agent: None,
         key_id: "admin".into(),
     }
@@ -349,7 +391,10 @@ impl Promise {
         now: Millis,
     ) -> Result<(), TestCaseError> {
         for (p, permit) in permits.iter().enumerate() {
-            let view = match redis.get_permit(&owner(p), &permit.permit_id, now).await {
+            let view = match redis
+                .get_permit(&owner(permit), &permit.permit_id, now)
+                .await
+            {
                 Ok(view) => view,
                 // Forgotten past its retention: nothing left to hold.
                 Err(Error::PermitNotFound { .. }) => continue,
@@ -392,9 +437,24 @@ fn visible(mut a: Attempt) -> Attempt {
     a
 }
 
+/// A step as a failure shows it: its caller (none in dev mode), its op.
+struct Call<'a> {
+    caller: Option<Caller>,
+    op: &'a Op,
+}
+
+impl std::fmt::Debug for Call<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.caller {
+            Some(caller) => write!(f, "as {caller:?}: {:?}", self.op),
+            None => write!(f, "in dev mode: {:?}", self.op),
+        }
+    }
+}
+
 fn check<T: PartialEq + std::fmt::Debug>(
     step: usize,
-    op: &Op,
+    op: &impl std::fmt::Debug,
     model: T,
     redis: T,
 ) -> Result<(), TestCaseError> {
@@ -431,7 +491,12 @@ const QUOTAS: Quotas = Quotas {
     ..Quotas::DEFAULT
 };
 
-async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<(), TestCaseError> {
+async fn run_case(
+    url: &str,
+    configs: &[PermitConfig; 2],
+    dev: bool,
+    ops: &[(Caller, Op)],
+) -> Result<(), TestCaseError> {
     let model = MemoryStore::new(RETENTION_MS).with_quotas(QUOTAS);
     let prefix = format!("m{}", uuid::Uuid::now_v7().simple());
     let redis = redis_store_with(
@@ -444,7 +509,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
     let mut permits: Vec<Permit> = configs
         .iter()
         .enumerate()
-        .map(|(i, c)| permit_of(i, c))
+        .map(|(i, c)| permit_of(i, c, dev))
         .collect();
     for p in &permits {
         let a = model.create_permit(p.clone()).await;
@@ -462,7 +527,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
     )?;
     // Permit 2 is not created until an Op::Create: until then every
     // operation on it must fail alike.
-    permits.push(permit_of(2, &configs[0]));
+    permits.push(permit_of(2, &configs[0], dev));
     let mut created_late = false;
     let mut now = T0;
     // Ids carry their creation time, as the service makes them.
@@ -471,7 +536,12 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
     let mut held: HashMap<(usize, usize), String> = HashMap::new();
     let mut promise = Promise::default();
 
-    for (step, op) in ops.iter().enumerate() {
+    for (step, (caller, op)) in ops.iter().enumerate() {
+        let call = &Call {
+            caller: (!dev).then_some(*caller),
+            op,
+        };
+        let scope = |permit| scope_for(permit, *caller, dev);
         match op {
             Op::Authorize {
                 permit,
@@ -494,9 +564,9 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 };
                 let id = fresh(now);
                 let a = model
-                    .authorize(&scope(*permit, step), &cmd, now, id.clone())
+                    .authorize(&scope(*permit), &cmd, now, id.clone())
                     .await;
-                let b = redis.authorize(&scope(*permit, step), &cmd, now, id).await;
+                let b = redis.authorize(&scope(*permit), &cmd, now, id).await;
                 if let Ok(r) = &a {
                     held.insert((*permit, *key), r.attempt.attempt_id.clone());
                 }
@@ -507,7 +577,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 if let Ok(r) = &a {
                     promise.authorized(*permit, *key, r)?;
                 }
-                check(step, op, a, b)?;
+                check(step, call, a, b)?;
             }
             Op::Commit {
                 permit,
@@ -527,17 +597,17 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 };
                 let id = fresh(now);
                 let a = model
-                    .commit(&scope(*permit, step), &cmd, now, id.clone())
+                    .commit(&scope(*permit), &cmd, now, id.clone())
                     .await
                     .map(|mut s| {
                         s.attempt = visible(s.attempt);
                         s
                     });
-                let b = redis.commit(&scope(*permit, step), &cmd, now, id).await;
+                let b = redis.commit(&scope(*permit), &cmd, now, id).await;
                 if let Ok(s) = &a {
                     promise.settled(*permit, *key, &s.attempt);
                 }
-                check(step, op, a, b)?;
+                check(step, call, a, b)?;
             }
             Op::MarkUncertain {
                 permit,
@@ -554,11 +624,11 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     reason: format!("lost-{reason}"),
                 };
                 let a = model
-                    .mark_uncertain(&scope(*permit, step), &cmd, now)
+                    .mark_uncertain(&scope(*permit), &cmd, now)
                     .await
                     .map(visible);
-                let b = redis.mark_uncertain(&scope(*permit, step), &cmd, now).await;
-                check(step, op, a, b)?;
+                let b = redis.mark_uncertain(&scope(*permit), &cmd, now).await;
+                check(step, call, a, b)?;
             }
             Op::Resolve {
                 permit,
@@ -575,34 +645,34 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 };
                 let id = fresh(now);
                 let a = model
-                    .resolve(&scope(*permit, step), &cmd, now, id.clone())
+                    .resolve(&scope(*permit), &cmd, now, id.clone())
                     .await
                     .map(|mut s| {
                         s.attempt = visible(s.attempt);
                         s
                     });
-                let b = redis.resolve(&scope(*permit, step), &cmd, now, id).await;
+                let b = redis.resolve(&scope(*permit), &cmd, now, id).await;
                 if let Ok(s) = &a {
                     promise.settled(*permit, *key, &s.attempt);
                 }
-                check(step, op, a, b)?;
+                check(step, call, a, b)?;
             }
             Op::Revoke { permit } => {
                 let id = &permits[*permit].permit_id;
                 check(
                     step,
-                    op,
-                    model.revoke_permit(&scope(*permit, step), id, now).await,
-                    redis.revoke_permit(&scope(*permit, step), id, now).await,
+                    call,
+                    model.revoke_permit(&scope(*permit), id, now).await,
+                    redis.revoke_permit(&scope(*permit), id, now).await,
                 )?;
             }
             Op::Get { permit } => {
                 let id = &permits[*permit].permit_id;
                 check(
                     step,
-                    op,
-                    model.get_permit(&scope(*permit, step), id, now).await,
-                    redis.get_permit(&scope(*permit, step), id, now).await,
+                    call,
+                    model.get_permit(&scope(*permit), id, now).await,
+                    redis.get_permit(&scope(*permit), id, now).await,
                 )?;
             }
             Op::GetAttempt { permit, key } => {
@@ -611,18 +681,18 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                     idempotency_key: key_name(*key),
                 };
                 let a = model
-                    .get_attempt(&scope(*permit, step), &cmd, now)
+                    .get_attempt(&scope(*permit), &cmd, now)
                     .await
                     .map(visible);
-                let b = redis.get_attempt(&scope(*permit, step), &cmd, now).await;
-                check(step, op, a, b)?;
+                let b = redis.get_attempt(&scope(*permit), &cmd, now).await;
+                check(step, call, a, b)?;
             }
             Op::List { permit, limit } => {
                 let id = permit.map(|p| permits[p].permit_id.clone());
                 // Listings are an operator's: not limited to one agent.
                 let scope = Scope {
                     agent: None,
-                    ..scope(permit.unwrap_or(step % 2), step)
+                    ..scope(permit.unwrap_or(step % 2))
                 };
                 let mut after: Option<Cursor> = None;
                 loop {
@@ -636,7 +706,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                         p.attempts = p.attempts.into_iter().map(visible).collect();
                         p
                     });
-                    check(step, op, a.clone(), b)?;
+                    check(step, call, a.clone(), b)?;
                     match a.ok().and_then(|p| p.next) {
                         Some(next) => after = Some(next),
                         None => break,
@@ -649,12 +719,12 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
                 let late = Permit {
                     created_at: now,
                     expires_at: now + configs[0].lifetime_ms,
-                    ..permit_of(2, &configs[0])
+                    ..permit_of(2, &configs[0], dev)
                 };
                 permits[2] = late.clone();
                 check(
                     step,
-                    op,
+                    call,
                     model.create_permit(late.clone()).await,
                     redis.create_permit(late).await,
                 )?;
@@ -662,7 +732,7 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
             Op::Create => {}
             Op::Census => check(
                 step,
-                op,
+                call,
                 census_pass(&model, now).await,
                 census_pass(&redis, now).await,
             )?,
@@ -675,12 +745,12 @@ async fn run_case(url: &str, configs: &[PermitConfig; 2], ops: &[Op]) -> Result<
         promise.holds(&redis, &permits[..2], now).await?;
     }
     // Finally, the whole state must agree.
-    for (i, p) in permits.iter().enumerate() {
+    for p in &permits {
         check(
             ops.len(),
             &Op::Get { permit: 0 },
-            model.get_permit(&owner(i), &p.permit_id, now).await,
-            redis.get_permit(&owner(i), &p.permit_id, now).await,
+            model.get_permit(&owner(p), &p.permit_id, now).await,
+            redis.get_permit(&owner(p), &p.permit_id, now).await,
         )?;
     }
     Ok(())
@@ -709,10 +779,13 @@ fn redis_store_matches_the_model() {
     });
     let strategy = (
         [permit_config(), permit_config()],
-        proptest::collection::vec(op(), 1..60),
+        // One case in eight runs in dev mode (no keys), where every step's
+        // caller is Scope::default() whatever Caller was drawn.
+        proptest::bool::weighted(0.125),
+        proptest::collection::vec((caller(), op()), 1..60),
     );
-    let result = runner.run(&strategy, |(configs, ops)| {
-        rt.block_on(run_case(&redis.url, &configs, &ops))
+    let result = runner.run(&strategy, |(configs, dev, ops)| {
+        rt.block_on(run_case(&redis.url, &configs, dev, &ops))
     });
     if let Err(e) = result {
         panic!("{e}");
