@@ -793,16 +793,7 @@ impl Store for RedisStore {
                 "-".to_owned()
             }
         };
-        let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
-            .arg(self.tenants_key())
-            .arg(&from)
-            .arg("+")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(SWEEP_TENANTS)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.lost(e))?;
+        let members = self.tenants_page(&mut conn, &from, SWEEP_TENANTS).await?;
         // The next sweep goes on after this batch, whatever happens to it.
         *self
             .sweep_tenants_from
@@ -851,16 +842,7 @@ impl Store for RedisStore {
             _ => "-".to_owned(),
         };
         loop {
-            let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
-                .arg(self.tenants_key())
-                .arg(&from)
-                .arg("+")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(CENSUS_BATCH)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.lost(e))?;
+            let members = self.tenants_page(&mut conn, &from, CENSUS_BATCH).await?;
             for member in &members {
                 // A tenant the census cannot name fails the pass: its
                 // permits are never counted as nothing.
@@ -1093,6 +1075,26 @@ impl RedisStore {
 
     /// One tenant's batch of [`Store::sweep`]: how many entries it dropped,
     /// and whether the index was empty when last read.
+    /// Up to `limit` members of the tenants index from `from` (a ZRANGEBYLEX
+    /// bound), in name order.
+    async fn tenants_page(
+        &self,
+        conn: &mut Conn,
+        from: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, Error> {
+        redis::cmd("ZRANGEBYLEX")
+            .arg(self.tenants_key())
+            .arg(from)
+            .arg("+")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(conn)
+            .await
+            .map_err(|e| self.lost(e))
+    }
+
     async fn sweep_tenant(
         &self,
         conn: &mut Conn,
