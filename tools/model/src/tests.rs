@@ -10,9 +10,14 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The search's size, written to the process's stderr itself (not
+/// `println!`, which the test harness captures), so `cargo test` always
+/// shows how many states were explored.
 fn report(protocol: &Protocol, checker: &impl Checker<Protocol>, started: Instant) {
-    println!(
-        "{:?} {:?}: {} states ({} unique), depth {}, in {:.1?}",
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "atmost-model: {:?} {:?}: {} states ({} unique), depth {}, in {:.1?}",
         protocol.bounds,
         protocol.holes,
         checker.state_count(),
