@@ -11,7 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "receipt example: FAILED: $*" >&2; exit 1; }
 trap 'echo "receipt example: FAILED at line $LINENO" >&2' ERR
-# No atmost settings from the environment: this server is the example's.
+# The binary to run, if the caller built it (scripts/test.sh does), then no
+# atmost settings from the environment: this server is the example's.
+bin=${ATMOST_BIN:-}
 while read -r name; do unset "$name"; done < <(compgen -e | grep '^ATMOST_' || true)
 
 venv=target/readme-venv
@@ -50,8 +52,11 @@ for t in acme globex; do
     "$t" "$(printf '%s' "${!key_var}" | sha256sum | cut -d' ' -f1)" "$t"
 done >"$work/keys.toml"
 
-cargo build --quiet --locked -p atmost --bin atmost
-"${CARGO_TARGET_DIR:-target}/debug/atmost" serve --listen 127.0.0.1:0 --receipt-signing-key "$work/key.pem" \
+if [ -z "$bin" ]; then
+  cargo build --quiet --locked -p atmost --bin atmost
+  bin="${CARGO_TARGET_DIR:-target}/debug/atmost"
+fi
+"$bin" serve --listen 127.0.0.1:0 --receipt-signing-key "$work/key.pem" \
   --auth-keys "$work/keys.toml" >"$work/stdout" 2>"$work/stderr" &
 pid=$!
 for _ in $(seq 100); do grep -q '^atmost listening on' "$work/stdout" 2>/dev/null && break; sleep 0.1; done
