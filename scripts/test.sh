@@ -65,13 +65,18 @@ trap 'rm -f "$log"' EXIT
 # (The protocol's model check prints the states each search explored:
 # "atmost-model: ...".)
 cargo test --locked --workspace --all-targets "$@" 2>&1 | tee "$log"
-# The binaries that run built (target/debug/atmost, atmost-mcp): the suites
-# below run them as they are. Their own `cargo build -p ...` would build
-# them again with -p's features (a minute or two each).
-target=${CARGO_TARGET_DIR:-target}
-case $target in /*) ;; *) target="$PWD/$target" ;; esac
-export ATMOST_BIN="${ATMOST_BIN:-$target/debug/atmost}"
-export ATMOST_MCP_BIN="${ATMOST_MCP_BIN:-$target/debug/atmost-mcp}"
+# The suites below run the binaries built with the test run's features
+# (this build only adds the ones no Rust test runs, atmost-mcp's): each
+# suite's own `cargo build -p ...` would build them again with -p's
+# features, a minute or two each. With extra cargo arguments (another
+# profile or target) the suites build their own.
+if [ $# -eq 0 ]; then
+  cargo build --locked --workspace --all-targets
+  target=${CARGO_TARGET_DIR:-target}
+  case $target in /*) ;; *) target="$PWD/$target" ;; esac
+  export ATMOST_BIN="${ATMOST_BIN:-$target/debug/atmost}"
+  export ATMOST_MCP_BIN="${ATMOST_MCP_BIN:-$target/debug/atmost-mcp}"
+fi
 # The examples in the docs (the client's), compiled and run.
 cargo test --locked --workspace --doc 2>&1 | tee -a "$log"
 scripts/readme.sh

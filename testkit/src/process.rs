@@ -42,23 +42,33 @@ fn ping(port: u16) -> bool {
     s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
-/// Whose is the socket listening on 127.0.0.1:`port`: whether process
-/// `pid` holds it, from the kernel's tables (no command of the server's,
-/// which a test may have renamed away). `None` where there is no /proc to
-/// tell, or no listener yet.
+/// Whether process `pid` holds the socket listening on `port` (any local
+/// address, IPv4 or IPv6), from the kernel's tables: no command of the
+/// server's, which a test may have renamed away. `None` only where there is
+/// no /proc to tell; a process gone, or no listener of its, is `false`.
 fn listener_is(pid: u32, port: u16) -> Option<bool> {
-    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    let local = format!("0100007F:{port:04X}");
+    let v4 = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let v6 = std::fs::read_to_string("/proc/net/tcp6").unwrap_or_default();
+    let port = format!(":{port:04X}");
     // sl local_address rem_address st ... inode: a listener is state 0A.
-    let inode = table.lines().skip(1).find_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        (fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A"))
-            .then(|| fields.get(9).map(|i| format!("socket:[{i}]")))
-            .flatten()
-    })?;
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let listeners: Vec<String> = v4
+        .lines()
+        .skip(1)
+        .chain(v6.lines().skip(1))
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local = fields.get(1)?;
+            (local.ends_with(&port) && fields.get(3) == Some(&"0A"))
+                .then(|| fields.get(9).map(|inode| format!("socket:[{inode}]")))
+                .flatten()
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Some(false);
+    };
     Some(fds.flatten().any(|fd| {
-        std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == inode.as_str())
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| listeners.iter().any(|l| target.as_os_str() == l.as_str()))
     }))
 }
 
@@ -276,8 +286,9 @@ fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> std::io::Result<Tethe
     while Instant::now() < deadline {
         if ping(port) {
             match listener_is(child.pid(), port) {
-                Some(true) | None => return Ok(child),
-                Some(false) => {
+                Some(true) => return Ok(child),
+                None if child.is_running() => return Ok(child),
+                None | Some(false) => {
                     child.kill();
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::AddrInUse,
