@@ -60,12 +60,11 @@ const PAGE: usize = 16;
 /// search checks one limit, and the other holds only as a bystander.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Limit {
-    /// One call per tool; a budget of two calls. A second key fits the
-    /// budget once the first call failed (its money back, its slot used):
-    /// only the cap refuses it.
+    /// One call per tool; a budget of two calls: only the cap can refuse
+    /// a second key.
     Cap,
-    /// A budget of one call; two calls per tool. A second key fits the cap
-    /// while the first is reserved: only the budget refuses it.
+    /// A budget of one call; two calls per tool: only the budget can
+    /// refuse a second key.
     Budget,
 }
 

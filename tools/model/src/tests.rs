@@ -63,8 +63,8 @@ fn holds_everywhere(bounds: Bounds, witnesses: &[&str]) {
 }
 
 /// Searches with `holes` planted until a property fails; that it is
-/// `property`, and the path that breaks it.
-fn finds(bounds: Bounds, holes: Holes, property: &'static str) {
+/// `property`, and the path that breaks it (the shortest: breadth first).
+fn finds(bounds: Bounds, holes: Holes, property: &'static str) -> Vec<Action> {
     let protocol = Protocol::new(bounds).with_holes(holes);
     let started = Instant::now();
     let checker = protocol
@@ -77,7 +77,9 @@ fn finds(bounds: Bounds, holes: Holes, property: &'static str) {
     let path = checker
         .discovery(property)
         .unwrap_or_else(|| panic!("not found: {property}"));
-    println!("{property}, broken by:\n{:#?}", path.into_actions());
+    let actions = path.into_actions();
+    println!("{property}, broken by:\n{actions:#?}");
+    actions
 }
 
 #[test]
@@ -122,13 +124,22 @@ fn an_agent_that_retries_and_restarts_keeps_the_promise_in_every_state() {
 /// its Commit Failed is taken, returning money A's call may have spent.
 #[test]
 fn it_finds_hole_1_another_agent_settles_an_uncertain_attempt() {
-    finds(
-        Bounds::AGENTS,
+    let path = finds(
+        // No id learnt elsewhere: the REPLAY must hand it over.
+        Bounds {
+            leaks: 0,
+            ..Bounds::AGENTS
+        },
         Holes {
             store_ignores_the_agent: true,
             ..Holes::default()
         },
         "no agent settles another's attempt",
+    );
+    assert!(
+        path.iter()
+            .any(|a| matches!(a, Action::SettleHanded { .. })),
+        "{path:#?}"
     );
 }
 
@@ -136,13 +147,18 @@ fn it_finds_hole_1_another_agent_settles_an_uncertain_attempt() {
 /// learnt elsewhere settles another agent's attempt.
 #[test]
 fn it_finds_a_settle_that_ignores_the_holder() {
-    finds(
+    let path = finds(
         Bounds::AGENTS,
         Holes {
             settle_ignores_the_holder: true,
             ..Holes::default()
         },
         "no agent settles another's attempt",
+    );
+    assert!(
+        path.iter()
+            .any(|a| matches!(a, Action::SettleLeaked { .. })),
+        "{path:#?}"
     );
 }
 
