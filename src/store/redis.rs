@@ -1073,8 +1073,6 @@ impl RedisStore {
         }
     }
 
-    /// One tenant's batch of [`Store::sweep`]: how many entries it dropped,
-    /// and whether the index was empty when last read.
     /// Up to `limit` members of the tenants index from `from` (a ZRANGEBYLEX
     /// bound), in name order.
     async fn tenants_page(
@@ -1095,6 +1093,8 @@ impl RedisStore {
             .map_err(|e| self.lost(e))
     }
 
+    /// One tenant's batch of [`Store::sweep`]: how many entries it dropped,
+    /// and whether the index was empty when last read.
     async fn sweep_tenant(
         &self,
         conn: &mut Conn,

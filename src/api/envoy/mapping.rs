@@ -64,9 +64,18 @@ impl Route {
     }
 
     /// Whether `method` and the path's segments match, each literal
-    /// segment byte for byte or (`folded`) ignoring ASCII case.
+    /// segment byte for byte or (`folded`) as an upstream may: ignoring
+    /// ASCII case, the method's too, and a HEAD run as the GET (Express,
+    /// Rails, Spring and ASP.NET Core all do).
     fn matches_parts(&self, method: &str, given: &[&str], folded: bool) -> bool {
-        if self.method.as_deref().is_some_and(|m| m != method) {
+        let method_matches = |m: &str| match folded {
+            false => m == method,
+            true => {
+                m.eq_ignore_ascii_case(method)
+                    || (m.eq_ignore_ascii_case("GET") && method.eq_ignore_ascii_case("HEAD"))
+            }
+        };
+        if self.method.as_deref().is_some_and(|m| !method_matches(m)) {
             return false;
         }
         if given.is_empty()
@@ -769,27 +778,45 @@ mod tests {
             } else {
                 "matches no route"
             };
-            for path in [
-                "/v1/charges/abc/CAPTURE",
-                "/v1/charges/abc/Capture",
-                "/v1/charges/abc/capture.json",
-                "/v1/charges/abc/capture.JSON",
-                "/v1/charges/abc/CAPTURE.json",
-                "/v1/charges/abc/capture.tar.gz",
-                "/v1/charges/abc/CAPTURE?x=1",
+            for (method, path) in [
+                ("POST", "/v1/charges/abc/CAPTURE"),
+                ("POST", "/v1/charges/abc/Capture"),
+                ("POST", "/v1/charges/abc/capture.json"),
+                ("POST", "/v1/charges/abc/capture.JSON"),
+                ("POST", "/v1/charges/abc/CAPTURE.json"),
+                ("POST", "/v1/charges/abc/capture.tar.gz"),
+                ("POST", "/v1/charges/abc/CAPTURE?x=1"),
+                // The method's case too (ASP.NET Core ignores it).
+                ("post", "/v1/charges/abc/capture"),
+                ("Post", "/v1/charges/abc/capture.json"),
             ] {
-                let why = tool(&routes, "POST", path).expect_err(path);
-                assert!(why.contains(matched), "{path}: {why}");
+                let why = tool(&routes, method, path).expect_err(path);
+                assert!(why.contains(matched), "{method} {path}: {why}");
                 assert!(
                     why.ends_with(
                         "could read it as tool.route[1] (POST /v1/charges/{id}/capture -> wallet.capture)"
                     ),
-                    "{path}: {why}"
+                    "{method} {path}: {why}"
                 );
                 let shown = crate::domain::shown(path.split('?').next().unwrap());
                 assert!(why.starts_with(&format!("the path {shown} ")), "{why}");
             }
         }
+        // A HEAD runs the GET on most upstreams.
+        let text = "[[tool.route]]\nmethod = \"GET\"\npath = \"/v1/reports/{id}/export\"\ntool = \"reports.export\"\n[[tool.route]]\npath = \"/v1/*\"\ntool = \"wallet.read\"\n";
+        let routes = Mapping::parse(Path::new("t.toml"), text)
+            .expect("a valid mapping")
+            .tool
+            .routes;
+        let why = tool(&routes, "HEAD", "/v1/reports/r1/export").expect_err("HEAD");
+        assert!(
+            why.ends_with("(GET /v1/reports/{id}/export -> reports.export)"),
+            "{why}"
+        );
+        assert_eq!(
+            tool(&routes, "GET", "/v1/reports/r1/export"),
+            Ok(Some("reports.export"))
+        );
         // Not even the catch-all's `/v1` matches: any route it folds onto.
         let why = tool(&table(true), "POST", "/V1/CHARGES/abc/capture").expect_err("folded");
         assert!(why.contains("matches no route"), "{why}");
