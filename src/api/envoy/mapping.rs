@@ -756,7 +756,12 @@ mod tests {
         if catch_all {
             text.push_str("[[tool.route]]\npath = \"/v1/*\"\ntool = \"wallet.read\"\n");
         }
-        Mapping::parse(Path::new("t.toml"), &text)
+        routes(&text)
+    }
+
+    /// The route table of a mapping file's text.
+    fn routes(text: &str) -> Vec<Route> {
+        Mapping::parse(Path::new("t.toml"), text)
             .expect("a valid mapping")
             .tool
             .routes
@@ -804,10 +809,7 @@ mod tests {
         }
         // A HEAD runs the GET on most upstreams.
         let text = "[[tool.route]]\nmethod = \"GET\"\npath = \"/v1/reports/{id}/export\"\ntool = \"reports.export\"\n[[tool.route]]\npath = \"/v1/*\"\ntool = \"wallet.read\"\n";
-        let routes = Mapping::parse(Path::new("t.toml"), text)
-            .expect("a valid mapping")
-            .tool
-            .routes;
+        let routes = routes(text);
         let why = tool(&routes, "HEAD", "/v1/reports/r1/export").expect_err("HEAD");
         assert!(
             why.ends_with("(GET /v1/reports/{id}/export -> reports.export)"),
@@ -874,8 +876,7 @@ mod tests {
     /// literal the table spells in capitals is folded against too.
     #[test]
     fn a_path_that_folds_onto_the_same_tool_passes() {
-        let routes = Mapping::parse(
-            Path::new("t.toml"),
+        let routes = routes(
             r#"
 [[tool.route]]
 path = "/v1/Charges/{id}"
@@ -887,10 +888,7 @@ tool = "wallet.read"
 path = "/v1/Reports/{id}"
 tool = "reports.export"
 "#,
-        )
-        .unwrap()
-        .tool
-        .routes;
+        );
         assert_eq!(
             tool(&routes, "GET", "/v1/charges/abc"),
             Ok(Some("wallet.read"))
