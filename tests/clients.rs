@@ -140,7 +140,7 @@ async fn dispatch_commits_and_the_same_key_replays(kind: Kind) {
     assert_eq!(tool.ids(), [first.attempt.attempt_id.as_str()]);
     assert_eq!(
         first.attempt.request_fingerprint,
-        fingerprint(&charge_request(500)),
+        fingerprint(&charge_request(500)).unwrap(),
         "the request's RFC 8785 fingerprint"
     );
 

@@ -127,7 +127,7 @@ pub struct GuardedCall {
     permit_id: String,
     tool: String,
     key: String,
-    fingerprint: Option<Vec<u8>>,
+    fingerprint: Option<Result<Vec<u8>, crate::FingerprintError>>,
     cost: i64,
     holder_token: Option<Vec<u8>>,
     dispatch_timeout: Option<Duration>,
@@ -169,16 +169,19 @@ impl GuardedCall {
         }
     }
 
-    /// The request, fingerprinted with [`crate::fingerprint`] (SHA-256 of
-    /// its RFC 8785 canonical JSON).
-    pub fn request(mut self, request: &serde_json::Value) -> Self {
-        self.fingerprint = Some(crate::fingerprint(request).to_vec());
+    /// The request (a `serde_json::Value` or anything `Serialize`),
+    /// fingerprinted with [`crate::fingerprint`] (SHA-256 of its RFC 8785
+    /// canonical JSON). One JSON cannot carry exactly (NaN, an infinity, a
+    /// number past ±(2^53 - 1)) makes the call fail with
+    /// [`GuardError::InvalidCall`] before anything is asked.
+    pub fn request<T: serde::Serialize + ?Sized>(mut self, request: &T) -> Self {
+        self.fingerprint = Some(crate::fingerprint(request).map(|f| f.to_vec()));
         self
     }
 
     /// An explicit fingerprint (1..=64 bytes) instead of a JSON request.
     pub fn fingerprint(mut self, fingerprint: impl Into<Vec<u8>>) -> Self {
-        self.fingerprint = Some(fingerprint.into());
+        self.fingerprint = Some(Ok(fingerprint.into()));
         self
     }
 
@@ -233,8 +236,10 @@ impl GuardedCall {
     /// "no token" and silently lose the recovery it was given for).
     fn check(&self) -> Result<(), GuardError> {
         let invalid = |what: &str| Err(GuardError::InvalidCall(what.to_owned()));
-        if self.fingerprint.is_none() {
-            return invalid("no request: give .request(&json) or .fingerprint(bytes)");
+        match &self.fingerprint {
+            None => return invalid("no request: give .request(&json) or .fingerprint(bytes)"),
+            Some(Err(e)) => return invalid(&e.to_string()),
+            Some(Ok(_)) => {}
         }
         if self.holder_token.as_ref().is_some_and(Vec::is_empty) {
             return invalid("holder_token is empty: give 1..=64 bytes, or none for a random one");
@@ -558,7 +563,11 @@ impl Client {
             permit_id: call.permit_id.clone(),
             tool: call.tool.clone(),
             idempotency_key: call.key.clone(),
-            request_fingerprint: call.fingerprint.clone().unwrap_or_default(),
+            request_fingerprint: call
+                .fingerprint
+                .clone()
+                .and_then(Result::ok)
+                .unwrap_or_default(),
             cost: call.cost,
             holder_token,
         };

@@ -54,7 +54,7 @@ mod fingerprint;
 mod guarded;
 
 pub use connect::{ClientBuilder, ConnectError};
-pub use fingerprint::fingerprint;
+pub use fingerprint::{FingerprintError, MAX_SAFE_NUMBER, fingerprint};
 pub use guarded::{
     AttemptId, DEFAULT_MAX_RETRY_TIME, DEFAULT_MAX_TRIES, DispatchError, Dispatched, FIRST_BACKOFF,
     GuardError, GuardedCall, LEASE_MARGIN, MAX_BACKOFF, MAX_STORED_RESULT, Outcome, RetryLimits,

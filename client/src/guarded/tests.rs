@@ -218,9 +218,22 @@ fn settings_that_allow_no_call_are_refused_before_any_rpc() {
     assert!(base().check().is_ok());
     let json = GuardedCall::new("p", "t", "k").request(&serde_json::json!({"a": 1}));
     assert_eq!(
-        json.fingerprint.as_deref(),
-        Some(&crate::fingerprint(&serde_json::json!({"a": 1}))[..])
+        json.fingerprint.clone().and_then(Result::ok).as_deref(),
+        Some(&crate::fingerprint(&serde_json::json!({"a": 1})).unwrap()[..])
     );
+    // A request JSON cannot carry exactly is refused before any RPC.
+    let big: serde_json::Value = serde_json::from_str(r#"{"id": 9007199254740993}"#).unwrap();
+    match GuardedCall::new("p", "t", "k").request(&big).check() {
+        Err(GuardError::InvalidCall(why)) => {
+            assert!(why.contains("/id") && why.contains("2^53"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let nan = std::collections::BTreeMap::from([("amount", f64::NAN)]);
+    match GuardedCall::new("p", "t", "k").request(&nan).check() {
+        Err(GuardError::InvalidCall(why)) => assert!(why.contains("NaN"), "{why}"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
