@@ -32,7 +32,7 @@ from .errors import (
     Unauthenticated,
     Unavailable,
 )
-from .fingerprint import canonical_json, fingerprint
+from .fingerprint import FingerprintError, canonical_json, fingerprint
 from .guard import GuardedCall, Outcome
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "CommitNotRecorded",
     "DeadlineExceeded",
     "Denied",
+    "FingerprintError",
     "GuardedCall",
     "HeldByEarlierRun",
     "InProgress",
