@@ -6,7 +6,10 @@ read from its first stdout line; every process started is killed at the
 end, whatever happened. Three are shared by the session: a plain one, one
 with --auth-keys, and one over TLS (with client certificates and keys).
 A test that needs the store to stall starts its own redis-server
-(:class:`Redis`) and an atmost on it.
+(:class:`Redis`) and an atmost on it. A test of what no atmost answers (a
+proxy in front of it refusing the call, a broken server) puts a
+:class:`FrontEnd` of its own, a real gRPC server, between the client and a
+real atmost.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Iterator, List, Optional
+from concurrent import futures
+from typing import Callable, Dict, Iterator, List, Optional
 
+import grpc
 import pytest
 import trustme
 
@@ -252,3 +257,81 @@ class Redis:
             self.process.kill()  # SIGKILL ends a stopped process too
         self.process.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# === a gRPC front end in front of atmost ===
+
+#: hook(request bytes, context, forward) -> response bytes; forward(request
+#: bytes) sends the request on to atmost and returns its answer's bytes (an
+#: error atmost answers is passed back as it is, details and all).
+Hook = Callable[[bytes, grpc.ServicerContext, Callable[[bytes], bytes]], bytes]
+
+
+class _Status(grpc.Status):
+    def __init__(self, code: grpc.StatusCode, details: str, trailing_metadata: tuple) -> None:
+        self.code, self.details, self.trailing_metadata = code, details, trailing_metadata
+
+
+class FrontEnd:
+    """A gRPC server (grpcio, on a free loopback port) in front of a real
+    atmost, what a proxy or a TLS front end is: every call goes on to atmost
+    as its bytes, with its ``authorization``, and its answer comes back as
+    atmost gave it, unless ``hooks`` has the method's name (``"Commit"``):
+    then the hook answers, forwarding or not. For the answers no atmost
+    gives: a refusal without atmost's ErrorInfo, a broken server's."""
+
+    def __init__(self, upstream: str, hooks: Optional[Dict[str, Hook]] = None) -> None:
+        self.hooks = dict(hooks or {})
+        #: The method names called, in order.
+        self.calls: List[str] = []
+        self._channel = grpc.insecure_channel(upstream)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        front = self
+
+        class Handler(grpc.GenericRpcHandler):
+            def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+                method = details.method
+                return grpc.unary_unary_rpc_method_handler(
+                    lambda request, context: front._handle(method, request, context)
+                )
+
+        self._server.add_generic_rpc_handlers((Handler(),))
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        self.address = f"127.0.0.1:{port}"
+
+    def _handle(self, method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+        name = method.rsplit("/", 1)[-1]
+        self.calls.append(name)
+
+        def forward(body: bytes) -> bytes:
+            metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
+            try:
+                return self._channel.unary_unary(method)(
+                    body, metadata=metadata, timeout=context.time_remaining()
+                )
+            except grpc.RpcError as e:
+                context.abort_with_status(_Status(e.code(), e.details(), e.trailing_metadata() or ()))
+                raise  # abort_with_status raises; never reached
+
+        hook = self.hooks.get(name)
+        return hook(request, context, forward) if hook is not None else forward(request)
+
+    def stop(self) -> None:
+        self._server.stop(grace=None)
+        self._channel.close()
+
+
+@pytest.fixture
+def front_end() -> Iterator:
+    """front_end(upstream, **hooks) -> FrontEnd, stopped after the test."""
+    started: List[FrontEnd] = []
+
+    def start(upstream: str, **hooks: Hook) -> FrontEnd:
+        front = FrontEnd(upstream, hooks)
+        started.append(front)
+        return front
+
+    yield start
+    for front in started:
+        front.stop()

@@ -45,6 +45,25 @@ DENIED_REASONS = frozenset(
     }
 )
 
+#: The reasons this client knows that are not refusals of the call: each is
+#: read by its own kind (or is the plain :class:`AtmostError` of a settle
+#: that does not apply). A reason outside these and :data:`DENIED_REASONS`
+#: is newer than this client, and is read as a refusal: :class:`Denied`.
+OTHER_REASONS = frozenset(
+    {
+        "IDEMPOTENCY_IN_PROGRESS",  # InProgress
+        "STORE_UNAVAILABLE",  # Unavailable: retried
+        "OVERLOADED",  # Unavailable: retried
+        "DEADLINE_EXCEEDED",  # DeadlineExceeded: retried
+        "UNAUTHENTICATED",  # Unauthenticated, a Denied
+        "INVALID_REQUEST",  # InvalidRequest
+        "ATTEMPT_NOT_FOUND",  # AtmostError: a settle of a key the permit never saw
+        "ATTEMPT_MISMATCH",  # AtmostError: a stale attempt id
+        "ATTEMPT_STATE_CONFLICT",  # AtmostError: the attempt is settled otherwise
+        "MESSAGE_TOO_LARGE",  # AtmostError with .limit: the request was larger than the server reads
+    }
+)
+
 
 class AtmostError(Exception):
     """Base of every atmost_client error.
@@ -103,10 +122,13 @@ class AtmostError(Exception):
 
 
 class Denied(AtmostError):
-    """atmost refused the request (a reason of :data:`DENIED_REASONS`):
-    past a cap or the budget, out of scope, revoked, expired, unknown
-    permit, a key reused for another request, a quota, a role. Nothing was
-    dispatched; retrying the same request gets the same answer."""
+    """atmost refused the request (a reason of :data:`DENIED_REASONS`, or
+    one newer than this client): past a cap or the budget, out of scope,
+    revoked, expired, unknown permit, a key reused for another request, a
+    quota, a role; or authentication (:class:`Unauthenticated`), or a
+    PERMISSION_DENIED from a proxy in front of atmost (no ErrorInfo).
+    Nothing was dispatched; retrying the same request gets the same
+    answer."""
 
 
 class InProgress(AtmostError):
@@ -130,9 +152,11 @@ class DeadlineExceeded(Unavailable):
     started) or from the transport (nothing known). Retry with the same key."""
 
 
-class Unauthenticated(AtmostError):
-    """UNAUTHENTICATED: no API key, an unknown one, or a malformed
-    ``authorization``. Never retried: the same key fails the same way."""
+class Unauthenticated(Denied):
+    """UNAUTHENTICATED (from atmost, or a proxy in front of it): no API key,
+    an unknown one, or a malformed ``authorization``. A :class:`Denied`
+    (kept as its own class for compatibility). Never retried: the same key
+    fails the same way."""
 
 
 class InvalidRequest(AtmostError):
@@ -151,7 +175,8 @@ class ToolFailed(AtmostError):
     ``replayed`` is true when it is the stored outcome of an earlier call of
     the same key."""
 
-    def __init__(self, failure_reason: str = "", **kw: Any) -> None:
+    def __init__(self, failure_reason: Any = "", **kw: Any) -> None:
+        failure_reason = text_of(failure_reason)  # a reason that is not a string is recorded as its str()
         super().__init__(failure_reason, **kw)
         #: What the tool said: the attempt's ``failure_reason``.
         self.failure_reason = failure_reason
@@ -210,17 +235,42 @@ class HeldByEarlierRun(AtmostError):
 
 class CommitNotRecorded(AtmostError):
     """The call's outcome could not be recorded (Commit or MarkUncertain
-    still failed after the retries). The attempt turns UNCERTAIN at its
-    lease and an operator resolves it. ``outcome`` names what was being
-    recorded (``"SUCCEEDED"``, ``"FAILED"``, ``"NOT_SENT"``,
-    ``"UNCERTAIN"``); ``result`` is the dispatch's result when it had one;
-    the last RPC error is the ``__cause__``."""
+    still failed after the retries, raised something that is not an RPC
+    error, such as the ValueError of a closed channel, or could not be
+    sent: an ``actual_cost`` that is not an int in 0..2^63-1), or atmost
+    answered the Commit without a SUCCEEDED attempt and its receipt (a
+    broken server). The attempt turns UNCERTAIN at its lease and an
+    operator resolves it. ``outcome`` names what was being recorded
+    (``"SUCCEEDED"``, ``"FAILED"``, ``"NOT_SENT"``, ``"UNCERTAIN"``);
+    ``result`` is the dispatch's whole result for a success,
+    ``failure_reason`` the reason for FAILED or UNCERTAIN; the cause (the
+    last RPC error, or what was raised) is the ``__cause__``."""
 
-    def __init__(self, message: str, *, attempt_id: str, outcome: str, result: Any = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        attempt_id: str,
+        outcome: str,
+        result: Any = None,
+        failure_reason: Optional[str] = None,
+    ) -> None:
         super().__init__(message)
         self.attempt_id = attempt_id
         self.outcome = outcome
         self.result = result
+        self.failure_reason = failure_reason
+
+
+def text_of(value: Any) -> str:
+    """``value`` as text: itself when a str, else its ``str()`` (its type's
+    name when even that raises)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 (a broken __str__ must not stop an outcome from being recorded)
+        return f"<{type(value).__name__}>"
 
 
 # === from a failed call ===
@@ -264,6 +314,10 @@ def from_rpc_error(error: grpc.RpcError) -> AtmostError:
         return DeadlineExceeded(message, **kw)
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(message, **kw)
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
+    if code == grpc.StatusCode.INVALID_ARGUMENT or reason == "INVALID_REQUEST":
         return InvalidRequest(message, violations=violations, **kw)
+    if code == grpc.StatusCode.PERMISSION_DENIED and reason is None:
+        return Denied(message, **kw)  # a proxy or TLS front end in front of atmost refused the call
+    if reason is not None and reason not in OTHER_REASONS:
+        return Denied(message, **kw)  # a refusal newer than this client
     return AtmostError(message, **kw)
