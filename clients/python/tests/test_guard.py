@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from typing import Any, List
 
 import grpc
@@ -505,12 +506,16 @@ class Relay:
     that it can lose one answer: with ``lose_response=n``, the connection is
     cut just before the first DATA frame of the n-th response (counted
     across connections), after atmost has applied and answered the request.
+    With ``hold_first``, the first bytes of each connection (atmost's HTTP/2
+    SETTINGS) are held that many seconds: a server slow to answer the
+    connection, as over a long link or a loaded machine.
     """
 
-    def __init__(self, port: int, upstream: str, lose_response: int = 0) -> None:
+    def __init__(self, port: int, upstream: str, lose_response: int = 0, hold_first: float = 0.0) -> None:
         host, _, up_port = upstream.rpartition(":")
         self.upstream = (host, int(up_port))
         self.lose_response = lose_response
+        self.hold_first = hold_first
         self.responses = 0
         self.lost = threading.Event()
         self.lock = threading.Lock()
@@ -545,12 +550,15 @@ class Relay:
     def _frames(self, src: socket.socket, dst: socket.socket) -> None:
         """Server to client, frame by frame: 9 bytes of header (length 3,
         type 1, flags 1, stream id 4), then the payload; type 0 is DATA."""
-        buffer, streams = b"", set()
+        buffer, streams, first = b"", set(), True
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                if first and self.hold_first:
+                    time.sleep(self.hold_first)  # the fault itself: a server slow to say hello
+                first = False
                 buffer += data
                 out = b""
                 while len(buffer) >= 9:
@@ -613,6 +621,19 @@ def test_authorize_is_retried_until_the_server_is_up(client, server, relays):
     assert not outcome.replayed and len(tool.sent) == 1
     assert failures and all(isinstance(e, Unavailable) for e in failures)
     assert failures[0].code == grpc.StatusCode.UNAVAILABLE and failures[0].reason is None
+
+
+def test_a_server_slow_to_answer_the_connection_is_waited_for(client, server, relays):
+    # atmost's first bytes take 0.5 s to come (a far server's TLS handshake,
+    # a loaded machine): the connection attempt waits for them, within the
+    # call's deadline, rather than failing after 100 ms, which no retry
+    # helps when every attempt is as slow.
+    permit = new_permit(client)
+    relay = Relay(free_port(), server.address, hold_first=0.5)
+    relays.append(relay)
+    port = relay.listener.getsockname()[1]
+    with Client(f"127.0.0.1:{port}") as slow:
+        assert slow.get_permit(permit).permit.permit_id == permit  # one try, no retries
 
 
 def test_a_lost_authorize_answer_is_retried_with_the_same_holder_token(client, server, relays):

@@ -34,9 +34,12 @@ _log = logging.getLogger("atmost_client")
 #: RPC fails at once with UNAVAILABLE, so the guarded call's retries
 #: (50 ms doubling to 2 s) would all land inside one backoff. Reconnecting
 #: on the same scale makes a server that comes back reachable to them.
+#: ``grpc.min_reconnect_backoff_ms`` is left alone: grpc core takes it as the
+#: least time a connection attempt gets (20 s by default), and 100 ms fails
+#: every attempt to a server slower than that to say hello (a far TLS
+#: handshake, a loaded machine); each call's own deadline bounds the wait.
 DEFAULT_CHANNEL_OPTIONS: Tuple[Tuple[str, Any], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
 
