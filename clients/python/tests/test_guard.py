@@ -8,16 +8,18 @@ import os
 import socket
 import threading
 import time
-from typing import Any, List
+from typing import Any, List, Optional
 
 import grpc
 import pytest
 from conftest import free_port
 
 from atmost_client import (
+    AtmostError,
     Client,
     CommitNotRecorded,
     Denied,
+    FingerprintError,
     HeldByEarlierRun,
     InProgress,
     InvalidRequest,
@@ -29,7 +31,7 @@ from atmost_client import (
     fingerprint,
     pb,
 )
-from atmost_client.guard import LEASE_MARGIN, dispatch_time
+from atmost_client.guard import LEASE_MARGIN, dispatch_deadline
 
 TOOL = "wallet.charge"
 REQUEST = {"amount": 500, "currency": "EUR", "to": "acct_42"}
@@ -366,15 +368,24 @@ def test_a_restart_with_a_kept_token_settles_the_attempt_and_never_sends_again(c
 
 
 def test_the_dispatch_time_is_what_atmost_says_is_left_less_the_margin():
-    # Seconds from the DISPATCH's arrival: lease_remaining, lease, time since the first try, timeout.
-    assert dispatch_time(30.0, 30.0, 0.7, None) == 29.0  # a fresh DISPATCH: the whole lease was left
-    assert dispatch_time(1.5, 3.0, 0.7, None) == 0.5  # a redelivery late in the lease: what is left
-    assert dispatch_time(1.5, 3.0, 0.7, 5) == 0.5  # a longer timeout is cut to it
-    assert dispatch_time(1.5, 3.0, 0.7, 0.2) == 0.2  # a shorter one is kept
-    assert dispatch_time(0.9, 3.0, 0.7, 5) < 0  # under the margin: no time, dispatch is not called
+    # Instants: the first try sent at 100, the answered one at 100.5, its answer arrived at 100.7.
+    def deadline(lease_remaining, lease, timeout, arrived=100.7):
+        return dispatch_deadline(
+            lease_remaining, lease, first_try=100.0, answered_try=100.5, arrived=arrived, timeout=timeout
+        )
+
+    # What atmost said was left, less the margin, counted from the answered try.
+    assert deadline(30.0, 30.0, None) == (100.5 + 29.0, 29.0)  # a fresh DISPATCH: the whole lease
+    assert deadline(1.5, 3.0, None) == (101.0, 0.5)  # a redelivery late in the lease: what is left
+    assert deadline(1.5, 3.0, 5) == (101.0, 0.5)  # a longer timeout is cut to it
+    assert deadline(1.5, 3.0, 0.2) == (100.7 + 0.2, 0.2)  # a shorter one is kept, from the arrival
+    assert deadline(0.9, 3.0, 5)[0] < 100.7  # under the margin: no time, dispatch is not called
+    # An answer that took 1.5 s to come back spent 1.5 s of the lease.
+    assert deadline(3.0, 3.0, None, arrived=102.0) == (102.5, 2.0)
+    assert deadline(2.0, 2.0, None, arrived=101.7)[0] < 101.7  # it took all of it: nothing left
     # A server that does not say: the whole lease, counted from the first try.
-    assert dispatch_time(None, 3.0, 0.7, None) == pytest.approx(1.3)
-    assert dispatch_time(None, 3.0, 0.7, 5) == pytest.approx(1.3)
+    assert deadline(None, 3.0, None) == (102.0, 2.0)
+    assert deadline(None, 3.0, 5) == (102.0, 2.0)
 
 
 def test_in_progress_waits_the_servers_retry_delay(client):
@@ -506,15 +517,29 @@ class Relay:
     that it can lose one answer: with ``lose_response=n``, the connection is
     cut just before the first DATA frame of the n-th response (counted
     across connections), after atmost has applied and answered the request.
+    With ``hold_response=n``, the n-th response is held there instead, for
+    ``hold`` seconds (an answer slow on its way back): ``held_at`` and
+    ``released_at`` are the instants (time.monotonic()) it was held and let go.
     With ``hold_first``, the first bytes of each connection (atmost's HTTP/2
     SETTINGS) are held that many seconds: a server slow to answer the
     connection, as over a long link or a loaded machine.
     """
 
-    def __init__(self, port: int, upstream: str, lose_response: int = 0, hold_first: float = 0.0) -> None:
+    def __init__(
+        self,
+        port: int,
+        upstream: str,
+        lose_response: int = 0,
+        hold_response: int = 0,
+        hold: float = 0.0,
+        hold_first: float = 0.0,
+    ) -> None:
         host, _, up_port = upstream.rpartition(":")
         self.upstream = (host, int(up_port))
         self.lose_response = lose_response
+        self.hold_response, self.hold = hold_response, hold
+        self.held_at: Optional[float] = None
+        self.released_at: Optional[float] = None
         self.hold_first = hold_first
         self.responses = 0
         self.lost = threading.Event()
@@ -571,11 +596,18 @@ class Relay:
                         with self.lock:
                             self.responses += 1
                             lose = self.responses == self.lose_response
+                            hold = self.responses == self.hold_response
                         if lose:
                             dst.sendall(out)
                             self.lost.set()
                             self._shut(src)
                             return
+                        if hold:
+                            dst.sendall(out)  # the answer's headers go; its message waits
+                            out = b""
+                            self.held_at = time.monotonic()
+                            time.sleep(self.hold)  # the fault itself: an answer slow on its way back
+                            self.released_at = time.monotonic()
                     out, buffer = out + buffer[:size], buffer[size:]
                 dst.sendall(out)
         except OSError:
@@ -673,6 +705,48 @@ def test_a_redelivered_dispatch_gets_only_what_is_left_of_the_lease(client, serv
     assert client.get_permit(permit).usage[0].calls_made == 1
 
 
+def test_an_answer_held_on_its_way_back_spends_the_lease(client, server, relays):
+    # atmost reserves and answers a fresh DISPATCH (the whole 4 s lease
+    # left), and the answer is held 1.5 s on its way back, past the 1 s
+    # margin. Counted from the arrival, the dispatch would get 3 s and run
+    # 0.5 s past the lease. It is counted from the Authorize try, sent
+    # before the reservation: the dispatch gets what is left.
+    permit = new_permit(client, lease=4.0)
+    relay = Relay(free_port(), server.address, hold_response=1, hold=1.5)
+    relays.append(relay)
+    port = relay.listener.getsockname()[1]
+    with Client(f"127.0.0.1:{port}") as c:
+        with c.guard(permit, TOOL, "charge-1", request=REQUEST) as call:
+            left = call.time_left()
+            assert relay.held_at is not None and relay.released_at is not None
+            held = relay.released_at - relay.held_at
+            assert held >= 1.5 and not call.redelivered
+            assert call.lease_remaining is not None and call.lease_remaining <= 4.0
+            assert call.timeout == call.lease_remaining - LEASE_MARGIN
+            # The try was sent before atmost answered, and so before the hold began.
+            assert call.deadline < relay.held_at + call.timeout
+            assert left < call.lease_remaining - LEASE_MARGIN - held
+            call.succeeded({"tx": 1})
+    assert client.get_permit(permit).usage[0].calls_made == 1
+
+
+def test_an_answer_held_past_the_lease_less_the_margin_is_not_sent(client, server, relays):
+    # A 2 s lease, its answer held 1.2 s: less than nothing is left after the
+    # margin. Counted from the arrival it would get 1 s, and send until 0.2 s
+    # past the lease. It is given back unsent, dispatch never called.
+    permit = new_permit(client, cap=1, lease=2.0)
+    relay = Relay(free_port(), server.address, hold_response=1, hold=1.2)
+    relays.append(relay)
+    port = relay.listener.getsockname()[1]
+    with Client(f"127.0.0.1:{port}") as c:
+        with pytest.raises(NotSent) as caught:
+            c.call_guarded(permit, TOOL, "charge-1", never, request=REQUEST, dispatch_timeout=30)
+    assert relay.released_at is not None and relay.released_at - relay.held_at >= 1.2
+    assert "no time to send" in str(caught.value)
+    assert client.get_permit(permit).usage[0].calls_made == 0
+    assert client.get_attempt(permit, "charge-1").attempt.state == pb.ATTEMPT_STATE_RELEASED
+
+
 def test_a_lost_commit_answer_is_retried_and_answered_the_same(client, server, relays):
     permit = new_permit(client)
     relay = Relay(free_port(), server.address, lose_response=2)
@@ -737,6 +811,22 @@ def test_refusals_are_not_retried(client):
         client.call_guarded("not-a-uuid", TOOL, "k", never, request=1, retry=retry)
     assert invalid.value.violations and invalid.value.violations[0][0] == "permit_id"
     assert retries == []
+
+
+def test_a_request_without_one_json_form_is_refused_before_authorize(client):
+    permit = new_permit(client)
+    for key, request, path in (
+        ("big", {"order": {"amount": 1e21}}, "/order/amount"),
+        ("set", {"tags": {"a"}}, "/tags"),
+        ("nan", [float("nan")], "/0"),
+    ):
+        with pytest.raises(FingerprintError) as caught:
+            client.call_guarded(permit, TOOL, key, never, request=request)
+        assert caught.value.path == path and path in str(caught.value)
+        with pytest.raises(AtmostError) as unknown:
+            client.get_attempt(permit, key)
+        assert unknown.value.reason == "ATTEMPT_NOT_FOUND", "Authorize was never sent"
+    assert all(u.calls_made == 0 for u in client.get_permit(permit).usage)
 
 
 @pytest.mark.parametrize(

@@ -20,14 +20,24 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
+import math
 import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Literal, Optional, Tuple, Union
 
 from . import pb
-from .errors import AtmostError, CommitNotRecorded, HeldByEarlierRun, NotSent, OutcomeUncertain, ToolFailed
+from .errors import (
+    AtmostError,
+    CommitNotRecorded,
+    HeldByEarlierRun,
+    NotSent,
+    OutcomeUncertain,
+    ToolFailed,
+    text_of,
+)
 from .fingerprint import fingerprint as fingerprint_of
 
 if TYPE_CHECKING:
@@ -42,7 +52,11 @@ MAX_RESULT_BYTES = 64 * 1024
 #: margin covers the answer's trip and the two clocks' rates.
 LEASE_MARGIN = 1.0
 
+#: The largest ``actual_cost`` atmost takes (an int64).
+MAX_COST = 2**63 - 1
+
 _UNSET: Any = object()
+_log = logging.getLogger("atmost_client")
 
 
 @dataclass(frozen=True)
@@ -80,15 +94,52 @@ class Outcome:
 
 def encode_result(result: Any) -> bytes:
     """The bytes a result is recorded as: bytes as they are, anything else as
-    its compact UTF-8 JSON; past 64 KiB, ``sha256:<hex>`` of those bytes.
-    A value json cannot encode raises TypeError or ValueError."""
+    its compact UTF-8 JSON, NaN and the infinities written ``null`` (as
+    JavaScript's JSON.stringify and serde_json write them; a lone surrogate
+    escaped, as JSON.stringify writes it, the rest then escaped too); past 64 KiB,
+    ``sha256:<hex>`` of those bytes. A result json cannot encode at all (a
+    set, an object, a cycle) is recorded empty (``b""``): the call went out
+    and succeeded, and the caller still gets the result as it is."""
     if isinstance(result, (bytes, bytearray, memoryview)):
         data = bytes(result)
     else:
-        data = json.dumps(result, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        try:
+            try:
+                text = _json(result)
+            except ValueError:  # NaN or an infinity (or a cycle, refused again below)
+                text = _json(_finite(result, set()))
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: escaped, as JSON.stringify writes it
+                data = _json(_finite(result, set()), ascii=True).encode("ascii")
+        except (TypeError, ValueError, RecursionError) as e:
+            _log.warning("a result json cannot encode is recorded empty (%s: %s)", type(e).__name__, e)
+            return b""
     if len(data) > MAX_RESULT_BYTES:
         data = b"sha256:" + hashlib.sha256(data).hexdigest().encode("ascii")
     return data
+
+
+def _json(value: Any, ascii: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ascii, separators=(",", ":"), allow_nan=False)
+
+
+def _finite(value: Any, above: set) -> Any:
+    """``value`` with every NaN and infinity made None (a copy of the
+    containers on their way); a cycle raises ValueError."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (dict, list, tuple)):
+        if id(value) in above:
+            raise ValueError("the result contains itself (a cycle)")
+        above.add(id(value))
+        if isinstance(value, dict):
+            copy: Any = {k: _finite(v, above) for k, v in value.items()}
+        else:
+            copy = [_finite(v, above) for v in value]
+        above.discard(id(value))
+        return copy
+    return value
 
 
 #: atmost keeps a reason of at most this many UTF-8 bytes (docs/api.md, "Limits").
@@ -133,8 +184,8 @@ class GuardedCall:
     only to recover and settle the attempt after a restart), ``timeout``
     (the dispatch deadline in seconds from when DISPATCH arrived; never past
     the default: what atmost said is left of the lease, less 1 s, counted
-    from when DISPATCH arrived), ``retry`` (a :class:`Retry`; default the
-    client's).
+    from when the Authorize try it answered was sent), ``retry`` (a
+    :class:`Retry`; default the client's).
     """
 
     def __init__(
@@ -191,8 +242,11 @@ class GuardedCall:
         self.lease_remaining: Optional[float] = None
         self.result: Any = None
         self.outcome: Optional[Outcome] = None
-        #: The time the dispatch was given, in seconds from when DISPATCH
-        #: arrived, and the deadline's instant on time.monotonic().
+        #: The seconds the binding rule gave the dispatch (what was left of
+        #: the lease less the margin, counted from the Authorize try that
+        #: was answered; or the caller's timeout, counted from when DISPATCH
+        #: arrived), and the deadline's instant on time.monotonic():
+        #: :meth:`time_left` is what remains of it.
         self.timeout: Optional[float] = None
         self.deadline: Optional[float] = None
         # "new" -> "dispatch" -> "settling" -> "settled"; "replay" for a
@@ -230,10 +284,11 @@ class GuardedCall:
             raise RuntimeError("a guarded call authorizes once")
         self._state = "authorizing"
         client = self._client
-        first_try = time.monotonic()
-        answer = client._retrying(
-            "Authorize",
-            lambda timeout: client.authorize(
+        tries: List[float] = []  # when each try was sent, on time.monotonic()
+
+        def send(timeout: float) -> pb.AuthorizeResponse:
+            tries.append(time.monotonic())
+            return client.authorize(
                 self.permit_id,
                 self.tool,
                 self.idempotency_key,
@@ -241,10 +296,9 @@ class GuardedCall:
                 cost=self.cost,
                 holder_token=self.holder_token,
                 timeout=timeout,
-            ),
-            self.retry,
-            in_progress=True,
-        )
+            )
+
+        answer = client._retrying("Authorize", send, self.retry, in_progress=True)
         arrived = time.monotonic()
         attempt = answer.attempt
         self.attempt = attempt
@@ -282,24 +336,55 @@ class GuardedCall:
         expires, created = attempt.lease_expires_at, attempt.created_at
         # In whole seconds and nanoseconds: exact, where two epoch floats would round.
         lease = (expires.seconds - created.seconds) + (expires.nanos - created.nanos) / 1e9
-        self.timeout = dispatch_time(self.lease_remaining, lease, arrived - first_try, self._timeout)
-        self.deadline = arrived + self.timeout
-        if self.time_left() <= 0:
+        self.deadline, self.timeout = dispatch_deadline(
+            self.lease_remaining,
+            lease,
+            first_try=tries[0],
+            answered_try=tries[-1],
+            arrived=arrived,
+            timeout=self._timeout,
+        )
+        if self.deadline - arrived <= 0:
             self.not_sent(
                 NotSent(
-                    f"the lease leaves no time to send ({self.timeout:.3g} s left at the DISPATCH"
-                    f" after the {LEASE_MARGIN} s margin)"
+                    f"the lease leaves no time to send ({self.deadline - arrived:.3g} s left at the"
+                    f" DISPATCH after the {LEASE_MARGIN} s margin)"
                 )
             )
         return self
 
     def succeeded(self, result: Any, *, actual_cost: Optional[int] = None) -> Outcome:
         """The tool answered: Commit Succeeded with ``result`` (recorded as
-        :func:`encode_result` says) and return the :class:`Outcome`."""
+        :func:`encode_result` says) and return the :class:`Outcome`.
+        ``actual_cost`` (an int in 0..2^63-1) replaces the cost reserved.
+        When nothing could be recorded (an ``actual_cost`` out of range, a
+        Commit that failed, or answered without the SUCCEEDED attempt and
+        its receipt), CommitNotRecorded carries ``result``."""
         self._require_dispatch()
-        data = encode_result(result)
         self._state = "settling"
+        if actual_cost is not None and (
+            isinstance(actual_cost, bool)
+            or not isinstance(actual_cost, int)
+            or not 0 <= actual_cost <= MAX_COST
+        ):
+            why = (
+                ValueError(f"actual_cost {actual_cost} is outside 0..2^63-1")
+                if isinstance(actual_cost, int) and not isinstance(actual_cost, bool)
+                else TypeError(
+                    f"actual_cost must be an int, not {type(actual_cost).__name__} {actual_cost!r}"
+                )
+            )
+            raise self._not_recorded("SUCCEEDED", why, result=result) from why
+        data = encode_result(result)
         attempt = self._commit("SUCCEEDED", result=data, actual_cost=actual_cost, value=result).attempt
+        if attempt.state != pb.ATTEMPT_STATE_SUCCEEDED or not attempt.HasField("receipt"):
+            # A broken server (or a proxy): what it recorded is unknown, the result must not be lost.
+            state = attempt.state
+            name = pb.AttemptState.Name(state) if state in pb.AttemptState.values() else f"state {state}"
+            why = AtmostError(f"atmost answered the Commit with the attempt {name} and no receipt")
+            if state == pb.ATTEMPT_STATE_SUCCEEDED:
+                why = AtmostError("atmost answered the Commit with the attempt SUCCEEDED but no receipt")
+            raise self._not_recorded("SUCCEEDED", why, result=result) from why
         self.attempt = attempt
         self.result = result
         self.outcome = Outcome(result, False, attempt, self.redelivered)
@@ -311,7 +396,8 @@ class GuardedCall:
         then raise ``error``."""
         self._require_dispatch()
         self._state = "settling"
-        self.attempt = self._commit("FAILED", failed=clip_reason(error.failure_reason)).attempt
+        reason = clip_reason(text_of(getattr(error, "failure_reason", "")))
+        self.attempt = self._commit("FAILED", failed=reason, failure_reason=reason).attempt
         self._state = "settled"
         error.attempt_id, error.attempt = self.attempt_id, self.attempt
         raise error
@@ -332,26 +418,17 @@ class GuardedCall:
         self._require_dispatch()
         self._state = "settling"
         client = self._client
+        reason = clip_reason(text_of(reason))
         try:
             answer = client._retrying(
                 "MarkUncertain",
                 lambda timeout: client.mark_uncertain(
-                    self.permit_id,
-                    self.idempotency_key,
-                    self.attempt_id,
-                    clip_reason(reason),
-                    timeout=timeout,
+                    self.permit_id, self.idempotency_key, self.attempt_id, reason, timeout=timeout
                 ),
                 self.retry,
             )
-        except AtmostError as error:
-            self._state = "settled"
-            raise CommitNotRecorded(
-                f"could not mark attempt {self.attempt_id} UNCERTAIN ({error});"
-                " it becomes UNCERTAIN at its lease",
-                attempt_id=self.attempt_id,
-                outcome="UNCERTAIN",
-            ) from error
+        except Exception as error:  # noqa: BLE001 (an RPC error, or a closed channel's ValueError)
+            raise self._not_recorded("UNCERTAIN", error, failure_reason=reason) from error
         self.attempt = answer.attempt
         self._state = "settled"
         return OutcomeUncertain(
@@ -368,6 +445,11 @@ class GuardedCall:
     def __exit__(self, kind: Any, error: Optional[BaseException], tb: Any) -> Literal[False]:
         if self._state != "dispatch":
             return False  # a replay, or settled (or settling failed): nothing to record
+        if error is not None and not isinstance(error, Exception):
+            # KeyboardInterrupt, SystemExit, GeneratorExit: recorded if it can
+            # be, and let through as they are, never swallowed.
+            _uncertain_if_possible(self, _describe(error))
+            return False
         if error is None:
             raise self.uncertain("the guarded block ended without settling the call") from RuntimeError(
                 "leave the block by call.succeeded(result), raise ToolFailed(reason) or raise NotSent()"
@@ -376,10 +458,7 @@ class GuardedCall:
             self.failed(error)
         if isinstance(error, NotSent) and _ours(error, self.attempt_id):
             self.not_sent(error)
-        uncertain = self.uncertain(_describe(error))
-        if not isinstance(error, Exception):
-            return False  # KeyboardInterrupt, SystemExit: recorded, and let through as they are
-        raise uncertain from error
+        raise self.uncertain(_describe(error)) from error
 
     # --- inside ---
 
@@ -396,7 +475,9 @@ class GuardedCall:
                 )
             )
 
-    def _commit(self, outcome: str, *, value: Any = None, **kw: Any) -> Any:
+    def _commit(
+        self, outcome: str, *, value: Any = None, failure_reason: Optional[str] = None, **kw: Any
+    ) -> Any:
         client = self._client
         try:
             return client._retrying(
@@ -406,39 +487,59 @@ class GuardedCall:
                 ),
                 self.retry,
             )
-        except AtmostError as error:
-            self._state = "settled"
-            raise CommitNotRecorded(
-                f"could not record attempt {self.attempt_id} as {outcome} ({error});"
-                " it becomes UNCERTAIN at its lease",
-                attempt_id=self.attempt_id,
-                outcome=outcome,
-                result=value,
-            ) from error
+        except Exception as error:  # noqa: BLE001 (an RPC error, a closed channel's ValueError, protobuf's TypeError)
+            raise self._not_recorded(outcome, error, result=value, failure_reason=failure_reason) from error
+
+    def _not_recorded(
+        self, outcome: str, error: BaseException, *, result: Any = None, failure_reason: Optional[str] = None
+    ) -> CommitNotRecorded:
+        """The CommitNotRecorded to raise from ``error``: nothing more will
+        be recorded by this call."""
+        self._state = "settled"
+        return CommitNotRecorded(
+            f"could not record attempt {self.attempt_id} as {outcome} ({_describe(error)});"
+            " it becomes UNCERTAIN at its lease",
+            attempt_id=self.attempt_id,
+            outcome=outcome,
+            result=result,
+            failure_reason=failure_reason,
+        )
 
 
-def dispatch_time(
-    lease_remaining: Optional[float], lease: float, since_first_try: float, timeout: Optional[float]
-) -> float:
-    """Seconds the dispatch gets, counted from when the DISPATCH arrived.
+def dispatch_deadline(
+    lease_remaining: Optional[float],
+    lease: float,
+    *,
+    first_try: float,
+    answered_try: float,
+    arrived: float,
+    timeout: Optional[float],
+) -> Tuple[float, float]:
+    """The dispatch deadline, an instant on time.monotonic(), and the
+    seconds that rule granted: ``(deadline, granted)``.
 
-    ``lease_remaining`` is what atmost said was left of the lease, decided
-    on the store's clock just before the answer left: from the arrival only
-    the answer's trip is overcounted, and :data:`LEASE_MARGIN` covers it.
-    From a server that does not say (``None``), the attempt's whole
-    ``lease`` counted from the call's first Authorize try,
-    ``since_first_try`` seconds before the arrival: every reservation a try
-    of this call can hold was made after it was sent. The caller's
-    ``timeout`` can only shorten it: past the lease the attempt reads
-    UNCERTAIN, an operator may resolve it NotSent and the key be used again,
-    and a call still sent then would exceed the cap."""
+    ``lease_remaining`` is what atmost said was left of the lease when it
+    decided, on the store's clock, counted here from ``answered_try``, the
+    instant the Authorize try it answered was sent (always before the
+    reservation it got, and before the decision): an answer held up on
+    its way back (a slow network, a proxy) spends the lease, never extends
+    it. Less :data:`LEASE_MARGIN`, for the two clocks' rates. From a server
+    that does not say (``None``), the attempt's whole ``lease`` counted
+    from ``first_try``, the call's first Authorize try: every reservation a
+    try of this call can hold was made after it was sent. The caller's
+    ``timeout``, counted from ``arrived`` (when the DISPATCH arrived), can
+    only shorten it: past the lease the attempt reads UNCERTAIN, an
+    operator may resolve it NotSent and the key be used again, and a call
+    still sent then would exceed the cap. ``granted`` is the binding rule's
+    own number (the lease less the margin, or the timeout)."""
     if lease_remaining is not None:
-        granted = lease_remaining - LEASE_MARGIN
+        granted, start = lease_remaining - LEASE_MARGIN, answered_try
     else:
-        granted = lease - LEASE_MARGIN - since_first_try
-    if timeout is not None:
-        granted = min(float(timeout), granted)
-    return granted
+        granted, start = lease - LEASE_MARGIN, first_try
+    deadline = start + granted
+    if timeout is not None and arrived + timeout < deadline:
+        granted, deadline = float(timeout), arrived + timeout
+    return deadline, granted
 
 
 def _ours(error: Union[ToolFailed, NotSent], attempt_id: str) -> bool:
@@ -455,8 +556,17 @@ def _ours(error: Union[ToolFailed, NotSent], attempt_id: str) -> bool:
 
 
 def _describe(error: BaseException) -> str:
-    text = str(error)
+    text = text_of(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _uncertain_if_possible(call: GuardedCall, reason: str) -> None:
+    """MarkUncertain for a KeyboardInterrupt or SystemExit on its way out:
+    best effort, so that it goes on as it is whatever happens here."""
+    try:
+        call.uncertain(reason)
+    except Exception:  # noqa: BLE001 (CommitNotRecorded: the attempt turns UNCERTAIN at its lease)
+        _log.warning("could not mark attempt %s UNCERTAIN on the way out", call.attempt_id, exc_info=True)
 
 
 # === the function forms ===
@@ -485,8 +595,10 @@ def call_guarded(
     ``dispatch`` raising a ToolFailed or NotSent of its own is recorded as
     such and raised; anything else it raises, a ToolFailed or NotSent of a
     guarded call made inside it included, is recorded UNCERTAIN and raised
-    as OutcomeUncertain from it. The other options are
-    :class:`GuardedCall`'s.
+    as OutcomeUncertain from it; a KeyboardInterrupt or SystemExit (raised
+    by ``dispatch``, or arriving while this waits for it) is recorded
+    UNCERTAIN when it can be and raised again as it is. The other options
+    are :class:`GuardedCall`'s.
     """
     if not callable(dispatch):
         raise TypeError("dispatch must be callable: dispatch(attempt_id) -> result")
@@ -507,23 +619,30 @@ def call_guarded(
             done.set()
 
     worker = threading.Thread(target=work, name=f"atmost dispatch {idempotency_key}", daemon=True)
-    worker.start()
-    if not done.wait(call.time_left()):
+    try:
+        worker.start()
+        finished = done.wait(call.time_left())
+    except BaseException as interrupted:  # KeyboardInterrupt (Ctrl-C), SystemExit from a signal handler
+        # The dispatch may be sending: recorded as unknown if it can be, and
+        # the interruption goes on as it is, never swallowed.
+        _uncertain_if_possible(call, f"interrupted while waiting for dispatch: {_describe(interrupted)}")
+        raise
+    if not finished:
         raise call.uncertain(
             f"dispatch did not return within its deadline of {call.timeout:.3g} s"
         ) from TimeoutError(f"dispatch still running after {call.timeout:.3g} s")
     error = box.get("error")
     if error is None:
-        try:
-            return call.succeeded(box["result"])
-        except (TypeError, ValueError) as e:
-            if call._state != "dispatch":
-                raise
-            error = e  # a result json cannot encode: the call went out, what it did is not recorded
+        return call.succeeded(box["result"])
     if isinstance(error, ToolFailed) and _ours(error, call.attempt_id):
         call.failed(error)
     if isinstance(error, NotSent) and _ours(error, call.attempt_id):
         call.not_sent(error)
+    if not isinstance(error, Exception):
+        # dispatch raised KeyboardInterrupt, SystemExit or GeneratorExit:
+        # recorded as unknown if it can be, then raised again as it is.
+        _uncertain_if_possible(call, _describe(error))
+        raise error
     raise call.uncertain(_describe(error)) from error
 
 
