@@ -33,6 +33,6 @@ export { DOMAIN } from "./details.js";
 export type { FieldViolation } from "./details.js";
 export { BACKOFF_BASE_MS, BACKOFF_CAP_MS, DEFAULT_RETRY, backoffMs } from "./retry.js";
 export type { RetryEvent, RetryPolicy } from "./retry.js";
-export { canonicalJson, fingerprint } from "./fingerprint.js";
+export { FingerprintError, MAX_SAFE_NUMBER, canonicalJson, fingerprint } from "./fingerprint.js";
 export { PROTO_DIR } from "./proto.js";
 export type * from "./types.js";
