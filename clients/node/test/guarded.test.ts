@@ -15,6 +15,7 @@ import {
   CommitNotRecorded,
   DEFAULT_RETRY,
   Denied,
+  FingerprintError,
   HeldByEarlierRun,
   InProgress,
   NotSent,
@@ -431,6 +432,26 @@ describe("guarded call", { timeout: 120_000 }, () => {
       await assert.rejects(client.guarded(call as never, dispatch), message, name);
     }
     await assert.rejects(client.guarded(base, "not a function" as never), /dispatch must be a function/);
+    assert.equal(tool.calls.length, 0);
+    assert.equal(await callsMade(permit.permitId), 0, "nothing was reserved");
+  });
+
+  test("a request the fingerprint cannot take is a TypeError naming where, before anything is asked or sent", async () => {
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 1 });
+    const tool = new FakeTool();
+    const requests: [unknown, string][] = [
+      [{ ...CHARGE, account: 2 ** 53 }, "/account"],
+      [{ ...CHARGE, amount: 1e21 }, "/amount"],
+      [{ ...CHARGE, to: new Map([["iban", "x"]]) }, "/to"],
+      [[CHARGE, , CHARGE], "/1"], // a hole
+    ];
+    for (const [request, path] of requests) {
+      const error = await rejection(
+        client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: key("unfit"), request }, async (id) => tool.hit(id)),
+      );
+      assert.ok(error instanceof TypeError && error instanceof FingerprintError, String(error));
+      assert.equal(error.path, path);
+    }
     assert.equal(tool.calls.length, 0);
     assert.equal(await callsMade(permit.permitId), 0, "nothing was reserved");
   });
