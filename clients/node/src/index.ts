@@ -22,6 +22,7 @@ export {
   Denied,
   HeldByEarlierRun,
   InProgress,
+  InvalidRequest,
   NotSent,
   OutcomeUncertain,
   ToolFailed,

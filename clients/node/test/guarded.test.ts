@@ -18,6 +18,7 @@ import {
   FingerprintError,
   HeldByEarlierRun,
   InProgress,
+  InvalidRequest,
   NotSent,
   OutcomeUncertain,
   ToolFailed,
@@ -465,7 +466,7 @@ describe("guarded call", { timeout: 120_000 }, () => {
         async () => "never",
       ),
     );
-    assert.ok(error instanceof AtmostError && !(error instanceof Denied), String(error));
+    assert.ok(error instanceof InvalidRequest && !(error instanceof Denied), String(error));
     assert.equal(error.code, Code.INVALID_ARGUMENT);
     assert.equal(error.reason, "INVALID_REQUEST");
     assert.deepEqual(
