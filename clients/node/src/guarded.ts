@@ -12,9 +12,10 @@
  *  3. REPLAY: dispatch is never called; the stored outcome is returned or
  *     raised.
  *  4. DISPATCH: `dispatch(attemptId, signal)` runs under a deadline (what
- *     atmost says is left of the lease, less a margin), then
- *     exactly one of Commit Succeeded / Failed / NotSent or MarkUncertain
- *     records what happened. Nothing is ever sent twice in one call.
+ *     atmost says is left of the lease, less a margin, counted from the
+ *     start of the Authorize try it answered), then exactly one of Commit
+ *     Succeeded / Failed / NotSent or MarkUncertain records what happened.
+ *     Nothing is ever sent twice in one call.
  */
 import { createHash, randomBytes } from "node:crypto";
 
@@ -54,7 +55,8 @@ export interface GuardedCall {
   /**
    * The dispatch's deadline in milliseconds from when the DISPATCH arrived,
    * never past the default: what atmost said is left of the attempt's lease,
-   * minus a 1 s margin, counted from when the DISPATCH arrived.
+   * minus a 1 s margin, counted from the start of the Authorize try it
+   * answered.
    */
   dispatchTimeoutMs?: number;
   /** How long Authorize, Commit and MarkUncertain are each retried (default 5 tries, 10 s). */
@@ -118,8 +120,13 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
 
   // Before the first try: any reservation a try of this call made is younger.
   const firstTry = performance.now();
-  const answer = await withRetries("Authorize", retry, isAuthorizeRetryable, call.onRetry, (leftMs) =>
-    client.authorize(
+  // Before the try that was answered: atmost decided on it (and measured
+  // its leaseRemaining) after this instant, so a deadline counted from here
+  // ends no later than the lease, however long the answer took to arrive.
+  let answeredTry = firstTry;
+  const answer = await withRetries("Authorize", retry, isAuthorizeRetryable, call.onRetry, (leftMs) => {
+    answeredTry = performance.now();
+    return client.authorize(
       {
         permitId,
         tool: input.tool,
@@ -129,9 +136,9 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
         holderToken: input.holderToken,
       },
       within(leftMs),
-    ),
-  );
-  // The dispatch deadline counts from here: the local clock only.
+    );
+  });
+  // The caller's dispatch timeout counts from here: the local clock only.
   const arrived = performance.now();
   const attempt = answer.attempt;
   if (attempt === null || attempt.attemptId === "") {
@@ -155,14 +162,22 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   const commitNotSent = () =>
     record("Commit", "not_sent", (options) => client.commit({ permitId, idempotencyKey, attemptId, notSent: {} }, options));
 
-  const grantedMs = dispatchTimeMs(leaseRemainingMs, leaseMs(attempt), arrived - firstTry, input.dispatchTimeoutMs);
+  // The lease is counted from the start of the Authorize try atmost
+  // answered, the dispatch timeout from the DISPATCH's arrival.
+  const leaseFrom = leaseRemainingMs === undefined ? firstTry : answeredTry;
+  const byLeaseMs = (leaseRemainingMs ?? leaseMs(attempt)) - LEASE_MARGIN_MS;
+  const grantedMs = dispatchTimeMs(leaseRemainingMs, leaseMs(attempt), arrived - leaseFrom, input.dispatchTimeoutMs);
+  // What the deadline is, in the terms it was set in: the caller's timeout
+  // (from the DISPATCH) when it is the sooner, else the lease less the
+  // margin (from the Authorize try).
+  const deadline = `${Math.round(input.dispatchTimeoutMs !== undefined && input.dispatchTimeoutMs <= grantedMs ? input.dispatchTimeoutMs : byLeaseMs)} ms`;
   const leftMs = grantedMs - (performance.now() - arrived);
   if (!(leftMs > 0)) {
     // Sending now could land after the lease, when an operator may already
     // have reconciled the attempt: give the slot back instead.
     const released = await commitNotSent();
     throw new NotSent(
-      `the lease leaves no time to dispatch (${Math.round(grantedMs)} ms from the DISPATCH after its ${LEASE_MARGIN_MS} ms margin); nothing was sent`,
+      `the lease leaves no time to dispatch (${deadline} after its ${LEASE_MARGIN_MS} ms margin, from the Authorize try; ${Math.round(arrived - leaseFrom)} ms of it had passed when the DISPATCH arrived); nothing was sent`,
       { attemptId, attempt: released.attempt ?? undefined },
     );
   }
@@ -199,7 +214,7 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
     const done = await commitNotSent();
     throw new NotSent(error.details, { attemptId, attempt: done.attempt ?? undefined, cause: error });
   }
-  return uncertain(error, ran.timedOut ? `dispatch deadline of ${Math.round(grantedMs)} ms passed` : `dispatch threw ${describe(error)}`);
+  return uncertain(error, ran.timedOut ? `dispatch deadline of ${deadline} passed` : `dispatch threw ${describe(error)}`);
 
   async function uncertain(cause: unknown, why: string): Promise<never> {
     const reason = clip(why);
@@ -292,23 +307,25 @@ export function encodeResult(value: unknown): Buffer {
 
 /**
  * The milliseconds dispatch gets, counted from when the DISPATCH arrived.
- * `leaseRemainingMs` is what atmost said was left of the lease, decided on
- * the store's clock just before the answer left: from the arrival only the
- * answer's trip is overcounted, and {@link LEASE_MARGIN_MS} covers it. From
- * a server that does not say (undefined), the attempt's whole `leaseMs`
- * counted from the call's first Authorize try, `sinceFirstTryMs` before the
- * arrival: every reservation a try of this call can hold was made after it
- * was sent. The caller's `timeoutMs` can only shorten it: past the lease
- * the attempt reads UNCERTAIN, an operator may resolve it NotSent and the
- * key be used again, and a call still sent then would exceed the cap.
+ * `leaseRemainingMs` is what atmost said was left of the lease, measured on
+ * the store's clock when it decided, after the Authorize try it answered
+ * was sent: counted from that try's start, `sinceTryMs` before the arrival,
+ * it ends before the lease does however long the answer took, and
+ * {@link LEASE_MARGIN_MS} is kept in hand. From a server that does not say
+ * (undefined), the attempt's whole `leaseMs` counted from the call's first
+ * Authorize try (then `sinceTryMs` is since that one): every reservation a
+ * try of this call can hold was made after it was sent. The caller's
+ * `timeoutMs`, from the arrival, can only shorten it: past the lease the
+ * attempt reads UNCERTAIN, an operator may resolve it NotSent and the key
+ * be used again, and a call still sent then would exceed the cap.
  */
 export function dispatchTimeMs(
   leaseRemainingMs: number | undefined,
   leaseMs: number,
-  sinceFirstTryMs: number,
+  sinceTryMs: number,
   timeoutMs: number | undefined,
 ): number {
-  const byLease = leaseRemainingMs === undefined ? leaseMs - LEASE_MARGIN_MS - sinceFirstTryMs : leaseRemainingMs - LEASE_MARGIN_MS;
+  const byLease = (leaseRemainingMs ?? leaseMs) - LEASE_MARGIN_MS - sinceTryMs;
   return timeoutMs === undefined ? byLease : Math.min(timeoutMs, byLease);
 }
 

@@ -381,12 +381,16 @@ describe("guarded call", { timeout: 120_000 }, () => {
   });
 
   test("the dispatch time is what atmost says is left of the lease, less the margin", () => {
-    // From the DISPATCH's arrival: leaseRemainingMs, leaseMs, since the first try, timeout.
-    assert.equal(dispatchTimeMs(30_000, 30_000, 700, undefined), 29_000, "a fresh DISPATCH: the whole lease was left");
-    assert.equal(dispatchTimeMs(1_500, 3_000, 700, undefined), 500, "a redelivery late in the lease: what is left");
-    assert.equal(dispatchTimeMs(1_500, 3_000, 700, 5_000), 500, "a longer timeout is cut to it");
-    assert.equal(dispatchTimeMs(1_500, 3_000, 700, 200), 200, "a shorter one is kept");
-    assert.ok(dispatchTimeMs(999, 3_000, 700, 5_000) <= 0, "under the margin: no time, dispatch is not called");
+    // From the DISPATCH's arrival: leaseRemainingMs, leaseMs, since the try the lease counts from, timeout.
+    // leaseRemaining is counted from the start of the Authorize try it
+    // answered, 700 ms before the DISPATCH arrived here.
+    assert.equal(dispatchTimeMs(30_000, 30_000, 700, undefined), 28_300, "a fresh DISPATCH: the whole lease was left, less the answer's way");
+    assert.equal(dispatchTimeMs(1_500, 3_000, 0, undefined), 500, "a redelivery late in the lease: what is left");
+    assert.equal(dispatchTimeMs(1_500, 3_000, 0, 5_000), 500, "a longer timeout is cut to it");
+    assert.equal(dispatchTimeMs(1_500, 3_000, 0, 200), 200, "a shorter one is kept");
+    assert.equal(dispatchTimeMs(3_000, 3_000, 1_500, 5_000), 500, "an answer 1.5 s on its way: only what is left");
+    assert.ok(dispatchTimeMs(999, 3_000, 0, 5_000) <= 0, "under the margin: no time, dispatch is not called");
+    assert.ok(dispatchTimeMs(3_000, 3_000, 2_500, 5_000) <= 0, "an answer that took the lease less the margin: no time");
     assert.equal(dispatchTimeMs(undefined, 3_000, 700, undefined), 1_300, "a server that does not say: the whole lease from the first try");
     assert.equal(dispatchTimeMs(undefined, 3_000, 700, 5_000), 1_300);
   });
