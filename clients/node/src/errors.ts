@@ -224,9 +224,11 @@ export class ToolFailed extends AtmostError {
   readonly replayed: boolean;
   readonly attempt?: Attempt;
 
+  /** `failureReason` that is not a string is stringified (`String(reason)`). */
   constructor(failureReason: string, init: OutcomeInit = {}) {
-    super(init.replayed ? `tool failed (replayed): ${failureReason}` : `tool failed: ${failureReason}`, init);
-    this.failureReason = failureReason;
+    const reason = text(failureReason);
+    super(init.replayed ? `tool failed (replayed): ${reason}` : `tool failed: ${reason}`, init);
+    this.failureReason = reason;
     this.replayed = init.replayed ?? false;
     this.attempt = init.attempt;
   }
@@ -297,23 +299,40 @@ export type RecordedOutcome = "succeeded" | "failed" | "not_sent" | "uncertain";
 
 /**
  * The dispatch ended but its outcome could not be recorded: Commit or
- * MarkUncertain still failed after their retries (`cause` is the last
- * error). The attempt ends UNCERTAIN at its lease, and an operator resolves
- * it; `result` holds what the tool returned, when it succeeded.
+ * MarkUncertain still failed after their retries, was refused, threw (a
+ * closed client), or answered without the SUCCEEDED receipt; or the actual
+ * cost given was not one atmost takes (then nothing was sent to record it).
+ * `cause` is why. The attempt ends UNCERTAIN at its lease, and an operator
+ * resolves it; `result` holds what the tool returned, when it succeeded,
+ * `outcomeReason` the Failed or uncertain reason being recorded. `code`,
+ * `reason` and `metadata` are the cause's, when it is an AtmostError.
  */
 export class CommitNotRecorded extends AtmostError {
   readonly outcome: RecordedOutcome;
   readonly result?: unknown;
+  readonly outcomeReason?: string;
 
-  constructor(attemptId: string, outcome: RecordedOutcome, cause: AtmostError, result?: unknown) {
-    super(`the outcome (${outcome}) of attempt ${attemptId} could not be recorded: ${cause.message}`, {
-      code: cause.code,
-      reason: cause.reason,
-      metadata: { ...cause.metadata },
+  constructor(attemptId: string, outcome: RecordedOutcome, cause: unknown, result?: unknown, outcomeReason?: string) {
+    const rpc = cause instanceof AtmostError ? cause : undefined;
+    super(`the outcome (${outcome}) of attempt ${attemptId} could not be recorded: ${cause instanceof Error ? cause.message : text(cause)}`, {
+      code: rpc?.code,
+      reason: rpc?.reason,
+      metadata: { ...rpc?.metadata },
       attemptId,
       cause,
     });
     this.outcome = outcome;
     this.result = result;
+    this.outcomeReason = outcomeReason;
+  }
+}
+
+/** `value` as text, whatever it is (String() throws for an object without a primitive form). */
+export function text(value: unknown): string {
+  if (typeof value === "string") return value;
+  try {
+    return String(value);
+  } catch {
+    return Object.prototype.toString.call(value);
   }
 }

@@ -14,8 +14,9 @@
  *  4. DISPATCH: `dispatch(attemptId, signal)` runs under a deadline (what
  *     atmost says is left of the lease, less a margin, counted from the
  *     start of the Authorize try it answered), then exactly one of Commit
- *     Succeeded / Failed / NotSent or MarkUncertain records what happened.
- *     Nothing is ever sent twice in one call.
+ *     Succeeded / Failed / NotSent or MarkUncertain records what happened;
+ *     whatever keeps it from being recorded is CommitNotRecorded, carrying
+ *     the result. Nothing is ever sent twice in one call.
  */
 import { createHash, randomBytes } from "node:crypto";
 
@@ -26,6 +27,7 @@ import {
   NotSent,
   OutcomeUncertain,
   ToolFailed,
+  text,
   type RecordedOutcome,
 } from "./errors.js";
 import { fingerprint as fingerprintOf } from "./fingerprint.js";
@@ -69,15 +71,35 @@ export interface GuardedCall {
  * The caller's side effect. `attemptId` is the attempt's id: forward it to
  * the tool as the tool's own idempotency key. `signal` aborts at the
  * dispatch deadline. Return the tool's result (bytes as they are, anything
- * else is stored as its JSON); throw {@link ToolFailed} when the tool
+ * else is stored as its JSON), or `withActualCost(result, cost)` when the
+ * call cost less than reserved; throw {@link ToolFailed} when the tool
  * answered and refused, {@link NotSent} only when nothing reached the tool.
  * A ToolFailed or NotSent that a guarded call made inside `dispatch` raised
  * (it names that call's attempt) is not this call's report: like any other
  * error, it marks this attempt UNCERTAIN.
  */
-export type Dispatch<T> = (attemptId: string, signal: AbortSignal) => Promise<T> | T;
+export type Dispatch<T> = (attemptId: string, signal: AbortSignal) => Promise<T | WithActualCost<T>> | T | WithActualCost<T>;
 
-/** This call dispatched and the tool succeeded: `result` is what dispatch returned. */
+/**
+ * A dispatch's result with the cost the call really had, to Commit instead
+ * of the reserved one (atmost takes at most that): what {@link withActualCost}
+ * makes. The outcome's `result` is `result`, its receipt's `cost` the
+ * actual cost.
+ */
+export class WithActualCost<T> {
+  constructor(
+    readonly result: T,
+    /** An integer from 0 to 2^63-1 (a number or a BigInt); anything else is CommitNotRecorded, nothing recorded. */
+    readonly actualCost: number | bigint,
+  ) {}
+}
+
+/** What a dispatch returns to commit `result` with the `actualCost` the call had instead of the reserved cost. */
+export function withActualCost<T>(result: T, actualCost: number | bigint): WithActualCost<T> {
+  return new WithActualCost(result, actualCost);
+}
+
+/** This call dispatched and the tool succeeded: `result` is what dispatch returned (unwrapped from {@link WithActualCost}). */
 export interface FreshOutcome<T> {
   replayed: false;
   result: T;
@@ -106,6 +128,8 @@ export const LEASE_MARGIN_MS = 1_000;
 /** atmost's limit on Failed and MarkUncertain reasons. */
 const MAX_REASON_BYTES = 1024;
 const MAX_COST = Number.MAX_SAFE_INTEGER;
+/** The largest actual cost Commit carries (an int64). */
+const MAX_ACTUAL_COST = 2n ** 63n - 1n;
 
 export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch: Dispatch<T>): Promise<GuardedOutcome<T>> {
   const input = checkCall(call);
@@ -155,10 +179,22 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   // of its earlier tries made, whose answer was lost: nothing was sent. To a
   // token the caller gave, it may repeat an earlier run's, which may have.
   if (answer.redelivered && !input.tokenIsOurs) throw new HeldByEarlierRun(attempt, leaseRemainingMs);
-  const record = <R>(rpc: string, outcome: RecordedOutcome, send: (options: CallOptions) => Promise<R>, result?: unknown): Promise<R> =>
-    withRetries(rpc, retry, isTransient, call.onRetry, (leftMs) => send(within(leftMs))).catch((error: unknown) => {
-      throw error instanceof AtmostError ? new CommitNotRecorded(attemptId, outcome, error, result) : error;
-    });
+  // Every failure to record, whatever it is (an RPC error through every
+  // try, a client closed under the call, which grpc-js throws for), is
+  // CommitNotRecorded, carrying what the dispatch gave.
+  const record = async <R>(
+    rpc: string,
+    outcome: RecordedOutcome,
+    send: (options: CallOptions) => Promise<R>,
+    result?: unknown,
+    outcomeReason?: string,
+  ): Promise<R> => {
+    try {
+      return await withRetries(rpc, retry, isTransient, call.onRetry, (leftMs) => send(within(leftMs)));
+    } catch (error) {
+      throw new CommitNotRecorded(attemptId, outcome, error, result, outcomeReason);
+    }
+  };
   const commitNotSent = () =>
     record("Commit", "not_sent", (options) => client.commit({ permitId, idempotencyKey, attemptId, notSent: {} }, options));
 
@@ -185,28 +221,46 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   const ran = await runDispatch(dispatch, attemptId, leftMs);
 
   if (ran.ok) {
-    let stored: Buffer;
+    let result = ran.value as T;
     try {
-      stored = encodeResult(ran.value);
+      let actualCost: number | string | undefined;
+      if (ran.value instanceof WithActualCost) {
+        result = ran.value.result as T;
+        // Not an integer atmost takes: nothing is recorded, and the attempt
+        // turns UNCERTAIN at its lease.
+        actualCost = checkActualCost(ran.value.actualCost);
+      }
+      const stored = encodeResult(result);
+      const done = await record(
+        "Commit",
+        "succeeded",
+        (options) => client.commit({ permitId, idempotencyKey, attemptId, succeeded: { result: stored, actualCost } }, options),
+        result,
+      );
+      const receipt = done.attempt?.receipt;
+      if (!done.attempt || done.attempt.state !== "ATTEMPT_STATE_SUCCEEDED" || !receipt) {
+        // A broken answer: what atmost recorded is unknown here.
+        throw new AtmostError(
+          `Commit of attempt ${attemptId} answered ${done.attempt ? `${done.attempt.state}${receipt ? "" : " without a receipt"}` : "without the attempt"}, not SUCCEEDED with a receipt`,
+          { attemptId },
+        );
+      }
+      return { replayed: false, result, attempt: done.attempt, receipt };
     } catch (error) {
-      return uncertain(error, `the result could not be stored: ${describe(error)}`);
+      // Whatever kept the success from being recorded, the result is not lost.
+      throw error instanceof CommitNotRecorded ? error : new CommitNotRecorded(attemptId, "succeeded", error, result);
     }
-    const done = await record(
-      "Commit",
-      "succeeded",
-      (options) => client.commit({ permitId, idempotencyKey, attemptId, succeeded: { result: stored } }, options),
-      ran.value,
-    );
-    const receipt = done.attempt?.receipt;
-    if (!done.attempt || !receipt) throw new AtmostError(`Commit of attempt ${attemptId} answered without a receipt`, { attemptId });
-    return { replayed: false, result: ran.value, attempt: done.attempt, receipt };
   }
 
   const error = ran.error;
   if (error instanceof ToolFailed && ours(error, attemptId)) {
-    const reason = clip(error.failureReason);
-    const done = await record("Commit", "failed", (options) =>
-      client.commit({ permitId, idempotencyKey, attemptId, failed: { reason } }, options),
+    const reason = clip(text(error.failureReason));
+    const done = await record(
+      "Commit",
+      "failed",
+      (options) => client.commit({ permitId, idempotencyKey, attemptId, failed: { reason } }, options),
+      undefined,
+      reason,
     );
     throw new ToolFailed(reason, { attemptId, attempt: done.attempt ?? undefined, cause: error });
   }
@@ -218,8 +272,12 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
 
   async function uncertain(cause: unknown, why: string): Promise<never> {
     const reason = clip(why);
-    const done = await record("MarkUncertain", "uncertain", (options) =>
-      client.markUncertain({ permitId, idempotencyKey, attemptId, reason }, options),
+    const done = await record(
+      "MarkUncertain",
+      "uncertain",
+      (options) => client.markUncertain({ permitId, idempotencyKey, attemptId, reason }, options),
+      undefined,
+      reason,
     );
     throw new OutcomeUncertain(`attempt ${attemptId} is UNCERTAIN (${reason}): it may have taken effect; it is not sent again`, {
       attemptId,
@@ -262,7 +320,7 @@ function replay(attempt: Attempt): ReplayedOutcome {
   }
 }
 
-type Ran<T> = { ok: true; value: T } | { ok: false; error: unknown; timedOut: boolean };
+type Ran<T> = { ok: true; value: T | WithActualCost<T> } | { ok: false; error: unknown; timedOut: boolean };
 
 /**
  * Calls dispatch once, racing it against the deadline. At the deadline the
@@ -282,7 +340,7 @@ async function runDispatch<T>(dispatch: Dispatch<T>, attemptId: string, leftMs: 
   try {
     // Inside then(), so a dispatch that throws synchronously is caught too.
     const value = await Promise.race([Promise.resolve().then(() => dispatch(attemptId, controller.signal)), deadline]);
-    return { ok: true, value };
+    return { ok: true, value: value as T | WithActualCost<T> };
   } catch (error) {
     return { ok: false, error, timedOut: controller.signal.aborted && error === controller.signal.reason };
   } finally {
@@ -290,16 +348,28 @@ async function runDispatch<T>(dispatch: Dispatch<T>, attemptId: string, leftMs: 
   }
 }
 
-/** The bytes Commit stores: bytes as they are, anything else as UTF-8 JSON; over 64 KiB, `sha256:<hex>` of them. */
+/**
+ * The bytes Commit stores: bytes as they are, anything else as its UTF-8
+ * JSON.stringify text (NaN and the infinities become `null` there;
+ * `undefined`, a dispatch that returns nothing, is `null`); over 64 KiB,
+ * `sha256:<hex>` of them. A result JSON.stringify cannot write at all (a
+ * BigInt, a cycle, a function or a symbol as the whole result, a toJSON
+ * that throws) is stored empty: the call went out, so its success is
+ * recorded all the same, and a replay returns an empty result.
+ */
 export function encodeResult(value: unknown): Buffer {
   let bytes: Buffer;
   if (value instanceof Uint8Array) {
     bytes = Buffer.from(value.buffer, value.byteOffset, value.byteLength);
   } else {
-    // undefined (a dispatch that returns nothing) is stored as JSON null.
-    const text = JSON.stringify(value === undefined ? null : value);
-    if (text === undefined) throw new TypeError(`a ${typeof value} has no JSON form`);
-    bytes = Buffer.from(text, "utf8");
+    let json: string | undefined;
+    try {
+      json = JSON.stringify(value === undefined ? null : value);
+    } catch {
+      json = undefined;
+    }
+    if (json === undefined) return Buffer.alloc(0);
+    bytes = Buffer.from(json, "utf8");
   }
   if (bytes.length <= MAX_RESULT_BYTES) return bytes;
   return Buffer.from(`sha256:${createHash("sha256").update(bytes).digest("hex")}`, "ascii");
@@ -327,6 +397,18 @@ export function dispatchTimeMs(
 ): number {
   const byLease = (leaseRemainingMs ?? leaseMs) - LEASE_MARGIN_MS - sinceTryMs;
   return timeoutMs === undefined ? byLease : Math.min(timeoutMs, byLease);
+}
+
+/** The actual cost as Commit sends it (a decimal string past 2^53-1); a TypeError or RangeError if it is not an integer from 0 to 2^63-1. */
+function checkActualCost(cost: unknown): number | string {
+  if (typeof cost !== "number" && typeof cost !== "bigint") {
+    throw new TypeError(`the actual cost must be an integer from 0 to 2^63-1 (a number or a BigInt), got a ${typeof cost}: ${text(cost)}`);
+  }
+  const exact = typeof cost === "bigint" ? cost : Number.isInteger(cost) ? BigInt(cost) : undefined;
+  if (exact === undefined || exact < 0n || exact > MAX_ACTUAL_COST) {
+    throw new RangeError(`the actual cost must be an integer from 0 to 2^63-1, got ${text(cost)}${typeof cost === "bigint" ? "n" : ""}`);
+  }
+  return exact <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(exact) : exact.toString();
 }
 
 function durationMs(d: Duration): number {
@@ -357,8 +439,8 @@ export function clip(reason: string): string {
 }
 
 function describe(error: unknown): string {
-  if (error instanceof Error) return `${error.name}: ${error.message}`;
-  return String(error);
+  if (error instanceof Error) return `${text(error.name)}: ${text(error.message)}`;
+  return text(error);
 }
 
 interface CheckedCall {

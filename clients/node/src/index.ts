@@ -13,7 +13,7 @@
  */
 export { Client, DEFAULT_CHANNEL_OPTIONS, DEFAULT_DEADLINE_MS } from "./client.js";
 export type { CallOptions, ClientOptions, TlsOptions } from "./client.js";
-export { dispatchTimeMs, encodeResult, LEASE_MARGIN_MS, MAX_RESULT_BYTES } from "./guarded.js";
+export { dispatchTimeMs, encodeResult, LEASE_MARGIN_MS, MAX_RESULT_BYTES, WithActualCost, withActualCost } from "./guarded.js";
 export type { Dispatch, FreshOutcome, GuardedCall, GuardedOutcome, ReplayedOutcome } from "./guarded.js";
 export {
   AtmostError,

@@ -713,6 +713,44 @@ describe("guarded call, with atmost going away or coming late", { timeout: 120_0
     }
   });
 
+  test("a retry observer that throws is ignored: the retry goes on", async () => {
+    const atmost = await Atmost.start();
+    const setup = atmost.client();
+    const permit = await createPermit(setup, [TOOL], { [TOOL]: 1 });
+    setup.close();
+    const port = await freePort();
+    const relay = tcpRelay(atmost.address);
+    const client = new Client({ address: `127.0.0.1:${port}` });
+    try {
+      const tool = new FakeTool();
+      let told = 0;
+      const out = await client.guarded(
+        {
+          permitId: permit.permitId,
+          tool: TOOL,
+          idempotencyKey: key("observer"),
+          request: CHARGE,
+          retry: { maxTries: 20, maxTotalMs: 30_000 },
+          onRetry: () => {
+            if (++told === 1) relay.listen(port, "127.0.0.1");
+            throw new Error("a broken logging hook");
+          },
+        },
+        async (attemptId) => {
+          tool.hit(attemptId);
+          return "charged";
+        },
+      );
+      assert.ok(told >= 1);
+      assert.equal(out.result, "charged");
+      assert.equal(tool.calls.length, 1);
+    } finally {
+      client.close();
+      relay.close();
+      await atmost.stop();
+    }
+  });
+
   test("retries on UNAVAILABLE reach an atmost started a moment later on the same port", async () => {
     // The memory store starts empty, so the permit is unknown to the new
     // process: its PERMIT_NOT_FOUND, after the refused first try, proves
