@@ -70,13 +70,14 @@ describe("the dispatch deadline counts from the Authorize try answered", { timeo
           (e: unknown) => e,
         );
       const heldMs = setup.heldMs();
-      assert.ok(heldMs !== undefined && heldMs >= 1_500, `the relay held the answer ${heldMs} ms`);
+      assert.ok(heldMs !== undefined && heldMs > LEASE_MARGIN_MS, `the relay held the answer ${heldMs} ms, past the margin`);
       assert.ok(error instanceof OutcomeUncertain, String(error));
       assert.equal(tool.calls.length, 1);
-      // Everything between the try's start and the dispatch (the request's
-      // way in, atmost's decision, the answer's way out) only shortens it;
-      // 25 ms for the timer's granularity.
-      assert.ok(ranMs !== undefined && ranMs <= LEASE_MS - LEASE_MARGIN_MS - heldMs + 25, `dispatch ran ${ranMs} ms after the answer was held ${heldMs} ms`);
+      // Given what was left, the lease less the margin less the hold (under
+      // 500 ms), not the 2000 ms counted from the answer's arrival: the bound
+      // is halfway between, so a late timer on a busy machine cannot fail it.
+      const left = LEASE_MS - LEASE_MARGIN_MS - heldMs;
+      assert.ok(ranMs !== undefined && ranMs < left + heldMs / 2, `dispatch ran ${ranMs} ms after the answer was held ${heldMs} ms (${left} ms were left)`);
       // On atmost's clock: the MarkUncertain that followed the signal came
       // before the lease's end (past it, uncertain_since is the lease's end).
       const attempt = error.attempt!;
@@ -91,8 +92,8 @@ describe("the dispatch deadline counts from the Authorize try answered", { timeo
     }
   });
 
-  test("an answer held 2.5 s of a 3 s lease leaves less than the margin: nothing is sent, the slot is given back", async () => {
-    const setup = await held(2_500);
+  test("an answer held 2.2 s of a 3 s lease leaves less than the margin: nothing is sent, the slot is given back", async () => {
+    const setup = await held(2_200);
     try {
       const tool = new FakeTool();
       const error = await setup.client
@@ -104,7 +105,7 @@ describe("the dispatch deadline counts from the Authorize try answered", { timeo
           () => assert.fail("dispatched with less than the margin left"),
           (e: unknown) => e,
         );
-      assert.ok((setup.heldMs() ?? 0) >= 2_500);
+      assert.ok((setup.heldMs() ?? 0) > LEASE_MS - LEASE_MARGIN_MS, `the relay held the answer ${setup.heldMs()} ms, past the lease less the margin`);
       assert.ok(error instanceof NotSent, String(error));
       assert.equal(error.attempt?.state, "ATTEMPT_STATE_RELEASED");
       assert.deepEqual(tool.calls, [], "dispatch was not called");
