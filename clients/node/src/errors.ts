@@ -3,8 +3,8 @@
  * atmost reason (`ErrorInfo.reason`, docs/api.md "Errors"), its metadata and
  * the message; and one class per kind a caller handles differently.
  *
- * Failures of an RPC become {@link Denied}, {@link InProgress},
- * {@link Unavailable} or the base class. The guarded call adds the outcomes
+ * Failures of an RPC become {@link Denied}, {@link InvalidRequest},
+ * {@link InProgress}, {@link Unavailable} or the base class. The guarded call adds the outcomes
  * of a dispatch: {@link ToolFailed}, {@link NotSent}, {@link OutcomeUncertain}
  * and {@link CommitNotRecorded}. `ToolFailed` and `NotSent` are also what a
  * dispatch function throws to tell the helper what happened.
@@ -93,6 +93,13 @@ function numeric(value: string | undefined): number | undefined {
 export class Denied extends AtmostError {}
 
 /**
+ * INVALID_REQUEST (or INVALID_ARGUMENT from anything in between): the
+ * request is malformed, `fieldViolations` name the fields (BadRequest).
+ * Nothing was reserved or sent; the same request fails the same way.
+ */
+export class InvalidRequest extends AtmostError {}
+
+/**
  * IDEMPOTENCY_IN_PROGRESS: the key's attempt is RESERVED by another holder
  * (another holder_token, or none). `retryAfterMs` is the time to its lease's
  * end; send nothing.
@@ -131,9 +138,33 @@ export const DENIED_REASONS: ReadonlySet<string> = new Set([
 ]);
 
 /**
+ * The reasons this client knows that are not refusals: raised as
+ * {@link InProgress}, {@link InvalidRequest}, {@link Unavailable} or the
+ * base class. Any other reason (one added to atmost after this client) is
+ * read as a refusal, {@link Denied}, unless its code says transient or
+ * invalid.
+ */
+const OTHER_REASONS: ReadonlySet<string> = new Set([
+  "IDEMPOTENCY_IN_PROGRESS",
+  "INVALID_REQUEST",
+  "STORE_UNAVAILABLE",
+  "OVERLOADED",
+  "DEADLINE_EXCEEDED",
+  "ATTEMPT_NOT_FOUND",
+  "ATTEMPT_MISMATCH",
+  "ATTEMPT_STATE_CONFLICT",
+  "MESSAGE_TOO_LARGE",
+]);
+
+/**
  * The typed error of a failed RPC. The class follows atmost's reason when
  * there is one (an ErrorInfo of domain "atmost"), else the gRPC code (a
- * transport failure, a proxy's answer).
+ * transport failure, a proxy's answer): {@link InProgress} for
+ * IDEMPOTENCY_IN_PROGRESS; {@link Denied} for a refusal, for a reason this
+ * client does not know, and for UNAUTHENTICATED or PERMISSION_DENIED
+ * without atmost's ErrorInfo; {@link InvalidRequest} for INVALID_REQUEST or
+ * INVALID_ARGUMENT; {@link Unavailable} for UNAVAILABLE, DEADLINE_EXCEEDED,
+ * or CANCELLED without ErrorInfo; the base class for anything else.
  */
 export function fromServiceError(error: ServiceError): AtmostError {
   const found = readDetails(error.metadata);
@@ -149,6 +180,7 @@ export function fromServiceError(error: ServiceError): AtmostError {
   const details = error.details || error.message;
   if (info?.reason === "IDEMPOTENCY_IN_PROGRESS") return new InProgress(details, init);
   if (info !== undefined && DENIED_REASONS.has(info.reason)) return new Denied(details, init);
+  if (info?.reason === "INVALID_REQUEST" || error.code === Code.INVALID_ARGUMENT) return new InvalidRequest(details, init);
   switch (error.code) {
     case Code.UNAVAILABLE:
     case Code.DEADLINE_EXCEEDED:
@@ -161,6 +193,9 @@ export function fromServiceError(error: ServiceError): AtmostError {
       // Refused before atmost's own checks (a proxy, a TLS front end).
       if (info === undefined) return new Denied(details, init);
   }
+  // A reason atmost added after this client: atmost's word, not a transport
+  // failure, and not one to retry or to send past.
+  if (info !== undefined && !OTHER_REASONS.has(info.reason)) return new Denied(details, init);
   return new AtmostError(details, init);
 }
 
@@ -189,9 +224,11 @@ export class ToolFailed extends AtmostError {
   readonly replayed: boolean;
   readonly attempt?: Attempt;
 
+  /** `failureReason` that is not a string is stringified (`String(reason)`). */
   constructor(failureReason: string, init: OutcomeInit = {}) {
-    super(init.replayed ? `tool failed (replayed): ${failureReason}` : `tool failed: ${failureReason}`, init);
-    this.failureReason = failureReason;
+    const reason = text(failureReason);
+    super(init.replayed ? `tool failed (replayed): ${reason}` : `tool failed: ${reason}`, init);
+    this.failureReason = reason;
     this.replayed = init.replayed ?? false;
     this.attempt = init.attempt;
   }
@@ -262,23 +299,40 @@ export type RecordedOutcome = "succeeded" | "failed" | "not_sent" | "uncertain";
 
 /**
  * The dispatch ended but its outcome could not be recorded: Commit or
- * MarkUncertain still failed after their retries (`cause` is the last
- * error). The attempt ends UNCERTAIN at its lease, and an operator resolves
- * it; `result` holds what the tool returned, when it succeeded.
+ * MarkUncertain still failed after their retries, was refused, threw (a
+ * closed client), or answered without the SUCCEEDED receipt; or the actual
+ * cost given was not one atmost takes (then nothing was sent to record it).
+ * `cause` is why. The attempt ends UNCERTAIN at its lease, and an operator
+ * resolves it; `result` holds what the tool returned, when it succeeded,
+ * `outcomeReason` the Failed or uncertain reason being recorded. `code`,
+ * `reason` and `metadata` are the cause's, when it is an AtmostError.
  */
 export class CommitNotRecorded extends AtmostError {
   readonly outcome: RecordedOutcome;
   readonly result?: unknown;
+  readonly outcomeReason?: string;
 
-  constructor(attemptId: string, outcome: RecordedOutcome, cause: AtmostError, result?: unknown) {
-    super(`the outcome (${outcome}) of attempt ${attemptId} could not be recorded: ${cause.message}`, {
-      code: cause.code,
-      reason: cause.reason,
-      metadata: { ...cause.metadata },
+  constructor(attemptId: string, outcome: RecordedOutcome, cause: unknown, result?: unknown, outcomeReason?: string) {
+    const rpc = cause instanceof AtmostError ? cause : undefined;
+    super(`the outcome (${outcome}) of attempt ${attemptId} could not be recorded: ${cause instanceof Error ? cause.message : text(cause)}`, {
+      code: rpc?.code,
+      reason: rpc?.reason,
+      metadata: { ...rpc?.metadata },
       attemptId,
       cause,
     });
     this.outcome = outcome;
     this.result = result;
+    this.outcomeReason = outcomeReason;
+  }
+}
+
+/** `value` as text, whatever it is (String() throws for an object without a primitive form). */
+export function text(value: unknown): string {
+  if (typeof value === "string") return value;
+  try {
+    return String(value);
+  } catch {
+    return Object.prototype.toString.call(value);
   }
 }

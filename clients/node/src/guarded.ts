@@ -12,9 +12,11 @@
  *  3. REPLAY: dispatch is never called; the stored outcome is returned or
  *     raised.
  *  4. DISPATCH: `dispatch(attemptId, signal)` runs under a deadline (what
- *     atmost says is left of the lease, less a margin), then
- *     exactly one of Commit Succeeded / Failed / NotSent or MarkUncertain
- *     records what happened. Nothing is ever sent twice in one call.
+ *     atmost says is left of the lease, less a margin, counted from the
+ *     start of the Authorize try it answered), then exactly one of Commit
+ *     Succeeded / Failed / NotSent or MarkUncertain records what happened;
+ *     whatever keeps it from being recorded is CommitNotRecorded, carrying
+ *     the result. Nothing is ever sent twice in one call.
  */
 import { createHash, randomBytes } from "node:crypto";
 
@@ -25,6 +27,7 @@ import {
   NotSent,
   OutcomeUncertain,
   ToolFailed,
+  text,
   type RecordedOutcome,
 } from "./errors.js";
 import { fingerprint as fingerprintOf } from "./fingerprint.js";
@@ -54,7 +57,8 @@ export interface GuardedCall {
   /**
    * The dispatch's deadline in milliseconds from when the DISPATCH arrived,
    * never past the default: what atmost said is left of the attempt's lease,
-   * minus a 1 s margin, counted from when the DISPATCH arrived.
+   * minus a 1 s margin, counted from the start of the Authorize try it
+   * answered.
    */
   dispatchTimeoutMs?: number;
   /** How long Authorize, Commit and MarkUncertain are each retried (default 5 tries, 10 s). */
@@ -67,15 +71,35 @@ export interface GuardedCall {
  * The caller's side effect. `attemptId` is the attempt's id: forward it to
  * the tool as the tool's own idempotency key. `signal` aborts at the
  * dispatch deadline. Return the tool's result (bytes as they are, anything
- * else is stored as its JSON); throw {@link ToolFailed} when the tool
+ * else is stored as its JSON), or `withActualCost(result, cost)` when the
+ * call cost less than reserved; throw {@link ToolFailed} when the tool
  * answered and refused, {@link NotSent} only when nothing reached the tool.
  * A ToolFailed or NotSent that a guarded call made inside `dispatch` raised
  * (it names that call's attempt) is not this call's report: like any other
  * error, it marks this attempt UNCERTAIN.
  */
-export type Dispatch<T> = (attemptId: string, signal: AbortSignal) => Promise<T> | T;
+export type Dispatch<T> = (attemptId: string, signal: AbortSignal) => Promise<T | WithActualCost<T>> | T | WithActualCost<T>;
 
-/** This call dispatched and the tool succeeded: `result` is what dispatch returned. */
+/**
+ * A dispatch's result with the cost the call really had, to Commit instead
+ * of the reserved one (atmost takes at most that): what {@link withActualCost}
+ * makes. The outcome's `result` is `result`, its receipt's `cost` the
+ * actual cost.
+ */
+export class WithActualCost<T> {
+  constructor(
+    readonly result: T,
+    /** An integer from 0 to 2^63-1 (a number or a BigInt); anything else is CommitNotRecorded, nothing recorded. */
+    readonly actualCost: number | bigint,
+  ) {}
+}
+
+/** What a dispatch returns to commit `result` with the `actualCost` the call had instead of the reserved cost. */
+export function withActualCost<T>(result: T, actualCost: number | bigint): WithActualCost<T> {
+  return new WithActualCost(result, actualCost);
+}
+
+/** This call dispatched and the tool succeeded: `result` is what dispatch returned (unwrapped from {@link WithActualCost}). */
 export interface FreshOutcome<T> {
   replayed: false;
   result: T;
@@ -104,6 +128,8 @@ export const LEASE_MARGIN_MS = 1_000;
 /** atmost's limit on Failed and MarkUncertain reasons. */
 const MAX_REASON_BYTES = 1024;
 const MAX_COST = Number.MAX_SAFE_INTEGER;
+/** The largest actual cost Commit carries (an int64). */
+const MAX_ACTUAL_COST = 2n ** 63n - 1n;
 
 export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch: Dispatch<T>): Promise<GuardedOutcome<T>> {
   const input = checkCall(call);
@@ -118,8 +144,13 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
 
   // Before the first try: any reservation a try of this call made is younger.
   const firstTry = performance.now();
-  const answer = await withRetries("Authorize", retry, isAuthorizeRetryable, call.onRetry, (leftMs) =>
-    client.authorize(
+  // Before the try that was answered: atmost decided on it (and measured
+  // its leaseRemaining) after this instant, so a deadline counted from here
+  // ends no later than the lease, however long the answer took to arrive.
+  let answeredTry = firstTry;
+  const answer = await withRetries("Authorize", retry, isAuthorizeRetryable, call.onRetry, (leftMs) => {
+    answeredTry = performance.now();
+    return client.authorize(
       {
         permitId,
         tool: input.tool,
@@ -129,9 +160,9 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
         holderToken: input.holderToken,
       },
       within(leftMs),
-    ),
-  );
-  // The dispatch deadline counts from here: the local clock only.
+    );
+  });
+  // The caller's dispatch timeout counts from here: the local clock only.
   const arrived = performance.now();
   const attempt = answer.attempt;
   if (attempt === null || attempt.attemptId === "") {
@@ -148,21 +179,41 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   // of its earlier tries made, whose answer was lost: nothing was sent. To a
   // token the caller gave, it may repeat an earlier run's, which may have.
   if (answer.redelivered && !input.tokenIsOurs) throw new HeldByEarlierRun(attempt, leaseRemainingMs);
-  const record = <R>(rpc: string, outcome: RecordedOutcome, send: (options: CallOptions) => Promise<R>, result?: unknown): Promise<R> =>
-    withRetries(rpc, retry, isTransient, call.onRetry, (leftMs) => send(within(leftMs))).catch((error: unknown) => {
-      throw error instanceof AtmostError ? new CommitNotRecorded(attemptId, outcome, error, result) : error;
-    });
+  // Every failure to record, whatever it is (an RPC error through every
+  // try, a client closed under the call, which grpc-js throws for), is
+  // CommitNotRecorded, carrying what the dispatch gave.
+  const record = async <R>(
+    rpc: string,
+    outcome: RecordedOutcome,
+    send: (options: CallOptions) => Promise<R>,
+    result?: unknown,
+    outcomeReason?: string,
+  ): Promise<R> => {
+    try {
+      return await withRetries(rpc, retry, isTransient, call.onRetry, (leftMs) => send(within(leftMs)));
+    } catch (error) {
+      throw new CommitNotRecorded(attemptId, outcome, error, result, outcomeReason);
+    }
+  };
   const commitNotSent = () =>
     record("Commit", "not_sent", (options) => client.commit({ permitId, idempotencyKey, attemptId, notSent: {} }, options));
 
-  const grantedMs = dispatchTimeMs(leaseRemainingMs, leaseMs(attempt), arrived - firstTry, input.dispatchTimeoutMs);
+  // The lease is counted from the start of the Authorize try atmost
+  // answered, the dispatch timeout from the DISPATCH's arrival.
+  const leaseFrom = leaseRemainingMs === undefined ? firstTry : answeredTry;
+  const byLeaseMs = (leaseRemainingMs ?? leaseMs(attempt)) - LEASE_MARGIN_MS;
+  const grantedMs = dispatchTimeMs(leaseRemainingMs, leaseMs(attempt), arrived - leaseFrom, input.dispatchTimeoutMs);
+  // What the deadline is, in the terms it was set in: the caller's timeout
+  // (from the DISPATCH) when it is the sooner, else the lease less the
+  // margin (from the Authorize try).
+  const deadline = `${Math.round(input.dispatchTimeoutMs !== undefined && input.dispatchTimeoutMs <= grantedMs ? input.dispatchTimeoutMs : byLeaseMs)} ms`;
   const leftMs = grantedMs - (performance.now() - arrived);
   if (!(leftMs > 0)) {
     // Sending now could land after the lease, when an operator may already
     // have reconciled the attempt: give the slot back instead.
     const released = await commitNotSent();
     throw new NotSent(
-      `the lease leaves no time to dispatch (${Math.round(grantedMs)} ms from the DISPATCH after its ${LEASE_MARGIN_MS} ms margin); nothing was sent`,
+      `the lease leaves no time to dispatch (${deadline} after its ${LEASE_MARGIN_MS} ms margin, from the Authorize try; ${Math.round(arrived - leaseFrom)} ms of it had passed when the DISPATCH arrived); nothing was sent`,
       { attemptId, attempt: released.attempt ?? undefined },
     );
   }
@@ -170,28 +221,46 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   const ran = await runDispatch(dispatch, attemptId, leftMs);
 
   if (ran.ok) {
-    let stored: Buffer;
+    let result = ran.value as T;
     try {
-      stored = encodeResult(ran.value);
+      let actualCost: number | string | undefined;
+      if (ran.value instanceof WithActualCost) {
+        result = ran.value.result as T;
+        // Not an integer atmost takes: nothing is recorded, and the attempt
+        // turns UNCERTAIN at its lease.
+        actualCost = checkActualCost(ran.value.actualCost);
+      }
+      const stored = encodeResult(result);
+      const done = await record(
+        "Commit",
+        "succeeded",
+        (options) => client.commit({ permitId, idempotencyKey, attemptId, succeeded: { result: stored, actualCost } }, options),
+        result,
+      );
+      const receipt = done.attempt?.receipt;
+      if (!done.attempt || done.attempt.state !== "ATTEMPT_STATE_SUCCEEDED" || !receipt) {
+        // A broken answer: what atmost recorded is unknown here.
+        throw new AtmostError(
+          `Commit of attempt ${attemptId} answered ${done.attempt ? `${done.attempt.state}${receipt ? "" : " without a receipt"}` : "without the attempt"}, not SUCCEEDED with a receipt`,
+          { attemptId },
+        );
+      }
+      return { replayed: false, result, attempt: done.attempt, receipt };
     } catch (error) {
-      return uncertain(error, `the result could not be stored: ${describe(error)}`);
+      // Whatever kept the success from being recorded, the result is not lost.
+      throw error instanceof CommitNotRecorded ? error : new CommitNotRecorded(attemptId, "succeeded", error, result);
     }
-    const done = await record(
-      "Commit",
-      "succeeded",
-      (options) => client.commit({ permitId, idempotencyKey, attemptId, succeeded: { result: stored } }, options),
-      ran.value,
-    );
-    const receipt = done.attempt?.receipt;
-    if (!done.attempt || !receipt) throw new AtmostError(`Commit of attempt ${attemptId} answered without a receipt`, { attemptId });
-    return { replayed: false, result: ran.value, attempt: done.attempt, receipt };
   }
 
   const error = ran.error;
   if (error instanceof ToolFailed && ours(error, attemptId)) {
-    const reason = clip(error.failureReason);
-    const done = await record("Commit", "failed", (options) =>
-      client.commit({ permitId, idempotencyKey, attemptId, failed: { reason } }, options),
+    const reason = clip(text(error.failureReason));
+    const done = await record(
+      "Commit",
+      "failed",
+      (options) => client.commit({ permitId, idempotencyKey, attemptId, failed: { reason } }, options),
+      undefined,
+      reason,
     );
     throw new ToolFailed(reason, { attemptId, attempt: done.attempt ?? undefined, cause: error });
   }
@@ -199,12 +268,16 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
     const done = await commitNotSent();
     throw new NotSent(error.details, { attemptId, attempt: done.attempt ?? undefined, cause: error });
   }
-  return uncertain(error, ran.timedOut ? `dispatch deadline of ${Math.round(grantedMs)} ms passed` : `dispatch threw ${describe(error)}`);
+  return uncertain(error, ran.timedOut ? `dispatch deadline of ${deadline} passed` : `dispatch threw ${describe(error)}`);
 
   async function uncertain(cause: unknown, why: string): Promise<never> {
     const reason = clip(why);
-    const done = await record("MarkUncertain", "uncertain", (options) =>
-      client.markUncertain({ permitId, idempotencyKey, attemptId, reason }, options),
+    const done = await record(
+      "MarkUncertain",
+      "uncertain",
+      (options) => client.markUncertain({ permitId, idempotencyKey, attemptId, reason }, options),
+      undefined,
+      reason,
     );
     throw new OutcomeUncertain(`attempt ${attemptId} is UNCERTAIN (${reason}): it may have taken effect; it is not sent again`, {
       attemptId,
@@ -247,7 +320,7 @@ function replay(attempt: Attempt): ReplayedOutcome {
   }
 }
 
-type Ran<T> = { ok: true; value: T } | { ok: false; error: unknown; timedOut: boolean };
+type Ran<T> = { ok: true; value: T | WithActualCost<T> } | { ok: false; error: unknown; timedOut: boolean };
 
 /**
  * Calls dispatch once, racing it against the deadline. At the deadline the
@@ -267,7 +340,7 @@ async function runDispatch<T>(dispatch: Dispatch<T>, attemptId: string, leftMs: 
   try {
     // Inside then(), so a dispatch that throws synchronously is caught too.
     const value = await Promise.race([Promise.resolve().then(() => dispatch(attemptId, controller.signal)), deadline]);
-    return { ok: true, value };
+    return { ok: true, value: value as T | WithActualCost<T> };
   } catch (error) {
     return { ok: false, error, timedOut: controller.signal.aborted && error === controller.signal.reason };
   } finally {
@@ -275,16 +348,28 @@ async function runDispatch<T>(dispatch: Dispatch<T>, attemptId: string, leftMs: 
   }
 }
 
-/** The bytes Commit stores: bytes as they are, anything else as UTF-8 JSON; over 64 KiB, `sha256:<hex>` of them. */
+/**
+ * The bytes Commit stores: bytes as they are, anything else as its UTF-8
+ * JSON.stringify text (NaN and the infinities become `null` there;
+ * `undefined`, a dispatch that returns nothing, is `null`); over 64 KiB,
+ * `sha256:<hex>` of them. A result JSON.stringify cannot write at all (a
+ * BigInt, a cycle, a function or a symbol as the whole result, a toJSON
+ * that throws) is stored empty: the call went out, so its success is
+ * recorded all the same, and a replay returns an empty result.
+ */
 export function encodeResult(value: unknown): Buffer {
   let bytes: Buffer;
   if (value instanceof Uint8Array) {
     bytes = Buffer.from(value.buffer, value.byteOffset, value.byteLength);
   } else {
-    // undefined (a dispatch that returns nothing) is stored as JSON null.
-    const text = JSON.stringify(value === undefined ? null : value);
-    if (text === undefined) throw new TypeError(`a ${typeof value} has no JSON form`);
-    bytes = Buffer.from(text, "utf8");
+    let json: string | undefined;
+    try {
+      json = JSON.stringify(value === undefined ? null : value);
+    } catch {
+      json = undefined;
+    }
+    if (json === undefined) return Buffer.alloc(0);
+    bytes = Buffer.from(json, "utf8");
   }
   if (bytes.length <= MAX_RESULT_BYTES) return bytes;
   return Buffer.from(`sha256:${createHash("sha256").update(bytes).digest("hex")}`, "ascii");
@@ -292,24 +377,38 @@ export function encodeResult(value: unknown): Buffer {
 
 /**
  * The milliseconds dispatch gets, counted from when the DISPATCH arrived.
- * `leaseRemainingMs` is what atmost said was left of the lease, decided on
- * the store's clock just before the answer left: from the arrival only the
- * answer's trip is overcounted, and {@link LEASE_MARGIN_MS} covers it. From
- * a server that does not say (undefined), the attempt's whole `leaseMs`
- * counted from the call's first Authorize try, `sinceFirstTryMs` before the
- * arrival: every reservation a try of this call can hold was made after it
- * was sent. The caller's `timeoutMs` can only shorten it: past the lease
- * the attempt reads UNCERTAIN, an operator may resolve it NotSent and the
- * key be used again, and a call still sent then would exceed the cap.
+ * `leaseRemainingMs` is what atmost said was left of the lease, measured on
+ * the store's clock when it decided, after the Authorize try it answered
+ * was sent: counted from that try's start, `sinceTryMs` before the arrival,
+ * it ends before the lease does however long the answer took, and
+ * {@link LEASE_MARGIN_MS} is kept in hand. From a server that does not say
+ * (undefined), the attempt's whole `leaseMs` counted from the call's first
+ * Authorize try (then `sinceTryMs` is since that one): every reservation a
+ * try of this call can hold was made after it was sent. The caller's
+ * `timeoutMs`, from the arrival, can only shorten it: past the lease the
+ * attempt reads UNCERTAIN, an operator may resolve it NotSent and the key
+ * be used again, and a call still sent then would exceed the cap.
  */
 export function dispatchTimeMs(
   leaseRemainingMs: number | undefined,
   leaseMs: number,
-  sinceFirstTryMs: number,
+  sinceTryMs: number,
   timeoutMs: number | undefined,
 ): number {
-  const byLease = leaseRemainingMs === undefined ? leaseMs - LEASE_MARGIN_MS - sinceFirstTryMs : leaseRemainingMs - LEASE_MARGIN_MS;
+  const byLease = (leaseRemainingMs ?? leaseMs) - LEASE_MARGIN_MS - sinceTryMs;
   return timeoutMs === undefined ? byLease : Math.min(timeoutMs, byLease);
+}
+
+/** The actual cost as Commit sends it (a decimal string past 2^53-1); a TypeError or RangeError if it is not an integer from 0 to 2^63-1. */
+function checkActualCost(cost: unknown): number | string {
+  if (typeof cost !== "number" && typeof cost !== "bigint") {
+    throw new TypeError(`the actual cost must be an integer from 0 to 2^63-1 (a number or a BigInt), got a ${typeof cost}: ${text(cost)}`);
+  }
+  const exact = typeof cost === "bigint" ? cost : Number.isInteger(cost) ? BigInt(cost) : undefined;
+  if (exact === undefined || exact < 0n || exact > MAX_ACTUAL_COST) {
+    throw new RangeError(`the actual cost must be an integer from 0 to 2^63-1, got ${text(cost)}${typeof cost === "bigint" ? "n" : ""}`);
+  }
+  return exact <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(exact) : exact.toString();
 }
 
 function durationMs(d: Duration): number {
@@ -340,8 +439,8 @@ export function clip(reason: string): string {
 }
 
 function describe(error: unknown): string {
-  if (error instanceof Error) return `${error.name}: ${error.message}`;
-  return String(error);
+  if (error instanceof Error) return `${text(error.name)}: ${text(error.message)}`;
+  return text(error);
 }
 
 interface CheckedCall {

@@ -13,7 +13,7 @@
  */
 export { Client, DEFAULT_CHANNEL_OPTIONS, DEFAULT_DEADLINE_MS } from "./client.js";
 export type { CallOptions, ClientOptions, TlsOptions } from "./client.js";
-export { dispatchTimeMs, encodeResult, LEASE_MARGIN_MS, MAX_RESULT_BYTES } from "./guarded.js";
+export { dispatchTimeMs, encodeResult, LEASE_MARGIN_MS, MAX_RESULT_BYTES, WithActualCost, withActualCost } from "./guarded.js";
 export type { Dispatch, FreshOutcome, GuardedCall, GuardedOutcome, ReplayedOutcome } from "./guarded.js";
 export {
   AtmostError,
@@ -22,6 +22,7 @@ export {
   Denied,
   HeldByEarlierRun,
   InProgress,
+  InvalidRequest,
   NotSent,
   OutcomeUncertain,
   ToolFailed,
@@ -33,6 +34,6 @@ export { DOMAIN } from "./details.js";
 export type { FieldViolation } from "./details.js";
 export { BACKOFF_BASE_MS, BACKOFF_CAP_MS, DEFAULT_RETRY, backoffMs } from "./retry.js";
 export type { RetryEvent, RetryPolicy } from "./retry.js";
-export { canonicalJson, fingerprint } from "./fingerprint.js";
+export { FingerprintError, MAX_SAFE_NUMBER, canonicalJson, fingerprint } from "./fingerprint.js";
 export { PROTO_DIR } from "./proto.js";
 export type * from "./types.js";

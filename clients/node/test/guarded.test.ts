@@ -15,8 +15,10 @@ import {
   CommitNotRecorded,
   DEFAULT_RETRY,
   Denied,
+  FingerprintError,
   HeldByEarlierRun,
   InProgress,
+  InvalidRequest,
   NotSent,
   OutcomeUncertain,
   ToolFailed,
@@ -379,12 +381,16 @@ describe("guarded call", { timeout: 120_000 }, () => {
   });
 
   test("the dispatch time is what atmost says is left of the lease, less the margin", () => {
-    // From the DISPATCH's arrival: leaseRemainingMs, leaseMs, since the first try, timeout.
-    assert.equal(dispatchTimeMs(30_000, 30_000, 700, undefined), 29_000, "a fresh DISPATCH: the whole lease was left");
-    assert.equal(dispatchTimeMs(1_500, 3_000, 700, undefined), 500, "a redelivery late in the lease: what is left");
-    assert.equal(dispatchTimeMs(1_500, 3_000, 700, 5_000), 500, "a longer timeout is cut to it");
-    assert.equal(dispatchTimeMs(1_500, 3_000, 700, 200), 200, "a shorter one is kept");
-    assert.ok(dispatchTimeMs(999, 3_000, 700, 5_000) <= 0, "under the margin: no time, dispatch is not called");
+    // From the DISPATCH's arrival: leaseRemainingMs, leaseMs, since the try the lease counts from, timeout.
+    // leaseRemaining is counted from the start of the Authorize try it
+    // answered, 700 ms before the DISPATCH arrived here.
+    assert.equal(dispatchTimeMs(30_000, 30_000, 700, undefined), 28_300, "a fresh DISPATCH: the whole lease was left, less the answer's way");
+    assert.equal(dispatchTimeMs(1_500, 3_000, 0, undefined), 500, "a redelivery late in the lease: what is left");
+    assert.equal(dispatchTimeMs(1_500, 3_000, 0, 5_000), 500, "a longer timeout is cut to it");
+    assert.equal(dispatchTimeMs(1_500, 3_000, 0, 200), 200, "a shorter one is kept");
+    assert.equal(dispatchTimeMs(3_000, 3_000, 1_500, 5_000), 500, "an answer 1.5 s on its way: only what is left");
+    assert.ok(dispatchTimeMs(999, 3_000, 0, 5_000) <= 0, "under the margin: no time, dispatch is not called");
+    assert.ok(dispatchTimeMs(3_000, 3_000, 2_500, 5_000) <= 0, "an answer that took the lease less the margin: no time");
     assert.equal(dispatchTimeMs(undefined, 3_000, 700, undefined), 1_300, "a server that does not say: the whole lease from the first try");
     assert.equal(dispatchTimeMs(undefined, 3_000, 700, 5_000), 1_300);
   });
@@ -435,6 +441,26 @@ describe("guarded call", { timeout: 120_000 }, () => {
     assert.equal(await callsMade(permit.permitId), 0, "nothing was reserved");
   });
 
+  test("a request the fingerprint cannot take is a TypeError naming where, before anything is asked or sent", async () => {
+    const permit = await createPermit(client, [TOOL], { [TOOL]: 1 });
+    const tool = new FakeTool();
+    const requests: [unknown, string][] = [
+      [{ ...CHARGE, account: 2 ** 53 }, "/account"],
+      [{ ...CHARGE, amount: 1e21 }, "/amount"],
+      [{ ...CHARGE, to: new Map([["iban", "x"]]) }, "/to"],
+      [[CHARGE, , CHARGE], "/1"], // a hole
+    ];
+    for (const [request, path] of requests) {
+      const error = await rejection(
+        client.guarded({ permitId: permit.permitId, tool: TOOL, idempotencyKey: key("unfit"), request }, async (id) => tool.hit(id)),
+      );
+      assert.ok(error instanceof TypeError && error instanceof FingerprintError, String(error));
+      assert.equal(error.path, path);
+    }
+    assert.equal(tool.calls.length, 0);
+    assert.equal(await callsMade(permit.permitId), 0, "nothing was reserved");
+  });
+
   test("a request atmost finds malformed is INVALID_REQUEST with its field violations, not retried", async () => {
     const permit = await createPermit(client, [TOOL]);
     const retries: RetryEvent[] = [];
@@ -444,7 +470,7 @@ describe("guarded call", { timeout: 120_000 }, () => {
         async () => "never",
       ),
     );
-    assert.ok(error instanceof AtmostError && !(error instanceof Denied), String(error));
+    assert.ok(error instanceof InvalidRequest && !(error instanceof Denied), String(error));
     assert.equal(error.code, Code.INVALID_ARGUMENT);
     assert.equal(error.reason, "INVALID_REQUEST");
     assert.deepEqual(
@@ -683,6 +709,44 @@ describe("guarded call, with atmost going away or coming late", { timeout: 120_0
       clearTimeout(hangGuard);
       atmost.process.kill("SIGCONT");
       client.close();
+      await atmost.stop();
+    }
+  });
+
+  test("a retry observer that throws is ignored: the retry goes on", async () => {
+    const atmost = await Atmost.start();
+    const setup = atmost.client();
+    const permit = await createPermit(setup, [TOOL], { [TOOL]: 1 });
+    setup.close();
+    const port = await freePort();
+    const relay = tcpRelay(atmost.address);
+    const client = new Client({ address: `127.0.0.1:${port}` });
+    try {
+      const tool = new FakeTool();
+      let told = 0;
+      const out = await client.guarded(
+        {
+          permitId: permit.permitId,
+          tool: TOOL,
+          idempotencyKey: key("observer"),
+          request: CHARGE,
+          retry: { maxTries: 20, maxTotalMs: 30_000 },
+          onRetry: () => {
+            if (++told === 1) relay.listen(port, "127.0.0.1");
+            throw new Error("a broken logging hook");
+          },
+        },
+        async (attemptId) => {
+          tool.hit(attemptId);
+          return "charged";
+        },
+      );
+      assert.ok(told >= 1);
+      assert.equal(out.result, "charged");
+      assert.equal(tool.calls.length, 1);
+    } finally {
+      client.close();
+      relay.close();
       await atmost.stop();
     }
   });

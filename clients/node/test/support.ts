@@ -7,7 +7,7 @@
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { createHash, randomUUID } from "node:crypto";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { connect, createServer } from "node:net";
+import { connect, createServer, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -274,4 +274,75 @@ function openssl(args: string[]): void {
   } catch (error) {
     throw new Error(`openssl ${args.join(" ")} failed: ${(error as { stderr?: Buffer }).stderr?.toString() ?? error}`);
   }
+}
+
+/** One HTTP/2 frame atmost sent, as {@link frameRelay} hands it over. */
+export interface Frame {
+  /** The whole frame: 9 bytes of header (length 3, type 1, flags 1, stream id 4), then the payload. */
+  bytes: Buffer;
+  type: number;
+  flags: number;
+  stream: number;
+  /** For the first DATA frame of a response: which response it is (1, 2, ...), counted across connections; else undefined. */
+  response?: number;
+}
+
+/**
+ * A loopback TCP relay to atmost at `address`, listening on a free port,
+ * that reads atmost's side as HTTP/2 frames and forwards what `edit`
+ * makes of each (the frame as it is, another, or a promise of one),
+ * in order: a frame held holds every frame after it on its connection. The
+ * client's side is forwarded as it is. `close` cuts every connection.
+ */
+export async function frameRelay(address: string, edit: (frame: Frame) => Buffer | Promise<Buffer>): Promise<{ address: string; close: () => void }> {
+  const [host, port] = [address.slice(0, address.lastIndexOf(":")), Number(address.slice(address.lastIndexOf(":") + 1))];
+  const sockets = new Set<Socket>();
+  let responses = 0;
+  const server = createServer((downstream) => {
+    const upstream = connect(port, host);
+    const cut = () => {
+      downstream.destroy();
+      upstream.destroy();
+    };
+    for (const s of [downstream, upstream]) {
+      sockets.add(s);
+      s.on("close", () => {
+        sockets.delete(s);
+        cut();
+      });
+      s.on("error", cut);
+    }
+    downstream.pipe(upstream);
+    const streams = new Set<number>();
+    let buffer = Buffer.alloc(0);
+    let forwarding: Promise<void> = Promise.resolve();
+    // atmost's side is frames from its first byte (its preface is a SETTINGS frame).
+    upstream.on("data", (chunk: Buffer) => {
+      buffer = Buffer.concat([buffer, chunk]);
+      while (buffer.length >= 9) {
+        const size = 9 + buffer.readUIntBE(0, 3);
+        if (buffer.length < size) break;
+        const bytes = buffer.subarray(0, size);
+        buffer = buffer.subarray(size);
+        const frame: Frame = { bytes, type: bytes[3], flags: bytes[4], stream: bytes.readUInt32BE(5) & 0x7fffffff };
+        if (frame.type === 0 && frame.stream !== 0 && !streams.has(frame.stream)) {
+          streams.add(frame.stream);
+          frame.response = ++responses;
+        }
+        forwarding = forwarding
+          .then(() => edit(frame))
+          .then((out) => {
+            if (!downstream.destroyed) downstream.write(out);
+          }, cut);
+      }
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    address: `127.0.0.1:${(server.address() as { port: number }).port}`,
+    close: () => {
+      for (const s of sockets) s.destroy();
+      server.close();
+    },
+  };
 }
