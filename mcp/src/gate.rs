@@ -55,6 +55,7 @@ pub mod code {
 pub mod reason {
     pub const PERMIT_MISSING: &str = "PERMIT_MISSING";
     pub const INVALID_IDEMPOTENCY_KEY: &str = "INVALID_IDEMPOTENCY_KEY";
+    pub const INVALID_ARGUMENTS: &str = "INVALID_ARGUMENTS";
     pub const UNSUPPORTED_REQUEST: &str = "UNSUPPORTED_REQUEST";
     pub const OUTCOME_UNCERTAIN: &str = "OUTCOME_UNCERTAIN";
     pub const NOT_SENT: &str = "NOT_SENT";
@@ -136,6 +137,24 @@ impl Gate {
         let tool = request.name.to_string();
         let permit = self.permit(&origin)?;
         let (key, source) = self.key(&meta, &origin)?;
+        let ctx = Answer {
+            permit: &permit,
+            tool: &tool,
+            key: &key,
+        };
+        // The fingerprint before anything is asked: arguments it cannot
+        // hold exactly (a number past ±(2^53 - 1), which two different
+        // requests would share) are the agent's to fix.
+        let arguments = request.arguments.clone().unwrap_or_default();
+        let canonical = json!({"name": tool, "arguments": Value::Object(arguments)});
+        let fingerprint = atmost_client::fingerprint(&canonical).map_err(|e| {
+            ctx.error(
+                ErrorCode::INVALID_PARAMS.0,
+                reason::INVALID_ARGUMENTS,
+                format!("{e}: nothing was authorized or sent"),
+                json!({"path": e.path}),
+            )
+        })?;
         // The upstream first: one that cannot be reached costs no attempt.
         let peer = self.upstream.connected().await.map_err(|why| {
             tracing::warn!(%permit, %tool, %key, %why, "the upstream cannot be reached; not authorized");
@@ -152,12 +171,10 @@ impl Gate {
                 Some(data),
             )
         })?;
-        let arguments = request.arguments.clone().unwrap_or_default();
-        let canonical = json!({"name": tool, "arguments": Value::Object(arguments)});
         let cost = self.costs.of(&tool);
 
         let mut call = GuardedCall::new(&permit, &tool, &key)
-            .request(&canonical)
+            .fingerprint(fingerprint.to_vec())
             .cost(cost);
         if let Some(timeout) = self.dispatch_timeout {
             call = call.dispatch_timeout(timeout);
@@ -189,11 +206,6 @@ impl Gate {
             }
         };
         let fresh = fresh.lock().map(|mut f| f.take()).unwrap_or(None);
-        let ctx = Answer {
-            permit: &permit,
-            tool: &tool,
-            key: &key,
-        };
         log(&ctx, source, &outcome);
         ctx.answer(outcome, fresh)
     }
@@ -498,10 +510,15 @@ impl Answer<'_> {
                 }
                 Err(error)
             }
-            Err(GuardError::InvalidCall(why)) => Err(ErrorData::invalid_params(why, None)),
             // The proxy gives no holder token (each call's is the guarded
-            // call's own random one), so no earlier run can hold its call.
-            Err(e @ (GuardError::NoRandomness(_) | GuardError::HeldByEarlierRun { .. })) => {
+            // call's own random one), so no earlier run can hold its call;
+            // and it fingerprints the request itself before asking
+            // (call_tool), so an invalid call is a setting of its own.
+            Err(
+                e @ (GuardError::NoRandomness(_)
+                | GuardError::HeldByEarlierRun { .. }
+                | GuardError::InvalidCall(_)),
+            ) => {
                 Err(ErrorData::internal_error(e.to_string(), None))
             }
         }

@@ -326,6 +326,42 @@ async def test_denials_carry_the_reason_tool_limit_and_calls_made(atmost, upstre
     assert upstream.entries("echo") == []
 
 
+# === arguments ===
+
+
+async def test_arguments_a_fingerprint_cannot_hold_exactly_are_refused(memory_atmost, upstream, start_proxy):
+    """A number past ±(2^53 - 1) is one two different requests would share
+    as a fingerprint (9007199254740993 and 9007199254740992 are one double),
+    so atmost could replay one's result for the other. Such a call is
+    refused as INVALID_PARAMS, naming where, before atmost is asked:
+    nothing recorded, nothing sent."""
+    permit = memory_atmost.permit("--cap", "charge=2")
+    proxy = start_proxy(*permit_args(memory_atmost, upstream, permit))
+    async with Client(proxy.url, mode="legacy") as agent:
+        for key, arguments, path in [
+            ("big-1", {"amount": 1, "account": 9007199254740993}, "/arguments/account"),
+            ("big-2", {"amount": -(2**53)}, "/arguments/amount"),
+            ("big-3", {"amount": 1, "meta": {"ids": [1, 1e21]}}, "/arguments/meta/ids/1"),
+        ]:
+            error = await refused(call(agent, "charge", arguments, key=key))
+            assert error.code == INVALID_PARAMS, error.error
+            assert error.error.data == {
+                "reason": "INVALID_ARGUMENTS",
+                "path": path,
+                "tool": "charge",
+                "permit_id": permit,
+                "idempotency_key": key,
+            }
+            assert path in error.message
+            with pytest.raises(RuntimeError, match="ATTEMPT_NOT_FOUND"):
+                memory_atmost.attempt(permit, key)
+        # 2^53 - 1 itself is exact.
+        done = await call(agent, "charge", {"amount": 2**53 - 1}, key="edge")
+        assert done.meta[REPLAYED] is False
+    assert [e["amount"] for e in upstream.entries("charge")] == [2**53 - 1]
+    assert memory_atmost.calls_made(permit, "charge") == 1
+
+
 # === keys ===
 
 
