@@ -6,7 +6,7 @@
 //! says why (docs/gateways.md, "atmost-mcp", lists every case).
 
 use crate::config::{Costs, PermitSource};
-use crate::upstream::{self, CallError, Upstream};
+use crate::upstream::{CallError, Session, Upstream};
 use atmost_client::{
     Client, DispatchError, Dispatched, GuardError, GuardedCall, Outcome, Unrecorded,
 };
@@ -15,7 +15,6 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, MetaObject,
     RequestId, RequestMetaObject, ResultType,
 };
-use rmcp::service::{Peer, RoleClient};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex};
@@ -156,7 +155,7 @@ impl Gate {
             )
         })?;
         // The upstream first: one that cannot be reached costs no attempt.
-        let peer = self.upstream.connected().await.map_err(|why| {
+        let session = self.upstream.connected().await.map_err(|why| {
             tracing::warn!(%permit, %tool, %key, %why, "the upstream cannot be reached; not authorized");
             let mut data = json!({
                 "reason": reason::NOT_SENT,
@@ -184,13 +183,14 @@ impl Gate {
         let fresh: Arc<Mutex<Option<Fresh>>> = Arc::default();
         let slot = Arc::clone(&fresh);
         let task = tokio::spawn(async move {
+            let upstream = Arc::clone(&gate.upstream);
             gate.client
                 .guarded(call, move |attempt_id| async move {
                     let mut meta = forwarded;
                     meta.insert(META_ATTEMPT_ID.into(), attempt_id.as_str().into());
                     let mut request = request;
                     request.meta = Some(RequestMetaObject(MetaObject(meta)));
-                    dispatch(&peer, request, &slot).await
+                    dispatch(&upstream, session, request, &slot).await
                 })
                 .await
         });
@@ -309,7 +309,8 @@ fn forwarded_meta(meta: RequestMetaObject) -> Map<String, Value> {
 /// The guarded call's dispatch: the request sent once; its answer kept in
 /// `slot` for the agent and told to the guarded call.
 async fn dispatch(
-    peer: &Peer<RoleClient>,
+    upstream: &Upstream,
+    session: Session,
     request: CallToolRequestParams,
     slot: &Mutex<Option<Fresh>>,
 ) -> Result<Dispatched, DispatchError> {
@@ -318,7 +319,7 @@ async fn dispatch(
             *s = Some(fresh);
         }
     };
-    match upstream::call_tool(peer, request).await {
+    match upstream.call_tool(session, request).await {
         Ok(CallToolResponse::Complete(result)) => {
             let stored = serde_json::to_vec(&result).map_err(DispatchError::unknown)?;
             let failed = result.is_error == Some(true);

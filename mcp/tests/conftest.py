@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
@@ -267,6 +268,13 @@ class Upstream:
 
     def release(self, label: str) -> None:
         (self.release_dir / label).touch()
+
+    def control(self, action: str) -> int:
+        """POST /control/ACTION (tests/upstream.py): how many sessions it acted on."""
+        base = self.url.rsplit("/mcp", 1)[0]
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/control/{action}", method="POST"),
+                                    timeout=PATIENCE) as answer:
+            return int(json.loads(answer.read())["sessions"])
 
     def stop(self) -> None:
         self.process.stop()

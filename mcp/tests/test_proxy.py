@@ -217,6 +217,67 @@ async def test_connection_lost_after_sending_is_uncertain_and_unsent_calls_are_r
     assert atmost.calls_made(permit, "charge") == 2
 
 
+async def test_a_session_the_upstream_forgot_mid_call_is_no_refusal(atmost, upstream, start_proxy):
+    """All agents' calls share the proxy's one session with the upstream.
+    The upstream forgets it while two charges run in it (as one that
+    restarted, evicted it, or a replica that never had it answers 404).
+    The next call gets 404, so was not run, and goes out in a new session.
+    The two in flight are not refused by that. rmcp's own recovery would
+    end them with an error of its making (-32603 "session was
+    re-initialized before the response arrived"), which the proxy took for
+    the upstream's answer: FAILED, the charge's slot and cost kept as a
+    refusal's, the agent told the tool refused. Here one answers later on
+    its stream (SUCCEEDED), and the other's stream is closed without an
+    answer (UNCERTAIN)."""
+    permit = atmost.permit("--cap", "charge=4")
+    proxy = start_proxy(*permit_args(atmost, upstream, permit))
+    outcome: Dict[str, Any] = {}
+    answered = {"kept": anyio.Event(), "cut": anyio.Event()}
+
+    async with Client(proxy.url, mode="legacy") as agent, Client(proxy.url, mode="legacy") as other:
+
+        async def held(key: str) -> None:
+            try:
+                outcome[key] = await charge(agent, 10, key=key, hold=key)
+            except MCPError as e:
+                outcome[key] = e
+            answered[key].set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(held, "kept")
+            group.start_soon(held, "cut")
+            await anyio.to_thread.run_sync(upstream.wait_for_entries, 2, "charge")
+            assert await anyio.to_thread.run_sync(upstream.control, "forget-sessions") == 1
+            # Another call in the shared session: 404, then sent in a new one.
+            after = await charge(other, 10, key="after")
+            assert after.meta[REPLAYED] is False
+            upstream.release("kept")
+            await answered["kept"].wait()
+            assert await anyio.to_thread.run_sync(upstream.control, "end-forgotten") == 1
+            await answered["cut"].wait()
+        # The new session serves on.
+        later = await charge(agent, 10, key="later")
+
+    states = {key: atmost.attempt(permit, key)["state"] for key in ("kept", "cut", "after", "later")}
+    assert states == {
+        "kept": "ATTEMPT_STATE_SUCCEEDED",
+        "cut": "ATTEMPT_STATE_UNCERTAIN",
+        "after": "ATTEMPT_STATE_SUCCEEDED",
+        "later": "ATTEMPT_STATE_SUCCEEDED",
+    }
+    kept = outcome["kept"]
+    assert not isinstance(kept, MCPError), kept.error
+    assert kept.is_error is not True and kept.meta[REPLAYED] is False
+    cut = outcome["cut"]
+    assert isinstance(cut, MCPError), cut
+    assert cut.code == UNCERTAIN and cut.error.data["reason"] == "OUTCOME_UNCERTAIN", cut.error
+    # The 404'd request was not run, so sending it again ran it once.
+    entries = upstream.entries("charge")
+    assert len(entries) == 4
+    assert {tx(kept), tx(after), tx(later)} <= {e["id"] for e in entries}
+    assert atmost.calls_made(permit, "charge") == 4
+
+
 async def test_the_same_key_twice_at_once_is_sent_once(atmost, upstream, start_proxy):
     permit = atmost.permit("--cap", "charge=2")
     proxy = start_proxy(*permit_args(atmost, upstream, permit))
