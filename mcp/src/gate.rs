@@ -19,6 +19,8 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// `params._meta` key: the agent's idempotency key for this call.
 pub const META_IDEMPOTENCY_KEY: &str = "io.atmost/idempotency-key";
@@ -78,6 +80,12 @@ pub struct Gate {
     /// The session id of a transport that has one for the whole process
     /// (stdio: one agent, one session), made at start-up.
     pub process_session: Option<String>,
+    /// The guarded calls running, which the proxy lets end before it exits
+    /// ([`Gate::settle`]).
+    pub calls: TaskTracker,
+    /// Cancelled when the proxy stops waiting for the upstream's answers
+    /// ([`Gate::abandon`]).
+    pub abandoned: CancellationToken,
 }
 
 /// Where the call came from, as far as the key and the permit care.
@@ -116,10 +124,61 @@ enum Fresh {
 }
 
 impl Gate {
+    pub fn new(
+        client: Client,
+        permits: PermitSource,
+        costs: Costs,
+        dispatch_timeout: Option<Duration>,
+        upstream: Arc<Upstream>,
+        process_session: Option<String>,
+    ) -> Self {
+        Self {
+            client,
+            permits,
+            costs,
+            dispatch_timeout,
+            upstream,
+            process_session,
+            calls: TaskTracker::new(),
+            abandoned: CancellationToken::new(),
+        }
+    }
+
+    /// Waits until every guarded call has ended: its outcome recorded
+    /// (Commit, MarkUncertain) or, if atmost could not take it, given up
+    /// after the client's retries. Each call waits for the upstream at most
+    /// until its dispatch deadline, so this ends too. Calls that come in
+    /// meanwhile are waited for as well.
+    pub async fn settle(&self) {
+        self.calls.close();
+        let running = self.calls.len();
+        if running > 0 {
+            tracing::info!(
+                calls = running,
+                "waiting for the calls in flight to end and be recorded"
+            );
+        }
+        self.calls.wait().await;
+    }
+
+    /// Stops waiting for the upstream: each call whose request went out is
+    /// marked uncertain now (MarkUncertain), and a call authorized from now
+    /// on is not sent (Commit NotSent).
+    pub fn abandon(&self) {
+        if !self.abandoned.is_cancelled() {
+            tracing::warn!(
+                calls = self.calls.len(),
+                "no longer waiting for the upstream: the calls in flight are marked uncertain"
+            );
+        }
+        self.abandoned.cancel();
+    }
+
     /// Authorizes `request` with atmost, forwards it on DISPATCH, records
     /// the outcome, and answers the agent. The guarded call runs in a task
     /// of its own: an agent that goes away mid-call does not stop the
-    /// outcome from being recorded.
+    /// outcome from being recorded, and the proxy waits for it before it
+    /// exits ([`Gate::settle`]).
     pub async fn call_tool(
         self: &Arc<Self>,
         request: CallToolRequestParams,
@@ -182,15 +241,26 @@ impl Gate {
         let gate = Arc::clone(self);
         let fresh: Arc<Mutex<Option<Fresh>>> = Arc::default();
         let slot = Arc::clone(&fresh);
-        let task = tokio::spawn(async move {
-            let upstream = Arc::clone(&gate.upstream);
+        let upstream = Arc::clone(&self.upstream);
+        let abandoned = self.abandoned.clone();
+        let task = self.calls.spawn(async move {
             gate.client
                 .guarded(call, move |attempt_id| async move {
+                    if abandoned.is_cancelled() {
+                        // The proxy is stopping: not sent now.
+                        return Err(DispatchError::NotSent);
+                    }
                     let mut meta = forwarded;
                     meta.insert(META_ATTEMPT_ID.into(), attempt_id.as_str().into());
                     let mut request = request;
                     request.meta = Some(RequestMetaObject(MetaObject(meta)));
-                    dispatch(&upstream, session, request, &slot).await
+                    tokio::select! {
+                        biased;
+                        answer = dispatch(&upstream, session, request, &slot) => answer,
+                        () = abandoned.cancelled() => Err(DispatchError::unknown(
+                            "atmost-mcp stopped before the upstream answered",
+                        )),
+                    }
                 })
                 .await
         });

@@ -14,13 +14,24 @@ import base64
 import hashlib
 import json
 import re
+import signal
 import sys
 from typing import Any, Dict, List, Optional
 
 import anyio
 import httpx2
 import pytest
-from conftest import PIPE_UPSTREAM, UPSTREAM, Atmost, Upstream, clean_env, proxy_bin, run_proxy
+from conftest import (
+    PATIENCE,
+    PIPE_UPSTREAM,
+    UPSTREAM,
+    Atmost,
+    Upstream,
+    clean_env,
+    proxy_bin,
+    run_proxy,
+    wait_for_stderr,
+)
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -621,6 +632,87 @@ async def test_stdio_agent_and_child_process_upstream(memory_atmost, tmp_path):
         assert capped.error.data["reason"] == "PERMIT_MAX_CALLS_EXCEEDED"
     assert len(entries("charge")) == 2
     assert len(entries("crash")) == 1
+
+
+async def test_a_stdio_agent_that_quits_mid_call_leaves_the_proxy_to_record_it(
+    memory_atmost, upstream, start_stdio_proxy
+):
+    """The agent gives up on a call and closes the proxy's stdin while the
+    upstream still runs it. The proxy waits for the call (within its
+    dispatch deadline) before it exits, and records its answer: SUCCEEDED,
+    not left RESERVED by a proxy that exited with the call in flight."""
+    permit = memory_atmost.permit("--cap", "charge=2")
+    proxy = start_stdio_proxy("--server", memory_atmost.url, "--permit", permit, "--upstream", upstream.url)
+    async with Client(proxy.transport(), mode="legacy") as agent:
+        async with anyio.create_task_group() as group:
+            group.start_soon(lambda: charge(agent, 30, key="eof-1", hold="eof-1"))
+            await anyio.to_thread.run_sync(upstream.wait_for_entries, 1, "charge")
+            group.cancel_scope.cancel()
+    # stdin is closed: the proxy waits for the call still out.
+    await proxy.said("waiting for the calls in flight to end and be recorded")
+    assert memory_atmost.attempt(permit, "eof-1")["state"] == "ATTEMPT_STATE_RESERVED"
+    upstream.release("eof-1")
+    assert await proxy.exited() == 0
+    assert memory_atmost.attempt(permit, "eof-1")["state"] == "ATTEMPT_STATE_SUCCEEDED"
+    stored = memory_atmost.receipt_json(permit, "eof-1")
+    assert json.loads(stored["content"][0]["text"])["tx"] == upstream.entries("charge")[0]["id"]
+
+
+async def test_a_stdio_proxy_signalled_after_its_agent_quit_marks_the_call_uncertain(memory_atmost, upstream):
+    """The SDK's own stdio client, leaving, closes the proxy's stdin,
+    sends SIGTERM 2 s later and SIGKILL 2 s after that. The proxy, told to
+    stop while a call it sent is still out, marks it UNCERTAIN before it
+    exits, rather than leaving it RESERVED."""
+    permit = memory_atmost.permit("--cap", "charge=2")
+    params = StdioServerParameters(
+        command=str(proxy_bin()),
+        args=["--stdio", "--server", memory_atmost.url, "--permit", permit, "--upstream", upstream.url],
+        env=clean_env(),
+    )
+    async with Client(params, mode="legacy") as agent:
+        async with anyio.create_task_group() as group:
+            group.start_soon(lambda: charge(agent, 30, key="term-1", hold="never"))
+            await anyio.to_thread.run_sync(upstream.wait_for_entries, 1, "charge")
+            group.cancel_scope.cancel()
+    # The SDK has closed the proxy's stdin, signalled it, and seen it end.
+    attempt = memory_atmost.attempt(permit, "term-1")
+    assert attempt["state"] == "ATTEMPT_STATE_UNCERTAIN", attempt
+    # Marked by the proxy, not read so at the end of its lease.
+    assert "atmost-mcp stopped before the upstream answered" in attempt["uncertainReason"], attempt
+    assert len(upstream.entries("charge")) == 1
+
+
+async def test_a_stopped_http_proxy_records_the_calls_in_flight(memory_atmost, upstream, start_proxy):
+    """SIGTERM stops the HTTP proxy taking connections; the calls in flight
+    are waited for and recorded. A second SIGTERM stops the wait: the calls
+    still out are marked UNCERTAIN, and the proxy exits."""
+    permit = memory_atmost.permit("--cap", "charge=3")
+    proxy = start_proxy(*permit_args(memory_atmost, upstream, permit))
+    process = proxy.process.process
+
+    async def held(agent: Client, key: str) -> None:
+        try:
+            await charge(agent, 1, key=key, hold=key)
+        except Exception:  # the proxy goes away: whatever the agent makes of it
+            pass
+
+    async with Client(proxy.url, mode="legacy") as agent:
+        async with anyio.create_task_group() as group:
+            group.start_soon(held, agent, "stop-1")
+            group.start_soon(held, agent, "stop-2")
+            await anyio.to_thread.run_sync(upstream.wait_for_entries, 2, "charge")
+            process.send_signal(signal.SIGTERM)
+            await wait_for_stderr(proxy.process.stderr_path, "stopping: no new connections", process.poll)
+            upstream.release("stop-1")
+            await anyio.to_thread.run_sync(memory_atmost.wait_for_state, permit, "stop-1", "SUCCEEDED")
+            assert memory_atmost.attempt(permit, "stop-2")["state"] == "ATTEMPT_STATE_RESERVED"
+            process.send_signal(signal.SIGTERM)
+            assert await anyio.to_thread.run_sync(lambda: process.wait(timeout=PATIENCE)) == 0
+            group.cancel_scope.cancel()
+    attempt = memory_atmost.attempt(permit, "stop-2")
+    assert attempt["state"] == "ATTEMPT_STATE_UNCERTAIN", attempt
+    assert "atmost-mcp stopped before the upstream answered" in attempt["uncertainReason"], attempt
+    assert len(upstream.entries("charge")) == 2
 
 
 async def test_a_broken_pipe_to_a_child_that_read_the_request_is_uncertain(memory_atmost, start_proxy, tmp_path):
