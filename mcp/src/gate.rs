@@ -6,7 +6,7 @@
 //! says why (docs/gateways.md, "atmost-mcp", lists every case).
 
 use crate::config::{Costs, PermitSource};
-use crate::upstream::{self, CallError, Upstream};
+use crate::upstream::{CallError, Session, Upstream};
 use atmost_client::{
     Client, DispatchError, Dispatched, GuardError, GuardedCall, Outcome, Unrecorded,
 };
@@ -15,11 +15,12 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, MetaObject,
     RequestId, RequestMetaObject, ResultType,
 };
-use rmcp::service::{Peer, RoleClient};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// `params._meta` key: the agent's idempotency key for this call.
 pub const META_IDEMPOTENCY_KEY: &str = "io.atmost/idempotency-key";
@@ -55,6 +56,7 @@ pub mod code {
 pub mod reason {
     pub const PERMIT_MISSING: &str = "PERMIT_MISSING";
     pub const INVALID_IDEMPOTENCY_KEY: &str = "INVALID_IDEMPOTENCY_KEY";
+    pub const INVALID_ARGUMENTS: &str = "INVALID_ARGUMENTS";
     pub const UNSUPPORTED_REQUEST: &str = "UNSUPPORTED_REQUEST";
     pub const OUTCOME_UNCERTAIN: &str = "OUTCOME_UNCERTAIN";
     pub const NOT_SENT: &str = "NOT_SENT";
@@ -78,6 +80,12 @@ pub struct Gate {
     /// The session id of a transport that has one for the whole process
     /// (stdio: one agent, one session), made at start-up.
     pub process_session: Option<String>,
+    /// The guarded calls running, which the proxy lets end before it exits
+    /// ([`Gate::settle`]).
+    pub calls: TaskTracker,
+    /// Cancelled when the proxy stops waiting for the upstream's answers
+    /// ([`Gate::abandon`]).
+    pub abandoned: CancellationToken,
 }
 
 /// Where the call came from, as far as the key and the permit care.
@@ -116,10 +124,61 @@ enum Fresh {
 }
 
 impl Gate {
+    pub fn new(
+        client: Client,
+        permits: PermitSource,
+        costs: Costs,
+        dispatch_timeout: Option<Duration>,
+        upstream: Arc<Upstream>,
+        process_session: Option<String>,
+    ) -> Self {
+        Self {
+            client,
+            permits,
+            costs,
+            dispatch_timeout,
+            upstream,
+            process_session,
+            calls: TaskTracker::new(),
+            abandoned: CancellationToken::new(),
+        }
+    }
+
+    /// Waits until every guarded call has ended: its outcome recorded
+    /// (Commit, MarkUncertain) or, if atmost could not take it, given up
+    /// after the client's retries. Each call waits for the upstream at most
+    /// until its dispatch deadline, so this ends too. Calls that come in
+    /// meanwhile are waited for as well.
+    pub async fn settle(&self) {
+        self.calls.close();
+        let running = self.calls.len();
+        if running > 0 {
+            tracing::info!(
+                calls = running,
+                "waiting for the calls in flight to end and be recorded"
+            );
+        }
+        self.calls.wait().await;
+    }
+
+    /// Stops waiting for the upstream: each call whose request went out is
+    /// marked uncertain now (MarkUncertain), and a call authorized from now
+    /// on is not sent (Commit NotSent).
+    pub fn abandon(&self) {
+        if !self.abandoned.is_cancelled() {
+            tracing::warn!(
+                calls = self.calls.len(),
+                "no longer waiting for the upstream: the calls in flight are marked uncertain"
+            );
+        }
+        self.abandoned.cancel();
+    }
+
     /// Authorizes `request` with atmost, forwards it on DISPATCH, records
     /// the outcome, and answers the agent. The guarded call runs in a task
     /// of its own: an agent that goes away mid-call does not stop the
-    /// outcome from being recorded.
+    /// outcome from being recorded, and the proxy waits for it before it
+    /// exits ([`Gate::settle`]).
     pub async fn call_tool(
         self: &Arc<Self>,
         request: CallToolRequestParams,
@@ -136,8 +195,26 @@ impl Gate {
         let tool = request.name.to_string();
         let permit = self.permit(&origin)?;
         let (key, source) = self.key(&meta, &origin)?;
+        let ctx = Answer {
+            permit: &permit,
+            tool: &tool,
+            key: &key,
+        };
+        // The fingerprint before anything is asked: arguments it cannot
+        // hold exactly (a number past ±(2^53 - 1), which two different
+        // requests would share) are the agent's to fix.
+        let arguments = request.arguments.clone().unwrap_or_default();
+        let canonical = json!({"name": tool, "arguments": Value::Object(arguments)});
+        let fingerprint = atmost_client::fingerprint(&canonical).map_err(|e| {
+            ctx.error(
+                ErrorCode::INVALID_PARAMS.0,
+                reason::INVALID_ARGUMENTS,
+                format!("{e}: nothing was authorized or sent"),
+                json!({"path": e.path}),
+            )
+        })?;
         // The upstream first: one that cannot be reached costs no attempt.
-        let peer = self.upstream.connected().await.map_err(|why| {
+        let session = self.upstream.connected().await.map_err(|why| {
             tracing::warn!(%permit, %tool, %key, %why, "the upstream cannot be reached; not authorized");
             let mut data = json!({
                 "reason": reason::NOT_SENT,
@@ -152,12 +229,10 @@ impl Gate {
                 Some(data),
             )
         })?;
-        let arguments = request.arguments.clone().unwrap_or_default();
-        let canonical = json!({"name": tool, "arguments": Value::Object(arguments)});
         let cost = self.costs.of(&tool);
 
         let mut call = GuardedCall::new(&permit, &tool, &key)
-            .request(&canonical)
+            .fingerprint(fingerprint.to_vec())
             .cost(cost);
         if let Some(timeout) = self.dispatch_timeout {
             call = call.dispatch_timeout(timeout);
@@ -166,14 +241,26 @@ impl Gate {
         let gate = Arc::clone(self);
         let fresh: Arc<Mutex<Option<Fresh>>> = Arc::default();
         let slot = Arc::clone(&fresh);
-        let task = tokio::spawn(async move {
+        let upstream = Arc::clone(&self.upstream);
+        let abandoned = self.abandoned.clone();
+        let task = self.calls.spawn(async move {
             gate.client
                 .guarded(call, move |attempt_id| async move {
+                    if abandoned.is_cancelled() {
+                        // The proxy is stopping: not sent now.
+                        return Err(DispatchError::NotSent);
+                    }
                     let mut meta = forwarded;
                     meta.insert(META_ATTEMPT_ID.into(), attempt_id.as_str().into());
                     let mut request = request;
                     request.meta = Some(RequestMetaObject(MetaObject(meta)));
-                    dispatch(&peer, request, &slot).await
+                    tokio::select! {
+                        biased;
+                        answer = dispatch(&upstream, session, request, &slot) => answer,
+                        () = abandoned.cancelled() => Err(DispatchError::unknown(
+                            "atmost-mcp stopped before the upstream answered",
+                        )),
+                    }
                 })
                 .await
         });
@@ -189,11 +276,6 @@ impl Gate {
             }
         };
         let fresh = fresh.lock().map(|mut f| f.take()).unwrap_or(None);
-        let ctx = Answer {
-            permit: &permit,
-            tool: &tool,
-            key: &key,
-        };
         log(&ctx, source, &outcome);
         ctx.answer(outcome, fresh)
     }
@@ -297,7 +379,8 @@ fn forwarded_meta(meta: RequestMetaObject) -> Map<String, Value> {
 /// The guarded call's dispatch: the request sent once; its answer kept in
 /// `slot` for the agent and told to the guarded call.
 async fn dispatch(
-    peer: &Peer<RoleClient>,
+    upstream: &Upstream,
+    session: Session,
     request: CallToolRequestParams,
     slot: &Mutex<Option<Fresh>>,
 ) -> Result<Dispatched, DispatchError> {
@@ -306,7 +389,7 @@ async fn dispatch(
             *s = Some(fresh);
         }
     };
-    match upstream::call_tool(peer, request).await {
+    match upstream.call_tool(session, request).await {
         Ok(CallToolResponse::Complete(result)) => {
             let stored = serde_json::to_vec(&result).map_err(DispatchError::unknown)?;
             let failed = result.is_error == Some(true);
@@ -498,10 +581,15 @@ impl Answer<'_> {
                 }
                 Err(error)
             }
-            Err(GuardError::InvalidCall(why)) => Err(ErrorData::invalid_params(why, None)),
             // The proxy gives no holder token (each call's is the guarded
-            // call's own random one), so no earlier run can hold its call.
-            Err(e @ (GuardError::NoRandomness(_) | GuardError::HeldByEarlierRun { .. })) => {
+            // call's own random one), so no earlier run can hold its call;
+            // and it fingerprints the request itself before asking
+            // (call_tool), so an invalid call is a setting of its own.
+            Err(
+                e @ (GuardError::NoRandomness(_)
+                | GuardError::HeldByEarlierRun { .. }
+                | GuardError::InvalidCall(_)),
+            ) => {
                 Err(ErrorData::internal_error(e.to_string(), None))
             }
         }

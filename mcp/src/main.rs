@@ -10,7 +10,8 @@
 //! is lost, or given back (NotSent) when it was never sent. A REPLAY
 //! answers the original result without calling the upstream. It is a
 //! client of atmost over gRPC like any gateway, through atmost's Rust
-//! client (`atmost-client`) and its guarded call.
+//! client (`atmost-client`) and its guarded call. It exits only once the
+//! calls in flight are recorded (docs/gateways.md, "Outcomes").
 //!
 //! ## Layout
 //!
@@ -99,24 +100,42 @@ async fn run(args: Args) -> Result<(), Failure> {
             None
         }
     };
-    let gate = Arc::new(Gate {
+    let gate = Arc::new(Gate::new(
         client,
         permits,
         costs,
-        dispatch_timeout: args.dispatch_timeout,
+        args.dispatch_timeout,
         upstream,
-        process_session: args.stdio.then(|| uuid::Uuid::new_v4().to_string()),
-    });
+        args.stdio.then(|| uuid::Uuid::new_v4().to_string()),
+    ));
+    let mut signals = StopSignals::new();
 
+    // However serving ends, the guarded calls still running are waited
+    // for (Gate::settle) before the runtime, and they with it, is dropped:
+    // a call sent but never recorded would stay RESERVED until its lease.
     if args.stdio {
-        let running = Proxy::new(gate, instructions)
+        let running = Proxy::new(Arc::clone(&gate), instructions)
             .serve(rmcp::transport::stdio())
             .await
             .map_err(|e| Failure::Serve(format!("stdio: {e}")))?;
-        running
-            .waiting()
-            .await
-            .map_err(|e| Failure::Serve(format!("stdio: {e}")))?;
+        let stop = running.cancellation_token();
+        let watch = tokio::spawn({
+            let gate = Arc::clone(&gate);
+            async move {
+                signals.next().await;
+                // Whoever runs a stdio server and signals it kills it soon
+                // after (the MCP SDKs' stdio clients close stdin, SIGTERM
+                // a few seconds later, SIGKILL after that): the calls
+                // still out are recorded as uncertain now.
+                gate.abandon();
+                stop.cancel();
+            }
+        });
+        // stdin closed (the agent is gone), or the signal.
+        let served = running.waiting().await;
+        gate.settle().await;
+        watch.abort();
+        served.map_err(|e| Failure::Serve(format!("stdio: {e}")))?;
         return Ok(());
     }
 
@@ -128,8 +147,9 @@ async fn run(args: Args) -> Result<(), Failure> {
     }
     // A new handler for each session and each stateless request: a
     // handler knows whether it serves a session (proxy.rs).
+    let handlers = Arc::clone(&gate);
     let service = StreamableHttpService::new(
-        move || Ok(Proxy::new(Arc::clone(&gate), instructions.clone())),
+        move || Ok(Proxy::new(Arc::clone(&handlers), instructions.clone())),
         LocalSessionManager::default().into(),
         config,
     );
@@ -146,35 +166,60 @@ async fn run(args: Args) -> Result<(), Failure> {
     let _ = writeln!(stdout, "atmost-mcp listening on http://{address}/mcp");
     let _ = stdout.flush();
     tracing::info!(%address, server = %args.server, "serving MCP over Streamable HTTP at /mcp");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            stop_signal().await;
+    let watch = tokio::spawn({
+        let gate = Arc::clone(&gate);
+        let shutdown = shutdown.clone();
+        async move {
+            signals.next().await;
+            tracing::info!(
+                "stopping: no new connections; the calls in flight are waited for (a second SIGTERM or Ctrl-C marks them uncertain)"
+            );
             shutdown.cancel();
-        })
-        .await
-        .map_err(|e| Failure::Serve(format!("serving: {e}")))
+            signals.next().await;
+            gate.abandon();
+        }
+    });
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await;
+    gate.settle().await;
+    watch.abort();
+    served.map_err(|e| Failure::Serve(format!("serving: {e}")))
 }
 
-/// SIGTERM or Ctrl-C.
-async fn stop_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGTERM and Ctrl-C (SIGINT), listened for from start-up, so that none
+/// is missed between two waits.
+struct StopSignals {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    listening: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl StopSignals {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listening = signal(SignalKind::terminate())
+                .and_then(|term| Ok((term, signal(SignalKind::interrupt())?)))
+                .ok();
+            Self { listening }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+
+    /// The next one.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some((term, interrupt)) = &mut self.listening {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+            return;
+        }
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// atmost's client: connected on the first call (an atmost not up yet is

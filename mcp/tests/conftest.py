@@ -16,6 +16,7 @@ Every process started is killed at the end, whatever happened.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import pathlib
@@ -29,9 +30,13 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from typing import Any, Dict, Iterator, List, Optional
 
+import anyio
+import mcp_types
 import pytest
+from mcp.shared.message import SessionMessage
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -268,6 +273,13 @@ class Upstream:
     def release(self, label: str) -> None:
         (self.release_dir / label).touch()
 
+    def control(self, action: str) -> int:
+        """POST /control/ACTION (tests/upstream.py): how many sessions it acted on."""
+        base = self.url.rsplit("/mcp", 1)[0]
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/control/{action}", method="POST"),
+                                    timeout=PATIENCE) as answer:
+            return int(json.loads(answer.read())["sessions"])
+
     def stop(self) -> None:
         self.process.stop()
 
@@ -302,6 +314,91 @@ def start_proxy(tmp_path) -> Iterator:
 
     def start(*args: str, env=None) -> Proxy:
         proxy = Proxy(tmp_path, list(args), env=env)
+        started.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+async def wait_for_stderr(path: pathlib.Path, text: str, exited) -> None:
+    """Until the process's stderr (the file at `path`) says `text`; fails
+    if the process ended first (`exited()` gives its exit code, or None
+    while it runs)."""
+    give_up = time.monotonic() + PATIENCE
+    while text not in path.read_text(errors="replace"):
+        code = exited()
+        if code is not None:
+            raise AssertionError(f"the proxy exited ({code}) without saying {text!r}: {path.read_text()[-3000:]}")
+        if time.monotonic() > give_up:
+            raise AssertionError(f"the proxy never said {text!r}: {path.read_text()[-3000:]}")
+        await anyio.sleep(0.02)
+
+
+class StdioProxy:
+    """atmost-mcp --stdio, started by the test, with an MCP transport over
+    its stdin and stdout for the SDK's Client. Leaving the transport only
+    closes the proxy's stdin, as an agent that quits does; the proxy is left
+    to end by itself (the SDK's own stdio client signals it 2 s later)."""
+
+    def __init__(self, tmp: pathlib.Path, args: List[str]) -> None:
+        self.argv = [str(proxy_bin()), "--stdio", *args]
+        self.stderr_path = tmp / f"atmost-mcp-stdio-{secrets.token_hex(4)}.stderr"
+        self.process = None
+
+    @contextlib.asynccontextmanager
+    async def transport(self):
+        with open(self.stderr_path, "wb") as stderr:
+            self.process = await anyio.open_process(self.argv, stderr=stderr, env=clean_env())
+        process = self.process
+        to_agent, from_proxy = anyio.create_memory_object_stream(0)
+        to_proxy, from_agent = anyio.create_memory_object_stream(0)
+
+        async def read() -> None:
+            async with to_agent:
+                buffer = b""
+                async for chunk in process.stdout:
+                    *lines, buffer = (buffer + chunk).split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                            await to_agent.send(SessionMessage(message))
+
+        async def write() -> None:
+            async with from_agent:
+                async for message in from_agent:
+                    line = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send(line.encode() + b"\n")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(read)
+            group.start_soon(write)
+            try:
+                yield from_proxy, to_proxy
+            finally:
+                await process.stdin.aclose()
+                group.cancel_scope.cancel()
+
+    async def said(self, text: str) -> None:
+        await wait_for_stderr(self.stderr_path, text, lambda: self.process.returncode)
+
+    async def exited(self) -> int:
+        with anyio.fail_after(PATIENCE):
+            return await self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+
+
+@pytest.fixture
+def start_stdio_proxy(tmp_path) -> Iterator:
+    """start_stdio_proxy(ARGS...) -> StdioProxy, killed after the test if still running."""
+    started: List[StdioProxy] = []
+
+    def start(*args: str) -> StdioProxy:
+        proxy = StdioProxy(tmp_path, list(args))
         started.append(proxy)
         return proxy
 

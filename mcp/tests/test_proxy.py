@@ -14,13 +14,24 @@ import base64
 import hashlib
 import json
 import re
+import signal
 import sys
 from typing import Any, Dict, List, Optional
 
 import anyio
 import httpx2
 import pytest
-from conftest import PIPE_UPSTREAM, UPSTREAM, Atmost, Upstream, clean_env, proxy_bin, run_proxy
+from conftest import (
+    PATIENCE,
+    PIPE_UPSTREAM,
+    UPSTREAM,
+    Atmost,
+    Upstream,
+    clean_env,
+    proxy_bin,
+    run_proxy,
+    wait_for_stderr,
+)
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -217,6 +228,67 @@ async def test_connection_lost_after_sending_is_uncertain_and_unsent_calls_are_r
     assert atmost.calls_made(permit, "charge") == 2
 
 
+async def test_a_session_the_upstream_forgot_mid_call_is_no_refusal(atmost, upstream, start_proxy):
+    """All agents' calls share the proxy's one session with the upstream.
+    The upstream forgets it while two charges run in it (as one that
+    restarted, evicted it, or a replica that never had it answers 404).
+    The next call gets 404, so was not run, and goes out in a new session.
+    The two in flight are not refused by that. rmcp's own recovery would
+    end them with an error of its making (-32603 "session was
+    re-initialized before the response arrived"), which the proxy took for
+    the upstream's answer: FAILED, the charge's slot and cost kept as a
+    refusal's, the agent told the tool refused. Here one answers later on
+    its stream (SUCCEEDED), and the other's stream is closed without an
+    answer (UNCERTAIN)."""
+    permit = atmost.permit("--cap", "charge=4")
+    proxy = start_proxy(*permit_args(atmost, upstream, permit))
+    outcome: Dict[str, Any] = {}
+    answered = {"kept": anyio.Event(), "cut": anyio.Event()}
+
+    async with Client(proxy.url, mode="legacy") as agent, Client(proxy.url, mode="legacy") as other:
+
+        async def held(key: str) -> None:
+            try:
+                outcome[key] = await charge(agent, 10, key=key, hold=key)
+            except MCPError as e:
+                outcome[key] = e
+            answered[key].set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(held, "kept")
+            group.start_soon(held, "cut")
+            await anyio.to_thread.run_sync(upstream.wait_for_entries, 2, "charge")
+            assert await anyio.to_thread.run_sync(upstream.control, "forget-sessions") == 1
+            # Another call in the shared session: 404, then sent in a new one.
+            after = await charge(other, 10, key="after")
+            assert after.meta[REPLAYED] is False
+            upstream.release("kept")
+            await answered["kept"].wait()
+            assert await anyio.to_thread.run_sync(upstream.control, "end-forgotten") == 1
+            await answered["cut"].wait()
+        # The new session serves on.
+        later = await charge(agent, 10, key="later")
+
+    states = {key: atmost.attempt(permit, key)["state"] for key in ("kept", "cut", "after", "later")}
+    assert states == {
+        "kept": "ATTEMPT_STATE_SUCCEEDED",
+        "cut": "ATTEMPT_STATE_UNCERTAIN",
+        "after": "ATTEMPT_STATE_SUCCEEDED",
+        "later": "ATTEMPT_STATE_SUCCEEDED",
+    }
+    kept = outcome["kept"]
+    assert not isinstance(kept, MCPError), kept.error
+    assert kept.is_error is not True and kept.meta[REPLAYED] is False
+    cut = outcome["cut"]
+    assert isinstance(cut, MCPError), cut
+    assert cut.code == UNCERTAIN and cut.error.data["reason"] == "OUTCOME_UNCERTAIN", cut.error
+    # The 404'd request was not run, so sending it again ran it once.
+    entries = upstream.entries("charge")
+    assert len(entries) == 4
+    assert {tx(kept), tx(after), tx(later)} <= {e["id"] for e in entries}
+    assert atmost.calls_made(permit, "charge") == 4
+
+
 async def test_the_same_key_twice_at_once_is_sent_once(atmost, upstream, start_proxy):
     permit = atmost.permit("--cap", "charge=2")
     proxy = start_proxy(*permit_args(atmost, upstream, permit))
@@ -324,6 +396,42 @@ async def test_denials_carry_the_reason_tool_limit_and_calls_made(atmost, upstre
     assert missing.error.data["reason"] == "PERMIT_NOT_FOUND"
     assert len(upstream.entries("charge")) == 1
     assert upstream.entries("echo") == []
+
+
+# === arguments ===
+
+
+async def test_arguments_a_fingerprint_cannot_hold_exactly_are_refused(memory_atmost, upstream, start_proxy):
+    """A number past ±(2^53 - 1) is one two different requests would share
+    as a fingerprint (9007199254740993 and 9007199254740992 are one double),
+    so atmost could replay one's result for the other. Such a call is
+    refused as INVALID_PARAMS, naming where, before atmost is asked:
+    nothing recorded, nothing sent."""
+    permit = memory_atmost.permit("--cap", "charge=2")
+    proxy = start_proxy(*permit_args(memory_atmost, upstream, permit))
+    async with Client(proxy.url, mode="legacy") as agent:
+        for key, arguments, path in [
+            ("big-1", {"amount": 1, "account": 9007199254740993}, "/arguments/account"),
+            ("big-2", {"amount": -(2**53)}, "/arguments/amount"),
+            ("big-3", {"amount": 1, "meta": {"ids": [1, 1e21]}}, "/arguments/meta/ids/1"),
+        ]:
+            error = await refused(call(agent, "charge", arguments, key=key))
+            assert error.code == INVALID_PARAMS, error.error
+            assert error.error.data == {
+                "reason": "INVALID_ARGUMENTS",
+                "path": path,
+                "tool": "charge",
+                "permit_id": permit,
+                "idempotency_key": key,
+            }
+            assert path in error.message
+            with pytest.raises(RuntimeError, match="ATTEMPT_NOT_FOUND"):
+                memory_atmost.attempt(permit, key)
+        # 2^53 - 1 itself is exact.
+        done = await call(agent, "charge", {"amount": 2**53 - 1}, key="edge")
+        assert done.meta[REPLAYED] is False
+    assert [e["amount"] for e in upstream.entries("charge")] == [2**53 - 1]
+    assert memory_atmost.calls_made(permit, "charge") == 1
 
 
 # === keys ===
@@ -524,6 +632,87 @@ async def test_stdio_agent_and_child_process_upstream(memory_atmost, tmp_path):
         assert capped.error.data["reason"] == "PERMIT_MAX_CALLS_EXCEEDED"
     assert len(entries("charge")) == 2
     assert len(entries("crash")) == 1
+
+
+async def test_a_stdio_agent_that_quits_mid_call_leaves_the_proxy_to_record_it(
+    memory_atmost, upstream, start_stdio_proxy
+):
+    """The agent gives up on a call and closes the proxy's stdin while the
+    upstream still runs it. The proxy waits for the call (within its
+    dispatch deadline) before it exits, and records its answer: SUCCEEDED,
+    not left RESERVED by a proxy that exited with the call in flight."""
+    permit = memory_atmost.permit("--cap", "charge=2")
+    proxy = start_stdio_proxy("--server", memory_atmost.url, "--permit", permit, "--upstream", upstream.url)
+    async with Client(proxy.transport(), mode="legacy") as agent:
+        async with anyio.create_task_group() as group:
+            group.start_soon(lambda: charge(agent, 30, key="eof-1", hold="eof-1"))
+            await anyio.to_thread.run_sync(upstream.wait_for_entries, 1, "charge")
+            group.cancel_scope.cancel()
+    # stdin is closed: the proxy waits for the call still out.
+    await proxy.said("waiting for the calls in flight to end and be recorded")
+    assert memory_atmost.attempt(permit, "eof-1")["state"] == "ATTEMPT_STATE_RESERVED"
+    upstream.release("eof-1")
+    assert await proxy.exited() == 0
+    assert memory_atmost.attempt(permit, "eof-1")["state"] == "ATTEMPT_STATE_SUCCEEDED"
+    stored = memory_atmost.receipt_json(permit, "eof-1")
+    assert json.loads(stored["content"][0]["text"])["tx"] == upstream.entries("charge")[0]["id"]
+
+
+async def test_a_stdio_proxy_signalled_after_its_agent_quit_marks_the_call_uncertain(memory_atmost, upstream):
+    """The SDK's own stdio client, leaving, closes the proxy's stdin,
+    sends SIGTERM 2 s later and SIGKILL 2 s after that. The proxy, told to
+    stop while a call it sent is still out, marks it UNCERTAIN before it
+    exits, rather than leaving it RESERVED."""
+    permit = memory_atmost.permit("--cap", "charge=2")
+    params = StdioServerParameters(
+        command=str(proxy_bin()),
+        args=["--stdio", "--server", memory_atmost.url, "--permit", permit, "--upstream", upstream.url],
+        env=clean_env(),
+    )
+    async with Client(params, mode="legacy") as agent:
+        async with anyio.create_task_group() as group:
+            group.start_soon(lambda: charge(agent, 30, key="term-1", hold="never"))
+            await anyio.to_thread.run_sync(upstream.wait_for_entries, 1, "charge")
+            group.cancel_scope.cancel()
+    # The SDK has closed the proxy's stdin, signalled it, and seen it end.
+    attempt = memory_atmost.attempt(permit, "term-1")
+    assert attempt["state"] == "ATTEMPT_STATE_UNCERTAIN", attempt
+    # Marked by the proxy, not read so at the end of its lease.
+    assert "atmost-mcp stopped before the upstream answered" in attempt["uncertainReason"], attempt
+    assert len(upstream.entries("charge")) == 1
+
+
+async def test_a_stopped_http_proxy_records_the_calls_in_flight(memory_atmost, upstream, start_proxy):
+    """SIGTERM stops the HTTP proxy taking connections; the calls in flight
+    are waited for and recorded. A second SIGTERM stops the wait: the calls
+    still out are marked UNCERTAIN, and the proxy exits."""
+    permit = memory_atmost.permit("--cap", "charge=3")
+    proxy = start_proxy(*permit_args(memory_atmost, upstream, permit))
+    process = proxy.process.process
+
+    async def held(agent: Client, key: str) -> None:
+        try:
+            await charge(agent, 1, key=key, hold=key)
+        except Exception:  # the proxy goes away: whatever the agent makes of it
+            pass
+
+    async with Client(proxy.url, mode="legacy") as agent:
+        async with anyio.create_task_group() as group:
+            group.start_soon(held, agent, "stop-1")
+            group.start_soon(held, agent, "stop-2")
+            await anyio.to_thread.run_sync(upstream.wait_for_entries, 2, "charge")
+            process.send_signal(signal.SIGTERM)
+            await wait_for_stderr(proxy.process.stderr_path, "stopping: no new connections", process.poll)
+            upstream.release("stop-1")
+            await anyio.to_thread.run_sync(memory_atmost.wait_for_state, permit, "stop-1", "SUCCEEDED")
+            assert memory_atmost.attempt(permit, "stop-2")["state"] == "ATTEMPT_STATE_RESERVED"
+            process.send_signal(signal.SIGTERM)
+            assert await anyio.to_thread.run_sync(lambda: process.wait(timeout=PATIENCE)) == 0
+            group.cancel_scope.cancel()
+    attempt = memory_atmost.attempt(permit, "stop-2")
+    assert attempt["state"] == "ATTEMPT_STATE_UNCERTAIN", attempt
+    assert "atmost-mcp stopped before the upstream answered" in attempt["uncertainReason"], attempt
+    assert len(upstream.entries("charge")) == 2
 
 
 async def test_a_broken_pipe_to_a_child_that_read_the_request_is_uncertain(memory_atmost, start_proxy, tmp_path):

@@ -12,6 +12,15 @@ Over HTTP it binds 127.0.0.1 on --port (0: a port the system picks) and
 prints `upstream listening on http://127.0.0.1:PORT/mcp` (https with
 --tls-cert) once it serves.
 `charge` with `hold` answers once a file of that name appears in --release.
+
+Over HTTP the test can also make it lose its sessions as an upstream does
+that restarted, evicted them, or is a replica that never had them, while
+the calls in them run on (POST /control/forget-sessions: from then on a
+request naming one of them is answered 404, while the calls already
+running go on answering on their response streams), then end those calls
+without an answer (POST /control/end-forgotten: their streams closed, as
+when the process holding them goes away). Each answers how many sessions
+it acted on.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--ledger", required=True)
@@ -83,6 +94,31 @@ def crash(ctx: Context) -> str:
 def echo(text: str) -> str:
     """No side effect: says the text back."""
     return text
+
+
+#: Sessions forgotten by /control/forget-sessions, still running.
+forgotten = []
+
+
+@server.custom_route("/control/forget-sessions", methods=["POST"])
+async def forget_sessions(request: Request) -> JSONResponse:
+    # The SDK's own session table (StreamableHTTPSessionManager): a session
+    # not in it is answered 404, which is what the manager does itself for
+    # one it ended or never had. The transports are kept: their calls run on.
+    sessions = server.session_manager._server_instances
+    forgotten.extend(sessions.values())
+    count = len(sessions)
+    sessions.clear()
+    server.session_manager._session_owners.clear()
+    return JSONResponse({"sessions": count})
+
+
+@server.custom_route("/control/end-forgotten", methods=["POST"])
+async def end_forgotten(request: Request) -> JSONResponse:
+    count = len(forgotten)
+    while forgotten:
+        await forgotten.pop().terminate()
+    return JSONResponse({"sessions": count})
 
 
 def serve_http() -> None:
