@@ -8,8 +8,10 @@
 # of the workspace (tests start their own redis-server on free loopback
 # ports, or use REDIS_URL) and the protocol's model check (tools/model,
 # with the number of states it explored), then the README's commands as written
-# (scripts/readme.sh), then the deployment files through promtool,
-# kustomize and the Kubernetes schemas (scripts/deploy_check.sh).
+# (scripts/readme.sh), the three clients through the same situations
+# against one atmost (scripts/cross_client.sh), then the deployment files
+# through promtool, kustomize and the Kubernetes schemas
+# (scripts/deploy_check.sh).
 # Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +90,10 @@ scripts/receipt_example.sh
 for suite in clients/*/test.sh mcp/test.sh; do
   "$suite" 2>&1 | tee -a "$log"
 done
+# The same scripted situations through the three clients against one
+# atmost per store, compared with the contract and with each other (on the
+# virtualenv and the build the clients' suites just made).
+scripts/cross_client.sh 2>&1 | tee -a "$log"
 # The alert rules through promtool, the manifests through kustomize and
 # the Kubernetes schemas.
 scripts/deploy_check.sh 2>&1 | tee -a "$log"
@@ -95,6 +101,7 @@ scripts/deploy_check.sh 2>&1 | tee -a "$log"
 # One closing line for the whole run: every cargo test binary, plus the
 # README check and the receipt example, plus each client's closing line
 # ("<language> client: N passed, M failed", "mcp proxy: N passed, M failed"),
+# plus the cross-client test's ("cross client: N passed, M failed"),
 # plus the deployment checks' ("deploy checks: N passed, M failed").
 read -r passed failed < <(awk '
   /^test result:/ { p += $4; f += $6 }
