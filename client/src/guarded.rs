@@ -393,7 +393,9 @@ pub enum GuardError {
     /// PERMIT_BUDGET_EXCEEDED, TOOL_NOT_IN_SCOPE, PERMIT_REVOKED,
     /// PERMIT_EXPIRED, PERMIT_NOT_FOUND, IDEMPOTENCY_KEY_REUSED,
     /// TOOL_HELD_UNCERTAIN, DUPLICATE_REQUEST_SUSPECTED, the quotas,
-    /// UNAUTHENTICATED, ROLE_NOT_ALLOWED... Nothing was dispatched.
+    /// UNAUTHENTICATED, ROLE_NOT_ALLOWED, a reason this client does not
+    /// know; or UNAUTHENTICATED or PERMISSION_DENIED without atmost's
+    /// ErrorInfo (a proxy, a TLS front end). Nothing was dispatched.
     #[error("atmost refused the call: {0}")]
     Denied(#[source] Error),
     /// Another holder's call under the same key is in flight (and stayed so
@@ -406,11 +408,12 @@ pub enum GuardError {
     #[error("atmost unavailable: {0}")]
     Unavailable(#[source] Error),
     /// atmost found the request malformed (INVALID_REQUEST; the fields are
-    /// in [`Error::violated_fields`]). Nothing was dispatched.
+    /// in [`Error::violated_fields`]), or INVALID_ARGUMENT came without a
+    /// reason this client knows. Nothing was dispatched.
     #[error("atmost found the request invalid: {0}")]
     InvalidRequest(#[source] Error),
-    /// A failure that is not atmost's word (no ErrorInfo: a proxy, a
-    /// broken answer) and not worth a retry. Nothing was dispatched.
+    /// Any other failure that is not atmost's word (no ErrorInfo: a proxy,
+    /// a broken answer) and not worth a retry. Nothing was dispatched.
     #[error("the Authorize call failed: {0}")]
     Rpc(#[source] Error),
     /// The tool refused: now (Commit Failed recorded) or, when `replayed`,
@@ -1066,15 +1069,21 @@ fn settle_may_retry(error: &Error) -> bool {
     transient(error)
 }
 
-/// The typed error of an Authorize that did not answer.
+/// The typed error of an Authorize that did not answer. INVALID_ARGUMENT
+/// without a reason this client knows is an invalid request whoever said it;
+/// UNAUTHENTICATED or PERMISSION_DENIED without atmost's ErrorInfo (a
+/// proxy, a TLS front end) refuses the call as atmost's own would.
 fn authorize_refused(error: Error) -> GuardError {
-    if error.reason() == Some(Reason::IdempotencyInProgress) {
+    let (code, reason) = (error.code(), error.reason());
+    if reason == Some(Reason::IdempotencyInProgress) {
         GuardError::InProgress(error)
     } else if transient(&error) {
         GuardError::Unavailable(error)
-    } else if error.reason() == Some(Reason::InvalidRequest) {
+    } else if reason == Some(Reason::InvalidRequest)
+        || (code == Code::InvalidArgument && matches!(reason, None | Some(Reason::Unspecified)))
+    {
         GuardError::InvalidRequest(error)
-    } else if error.reason().is_some() {
+    } else if reason.is_some() || matches!(code, Code::Unauthenticated | Code::PermissionDenied) {
         GuardError::Denied(error)
     } else {
         GuardError::Rpc(error)

@@ -111,7 +111,24 @@ fn each_refusal_has_its_kind() {
             atmost_error(Code::InvalidArgument, "INVALID_REQUEST", &[]),
             "invalid",
         ),
-        (Error::from(Status::permission_denied("proxy")), "rpc"),
+        (
+            atmost_error(Code::FailedPrecondition, "ATTEMPT_HOLDER_MISMATCH", &[]),
+            "denied",
+        ),
+        // A reason this client does not know refuses the call.
+        (
+            atmost_error(Code::FailedPrecondition, "A_NEWER_REASON", &[]),
+            "denied",
+        ),
+        // Without atmost's ErrorInfo: a proxy or a TLS front end that
+        // refuses the caller refuses the call; one that finds the request
+        // malformed finds it invalid; anything else is the base error.
+        (Error::from(Status::permission_denied("proxy")), "denied"),
+        (Error::from(Status::unauthenticated("front end")), "denied"),
+        (Error::from(Status::invalid_argument("proxy")), "invalid"),
+        (Error::from(Status::internal("proxy")), "rpc"),
+        (Error::from(Status::unknown("proxy")), "rpc"),
+        (Error::from(Status::not_found("no such route")), "rpc"),
     ] {
         assert_eq!(kind(e.clone()), want, "{e}");
     }
