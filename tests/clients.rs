@@ -27,6 +27,10 @@ on_each_store!(
     a_restart_with_a_kept_token_settles_the_attempt_and_never_sends_again,
     a_lost_answer_to_the_calls_own_token_is_dispatched_once,
     a_redelivery_late_in_the_lease_gets_only_what_is_left,
+    an_answer_slow_to_come_back_leaves_dispatch_only_what_is_left,
+    a_panicking_retry_hook_does_not_stop_the_retry,
+    a_panicking_dispatch_is_marked_uncertain_then_resumes,
+    an_actual_cost_out_of_range_is_not_recorded_and_the_result_kept,
     a_server_not_up_yet_is_retried_until_it_is,
     an_outcome_atmost_refuses_to_record_says_so,
     an_outcome_the_server_is_gone_for_says_so,
@@ -353,7 +357,8 @@ async fn an_error_in_dispatch_ends_uncertain(kind: Kind) {
 }
 
 /// Without a dispatch timeout the deadline is the lease (by the server's
-/// timestamps) less a second: a 1.5 s lease gives dispatch 500 ms. A lease
+/// timestamps) less a second: a 1.5 s lease gives dispatch at most 500 ms
+/// (the lease is counted from when the Authorize try was sent). A lease
 /// that leaves no time is given back unsent, without calling dispatch.
 async fn the_lease_bounds_dispatch_without_a_timeout(kind: Kind) {
     let h = Harness::start(kind).await;
@@ -365,7 +370,10 @@ async fn the_lease_bounds_dispatch_without_a_timeout(kind: Kind) {
     let Err(GuardError::OutcomeUncertain { reason, .. }) = lost else {
         panic!("expected OutcomeUncertain, got {lost:?}");
     };
-    assert!(reason.contains(", 500ms after the DISPATCH"), "{reason}");
+    assert_eq!(
+        reason,
+        "dispatch still running at its deadline, 1s before the lease's end (1.5s left when the answered Authorize try was sent): dropped"
+    );
     assert_eq!(tool.sent(), 1);
 
     let mut none_left = h.permit(&[TOOL]);
@@ -383,8 +391,9 @@ async fn the_lease_bounds_dispatch_without_a_timeout(kind: Kind) {
 /// A dispatch timeout past the lease-based deadline is cut to it: past the
 /// lease the attempt reads UNCERTAIN, an operator may resolve it NotSent
 /// and the key be used again, and a call still being sent then would
-/// exceed the cap. A 1.5 s lease with a 5 s timeout gives dispatch 500 ms;
-/// a lease that leaves no time is given back unsent, whatever the timeout.
+/// exceed the cap. A 1.5 s lease with a 5 s timeout gives dispatch at most
+/// 500 ms, the lease decides; a lease that leaves no time is given back
+/// unsent, whatever the timeout.
 async fn a_dispatch_timeout_never_outlasts_the_lease(kind: Kind) {
     let h = Harness::start(kind).await;
     let mut short = h.permit(&[TOOL]);
@@ -403,7 +412,7 @@ async fn a_dispatch_timeout_never_outlasts_the_lease(kind: Kind) {
     };
     assert_eq!(
         reason,
-        "dispatch still running at its deadline, 500ms after the DISPATCH: dropped"
+        "dispatch still running at its deadline, 1s before the lease's end (1.5s left when the answered Authorize try was sent): dropped"
     );
     assert_eq!(tool.sent(), 1);
 
@@ -546,7 +555,7 @@ async fn a_restart_with_a_kept_token_settles_the_attempt_and_never_sends_again(k
 async fn a_lost_answer_to_the_calls_own_token_is_dispatched_once(kind: Kind) {
     let h = Harness::start(kind).await;
     let p = permit(&h, 1).await;
-    let relay = LosingRelay::start(h.addr, 1).await;
+    let relay = Relay::losing(h.addr, 1).await;
     let client = relay.client();
     let retried = Arc::new(Mutex::new(Vec::new()));
     let seen = retried.clone();
@@ -558,7 +567,7 @@ async fn a_lost_answer_to_the_calls_own_token_is_dispatched_once(kind: Kind) {
         )
         .await
         .expect("redelivered, dispatched, committed");
-    assert!(relay.lost(), "the first answer was lost");
+    assert!(relay.struck(), "the first answer was lost");
     assert_eq!(*retried.lock().expect("retries"), ["Authorize"]);
     assert_eq!(tool.ids(), [outcome.attempt.attempt_id.as_str()]);
     assert_eq!(calls_made(&h, &p).await, 1, "nothing more was reserved");
@@ -567,8 +576,9 @@ async fn a_lost_answer_to_the_calls_own_token_is_dispatched_once(kind: Kind) {
 /// A redelivery late in the lease gets what atmost says is left of it,
 /// less the margin, not the whole lease: the first Authorize's answer is
 /// lost, and the server's clock moves on before the retry. With 1.5 s of
-/// a 3 s lease left, dispatch is given 500 ms; with 0.9 s left (under the
-/// margin) it is not called, and the attempt is given back unsent.
+/// a 3 s lease left, dispatch is given at most 500 ms, from that 1.5 s;
+/// with 0.9 s left (under the margin) it is not called, and the attempt
+/// is given back unsent.
 async fn a_redelivery_late_in_the_lease_gets_only_what_is_left(kind: Kind) {
     let h = Harness::start(kind).await;
     let mut short = h.permit(&[TOOL]);
@@ -584,27 +594,189 @@ async fn a_redelivery_late_in_the_lease_gets_only_what_is_left(kind: Kind) {
         })
     };
 
-    let relay = LosingRelay::start(h.addr, 1).await;
+    let relay = Relay::losing(h.addr, 1).await;
     let lost = relay.client().guarded(late(1_500), tool.hang()).await;
-    assert!(relay.lost());
+    assert!(relay.struck());
     let Err(GuardError::OutcomeUncertain { reason, .. }) = lost else {
         panic!("expected OutcomeUncertain, got {lost:?}");
     };
     assert_eq!(
         reason,
-        "dispatch still running at its deadline, 500ms after the DISPATCH: dropped"
+        "dispatch still running at its deadline, 1s before the lease's end (1.5s left when the answered Authorize try was sent): dropped"
     );
     assert_eq!(tool.sent(), 1);
 
-    let relay = LosingRelay::start(h.addr, 1).await;
+    let relay = Relay::losing(h.addr, 1).await;
     let none_left = relay.client().guarded(late(2_100), tool.charge()).await;
-    assert!(relay.lost());
+    assert!(relay.struck());
     assert!(
         matches!(none_left, Err(GuardError::NoTimeToDispatch { .. })),
         "{none_left:?}"
     );
     assert_eq!(tool.sent(), 1, "not called");
     assert_eq!(calls_made(&h, &p).await, 1, "released unsent");
+}
+
+/// The lease atmost says is left is counted from when the answered
+/// Authorize try was sent, not from when its answer arrived: an answer
+/// held on its way back has used that much of the lease. With a 2 s lease
+/// (1 s to dispatch in) and the answer held 300 ms, a 900 ms dispatch
+/// timeout is cut to what is left, the lease decides; with 1.5 s (500 ms
+/// to dispatch in) and the answer held 600 ms, nothing is left: dispatch
+/// is not called and the attempt is given back unsent, so nothing goes out
+/// past the lease. (A hold is never shorter than asked; a busy machine
+/// only makes the answer later, and the first case has 700 ms for that.)
+async fn an_answer_slow_to_come_back_leaves_dispatch_only_what_is_left(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let leased = |lease: Duration| {
+        let mut permit = h.permit(&[TOOL]);
+        permit.lease = Some(atmost_client::duration(lease));
+        h.create(permit)
+    };
+    let tool = FakeTool::default();
+
+    let p = leased(Duration::from_secs(2)).await.permit_id;
+    let relay = Relay::holding(h.addr, Duration::from_millis(300)).await;
+    let short = call(&p, "charge-1").dispatch_timeout(Duration::from_millis(900));
+    let cut = relay.client().guarded(short, tool.hang()).await;
+    assert!(relay.struck(), "the answer was held");
+    let Err(GuardError::OutcomeUncertain {
+        reason,
+        replayed: false,
+        ..
+    }) = cut
+    else {
+        panic!("expected OutcomeUncertain, got {cut:?}");
+    };
+    assert_eq!(
+        reason,
+        "dispatch still running at its deadline, 1s before the lease's end (2s left when the answered Authorize try was sent): dropped",
+        "the lease, not the 900 ms timeout, ended it"
+    );
+    assert_eq!(tool.sent(), 1);
+
+    let q = leased(Duration::from_millis(1_500)).await.permit_id;
+    let relay = Relay::holding(h.addr, Duration::from_millis(600)).await;
+    let long = call(&q, "charge-1").dispatch_timeout(Duration::from_secs(5));
+    let late = relay.client().guarded(long, tool.charge()).await;
+    assert!(relay.struck(), "the answer was held");
+    assert!(
+        matches!(late, Err(GuardError::NoTimeToDispatch { .. })),
+        "{late:?}"
+    );
+    assert_eq!(tool.sent(), 1, "not called");
+    assert_eq!(calls_made(&h, &q).await, 0, "released unsent");
+}
+
+/// A retry hook that panics (its log sink gone) is caught and ignored:
+/// the retry of a lost answer goes on as if the hook had returned, and the
+/// redelivered DISPATCH is sent once.
+async fn a_panicking_retry_hook_does_not_stop_the_retry(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 1).await;
+    let relay = Relay::losing(h.addr, 1).await;
+    let hooked = Arc::new(AtomicUsize::new(0));
+    let counted = hooked.clone();
+    let tool = FakeTool::default();
+    let hook = call(&p, "charge-1").on_retry(move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        panic!("the log sink is gone");
+    });
+    let outcome = relay
+        .client()
+        .guarded(hook, tool.charge())
+        .await
+        .expect("retried as if the hook had returned");
+    assert!(relay.struck(), "the first answer was lost");
+    assert_eq!(hooked.load(Ordering::SeqCst), 1);
+    assert_eq!(tool.ids(), [outcome.attempt.attempt_id.as_str()]);
+    assert_eq!(calls_made(&h, &p).await, 1);
+}
+
+/// A dispatch that panics may have sent: the attempt is marked UNCERTAIN,
+/// then the panic goes on, to the caller's task. The key replays the
+/// unknown and nothing is sent again.
+async fn a_panicking_dispatch_is_marked_uncertain_then_resumes(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 2).await;
+    let tool = FakeTool::default();
+    let (client, sent, guarded) = (h.client.clone(), tool.clone(), call(&p, "charge-1"));
+    let run = tokio::spawn(async move {
+        client
+            .guarded(guarded, move |id| async move {
+                sent.record(&id);
+                the_tool_client_panics()
+            })
+            .await
+    });
+    let panic = run.await.expect_err("the panic resumed").into_panic();
+    assert_eq!(
+        panic.downcast_ref::<&str>(),
+        Some(&"the tool's client panicked")
+    );
+    let uncertain = h.list_all(&p, 0).await;
+    assert_eq!(uncertain.len(), 1, "marked before the panic went on");
+    assert_eq!(tool.ids(), [uncertain[0].attempt_id.as_str()]);
+    assert_eq!(
+        uncertain[0].uncertain_reason,
+        "dispatch panicked: the tool's client panicked"
+    );
+    let again = h.client.guarded(call(&p, "charge-1"), tool.charge()).await;
+    assert!(
+        matches!(
+            &again,
+            Err(GuardError::OutcomeUncertain { replayed: true, .. })
+        ),
+        "{again:?}"
+    );
+    assert_eq!(tool.sent(), 1, "never sent again");
+    assert_eq!(calls_made(&h, &p).await, 1, "the slot stays held");
+}
+
+fn the_tool_client_panics() -> Result<Vec<u8>, DispatchError> {
+    panic!("the tool's client panicked")
+}
+
+/// An actual cost atmost will not take (negative; above the reservation)
+/// is refused at Commit and not retried: nothing is recorded, and
+/// CommitNotRecorded carries the whole result and atmost's INVALID_REQUEST;
+/// the attempt stays RESERVED, to turn UNCERTAIN at its lease.
+async fn an_actual_cost_out_of_range_is_not_recorded_and_the_result_kept(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 2).await;
+    for (key, cost) in [("charge-1", -1), ("charge-2", 501)] {
+        let answer = h
+            .client
+            .guarded(call(&p, key), move |_| async move {
+                Ok::<_, DispatchError>(Dispatched::bytes("wallet tx 981").actual_cost(cost))
+            })
+            .await;
+        let Err(GuardError::CommitNotRecorded {
+            attempt_id,
+            outcome: Unrecorded::Succeeded { result },
+            source,
+        }) = answer
+        else {
+            panic!("{cost}: expected CommitNotRecorded, got {answer:?}");
+        };
+        assert_eq!(result, b"wallet tx 981", "{cost}");
+        assert_eq!(source.reason(), Some(Reason::InvalidRequest), "{source}");
+        assert_eq!(source.violated_fields(), ["succeeded.actual_cost"]);
+        let attempt = h
+            .client
+            .get_attempt(&p, key)
+            .await
+            .expect("read")
+            .attempt
+            .expect("the attempt");
+        // (GetAttempt withholds a RESERVED attempt's id: its fencing token.)
+        assert!(!attempt_id.as_str().is_empty());
+        assert_eq!(
+            attempt.state(),
+            pb::AttemptState::Reserved,
+            "nothing recorded"
+        );
+    }
 }
 
 /// UNAVAILABLE, then up: the address has no server at the first try; the
@@ -933,43 +1105,63 @@ async fn tls_and_mtls(kind: Kind) {
 
 // === a lost answer ===
 
-/// A loopback relay to the server that loses one answer: it reads the
-/// server's side as HTTP/2 frames (9 bytes of header: length 3, type 1,
-/// flags 1, stream id 4; type 0 is DATA) and cuts the connection just
-/// before the first DATA frame of the `lose`-th response (counted across
-/// connections), after atmost has applied and answered the request.
-/// Every other byte passes unchanged.
-struct LosingRelay {
+/// What a [`Relay`] does to the `nth` response (counted across
+/// connections), at its first DATA frame: after atmost has applied and
+/// answered the request.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// Cuts the connection, that frame unsent: the answer is lost.
+    Lose,
+    /// Holds it, and all the server sends after it, this long: an answer
+    /// slow to come back.
+    Hold(Duration),
+}
+
+/// A loopback relay to the server that does a [`Fault`] to one answer: it
+/// reads the server's side as HTTP/2 frames (9 bytes of header: length 3,
+/// type 1, flags 1, stream id 4; type 0 is DATA). Every other byte passes
+/// unchanged.
+struct Relay {
     addr: std::net::SocketAddr,
-    lost: Arc<std::sync::atomic::AtomicBool>,
+    struck: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl LosingRelay {
-    async fn start(upstream: std::net::SocketAddr, lose: usize) -> Self {
+impl Relay {
+    /// Loses the `nth` answer.
+    async fn losing(upstream: std::net::SocketAddr, nth: usize) -> Self {
+        Self::start(upstream, nth, Fault::Lose).await
+    }
+
+    /// Holds the first answer `hold` long.
+    async fn holding(upstream: std::net::SocketAddr, hold: Duration) -> Self {
+        Self::start(upstream, 1, Fault::Hold(hold)).await
+    }
+
+    async fn start(upstream: std::net::SocketAddr, nth: usize, fault: Fault) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let struck = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let responses = Arc::new(AtomicUsize::new(0));
-        let cut = lost.clone();
+        let flag = struck.clone();
         let task = tokio::spawn(async move {
             while let Ok((down, _)) = listener.accept().await {
                 let up = tokio::net::TcpStream::connect(upstream)
                     .await
                     .expect("the server");
-                let (responses, cut) = (responses.clone(), cut.clone());
+                let (responses, flag) = (responses.clone(), flag.clone());
                 tokio::spawn(async move {
                     let (mut down_read, down_write) = down.into_split();
                     let (up_read, mut up_write) = up.into_split();
                     let requests = tokio::spawn(async move {
                         let _ = tokio::io::copy(&mut down_read, &mut up_write).await;
                     });
-                    answers(up_read, down_write, lose, &responses, &cut).await;
+                    answers(up_read, down_write, (nth, fault), &responses, &flag).await;
                     requests.abort();
                 });
             }
         });
-        Self { addr, lost, task }
+        Self { addr, struck, task }
     }
 
     fn client(&self) -> Client {
@@ -978,25 +1170,26 @@ impl LosingRelay {
             .expect("a lazy channel")
     }
 
-    fn lost(&self) -> bool {
-        self.lost.load(Ordering::SeqCst)
+    /// Whether the fault was done.
+    fn struck(&self) -> bool {
+        self.struck.load(Ordering::SeqCst)
     }
 }
 
-impl Drop for LosingRelay {
+impl Drop for Relay {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
-/// Server to client, frame by frame, until the `lose`-th response's first
-/// DATA frame: then the connection is dropped, that frame unsent.
+/// Server to client, frame by frame; at the `nth` response's first DATA
+/// frame, the fault.
 async fn answers(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    lose: usize,
+    (nth, fault): (usize, Fault),
     responses: &AtomicUsize,
-    cut: &std::sync::atomic::AtomicBool,
+    struck: &std::sync::atomic::AtomicBool,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut buffer, mut streams) = (Vec::new(), std::collections::HashSet::new());
@@ -1018,12 +1211,20 @@ async fn answers(
                 break;
             }
             let stream = u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & 0x7fff_ffff;
-            if frame[3] == 0 && stream != 0 && streams.insert(stream) {
-                let n = responses.fetch_add(1, Ordering::SeqCst) + 1;
-                if n == lose {
-                    let _ = to.write_all(&buffer[..whole]).await;
-                    cut.store(true, Ordering::SeqCst);
-                    return;
+            if frame[3] == 0
+                && stream != 0
+                && streams.insert(stream)
+                && responses.fetch_add(1, Ordering::SeqCst) + 1 == nth
+            {
+                let _ = to.write_all(&buffer[..whole]).await;
+                struck.store(true, Ordering::SeqCst);
+                match fault {
+                    Fault::Lose => return,
+                    Fault::Hold(hold) => {
+                        buffer.drain(..whole);
+                        whole = 0;
+                        tokio::time::sleep(hold).await;
+                    }
                 }
             }
             whole += size;

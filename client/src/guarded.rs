@@ -7,9 +7,11 @@
 //!    request.
 //! 2. **REPLAY**: the key's earlier outcome, and nothing is dispatched.
 //! 3. **DISPATCH**: the caller's `dispatch` runs once, under a deadline
-//!    (the lease atmost says is left, less [`LEASE_MARGIN`]); what it says
-//!    decides the report: Commit Succeeded, Failed or NotSent, or
-//!    MarkUncertain when the outcome is unknown. Nothing is ever sent twice
+//!    (the lease atmost says is left, less [`LEASE_MARGIN`], counted from
+//!    when the Authorize try it answered was sent); what it says decides
+//!    the report: Commit Succeeded, Failed or NotSent, or MarkUncertain
+//!    when the outcome is unknown (a panic of `dispatch` is marked
+//!    uncertain, then resumed). Nothing is ever sent twice
 //!    within one guarded call. A DISPATCH *redelivered* to a token the
 //!    caller gave ([`GuardedCall::holder_token`]) is not dispatched: an
 //!    earlier run may have sent it, so the call answers
@@ -18,8 +20,8 @@
 //!    recorded, [`GuardError::CommitNotRecorded`] says so and names the
 //!    attempt (its lease turns it UNCERTAIN; an operator resolves it).
 //!
-//! What it cannot do: if the task running the guarded call is dropped or
-//! panics while `dispatch` runs, nothing is reported; the attempt stays
+//! What it cannot do: if the task running the guarded call is dropped (or
+//! killed) while `dispatch` runs, nothing is reported; the attempt stays
 //! RESERVED until its lease passes and then reads UNCERTAIN, as atmost
 //! promises for any holder that goes away. A restarted process that kept
 //! the call's holder token gets [`GuardError::HeldByEarlierRun`] within the
@@ -35,7 +37,9 @@
 
 use crate::{Client, Error, Reason, pb};
 use sha2::{Digest, Sha256};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 use tonic::{Code, Status};
@@ -49,8 +53,9 @@ pub const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// `dispatch` must finish this long before the attempt's lease ends (a
 /// dispatch timeout only shortens that): the lease is decided on the
-/// server's clock, and the margin covers the answer's trip and the clocks'
-/// rates.
+/// server's clock and counted here on this process's, from when the
+/// answered Authorize try was sent (the answer's trip is counted against
+/// it); the margin covers the two clocks' rates.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 /// The largest result atmost stores (docs/api.md, "Limits"). A larger one
 /// is stored as the text `sha256:<hex>` of its digest.
@@ -207,7 +212,8 @@ impl GuardedCall {
 
     /// How long `dispatch` may run, from when the DISPATCH arrived; never
     /// past the default, what atmost said is left of the attempt's lease
-    /// less [`LEASE_MARGIN`] (a longer timeout is cut to it).
+    /// less [`LEASE_MARGIN`], counted from when the Authorize try it
+    /// answered was sent (a longer timeout is cut to it).
     pub fn dispatch_timeout(mut self, timeout: Duration) -> Self {
         self.dispatch_timeout = Some(timeout);
         self
@@ -225,7 +231,9 @@ impl GuardedCall {
         self
     }
 
-    /// Called before each retry (for logs and metrics).
+    /// Called before each retry (for logs and metrics). A panic in it is
+    /// caught and ignored (the panic hook has printed it): the retry goes
+    /// on as if it had returned.
     pub fn on_retry(mut self, observer: impl Fn(&Retrying<'_>) + Send + Sync + 'static) -> Self {
         self.on_retry = Some(Arc::new(observer));
         self
@@ -281,7 +289,11 @@ impl Dispatched {
         Self::bytes(result.to_string())
     }
 
-    /// The cost to commit instead of the reserved one (at most that).
+    /// The cost to commit instead of the reserved one: 0 up to that. atmost
+    /// checks it: one out of range (negative, above the reservation) is
+    /// refused (INVALID_REQUEST, not retried), nothing is recorded, and the
+    /// call answers [`GuardError::CommitNotRecorded`] carrying the whole
+    /// result; the attempt turns UNCERTAIN at its lease.
     pub fn actual_cost(mut self, cost: i64) -> Self {
         self.actual_cost = Some(cost);
         self
@@ -393,7 +405,9 @@ pub enum GuardError {
     /// PERMIT_BUDGET_EXCEEDED, TOOL_NOT_IN_SCOPE, PERMIT_REVOKED,
     /// PERMIT_EXPIRED, PERMIT_NOT_FOUND, IDEMPOTENCY_KEY_REUSED,
     /// TOOL_HELD_UNCERTAIN, DUPLICATE_REQUEST_SUSPECTED, the quotas,
-    /// UNAUTHENTICATED, ROLE_NOT_ALLOWED... Nothing was dispatched.
+    /// UNAUTHENTICATED, ROLE_NOT_ALLOWED, a reason this client does not
+    /// know; or UNAUTHENTICATED or PERMISSION_DENIED without atmost's
+    /// ErrorInfo (a proxy, a TLS front end). Nothing was dispatched.
     #[error("atmost refused the call: {0}")]
     Denied(#[source] Error),
     /// Another holder's call under the same key is in flight (and stayed so
@@ -406,11 +420,12 @@ pub enum GuardError {
     #[error("atmost unavailable: {0}")]
     Unavailable(#[source] Error),
     /// atmost found the request malformed (INVALID_REQUEST; the fields are
-    /// in [`Error::violated_fields`]). Nothing was dispatched.
+    /// in [`Error::violated_fields`]), or INVALID_ARGUMENT came without a
+    /// reason this client knows. Nothing was dispatched.
     #[error("atmost found the request invalid: {0}")]
     InvalidRequest(#[source] Error),
-    /// A failure that is not atmost's word (no ErrorInfo: a proxy, a
-    /// broken answer) and not worth a retry. Nothing was dispatched.
+    /// Any other failure that is not atmost's word (no ErrorInfo: a proxy,
+    /// a broken answer) and not worth a retry. Nothing was dispatched.
     #[error("the Authorize call failed: {0}")]
     Rpc(#[source] Error),
     /// The tool refused: now (Commit Failed recorded) or, when `replayed`,
@@ -460,7 +475,9 @@ pub enum GuardError {
         lease_remaining: Option<Duration>,
     },
     /// The outcome could not be recorded (Commit or MarkUncertain failed
-    /// through every try, or was refused). The attempt reads UNCERTAIN once
+    /// through every try, was refused, or was answered without the attempt
+    /// it recorded: Commit Succeeded without a SUCCEEDED attempt and its
+    /// receipt, from a broken server). The attempt reads UNCERTAIN once
     /// its lease passes; an operator resolves it with what `outcome` says.
     #[error("the outcome of attempt {attempt_id} could not be recorded: {source}")]
     CommitNotRecorded {
@@ -573,17 +590,16 @@ impl Client {
         };
         // Before the first try: any reservation a try of this call made is
         // younger.
-        let sent = Instant::now();
-        let answer = self
-            .retrying(
-                &call.retry,
-                call.on_retry.as_ref(),
-                "Authorize",
-                authorize_may_retry,
-                |within| self.authorize_within(request.clone(), within),
-            )
-            .await
-            .map_err(authorize_refused)?;
+        let first_try = Instant::now();
+        let (answer, answered_try) = retrying(
+            &call.retry,
+            call.on_retry.as_ref(),
+            "Authorize",
+            authorize_may_retry,
+            |within| self.authorize_within(request.clone(), within),
+        )
+        .await
+        .map_err(authorize_refused)?;
         let arrived = Instant::now();
         let attempt = answer
             .attempt
@@ -604,9 +620,10 @@ impl Client {
                         lease_remaining,
                     });
                 }
-                let (from, lease) = lease_window(lease_remaining, &attempt, sent, arrived)?;
-                let deadline = dispatch_deadline(lease, from, arrived, call.dispatch_timeout);
-                self.dispatch_once(&call, attempt, arrived, deadline, dispatch)
+                let window = lease_window(lease_remaining, &attempt, first_try, answered_try)?;
+                let deadline =
+                    dispatch_deadline(window.lease, window.from, arrived, call.dispatch_timeout);
+                self.dispatch_once(&call, attempt, &window, arrived, deadline, dispatch)
                     .await
             }
             other => Err(broken(&format!("Authorize answered decision {other:?}"))),
@@ -617,6 +634,7 @@ impl Client {
         &self,
         call: &GuardedCall,
         attempt: pb::Attempt,
+        window: &LeaseWindow,
         arrived: Instant,
         deadline: Instant,
         dispatch: F,
@@ -632,9 +650,44 @@ impl Client {
             self.report(call, &attempt, Report::NotSent).await?;
             return Err(GuardError::NoTimeToDispatch { attempt_id });
         }
-        match tokio::time::timeout(time, dispatch(attempt_id.clone())).await {
-            Ok(Ok(dispatched)) => {
-                let dispatched: Dispatched = dispatched.into();
+        // `dispatch` is called inside the future, so a panic in the call,
+        // in any poll of its future or in the conversion is caught alike.
+        let id = attempt_id.clone();
+        let mut run =
+            std::pin::pin!(async move { dispatch(id).await.map(Into::<Dispatched>::into) });
+        let caught = std::future::poll_fn(|cx| {
+            match std::panic::catch_unwind(AssertUnwindSafe(|| run.as_mut().poll(cx))) {
+                Ok(poll) => poll.map(Ok),
+                Err(panic) => Poll::Ready(Err(panic)),
+            }
+        });
+        let ran = match tokio::time::timeout(time, caught).await {
+            Ok(Ok(ran)) => ran,
+            Ok(Err(panic)) => {
+                // It may have sent: MarkUncertain, as for any unknown
+                // outcome, then the panic goes on (if the record fails,
+                // the attempt turns UNCERTAIN at its lease all the same).
+                let reason = format!("dispatch panicked: {}", panic_message(&*panic));
+                let reason = truncate(&reason, MAX_REASON_BYTES).to_owned();
+                let _ = self.report(call, &attempt, Report::Uncertain(reason)).await;
+                std::panic::resume_unwind(panic);
+            }
+            Err(elapsed) => {
+                let reason = match call.dispatch_timeout {
+                    Some(timeout) if later(arrived, timeout) == deadline => format!(
+                        "dispatch still running at its deadline, {timeout:?} after the DISPATCH: dropped"
+                    ),
+                    _ => format!(
+                        "dispatch still running at its deadline, {LEASE_MARGIN:?} before the lease's end ({window}): dropped"
+                    ),
+                };
+                return self
+                    .uncertain(call, &attempt, reason, Box::new(elapsed))
+                    .await;
+            }
+        };
+        match ran {
+            Ok(dispatched) => {
                 let settled = self
                     .report(
                         call,
@@ -646,19 +699,9 @@ impl Client {
                     )
                     .await
                     .map_err(|e| e.with_result(dispatched.result.clone()))?;
-                let receipt = settled
-                    .receipt
-                    .clone()
-                    .filter(|_| settled.state() == pb::AttemptState::Succeeded)
-                    .ok_or_else(|| broken("Commit Succeeded answered without a receipt"))?;
-                Ok(Outcome {
-                    result: dispatched.result,
-                    replayed: false,
-                    attempt: settled,
-                    receipt,
-                })
+                committed(attempt_id, settled, dispatched.result)
             }
-            Ok(Err(DispatchError::Failed(reason))) => {
+            Err(DispatchError::Failed(reason)) => {
                 let stored = truncate(&reason, MAX_REASON_BYTES).to_owned();
                 self.report(call, &attempt, Report::Failed(stored)).await?;
                 Err(GuardError::ToolFailed {
@@ -667,21 +710,13 @@ impl Client {
                     replayed: false,
                 })
             }
-            Ok(Err(DispatchError::NotSent)) => {
+            Err(DispatchError::NotSent) => {
                 self.report(call, &attempt, Report::NotSent).await?;
                 Err(GuardError::NotSent { attempt_id })
             }
-            Ok(Err(DispatchError::Unknown(error))) => {
+            Err(DispatchError::Unknown(error)) => {
                 let reason = format!("dispatch failed: {error}");
                 self.uncertain(call, &attempt, reason, error).await
-            }
-            Err(elapsed) => {
-                let granted = deadline.saturating_duration_since(arrived);
-                let reason = format!(
-                    "dispatch still running at its deadline, {granted:?} after the DISPATCH: dropped"
-                );
-                self.uncertain(call, &attempt, reason, Box::new(elapsed))
-                    .await
             }
         }
     }
@@ -757,15 +792,19 @@ impl Client {
                 self.mark_uncertain_retried(limits, observer, request).await
             }
         };
-        match answer {
-            Ok(Some(attempt)) => Ok(attempt),
-            Ok(None) => Err(broken("Commit answered without the attempt")),
-            Err(source) => Err(GuardError::CommitNotRecorded {
-                attempt_id: AttemptId(attempt_id),
-                outcome: report.unrecorded(),
-                source,
+        let source = match answer {
+            Ok(Some(attempt)) => return Ok(attempt),
+            Ok(None) => broken_answer(match report {
+                Report::Uncertain(_) => "MarkUncertain answered without the attempt",
+                _ => "Commit answered without the attempt",
             }),
-        }
+            Err(source) => source,
+        };
+        Err(GuardError::CommitNotRecorded {
+            attempt_id: AttemptId(attempt_id),
+            outcome: report.unrecorded(),
+            source,
+        })
     }
 
     /// Commit, retried as the same request; the attempt it answers.
@@ -775,11 +814,11 @@ impl Client {
         observer: Option<&RetryObserver>,
         request: pb::CommitRequest,
     ) -> Result<Option<pb::Attempt>, Error> {
-        self.retrying(limits, observer, "Commit", settle_may_retry, |within| {
+        retrying(limits, observer, "Commit", settle_may_retry, |within| {
             self.commit_within(request.clone(), within)
         })
         .await
-        .map(|r| r.attempt)
+        .map(|(r, _)| r.attempt)
     }
 
     /// MarkUncertain, retried as the same request; the attempt it answers.
@@ -789,7 +828,7 @@ impl Client {
         observer: Option<&RetryObserver>,
         request: pb::MarkUncertainRequest,
     ) -> Result<Option<pb::Attempt>, Error> {
-        self.retrying(
+        retrying(
             limits,
             observer,
             "MarkUncertain",
@@ -797,51 +836,59 @@ impl Client {
             |within| self.mark_uncertain_within(request.clone(), within),
         )
         .await
-        .map(|r| r.attempt)
+        .map(|(r, _)| r.attempt)
     }
+}
 
-    /// Runs `once` until it succeeds, fails in a way `may_retry` does not
-    /// allow, or the retry limits are reached; each try's deadline is the
-    /// time left. Waits the error's RetryInfo delay, else a backoff; a wait
-    /// that would end past the time limit is not begun.
-    async fn retrying<T, Fut>(
-        &self,
-        limits: &RetryLimits,
-        observer: Option<&RetryObserver>,
-        rpc: &'static str,
-        may_retry: fn(&Error) -> bool,
-        mut once: impl FnMut(Option<Duration>) -> Fut,
-    ) -> Result<T, Error>
-    where
-        Fut: Future<Output = Result<T, Error>>,
-    {
-        let limits = *limits;
-        let start = Instant::now();
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let left = limits.max_time.saturating_sub(start.elapsed());
-            let error = match once(Some(left)).await {
-                Ok(answer) => return Ok(answer),
-                Err(error) => error,
-            };
-            if !may_retry(&error) || tries >= limits.max_tries {
-                return Err(error);
-            }
-            let delay = error.retry_after().unwrap_or_else(|| backoff(tries));
-            if start.elapsed() + delay >= limits.max_time {
-                return Err(error);
-            }
-            if let Some(observe) = observer {
+/// Runs `once` until it succeeds, fails in a way `may_retry` does not
+/// allow, or the retry limits are reached; each try's deadline is the
+/// time left. Waits the error's RetryInfo delay, else a backoff; a wait
+/// that would end past the time limit is not begun. The answer, and
+/// when the try it answers was begun (before its request was sent). A
+/// panic of the `observer` is caught and ignored: the retry goes on.
+async fn retrying<T, Fut>(
+    limits: &RetryLimits,
+    observer: Option<&RetryObserver>,
+    rpc: &'static str,
+    may_retry: fn(&Error) -> bool,
+    mut once: impl FnMut(Option<Duration>) -> Fut,
+) -> Result<(T, Instant), Error>
+where
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let limits = *limits;
+    let start = Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let begun = Instant::now();
+        let left = limits
+            .max_time
+            .saturating_sub(begun.saturating_duration_since(start));
+        let error = match once(Some(left)).await {
+            Ok(answer) => return Ok((answer, begun)),
+            Err(error) => error,
+        };
+        if !may_retry(&error) || tries >= limits.max_tries {
+            return Err(error);
+        }
+        let delay = error.retry_after().unwrap_or_else(|| backoff(tries));
+        if start.elapsed() + delay >= limits.max_time {
+            return Err(error);
+        }
+        if let Some(observe) = observer {
+            // The panic hook has printed it; a log line must
+            // not turn a safe retry into a failed call.
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 observe(&Retrying {
                     rpc,
                     tries,
                     error: &error,
                     delay,
-                });
-            }
-            tokio::time::sleep(delay).await;
+                })
+            }));
         }
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -967,24 +1014,57 @@ fn replay(attempt: pb::Attempt) -> Result<Outcome, GuardError> {
 }
 
 /// What is left of a DISPATCH's lease, and from when to count it on this
-/// process's clock. atmost's `lease_remaining`, from when the DISPATCH
-/// `arrived`: decided on the store's clock just before the answer left, so
-/// only the answer's trip is overcounted, which [`LEASE_MARGIN`] covers.
-/// From a server that does not send it, the attempt's whole lease
-/// (`lease_expires_at - created_at`, on the server's clock) counted from
-/// the `first_try`: every reservation a try of this call can hold was made
-/// after it was sent, so the lease cannot be overrun however long a lost
-/// answer and the retries took.
+/// process's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LeaseWindow {
+    from: Instant,
+    lease: Duration,
+    /// From a server without `lease_remaining`: the attempt's whole lease.
+    whole: bool,
+}
+
+/// How the reason of a dispatch dropped at the lease's deadline names it.
+impl std::fmt::Display for LeaseWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.whole {
+            false => write!(
+                f,
+                "{:?} left when the answered Authorize try was sent",
+                self.lease
+            ),
+            true => write!(f, "a {:?} lease from the first Authorize try", self.lease),
+        }
+    }
+}
+
+/// atmost's `lease_remaining`, counted from when the Authorize try it
+/// answers was begun (`answered_try`): decided on the store's clock after
+/// that try was sent and just before the answer left, so the whole trip
+/// there and back, however long the answer took, is counted against the
+/// lease, and [`LEASE_MARGIN`] covers the clocks' rates. From a server that
+/// does not send it, the attempt's whole lease (`lease_expires_at -
+/// created_at`, on the server's clock) counted from the `first_try`: every
+/// reservation a try of this call can hold was made after it was sent, so
+/// the lease cannot be overrun however long a lost answer and the retries
+/// took.
 fn lease_window(
     lease_remaining: Option<Duration>,
     attempt: &pb::Attempt,
     first_try: Instant,
-    arrived: Instant,
-) -> Result<(Instant, Duration), GuardError> {
-    match lease_remaining {
-        Some(left) => Ok((arrived, left)),
-        None => Ok((first_try, lease_of(attempt)?)),
-    }
+    answered_try: Instant,
+) -> Result<LeaseWindow, GuardError> {
+    Ok(match lease_remaining {
+        Some(left) => LeaseWindow {
+            from: answered_try,
+            lease: left,
+            whole: false,
+        },
+        None => LeaseWindow {
+            from: first_try,
+            lease: lease_of(attempt)?,
+            whole: true,
+        },
+    })
 }
 
 /// A protobuf duration; a negative one (no time) as zero.
@@ -1003,11 +1083,18 @@ fn dispatch_deadline(
     arrived: Instant,
     timeout: Option<Duration>,
 ) -> Instant {
-    let by_lease = from + lease.saturating_sub(LEASE_MARGIN);
+    let by_lease = later(from, lease.saturating_sub(LEASE_MARGIN));
     match timeout {
-        Some(timeout) => by_lease.min(arrived + timeout),
+        Some(timeout) => by_lease.min(later(arrived, timeout)),
         None => by_lease,
     }
+}
+
+/// `d` after `at`; a `d` past what the clock holds (`Duration::MAX` as a
+/// timeout, an absurd lease from a broken server) as decades.
+fn later(at: Instant, d: Duration) -> Instant {
+    at.checked_add(d)
+        .unwrap_or_else(|| at + Duration::from_secs(1 << 30))
 }
 
 /// The attempt's lease by the server's clock: lease_expires_at - created_at.
@@ -1023,9 +1110,54 @@ fn lease_of(attempt: &pb::Attempt) -> Result<Duration, GuardError> {
 
 /// An answer no atmost gives: reported as INTERNAL, not worked around.
 fn broken(what: &str) -> GuardError {
-    GuardError::Rpc(Error::from(Status::internal(format!(
+    GuardError::Rpc(broken_answer(what))
+}
+
+fn broken_answer(what: &str) -> Error {
+    Error::from(Status::internal(format!(
         "atmost answered what the guarded call cannot use: {what}"
-    ))))
+    )))
+}
+
+/// The success atmost recorded: the attempt `settled` SUCCEEDED, with its
+/// receipt. Any other answer to Commit Succeeded (a broken server) shows
+/// nothing recorded, and the caller keeps the tool's whole result:
+/// [`GuardError::CommitNotRecorded`].
+fn committed(
+    attempt_id: AttemptId,
+    settled: pb::Attempt,
+    result: Vec<u8>,
+) -> Result<Outcome, GuardError> {
+    match settled.receipt.clone() {
+        Some(receipt) if settled.state() == pb::AttemptState::Succeeded => Ok(Outcome {
+            result,
+            replayed: false,
+            attempt: settled,
+            receipt,
+        }),
+        _ => Err(GuardError::CommitNotRecorded {
+            attempt_id,
+            outcome: Unrecorded::Succeeded { result },
+            source: broken_answer(&format!(
+                "Commit Succeeded answered with an attempt {:?} {} a receipt",
+                settled.state(),
+                if settled.receipt.is_some() {
+                    "with"
+                } else {
+                    "without"
+                }
+            )),
+        }),
+    }
+}
+
+/// What a panic said, when it said it in text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a panic without a message)")
 }
 
 /// A failure whose request may be sent again as it is: nothing was
@@ -1066,15 +1198,21 @@ fn settle_may_retry(error: &Error) -> bool {
     transient(error)
 }
 
-/// The typed error of an Authorize that did not answer.
+/// The typed error of an Authorize that did not answer. INVALID_ARGUMENT
+/// without a reason this client knows is an invalid request whoever said it;
+/// UNAUTHENTICATED or PERMISSION_DENIED without atmost's ErrorInfo (a
+/// proxy, a TLS front end) refuses the call as atmost's own would.
 fn authorize_refused(error: Error) -> GuardError {
-    if error.reason() == Some(Reason::IdempotencyInProgress) {
+    let (code, reason) = (error.code(), error.reason());
+    if reason == Some(Reason::IdempotencyInProgress) {
         GuardError::InProgress(error)
     } else if transient(&error) {
         GuardError::Unavailable(error)
-    } else if error.reason() == Some(Reason::InvalidRequest) {
+    } else if reason == Some(Reason::InvalidRequest)
+        || (code == Code::InvalidArgument && matches!(reason, None | Some(Reason::Unspecified)))
+    {
         GuardError::InvalidRequest(error)
-    } else if error.reason().is_some() {
+    } else if reason.is_some() || matches!(code, Code::Unauthenticated | Code::PermissionDenied) {
         GuardError::Denied(error)
     } else {
         GuardError::Rpc(error)

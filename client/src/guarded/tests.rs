@@ -111,7 +111,24 @@ fn each_refusal_has_its_kind() {
             atmost_error(Code::InvalidArgument, "INVALID_REQUEST", &[]),
             "invalid",
         ),
-        (Error::from(Status::permission_denied("proxy")), "rpc"),
+        (
+            atmost_error(Code::FailedPrecondition, "ATTEMPT_HOLDER_MISMATCH", &[]),
+            "denied",
+        ),
+        // A reason this client does not know refuses the call.
+        (
+            atmost_error(Code::FailedPrecondition, "A_NEWER_REASON", &[]),
+            "denied",
+        ),
+        // Without atmost's ErrorInfo: a proxy or a TLS front end that
+        // refuses the caller refuses the call; one that finds the request
+        // malformed finds it invalid; anything else is the base error.
+        (Error::from(Status::permission_denied("proxy")), "denied"),
+        (Error::from(Status::unauthenticated("front end")), "denied"),
+        (Error::from(Status::invalid_argument("proxy")), "invalid"),
+        (Error::from(Status::internal("proxy")), "rpc"),
+        (Error::from(Status::unknown("proxy")), "rpc"),
+        (Error::from(Status::not_found("no such route")), "rpc"),
     ] {
         assert_eq!(kind(e.clone()), want, "{e}");
     }
@@ -280,37 +297,73 @@ fn attempt_with_lease(lease_ms: i64) -> pb::Attempt {
 }
 
 #[test]
-fn the_lease_atmost_says_is_left_bounds_dispatch_from_the_arrival() {
+fn the_lease_atmost_says_is_left_is_counted_from_the_answered_try() {
+    // Three tries: the first at `first_try`; the one answered begun 400 ms
+    // later; its answer arrived 300 ms after that.
     let first_try = Instant::now();
-    let arrived = first_try + Duration::from_millis(700);
+    let answered_try = first_try + Duration::from_millis(400);
+    let arrived = answered_try + Duration::from_millis(300);
     let attempt = attempt_with_lease(3_000);
     let ms = |d: Instant| d.saturating_duration_since(arrived).as_millis();
-    let deadline = |left: Option<u64>, timeout: Option<u64>| {
-        let (from, lease) = lease_window(
+    let window = |left: Option<u64>| {
+        lease_window(
             left.map(Duration::from_millis),
             &attempt,
             first_try,
-            arrived,
+            answered_try,
         )
-        .expect("a lease");
-        dispatch_deadline(lease, from, arrived, timeout.map(Duration::from_millis))
+        .expect("a lease")
     };
-    // A fresh DISPATCH: the whole lease was left.
-    assert_eq!(ms(deadline(Some(3_000), None)), 2_000);
+    let deadline = |left: Option<u64>, timeout: Option<u64>| {
+        let w = window(left);
+        dispatch_deadline(w.lease, w.from, arrived, timeout.map(Duration::from_millis))
+    };
+    // A fresh DISPATCH, the whole lease left when the try was sent: the
+    // answer's 300 ms trip is counted against it.
+    assert_eq!(ms(deadline(Some(3_000), None)), 1_700);
     // A redelivery late in the lease: what is left, not the whole lease,
-    // whatever the timeout; a shorter timeout is kept.
-    assert_eq!(ms(deadline(Some(1_500), None)), 500);
-    assert_eq!(ms(deadline(Some(1_500), Some(5_000))), 500);
-    assert_eq!(ms(deadline(Some(1_500), Some(200))), 200);
-    // Less than the margin left: no time at all, so dispatch is not called.
-    assert_eq!(deadline(Some(999), Some(5_000)), arrived);
-    assert_eq!(deadline(Some(0), None), arrived);
+    // whatever the timeout; a shorter timeout (from the arrival) is kept.
+    assert_eq!(ms(deadline(Some(1_500), None)), 200);
+    assert_eq!(ms(deadline(Some(1_500), Some(5_000))), 200);
+    assert_eq!(ms(deadline(Some(1_500), Some(100))), 100);
+    // An answer that took all that was left above the margin leaves no
+    // time at all, so dispatch is not called; so does less than the
+    // margin, whose deadline passed when the try was sent.
+    assert_eq!(deadline(Some(1_300), Some(5_000)), arrived);
+    assert_eq!(
+        deadline(Some(1_299), Some(5_000)),
+        arrived - Duration::from_millis(1)
+    );
+    assert_eq!(deadline(Some(999), Some(5_000)), answered_try);
+    assert_eq!(deadline(Some(0), None), answered_try);
     // A server that does not say: the whole lease from the first try,
     // 700 ms before the arrival.
     assert_eq!(ms(deadline(None, None)), 1_300);
     assert_eq!(ms(deadline(None, Some(5_000))), 1_300);
-    let unknown = lease_window(None, &pb::Attempt::default(), first_try, arrived);
+    // How a dispatch dropped at the lease's deadline names it.
+    assert_eq!(
+        window(Some(1_500)).to_string(),
+        "1.5s left when the answered Authorize try was sent"
+    );
+    assert_eq!(
+        window(None).to_string(),
+        "a 3s lease from the first Authorize try"
+    );
+    let unknown = lease_window(None, &pb::Attempt::default(), first_try, answered_try);
     assert!(matches!(unknown, Err(GuardError::Rpc(_))), "{unknown:?}");
+}
+
+#[test]
+fn a_timeout_or_a_lease_past_what_the_clock_holds_is_no_panic() {
+    let now = Instant::now();
+    let lease = Duration::from_millis(1_500);
+    // Duration::MAX as "no timeout but the lease": the lease decides.
+    let by_lease = dispatch_deadline(lease, now, now, Some(Duration::MAX));
+    assert_eq!(by_lease, now + Duration::from_millis(500));
+    // An absurd lease from a broken server: decades, or the timeout.
+    assert!(dispatch_deadline(Duration::MAX, now, now, None) > now + Duration::from_secs(3_600));
+    let by_timeout = dispatch_deadline(Duration::MAX, now, now, Some(Duration::from_secs(2)));
+    assert_eq!(by_timeout, now + Duration::from_secs(2));
 }
 
 #[test]
@@ -330,4 +383,127 @@ fn a_status_without_details_still_reads() {
     let e = Error::from(Status::unavailable("down"));
     assert_eq!(e.retry_after(), None);
     assert!(e.status().get_details_error_info().is_none());
+}
+
+#[test]
+fn a_commit_answered_without_the_success_keeps_the_whole_result() {
+    let id = || AttemptId("0190a5b2-0000-7000-8000-000000000001".into());
+    let receipt = pb::Receipt {
+        receipt_id: "r-1".into(),
+        result: b"stored".to_vec(),
+        ..Default::default()
+    };
+    let succeeded = pb::Attempt {
+        state: pb::AttemptState::Succeeded as i32,
+        receipt: Some(receipt.clone()),
+        ..Default::default()
+    };
+    let outcome = committed(id(), succeeded.clone(), b"whole".to_vec()).expect("recorded");
+    assert_eq!(
+        (outcome.result.as_slice(), outcome.replayed, outcome.receipt),
+        (&b"whole"[..], false, receipt.clone())
+    );
+    // A broken server: no receipt, or an attempt that did not succeed.
+    let without_receipt = pb::Attempt {
+        receipt: None,
+        ..succeeded.clone()
+    };
+    let failed = pb::Attempt {
+        state: pb::AttemptState::Failed as i32,
+        ..succeeded
+    };
+    for (settled, says) in [
+        (without_receipt, "Succeeded without a receipt"),
+        (failed, "Failed with a receipt"),
+        (pb::Attempt::default(), "Unspecified without a receipt"),
+    ] {
+        match committed(id(), settled, b"whole".to_vec()) {
+            Err(GuardError::CommitNotRecorded {
+                attempt_id,
+                outcome: Unrecorded::Succeeded { result },
+                source,
+            }) => {
+                assert_eq!((attempt_id, result.as_slice()), (id(), &b"whole"[..]));
+                assert_eq!(source.code(), Code::Internal);
+                assert!(source.to_string().contains(says), "{source}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_panic_reads_as_its_message() {
+    let text = |p: Box<dyn std::any::Any + Send>| panic_message(&*p).to_owned();
+    assert_eq!(text(Box::new("static")), "static");
+    assert_eq!(text(Box::new(String::from("formatted 7"))), "formatted 7");
+    assert_eq!(text(Box::new(7)), "(a panic without a message)");
+}
+
+/// Fails `failures` times with UNAVAILABLE, then answers; records when
+/// each try was begun.
+fn flaky(
+    failures: usize,
+    begun: &std::sync::Mutex<Vec<Instant>>,
+) -> impl FnMut(Option<Duration>) -> std::future::Ready<Result<usize, Error>> + '_ {
+    move |_| {
+        let mut begun = begun.lock().expect("tries");
+        begun.push(Instant::now());
+        std::future::ready(match begun.len() {
+            n if n <= failures => Err(Error::from(Status::unavailable("down"))),
+            n => Ok(n),
+        })
+    }
+}
+
+#[tokio::test]
+async fn retrying_answers_when_the_answered_try_was_begun() {
+    let tries = std::sync::Mutex::new(Vec::new());
+    let limits = RetryLimits::default();
+    let (answer, begun) = retrying(&limits, None, "Authorize", authorize_may_retry, |_| {
+        let n = {
+            let mut tries = tries.lock().expect("tries");
+            tries.push(Instant::now());
+            tries.len()
+        };
+        async move {
+            // Each answer takes its time to come back.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            match n {
+                1 | 2 => Err(Error::from(Status::unavailable("down"))),
+                n => Ok(n),
+            }
+        }
+    })
+    .await
+    .expect("the third try answers");
+    let tries = tries.lock().expect("tries");
+    assert_eq!((answer, tries.len()), (3, 3));
+    assert!(
+        tries[1] < begun && begun <= tries[2],
+        "the third try's start, not its answer's arrival: {begun:?} in {tries:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_retry_hook_is_ignored_and_the_retry_goes_on() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hook = seen.clone();
+    let observer: RetryObserver = Arc::new(move |r: &Retrying<'_>| {
+        hook.lock().expect("seen").push((r.rpc, r.tries));
+        panic!("the log sink is gone");
+    });
+    let tries = std::sync::Mutex::new(Vec::new());
+    let limits = RetryLimits::default();
+    let (answer, _) = retrying(
+        &limits,
+        Some(&observer),
+        "Commit",
+        settle_may_retry,
+        flaky(2, &tries),
+    )
+    .await
+    .expect("retried through the hook's panics");
+    assert_eq!(answer, 3);
+    assert_eq!(*seen.lock().expect("seen"), [("Commit", 1), ("Commit", 2)]);
 }
