@@ -27,7 +27,9 @@ pub mod rpc;
 
 pub use census::Census;
 pub use instruments::Instruments;
-pub use rpc::{RpcLayer, note, note_duplicate, note_permit, note_reason, store_call};
+pub use rpc::{
+    EnvoyCounters, RpcLayer, note, note_duplicate, note_permit, note_reason, store_call,
+};
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{MetricExporter, SpanExporter};

@@ -34,7 +34,10 @@ async fn attempt(h: &Harness, permit_id: &str, key: &str) -> pb::Attempt {
 }
 
 /// Waits until the attempt of `key` is in `state` (the server records an
-/// outcome after the stream is gone); fails after 15 s.
+/// outcome after the stream is gone); fails after 15 s. An attempt not
+/// found yet is waited for too: an Authorize held at a Redis proxy may be
+/// answered NOSCRIPT once the hold ends, and run again after a GetAttempt
+/// has overtaken it.
 async fn until_state(
     h: &Harness,
     permit_id: &str,
@@ -43,7 +46,18 @@ async fn until_state(
 ) -> pb::Attempt {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
-        let a = attempt(h, permit_id, key).await;
+        let a = match h.client.get_attempt(permit_id, key).await {
+            Ok(r) => r.attempt.expect("attempt"),
+            Err(e) if e.reason_name() == Some("ATTEMPT_NOT_FOUND") => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{key} never became {state:?}: not found"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+            Err(e) => panic!("GetAttempt {key}: {e:?}"),
+        };
         if a.state() == state {
             return a;
         }

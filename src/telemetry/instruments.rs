@@ -42,6 +42,11 @@ pub struct Instruments {
     /// `atmost.store.duration` (s): store calls made by RPCs, by operation
     /// and outcome (`ok`, or `error` for any error the store answered).
     store_duration: Histogram<f64>,
+    /// `atmost.envoy.unauthorized_forwards`: ext_proc streams whose
+    /// request reached the tool without an Authorize (its response arrived
+    /// while atmost still awaited the request), by what atmost awaited
+    /// (`request_headers`, `request_body`).
+    unauthorized_forwards: Counter<u64>,
 }
 
 impl Instruments {
@@ -76,6 +81,13 @@ impl Instruments {
                 .u64_counter("atmost.duplicate_guard.hits")
                 .with_description(
                     "New keys whose request matched an earlier dispatch, by what the guard did",
+                )
+                .build(),
+            unauthorized_forwards: meter
+                .u64_counter("atmost.envoy.unauthorized_forwards")
+                .with_description(
+                    "ext_proc requests forwarded to the tool without an Authorize (their \
+                     response arrived while atmost awaited the request), by what was awaited",
                 )
                 .build(),
             meter,
@@ -147,6 +159,14 @@ impl Instruments {
                 KeyValue::new("outcome", if ok { "ok" } else { "error" }),
             ],
         );
+    }
+
+    /// An ext_proc request that reached the tool unauthorized: its response
+    /// arrived while atmost still awaited `awaiting` (`request_headers`,
+    /// `request_body`).
+    pub(super) fn unauthorized_forward(&self, awaiting: &'static str) {
+        self.unauthorized_forwards
+            .add(1, &[KeyValue::new("awaiting", awaiting)]);
     }
 
     /// Admission, read when metrics are collected: slots in use, the

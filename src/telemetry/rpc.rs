@@ -208,6 +208,33 @@ pub fn note_reason(reason: &'static str) {
     });
 }
 
+/// The counters of an Envoy front door's own task: an ext_proc stream is
+/// driven by a task spawned beside its RPC, outside the RPC's task-local
+/// notes, so it takes these with it when the stream opens
+/// ([`EnvoyCounters::current`]). Counting nothing when metrics are off.
+#[derive(Clone, Default)]
+pub struct EnvoyCounters {
+    shared: Option<Arc<Shared>>,
+}
+
+impl EnvoyCounters {
+    /// The counters of the RPC being served (none outside an observed RPC).
+    pub fn current() -> Self {
+        Self {
+            shared: CURRENT.try_with(|c| c.shared.clone()).ok(),
+        }
+    }
+
+    /// An ext_proc request forwarded to the tool without an Authorize
+    /// (`atmost.envoy.unauthorized_forwards`): its response arrived while
+    /// atmost still awaited `awaiting`.
+    pub fn unauthorized_forward(&self, awaiting: &'static str) {
+        if let Some(instruments) = self.shared.as_ref().and_then(|s| s.instruments.as_ref()) {
+            instruments.unauthorized_forward(awaiting);
+        }
+    }
+}
+
 /// Runs one store call (`operation`: the [`Store`](crate::store::Store)
 /// method) in a child span of the RPC's, and times it. Outside an observed
 /// RPC (telemetry off, or the server's own sweep) it is the call itself:

@@ -15,9 +15,9 @@ use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
-    common_response::ResponseStatus, processing_request::Request as Message,
-    processing_response::Response as Answer,
+    HttpBody, HttpHeaders, HttpTrailers, ProcessingRequest, ProcessingResponse,
+    ProtocolConfiguration, body_mutation::Mutation, common_response::ResponseStatus,
+    processing_request::Request as Message, processing_response::Response as Answer,
 };
 use envoy_types::pb::google::protobuf::value::Kind as V;
 use pb::AttemptState;
@@ -320,6 +320,47 @@ fn response_body(body: &[u8], end: bool) -> ProcessingRequest {
             body: body.to_vec(),
             end_of_stream: end,
             ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// Response headers with these headers beside `:status` (a gRPC tool's
+/// `content-type`, a trailers-only `grpc-status`).
+fn response_headers_with(status: u16, extra: &[(&str, &str)], end: bool) -> ProcessingRequest {
+    let mut headers = vec![header(":status", &status.to_string())];
+    headers.extend(extra.iter().map(|(k, v)| header(k, v)));
+    ProcessingRequest {
+        request: Some(Message::ResponseHeaders(HttpHeaders {
+            headers: Some(HeaderMap { headers }),
+            end_of_stream: end,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// The response's trailers, as Envoy sends them (`response_trailer_mode:
+/// SEND`).
+fn response_trailers(trailers: &[(&str, &str)]) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Message::ResponseTrailers(HttpTrailers {
+            trailers: Some(HeaderMap {
+                headers: trailers.iter().map(|(k, v)| header(k, v)).collect(),
+            }),
+        })),
+        ..Default::default()
+    }
+}
+
+/// The request's trailers, as Envoy sends them (`request_trailer_mode:
+/// SEND`).
+fn request_trailers() -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Message::RequestTrailers(HttpTrailers {
+            trailers: Some(HeaderMap {
+                headers: vec![header("x-checksum", "0")],
+            }),
         })),
         ..Default::default()
     }
@@ -978,8 +1019,12 @@ async fn an_envoy_configuration_that_cannot_gate_is_refused(kind: Kind) {
     envoy.send(observed, false);
     assert_eq!(envoy.ended().await, Code::FailedPrecondition);
 
+    // request_header_mode SKIP: the body comes first, and the request is
+    // refused before it is forwarded. (Its response, arriving first, is
+    // an unauthorized forward: a_response_to_a_request_never_authorized_
+    // is_logged_and_counted.)
     let mut envoy = open_charge(&h).await;
-    envoy.send(response_headers(200, false), false);
+    envoy.send(request_body(BODY), false);
     assert_eq!(envoy.ended().await, Code::InvalidArgument);
 
     // A request body past --max-request-bytes: the stream fails, never
@@ -1558,6 +1603,385 @@ async fn a_gateway_key_opens_the_stream() {
     assert_eq!(a.attempt_id, id);
 }
 
+// === requests and responses atmost must not miss ===
+
+/// Headers without END_STREAM, then trailers with it, no DATA (a body-less
+/// request with trailers): Envoy sends the request headers
+/// (end_of_stream false), atmost holds them for the body (nothing set,
+/// nothing reserved), and, with `request_trailer_mode: SEND`, the
+/// trailers, which complete an empty body: their answer is the one
+/// DISPATCH. The tool's 200 then settles it.
+async fn a_request_of_headers_then_trailers_is_authorized_once(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[(TOOL, 2)], None).await;
+    let mut envoy = open_charge(&h).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "POST",
+            PATH,
+            &charge_headers(&permit, "trailed-only"),
+            false,
+        ))
+        .await;
+    assert!(matches!(answer.response, Some(Answer::RequestHeaders(_))));
+    assert!(continued(&answer).is_empty(), "held: no attempt yet");
+    assert!(answer.dynamic_metadata.is_none(), "held: no attempt yet");
+    expect_error(
+        h.client.get_attempt(&permit, "trailed-only").await,
+        Code::NotFound,
+        "ATTEMPT_NOT_FOUND",
+    );
+    let answer = envoy.exchange(request_trailers()).await;
+    assert!(
+        matches!(answer.response, Some(Answer::RequestTrailers(_))),
+        "{answer:?}"
+    );
+    let id = attempt_id_of(&answer);
+    let a = attempt(&h, &permit, "trailed-only").await;
+    assert_eq!(a.state(), AttemptState::Reserved);
+    assert_eq!(a.request_fingerprint, fingerprint("POST", PATH, b""));
+    assert_eq!(super::usage(&h, &permit).await.0, [(TOOL.to_owned(), 1)]);
+    tool_answers(&mut envoy, 200, b"ok").await;
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = attempt(&h, &permit, "trailed-only").await;
+    assert_eq!(
+        (a.state(), a.attempt_id.as_str()),
+        (AttemptState::Succeeded, id.as_str())
+    );
+    assert_eq!(
+        super::usage(&h, &permit).await.0,
+        [(TOOL.to_owned(), 1)],
+        "one dispatch"
+    );
+}
+
+/// The same request under `request_trailer_mode: SKIP` (or any request
+/// under `request_header_mode: SKIP`): Envoy forwards it without a word to
+/// atmost, which learns of it only when the tool's response arrives while
+/// it still awaits the request. Nothing was reserved: it is logged as an
+/// unauthorized forward (error level, with the route) and counted in
+/// `atmost_envoy_unauthorized_forwards_total`, and the tool's answer goes
+/// on to the client, its attempt headers removed, never a 500 for a call
+/// that ran. The real binary, on each store, read through its log and its
+/// /metrics.
+async fn a_response_to_a_request_never_authorized_is_logged_and_counted(kind: Kind) {
+    let redis = (kind == Kind::Redis).then(Redis::start);
+    let mut args = redis.as_ref().map(Redis::serve_args).unwrap_or_default();
+    args.extend(["--metrics-listen".to_owned(), "127.0.0.1:0".to_owned()]);
+    let log = std::env::temp_dir().join(format!(
+        "atmost-ext-proc-unauthorized-{}.log",
+        uuid::Uuid::now_v7().simple()
+    ));
+    let server = AtmostProcess::spawn_logged(
+        std::path::Path::new(env!("CARGO_BIN_EXE_atmost")),
+        &args,
+        &[("RUST_LOG", "error")],
+        &log,
+    )
+    .expect("start atmost");
+    let metrics = server.metrics_addr().expect("atmost metrics on ADDR");
+    let client = server.client().await;
+    let permit = client
+        .create_permit(
+            NewPermit::new([TOOL])
+                .expires_at_ms(atmost_client::now_ms() + 3_600_000)
+                .build(),
+        )
+        .await
+        .expect("create permit")
+        .permit_id;
+
+    // Held for a body that never comes; the trailers skipped.
+    let mut envoy = Envoy::open_at(server.addr(), &[("x-atmost-tool", TOOL)], buffered()).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "POST",
+            PATH,
+            &charge_headers(&permit, "unseen"),
+            false,
+        ))
+        .await;
+    assert!(continued(&answer).is_empty(), "held for its body");
+    let answer = envoy.exchange(response_headers(200, false)).await;
+    assert!(
+        matches!(answer.response, Some(Answer::ResponseHeaders(_))),
+        "{answer:?}"
+    );
+    passed_on(&answer);
+    let answer = envoy.exchange(response_body(b"charged", true)).await;
+    assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+    assert_eq!(envoy.close().await, Code::Ok);
+
+    // No request headers at all (request_header_mode: SKIP).
+    let mut envoy = Envoy::open_at(server.addr(), &[("x-atmost-tool", TOOL)], buffered()).await;
+    let answer = envoy.exchange(response_headers(201, true)).await;
+    passed_on(&answer);
+    assert_eq!(envoy.close().await, Code::Ok);
+
+    expect_error(
+        client.get_attempt(&permit, "unseen").await,
+        Code::NotFound,
+        "ATTEMPT_NOT_FOUND",
+    );
+    let samples = crate::telemetry::scrape(metrics).await;
+    for awaiting in ["request_body", "request_headers"] {
+        let series = format!("atmost_envoy_unauthorized_forwards_total{{awaiting=\"{awaiting}\"}}");
+        assert_eq!(samples.get(&series), Some(&1.0), "{series}: {samples:#?}");
+    }
+    drop(server);
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let _ = std::fs::remove_file(&log);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("unauthorized forward"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].contains("request_body")
+            && lines[0].contains("POST")
+            && lines[0].contains(PATH)
+            && lines[0].contains(TOOL),
+        "the route: {}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains("request_headers") && lines[1].contains(TOOL),
+        "{}",
+        lines[1]
+    );
+}
+
+/// One stream carries one request. Request headers on a stream whose
+/// request was decided (settled, or refused) are never CONTINUEd without
+/// an Authorize: the stream fails (Envoy then fails the request), nothing
+/// is reserved.
+async fn a_second_request_on_a_finished_stream_is_refused(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "first"), BODY).await);
+    tool_answers(&mut envoy, 200, b"ok").await;
+    envoy.send(
+        request_headers("POST", PATH, &charge_headers(&permit, "second"), true),
+        false,
+    );
+    assert_eq!(envoy.ended().await, Code::InvalidArgument);
+
+    // After a refusal (the key in flight on another stream).
+    let mut other = open_charge(&h).await;
+    forwarded(post(&mut other, &charge_headers(&permit, "busy"), BODY).await);
+    let mut envoy = open_charge(&h).await;
+    answered(
+        post(&mut envoy, &charge_headers(&permit, "busy"), BODY).await,
+        409,
+        "IDEMPOTENCY_IN_PROGRESS",
+    );
+    envoy.send(
+        request_headers(
+            "GET",
+            "/v1/balance",
+            &charge_headers(&permit, "third"),
+            true,
+        ),
+        false,
+    );
+    assert_eq!(envoy.ended().await, Code::InvalidArgument);
+
+    for key in ["second", "third"] {
+        expect_error(
+            h.client.get_attempt(&permit, key).await,
+            Code::NotFound,
+            "ATTEMPT_NOT_FOUND",
+        );
+    }
+    assert_eq!(
+        attempt(&h, &permit, "first").await.state(),
+        AttemptState::Succeeded
+    );
+    assert_eq!(super::usage(&h, &permit).await.0, [(TOOL.to_owned(), 2)]);
+}
+
+/// A gRPC tool answers HTTP 200 whatever the call's outcome: its
+/// grpc-status decides, read from a trailers-only response's headers, or
+/// from the response's trailers (`response_trailer_mode: SEND`). 0 is
+/// Succeeded (the body the result), any other code Failed (the code, its
+/// name and grpc-message in the reason), none by the stream's end
+/// UNCERTAIN.
+async fn a_grpc_response_is_settled_by_its_grpc_status(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let grpc = |content_type| [("content-type", content_type)];
+    let trailers_passed = |answer: &ProcessingResponse| match &answer.response {
+        Some(Answer::ResponseTrailers(t)) => {
+            let removed = t.header_mutation.clone().unwrap_or_default().remove_headers;
+            for header in ATTEMPT_HEADERS {
+                assert!(removed.iter().any(|r| r == header), "{header}: {removed:?}");
+            }
+        }
+        other => panic!("expected the trailers passed on, got {other:?}"),
+    };
+
+    // Trailers-only: the status in the headers, the stream's end with them.
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "g-only"), BODY).await);
+    let mut headers = grpc("application/grpc-web+proto").to_vec();
+    headers.extend([("grpc-status", "5"), ("grpc-message", "no%20such%20charge")]);
+    passed_on(
+        &envoy
+            .exchange(response_headers_with(200, &headers, true))
+            .await,
+    );
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = until_state(&h, &permit, "g-only", AttemptState::Failed).await;
+    assert_eq!(
+        a.failure_reason,
+        "the tool answered gRPC status 5 (NOT_FOUND): no such charge"
+    );
+
+    // The status in the trailers, after the body: a failure, and a success.
+    for (key, content_type, status, state) in [
+        ("g-failed", "application/grpc", "7", AttemptState::Failed),
+        (
+            "g-ok",
+            "application/grpc+proto",
+            "0",
+            AttemptState::Succeeded,
+        ),
+    ] {
+        let mut envoy = open_charge(&h).await;
+        forwarded(post(&mut envoy, &charge_headers(&permit, key), BODY).await);
+        passed_on(
+            &envoy
+                .exchange(response_headers_with(200, &grpc(content_type), false))
+                .await,
+        );
+        // BUFFERED: the body in one message, end_of_stream false (the
+        // trailers follow).
+        let answer = envoy
+            .exchange(response_body(b"\0\0\0\0\x02ok", false))
+            .await;
+        assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+        let answer = envoy
+            .exchange(response_trailers(&[
+                ("grpc-status", status),
+                ("grpc-message", "denied"),
+            ]))
+            .await;
+        trailers_passed(&answer);
+        assert_eq!(envoy.close().await, Code::Ok, "{key}");
+        let a = until_state(&h, &permit, key, state).await;
+        match state {
+            AttemptState::Failed => assert_eq!(
+                a.failure_reason,
+                "the tool answered gRPC status 7 (PERMISSION_DENIED): denied"
+            ),
+            _ => assert_eq!(a.receipt.unwrap().result, b"\0\0\0\0\x02ok"),
+        }
+    }
+
+    // No grpc-status: trailers skipped (the stream ends after the body), or
+    // trailers without one. Not known: UNCERTAIN.
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "g-skipped"), BODY).await);
+    passed_on(
+        &envoy
+            .exchange(response_headers_with(200, &grpc("application/grpc"), false))
+            .await,
+    );
+    let answer = envoy
+        .exchange(response_body(b"\0\0\0\0\x02ok", false))
+        .await;
+    assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = until_state(&h, &permit, "g-skipped", AttemptState::Uncertain).await;
+    assert!(
+        a.uncertain_reason.contains("no grpc-status")
+            && a.uncertain_reason.contains("response_trailer_mode: SEND"),
+        "{}",
+        a.uncertain_reason
+    );
+
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "g-none"), BODY).await);
+    passed_on(
+        &envoy
+            .exchange(response_headers_with(200, &grpc("application/grpc"), false))
+            .await,
+    );
+    trailers_passed(&envoy.exchange(response_trailers(&[("x-other", "1")])).await);
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = until_state(&h, &permit, "g-none", AttemptState::Uncertain).await;
+    assert!(
+        a.uncertain_reason.contains("without a grpc-status"),
+        "{}",
+        a.uncertain_reason
+    );
+}
+
+/// `response_body_mode: FULL_DUPLEX_STREAMED`: Envoy streams the body to
+/// atmost and forwards only what atmost streams back. Each chunk is handed
+/// back as it came (a plain CONTINUE is a spurious answer there, and the
+/// client would get no body), and the chunks are the result, as STREAMED's
+/// are; also when the status settled the attempt first. Where Envoy sends
+/// atmost no body (`NONE`; `GRPC`, which Envoy does not implement) the
+/// result is the status alone, never an empty body passed off as the
+/// tool's.
+async fn a_body_atmost_streams_back_or_never_sees_is_recorded_truly(kind: Kind) {
+    let h = Harness::start(kind).await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let mode = |response: BodySendMode| {
+        Some(ProtocolConfiguration {
+            request_body_mode: BodySendMode::Buffered as i32,
+            response_body_mode: response as i32,
+            ..Default::default()
+        })
+    };
+    let handed_back = |answer: &ProcessingResponse, chunk: &[u8], end: bool| match &answer.response
+    {
+        Some(Answer::ResponseBody(b)) => {
+            let common = b.response.clone().unwrap_or_default();
+            assert_eq!(common.status(), ResponseStatus::Continue);
+            match common.body_mutation.and_then(|m| m.mutation) {
+                Some(Mutation::StreamedResponse(r)) => {
+                    assert_eq!((r.body.as_slice(), r.end_of_stream), (chunk, end));
+                }
+                other => panic!("expected the chunk streamed back, got {other:?}"),
+            }
+        }
+        other => panic!("expected a body answer, got {other:?}"),
+    };
+    let full_duplex = mode(BodySendMode::FullDuplexStreamed);
+    for (key, status, state) in [
+        ("fd-ok", 200, AttemptState::Succeeded),
+        ("fd-declined", 402, AttemptState::Failed),
+    ] {
+        let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], full_duplex).await;
+        forwarded(post(&mut envoy, &charge_headers(&permit, key), BODY).await);
+        passed_on(&envoy.exchange(response_headers(status, false)).await);
+        for (chunk, end) in [(&b"part one, "[..], false), (b"part two", true)] {
+            let answer = envoy.exchange(response_body(chunk, end)).await;
+            handed_back(&answer, chunk, end);
+        }
+        assert_eq!(envoy.close().await, Code::Ok, "{key}");
+        let a = until_state(&h, &permit, key, state).await;
+        if state == AttemptState::Succeeded {
+            assert_eq!(a.receipt.unwrap().result, b"part one, part two");
+        }
+    }
+
+    for (key, response) in [
+        ("none", BodySendMode::None),
+        ("grpc-mode", BodySendMode::Grpc),
+    ] {
+        let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], mode(response)).await;
+        forwarded(post(&mut envoy, &charge_headers(&permit, key), BODY).await);
+        passed_on(&envoy.exchange(response_headers(200, false)).await);
+        assert_eq!(envoy.close().await, Code::Ok, "{key}");
+        let a = until_state(&h, &permit, key, AttemptState::Succeeded).await;
+        assert_eq!(a.receipt.unwrap().result, b"HTTP 200", "{key}");
+    }
+}
+
 on_each_store!(
     a_full_cycle_commits_the_result_and_a_retry_replays_it,
     a_request_without_a_body_is_authorized_on_its_headers,
@@ -1573,4 +1997,9 @@ on_each_store!(
     a_buffered_partial_body_is_the_result_only_when_whole,
     a_response_body_followed_by_trailers_is_settled,
     a_path_the_route_table_could_misread_is_refused,
+    a_request_of_headers_then_trailers_is_authorized_once,
+    a_response_to_a_request_never_authorized_is_logged_and_counted,
+    a_second_request_on_a_finished_stream_is_refused,
+    a_grpc_response_is_settled_by_its_grpc_status,
+    a_body_atmost_streams_back_or_never_sees_is_recorded_truly,
 );

@@ -4,12 +4,16 @@
 //! whole cycle:
 //!
 //! ```text
-//!  request headers (+ body) ─▶ Authorize ─▶ DISPATCH: CONTINUE (forwarded)
-//!                                        └▶ otherwise: ImmediateResponse
+//!  request headers (+ body, or trailers) ─▶ Authorize ─▶ DISPATCH: CONTINUE (forwarded)
+//!                                                    └▶ otherwise: ImmediateResponse
 //!  response headers (+ body) ─▶ Commit Succeeded (2xx) / Failed / MarkUncertain
+//!    of a gRPC response: its grpc-status (headers, else trailers) ─▶ Succeeded
+//!                        (0) / Failed (other) / MarkUncertain (none)
 //!  the stream ends before CONTINUE reached Envoy ─▶ Commit NotSent, and
 //!                                                   the stream fails
 //!  the stream ends after it, before a response   ─▶ MarkUncertain
+//!  a response while the request is awaited       ─▶ an unauthorized forward:
+//!                                                   logged and counted
 //! ```
 //!
 //! Each stream is driven by one task ([`Exchange`]), so an outcome is
@@ -30,10 +34,18 @@
 //! Envoy requirements (docs/gateways.md): request and response headers
 //! SEND (the defaults); a body fingerprint needs `request_body_mode:
 //! BUFFERED`, which Envoy announces on the first message (1.34 and later),
-//! and holds the request until the body's answer; a result from the
-//! response body needs `response_body_mode: BUFFERED`, `STREAMED`, or
-//! `BUFFERED_PARTIAL` (only for a body that fits Envoy's buffer: of a
-//! part, only the status is recorded).
+//! and holds the request until the body's answer, and `request_trailer_mode:
+//! SEND`: a request with no body data and trailers reaches atmost only
+//! through its trailers (with SKIP, Envoy forwards it unseen; Envoy
+//! announces its body modes, never its trailer modes, so atmost cannot
+//! refuse that configuration, and counts each such forward when its
+//! response comes). A result from the response body needs
+//! `response_body_mode: BUFFERED`, `STREAMED`, `FULL_DUPLEX_STREAMED` (each
+//! chunk handed back, as the mode requires), or `BUFFERED_PARTIAL` (only
+//! for a body that fits Envoy's buffer: of a part, only the status is
+//! recorded); without one, the status is. A gRPC response's outcome needs
+//! `response_trailer_mode: SEND` (its grpc-status is in its trailers,
+//! unless trailers-only); without them it is UNCERTAIN.
 //! Observability mode cannot gate anything and is refused.
 
 use super::{
@@ -42,17 +54,18 @@ use super::{
     mapping::{ResultMode, Settle},
 };
 use crate::api::{Deadline, gate::GateService};
-use crate::domain::{DEFAULT_LEASE_MS, Error, MAX_RESULT_BYTES};
+use crate::domain::{DEFAULT_LEASE_MS, Error, MAX_RESULT_BYTES, MAX_TEXT_LEN};
 use crate::pb;
 use envoy_types::pb::envoy::config::core::v3::{
     HeaderMap, HeaderValue, HeaderValueOption, Metadata, header_value_option::HeaderAppendAction,
 };
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpHeaders, ImmediateResponse,
-    ProcessingRequest, ProcessingResponse, ProtocolConfiguration, TrailersResponse,
-    common_response::ResponseStatus, external_processor_server::ExternalProcessor,
-    processing_request::Request as Message, processing_response::Response as Outgoing,
+    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody,
+    HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+    StreamedBodyResponse, TrailersResponse, body_mutation, common_response::ResponseStatus,
+    external_processor_server::ExternalProcessor, processing_request::Request as Message,
+    processing_response::Response as Outgoing,
 };
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
@@ -244,6 +257,7 @@ impl ExternalProcessor for ExtProcService {
             tx,
             phase: Phase::Start,
             protocol: None,
+            counters: crate::telemetry::EnvoyCounters::current(),
             pending: None,
             settling: None,
         };
@@ -279,12 +293,9 @@ enum Phase {
     /// DISPATCH, and CONTINUE handed to Envoy: the request may have been
     /// forwarded, so only its response (or MarkUncertain) settles it.
     Forwarded(Held),
-    /// A 2xx response's headers seen; its body is awaited as the result.
-    Responding {
-        held: Held,
-        status: u16,
-        body: ResultBody,
-    },
+    /// A 2xx response's headers seen; its body is awaited as the result,
+    /// or (gRPC) its trailers as the outcome.
+    Responding(Responding),
     /// Nothing more to record: settled, answered instead of forwarded, or
     /// never reserved.
     Done,
@@ -296,7 +307,8 @@ impl Phase {
             Phase::Start => "before the request headers",
             Phase::Body { .. } => "while the request body was awaited",
             Phase::Forwarded(_) => "while the response was awaited",
-            Phase::Responding { .. } => "while the response body was awaited",
+            Phase::Responding(r) if r.grpc => "while the response trailers were awaited",
+            Phase::Responding(_) => "while the response body was awaited",
             Phase::Done => "after the request was settled",
         }
     }
@@ -325,6 +337,121 @@ fn lease_end(attempt: &pb::Attempt) -> Instant {
         _ => DEFAULT_LEASE_MS,
     };
     Instant::now() + Duration::from_millis(u64::try_from(lease).unwrap_or(0))
+}
+
+/// A 2xx response whose outcome waits for more of it.
+struct Responding {
+    held: Held,
+    status: u16,
+    body: ResultBody,
+    /// What the result is made of: the mapping's, or the status alone
+    /// where atmost cannot see the whole body.
+    result: ResultMode,
+    /// A gRPC response: its outcome is its `grpc-status`, in its trailers.
+    grpc: bool,
+}
+
+/// What a response's message settles the attempt as.
+enum Verdict {
+    Commit(Held, pb::commit_request::Outcome),
+    Uncertain(Held, String),
+    /// More of the response is awaited.
+    Await(Responding),
+}
+
+/// Whether a response's `content-type` is gRPC's (`application/grpc`,
+/// `application/grpc+proto`, `application/grpc-web`, ...): its outcome is
+/// its `grpc-status`, whatever its HTTP status says.
+fn is_grpc(content_type: Option<&[u8]>) -> bool {
+    let Some(value) = content_type.and_then(|v| std::str::from_utf8(v).ok()) else {
+        return false;
+    };
+    let media = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    media == "application/grpc"
+        || media.starts_with("application/grpc+")
+        || media.starts_with("application/grpc-web")
+}
+
+/// gRPC's status codes by number, as the gRPC specification names them.
+const GRPC_CODES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// What a gRPC response's `grpc-status` (in a trailers-only response's
+/// headers, or in its trailers) says.
+enum GrpcOutcome {
+    /// 0.
+    Ok,
+    /// Any other code: the reason to record, with `grpc-message`.
+    Failed(String),
+    /// A value that is no status code: why.
+    Unreadable(String),
+}
+
+/// The `grpc-status` of `headers`, if they carry one.
+fn grpc_outcome(headers: &Headers) -> Option<GrpcOutcome> {
+    let raw = headers.get("grpc-status")?;
+    let text = String::from_utf8_lossy(raw);
+    let Ok(code) = text.trim().parse::<u32>() else {
+        return Some(GrpcOutcome::Unreadable(format!(
+            "the tool's gRPC response has an unreadable grpc-status {}",
+            crate::domain::shown(&text)
+        )));
+    };
+    if code == 0 {
+        return Some(GrpcOutcome::Ok);
+    }
+    let name = GRPC_CODES
+        .get(code as usize)
+        .map_or(String::new(), |n| format!(" ({n})"));
+    // grpc-message is percent-encoded UTF-8 (the gRPC HTTP/2 protocol).
+    let message = headers
+        .get("grpc-message")
+        .map(|m| {
+            percent_encoding::percent_decode(m)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .unwrap_or_default();
+    let mut reason = format!("the tool answered gRPC status {code}{name}");
+    if !message.is_empty() {
+        reason.push_str(": ");
+        reason.push_str(&message);
+    }
+    Some(GrpcOutcome::Failed(cut(reason, MAX_TEXT_LEN)))
+}
+
+/// `text` cut to at most `max` bytes, at a character's boundary.
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
 }
 
 /// A request's headers, kept until its body arrives.
@@ -411,6 +538,8 @@ struct Exchange {
     phase: Phase,
     /// The body modes Envoy announced on its first message.
     protocol: Option<ProtocolConfiguration>,
+    /// The RPC's counters, for what the stream sees after it opened.
+    counters: crate::telemetry::EnvoyCounters,
     /// A message that arrived while the store was being asked.
     pending: Option<ProcessingRequest>,
     /// The response's outcome, being recorded beside the stream (so that
@@ -655,6 +784,9 @@ impl Exchange {
                 // end_of_stream is false only when trailers follow).
                 self.authorize(request, &body, Stage::Body, inbound).await
             }
+            // No body came, and the trailers did (request_trailer_mode:
+            // SEND): the body is empty, and the trailers' answer is the
+            // decision.
             (Phase::Body { request, body }, Message::RequestTrailers(_)) => {
                 self.authorize(request, &body, Stage::Trailers, inbound)
                     .await
@@ -663,73 +795,54 @@ impl Exchange {
                 self.response_headers(held, h).await
             }
             (
-                Phase::Responding {
-                    held,
-                    status,
-                    mut body,
-                },
+                Phase::Responding(responding),
                 kind @ (Message::ResponseBody(_) | Message::ResponseTrailers(_)),
             ) => {
-                let mode = self.response_body_mode();
-                let result = self.mapping.response.result;
-                // How to record the result once the body is complete, or
-                // known to be all atmost will see; None while more comes.
-                let settled = match &kind {
-                    Message::ResponseBody(b) => {
-                        body.push(&b.body);
-                        match mode {
-                            // BUFFERED: the whole body in one message.
-                            Some(BodySendMode::Buffered) => Some(result),
-                            // BUFFERED_PARTIAL: one message. With
-                            // end_of_stream, the whole body. Without, either
-                            // its first part (it outgrew Envoy's buffer; the
-                            // rest passes by unseen) or the whole body ahead
-                            // of trailers (Envoy's onTrailers sends what it
-                            // queued with end_of_stream false). atmost cannot
-                            // tell them apart, not even by the trailers:
-                            // Envoy sends those after a part too. No body or
-                            // digest of the result can be made of what may be
-                            // a part, so only its status is recorded.
-                            Some(BodySendMode::BufferedPartial) if b.end_of_stream => Some(result),
-                            Some(BodySendMode::BufferedPartial) => {
-                                if result != ResultMode::Status {
-                                    tracing::warn!(
-                                        permit_id = %held.attempt.permit_id,
-                                        seen = body.len,
-                                        "ext_proc: the response body reached atmost without its end \
-                                         (response_body_mode BUFFERED_PARTIAL: it outgrew Envoy's \
-                                         buffer, or trailers follow it, which atmost cannot tell \
-                                         apart): the result recorded is the status alone; use \
-                                         BUFFERED, or STREAMED, for a body or digest of any size"
-                                    );
-                                }
-                                Some(ResultMode::Status)
-                            }
-                            _ if b.end_of_stream => Some(result),
-                            _ => None,
-                        }
-                    }
-                    _ => Some(result),
-                };
-                let sent = self.send(pass(&kind)).await;
-                match settled {
-                    Some(mode) => self.settle(held, succeeded(body.result(mode, status))),
-                    None => {
-                        self.phase = Phase::Responding { held, status, body };
-                    }
-                }
+                let verdict = self.responding(responding, &kind);
+                let answer = self.pass_on(&kind);
+                let sent = self.send(answer).await;
+                self.conclude(verdict);
                 if sent { Flow::Next } else { Flow::Ended }
             }
+            // The response while atmost still awaits the request: Envoy
+            // forwarded a request atmost never authorized (held for a body
+            // that never came, its trailers skipped; or its headers never
+            // sent). Nothing was reserved, so nothing can be settled: it is
+            // logged and counted, and the tool's answer goes on to the
+            // client (ending the stream instead would have Envoy answer 500
+            // for a call the tool has run, inviting a retry).
+            (
+                phase @ (Phase::Start | Phase::Body { .. }),
+                kind @ (Message::ResponseHeaders(_)
+                | Message::ResponseBody(_)
+                | Message::ResponseTrailers(_)),
+            ) => {
+                self.unauthorized_forward(&phase, &kind);
+                let answer = self.pass_on(&kind);
+                if self.send(answer).await {
+                    Flow::Next
+                } else {
+                    Flow::Ended
+                }
+            }
+            // One stream carries one request: a second request's headers
+            // would be forwarded on a CONTINUE without an Authorize.
+            (Phase::Done, Message::RequestHeaders(_)) => Flow::Fail(Status::invalid_argument(
+                "ext_proc: request_headers on a stream whose request was already decided: one \
+                 stream carries one request, and this one is not authorized",
+            )),
             // The request's body or trailers after the answer to its
             // headers (a body Envoy sends though the fingerprint does not
-            // need it), and anything after the attempt was settled.
+            // need it, even while the response comes), and anything after
+            // the attempt was settled.
             (
-                phase @ Phase::Forwarded(_),
+                phase @ (Phase::Forwarded(_) | Phase::Responding(_)),
                 kind @ (Message::RequestBody(_) | Message::RequestTrailers(_)),
             )
             | (phase @ Phase::Done, kind) => {
                 self.phase = phase;
-                if self.send(pass(&kind)).await {
+                let answer = self.pass_on(&kind);
+                if self.send(answer).await {
                     Flow::Next
                 } else {
                     Flow::Ended
@@ -752,6 +865,157 @@ impl Exchange {
                 self.phase = phase;
                 Flow::Fail(error)
             }
+        }
+    }
+
+    /// The response arrived while atmost still awaited the request
+    /// (`phase`): the request reached the tool unauthorized. Logged, with
+    /// the route, and counted (`atmost.envoy.unauthorized_forwards`).
+    fn unauthorized_forward(&self, phase: &Phase, kind: &Message) {
+        let (awaiting, method, path) = match phase {
+            Phase::Body { request, .. } => (
+                "request_body",
+                request.method.as_str(),
+                crate::domain::shown(&request.path),
+            ),
+            _ => ("request_headers", "", String::new()),
+        };
+        tracing::error!(
+            awaiting,
+            message = kind_name(kind),
+            route_tool = self.route_tool.as_deref().unwrap_or(""),
+            method,
+            path = %path,
+            "ext_proc: an unauthorized forward: the tool's response arrived while atmost still \
+             awaited the request, which reached the tool without an Authorize (nothing reserved, \
+             nothing counted). Envoy does so with a request held for its body when no body comes \
+             and its trailers are skipped (set request_trailer_mode: SEND), and with every \
+             request under request_header_mode: SKIP"
+        );
+        self.counters.unauthorized_forward(awaiting);
+    }
+
+    /// The answer to a message atmost passes on unchanged: [`pass`], but a
+    /// body under `FULL_DUPLEX_STREAMED` (or `GRPC`) is handed back as the
+    /// processor's streamed response: in those modes Envoy forwards only
+    /// the body the processor streams back, and takes a plain CONTINUE for
+    /// a spurious message.
+    fn pass_on(&self, kind: &Message) -> ProcessingResponse {
+        let streamed = |mode: Option<BodySendMode>| {
+            matches!(
+                mode,
+                Some(BodySendMode::FullDuplexStreamed | BodySendMode::Grpc)
+            )
+        };
+        match kind {
+            Message::RequestBody(b) if streamed(self.request_body_mode()) => {
+                echo(b, Outgoing::RequestBody)
+            }
+            Message::ResponseBody(b) if streamed(self.response_body_mode()) => {
+                echo(b, Outgoing::ResponseBody)
+            }
+            _ => pass(kind),
+        }
+    }
+
+    /// What a message of a 2xx response whose outcome was awaited settles.
+    fn responding(&self, mut r: Responding, kind: &Message) -> Verdict {
+        match kind {
+            Message::ResponseBody(b) => {
+                r.body.push(&b.body);
+                // Whether the body atmost sees has ended with this message.
+                let ended = match self.response_body_mode() {
+                    // BUFFERED: the whole body in one message.
+                    Some(BodySendMode::Buffered) => true,
+                    // BUFFERED_PARTIAL: one message. With end_of_stream, the
+                    // whole body. Without, either its first part (it outgrew
+                    // Envoy's buffer; the rest passes by unseen) or the whole
+                    // body ahead of trailers (Envoy's onTrailers sends what it
+                    // queued with end_of_stream false). atmost cannot tell
+                    // them apart, not even by the trailers: Envoy sends those
+                    // after a part too. No body or digest of the result can
+                    // be made of what may be a part, so only its status is
+                    // recorded.
+                    Some(BodySendMode::BufferedPartial) => {
+                        if !b.end_of_stream && r.result != ResultMode::Status {
+                            tracing::warn!(
+                                permit_id = %r.held.attempt.permit_id,
+                                seen = r.body.len,
+                                "ext_proc: the response body reached atmost without its end \
+                                 (response_body_mode BUFFERED_PARTIAL: it outgrew Envoy's \
+                                 buffer, or trailers follow it, which atmost cannot tell \
+                                 apart): the result recorded is the status alone; use \
+                                 BUFFERED, or STREAMED, for a body or digest of any size"
+                            );
+                            r.result = ResultMode::Status;
+                        }
+                        true
+                    }
+                    // STREAMED, FULL_DUPLEX_STREAMED: chunks, the last with
+                    // end_of_stream, unless trailers follow.
+                    _ => b.end_of_stream,
+                };
+                if r.grpc {
+                    if b.end_of_stream {
+                        // No trailers follow, so no grpc-status will come.
+                        let reason = format!(
+                            "the tool's gRPC response (HTTP {}) ended without a grpc-status",
+                            r.status
+                        );
+                        return Verdict::Uncertain(r.held, reason);
+                    }
+                    // The outcome is in the trailers.
+                    return Verdict::Await(r);
+                }
+                if ended {
+                    let result = r.body.result(r.result, r.status);
+                    Verdict::Commit(r.held, succeeded(result))
+                } else {
+                    Verdict::Await(r)
+                }
+            }
+            Message::ResponseTrailers(t) => {
+                if !r.grpc {
+                    // The trailers end the body (STREAMED's last chunk has
+                    // no end_of_stream when trailers follow).
+                    let result = r.body.result(r.result, r.status);
+                    return Verdict::Commit(r.held, succeeded(result));
+                }
+                let trailers = headers_of(t.trailers.clone());
+                match grpc_outcome(&trailers) {
+                    Some(GrpcOutcome::Ok) => {
+                        let result = r.body.result(r.result, r.status);
+                        Verdict::Commit(r.held, succeeded(result))
+                    }
+                    Some(GrpcOutcome::Failed(reason)) => Verdict::Commit(r.held, failed(reason)),
+                    Some(GrpcOutcome::Unreadable(reason)) => Verdict::Uncertain(r.held, reason),
+                    None => {
+                        let reason = format!(
+                            "the tool's gRPC response (HTTP {}) ended without a grpc-status in \
+                             its trailers",
+                            r.status
+                        );
+                        Verdict::Uncertain(r.held, reason)
+                    }
+                }
+            }
+            _ => Verdict::Await(r),
+        }
+    }
+
+    /// Records what `verdict` settles, beside the stream, or awaits more.
+    fn conclude(&mut self, verdict: Verdict) {
+        match verdict {
+            Verdict::Commit(held, outcome) => self.settle(held, outcome),
+            Verdict::Uncertain(held, reason) => {
+                let recorder = self.recorder.clone();
+                self.settling = Some(tokio::spawn(async move {
+                    recorder
+                        .mark_uncertain(&held.attempt, reason, held.lease_end)
+                        .await;
+                }));
+            }
+            Verdict::Await(responding) => self.phase = Phase::Responding(responding),
         }
     }
 
@@ -934,66 +1198,89 @@ impl Exchange {
         // recorded after this answer), and an open attempt's id, the
         // fencing token Commit checks, never goes to the client.
         let answer = pass(&Message::ResponseHeaders(HttpHeaders::default()));
+        let verdict = self.verdict_on_headers(held, status, &headers, h.end_of_stream);
+        let sent = self.send(answer).await;
+        self.conclude(verdict);
+        if sent { Flow::Next } else { Flow::Ended }
+    }
+
+    /// What a response's headers settle: its HTTP status, by the
+    /// mapping's policy; of a 2xx, its result when its body is not
+    /// awaited, and of a gRPC response, its `grpc-status` (trailers-only)
+    /// or the wait for its trailers.
+    fn verdict_on_headers(
+        &self,
+        held: Held,
+        status: u16,
+        headers: &Headers,
+        end_of_stream: bool,
+    ) -> Verdict {
         let policy = &self.mapping.response;
         match policy.settle(status) {
-            Settle::Succeeded => {
-                let body_follows = !h.end_of_stream
-                    && policy.result != ResultMode::Status
-                    && matches!(
-                        self.response_body_mode(),
-                        Some(
-                            BodySendMode::Buffered
-                                | BodySendMode::BufferedPartial
-                                | BodySendMode::Streamed
-                        )
-                    );
-                if body_follows {
-                    self.phase = Phase::Responding {
-                        held,
-                        status,
-                        body: ResultBody::default(),
-                    };
-                    return if self.send(answer).await {
-                        Flow::Next
-                    } else {
-                        Flow::Ended
-                    };
-                }
-                if !h.end_of_stream && policy.result != ResultMode::Status {
-                    tracing::warn!(
-                        response_body_mode = body_mode(self.response_body_mode()),
-                        "ext_proc: the result is the response body, which Envoy does not send \
-                         atmost (response_body_mode BUFFERED, STREAMED or BUFFERED_PARTIAL): \
-                         recorded as an empty body"
-                    );
-                }
-                let result = ResultBody::default().result(policy.result, status);
-                let sent = self.send(answer).await;
-                self.settle(held, succeeded(result));
-                if sent { Flow::Next } else { Flow::Ended }
-            }
             Settle::Failed => {
-                let sent = self.send(answer).await;
-                self.settle(
-                    held,
-                    pb::commit_request::Outcome::Failed(pb::Failed {
-                        reason: format!("the tool answered HTTP {status}"),
-                    }),
-                );
-                if sent { Flow::Next } else { Flow::Ended }
+                return Verdict::Commit(held, failed(format!("the tool answered HTTP {status}")));
             }
             Settle::Uncertain => {
-                let sent = self.send(answer).await;
-                let recorder = self.recorder.clone();
-                let reason = format!("the tool answered HTTP {status}");
-                self.settling = Some(tokio::spawn(async move {
-                    recorder
-                        .mark_uncertain(&held.attempt, reason, held.lease_end)
-                        .await;
-                }));
-                if sent { Flow::Next } else { Flow::Ended }
+                return Verdict::Uncertain(held, format!("the tool answered HTTP {status}"));
             }
+            Settle::Succeeded => {}
         }
+        let grpc = is_grpc(headers.get("content-type"));
+        // No body: the result is that of an empty body, which it is.
+        let empty = || ResultBody::default().result(policy.result, status);
+        if grpc {
+            // A trailers-only response carries its status in its headers.
+            match grpc_outcome(headers) {
+                Some(GrpcOutcome::Ok) => return Verdict::Commit(held, succeeded(empty())),
+                Some(GrpcOutcome::Failed(reason)) => return Verdict::Commit(held, failed(reason)),
+                Some(GrpcOutcome::Unreadable(reason)) => return Verdict::Uncertain(held, reason),
+                None if end_of_stream => {
+                    let reason = format!(
+                        "the tool's gRPC response (HTTP {status}) ended without a grpc-status"
+                    );
+                    return Verdict::Uncertain(held, reason);
+                }
+                None => {}
+            }
+        } else if end_of_stream {
+            return Verdict::Commit(held, succeeded(empty()));
+        }
+        let mode = self.response_body_mode();
+        let body_seen = matches!(
+            mode,
+            Some(
+                BodySendMode::Buffered
+                    | BodySendMode::BufferedPartial
+                    | BodySendMode::Streamed
+                    | BodySendMode::FullDuplexStreamed
+            )
+        );
+        let mut result = policy.result;
+        if result != ResultMode::Status && !body_seen {
+            // NONE, GRPC (whose messages reach atmost de-framed, if Envoy
+            // sends them at all: it does not implement the mode), or not
+            // announced: no body or digest can be made of what atmost does
+            // not see. The status is what is known.
+            tracing::warn!(
+                permit_id = %held.attempt.permit_id,
+                response_body_mode = body_mode(mode),
+                "ext_proc: the result is the response body, which Envoy does not send atmost \
+                 (response_body_mode BUFFERED, STREAMED, FULL_DUPLEX_STREAMED or \
+                 BUFFERED_PARTIAL): the result recorded is the status alone"
+            );
+            result = ResultMode::Status;
+        }
+        if !grpc && result == ResultMode::Status {
+            let result = ResultBody::default().result(ResultMode::Status, status);
+            return Verdict::Commit(held, succeeded(result));
+        }
+        Verdict::Await(Responding {
+            held,
+            status,
+            body: ResultBody::default(),
+            result,
+            grpc,
+        })
     }
 
     /// Records the response's outcome beside the stream: the answer to
@@ -1037,7 +1324,30 @@ impl Exchange {
             // `response_trailer_mode: SKIP` (Envoy then sends no
             // end_of_stream). The result is not known either way: unsure,
             // so UNCERTAIN, the reason naming the setting that avoids it.
-            Phase::Responding { held, status, body } => {
+            Phase::Responding(Responding {
+                held,
+                status,
+                body,
+                grpc: true,
+                ..
+            }) => {
+                let reason = format!(
+                    "the gateway's stream ended after the tool's gRPC response (HTTP {status}{}), \
+                     before its trailers: no grpc-status seen (the trailers reach atmost only \
+                     with response_trailer_mode: SEND)",
+                    if body.seen {
+                        format!(", {} bytes of body", body.len)
+                    } else {
+                        String::new()
+                    }
+                );
+                self.recorder
+                    .mark_uncertain(&held.attempt, reason, held.lease_end)
+                    .await;
+            }
+            Phase::Responding(Responding {
+                held, status, body, ..
+            }) => {
                 let reason = if body.seen {
                     format!(
                         "the gateway's stream ended after {} bytes of the tool's HTTP {status} \
@@ -1327,6 +1637,35 @@ fn succeeded(result: Vec<u8>) -> pb::commit_request::Outcome {
     })
 }
 
+fn failed(reason: String) -> pb::commit_request::Outcome {
+    pb::commit_request::Outcome::Failed(pb::Failed { reason })
+}
+
+/// A body under `FULL_DUPLEX_STREAMED` or `GRPC` handed back unchanged:
+/// in those modes Envoy forwards what the processor streams back.
+fn echo(b: &HttpBody, answer: fn(BodyResponse) -> Outgoing) -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(answer(BodyResponse {
+            response: Some(CommonResponse {
+                status: ResponseStatus::Continue as i32,
+                body_mutation: Some(BodyMutation {
+                    mutation: Some(body_mutation::Mutation::StreamedResponse(
+                        StreamedBodyResponse {
+                            body: b.body.clone(),
+                            end_of_stream: b.end_of_stream,
+                            end_of_stream_without_message: b.end_of_stream_without_message,
+                            grpc_message_compressed: b.grpc_message_compressed,
+                            ..Default::default()
+                        },
+                    )),
+                }),
+                ..Default::default()
+            }),
+        })),
+        ..Default::default()
+    }
+}
+
 fn not_sent() -> pb::commit_request::Outcome {
     pb::commit_request::Outcome::NotSent(pb::NotSent {})
 }
@@ -1379,7 +1718,18 @@ pub(super) fn every_response(attempt: &pb::Attempt) -> Vec<ProcessingResponse> {
     let refused = immediate(Reply::refusal(&crate::domain::Error::KeyReused {
         idempotency_key: "k".into(),
     }));
-    let mut all = vec![forward, refused];
+    // A body handed back under FULL_DUPLEX_STREAMED.
+    let streamed = HttpBody {
+        body: b"b".to_vec(),
+        end_of_stream: true,
+        ..Default::default()
+    };
+    let mut all = vec![
+        forward,
+        refused,
+        echo(&streamed, Outgoing::RequestBody),
+        echo(&streamed, Outgoing::ResponseBody),
+    ];
     all.extend(
         [
             Message::RequestHeaders(HttpHeaders::default()),
@@ -1517,6 +1867,63 @@ mod tests {
                 "try {tries}: {pause:?} outside [{:?}, {full:?}]",
                 full / 2
             );
+        }
+    }
+
+    #[test]
+    fn grpc_content_types_are_told_from_others() {
+        for grpc in [
+            "application/grpc",
+            "application/grpc+proto",
+            "Application/GRPC+json",
+            "application/grpc-web",
+            "application/grpc-web-text+proto",
+            "application/grpc; charset=utf-8",
+        ] {
+            assert!(is_grpc(Some(grpc.as_bytes())), "{grpc}");
+        }
+        for other in ["application/json", "application/grpcx", "text/plain", ""] {
+            assert!(!is_grpc(Some(other.as_bytes())), "{other}");
+        }
+        assert!(!is_grpc(None));
+    }
+
+    #[test]
+    fn a_grpc_status_reads_as_its_outcome() {
+        let of = |pairs: &[(&str, &str)]| {
+            grpc_outcome(&Headers::new(
+                pairs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())),
+            ))
+        };
+        assert!(of(&[]).is_none());
+        assert!(matches!(of(&[("grpc-status", "0")]), Some(GrpcOutcome::Ok)));
+        match of(&[
+            ("grpc-status", "14"),
+            ("grpc-message", "try%20later%E2%9C%93"),
+        ]) {
+            Some(GrpcOutcome::Failed(reason)) => assert_eq!(
+                reason,
+                "the tool answered gRPC status 14 (UNAVAILABLE): try later\u{2713}"
+            ),
+            _ => panic!("14 is a failure"),
+        }
+        match of(&[("grpc-status", "99")]) {
+            Some(GrpcOutcome::Failed(reason)) => {
+                assert_eq!(reason, "the tool answered gRPC status 99")
+            }
+            _ => panic!("99 is a failure"),
+        }
+        assert!(matches!(
+            of(&[("grpc-status", "OK")]),
+            Some(GrpcOutcome::Unreadable(_))
+        ));
+        // A message past what a reason may hold is cut, at a character.
+        let long = "\u{e9}".repeat(MAX_TEXT_LEN);
+        match of(&[("grpc-status", "2"), ("grpc-message", &long)]) {
+            Some(GrpcOutcome::Failed(reason)) => assert!(reason.len() <= MAX_TEXT_LEN),
+            _ => panic!("2 is a failure"),
         }
     }
 

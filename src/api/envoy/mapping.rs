@@ -253,6 +253,16 @@ pub struct ToolSources {
 }
 
 /// How the request fingerprint is made.
+///
+/// Neither source takes any other header into the fingerprint: a header
+/// that selects the effect (an account header, `:authority` where one
+/// route serves several hosts) is not compared, so the same key with
+/// another such header replays the first call instead of being refused
+/// as a reused key. There is no setting listing headers for the
+/// fingerprint: where they matter, the client sends a fingerprint of its
+/// own that covers them ([`FingerprintSource::Header`]), or each account
+/// or host gets a route (and tool) of its own (docs/gateways.md, "The
+/// mapping").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FingerprintSource {
     /// SHA-256 of the method, the path and the body: Envoy must send the
