@@ -68,7 +68,23 @@ def cycle() -> Any:
     return looped
 
 
-@pytest.mark.parametrize("make", [lambda: {"tags": {"a"}}, Handle, cycle])
+class ChangedWhileWritten(dict):
+    """A mapping whose own code raises while json writes it (not a TypeError or ValueError)."""
+
+    def items(self) -> Any:
+        raise RuntimeError("dictionary changed size during iteration")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: {"tags": {"a"}},
+        Handle,
+        cycle,
+        lambda: {"tx": ChangedWhileWritten(a=1)},
+        lambda: [math.nan, ChangedWhileWritten(a=1)],  # raises again where NaN is made null
+    ],
+)
 def test_a_result_json_cannot_write_is_recorded_succeeded_and_empty(client, make):
     permit = new_permit(client)
     result = make()

@@ -98,8 +98,9 @@ def encode_result(result: Any) -> bytes:
     JavaScript's JSON.stringify and serde_json write them; a lone surrogate
     escaped, as JSON.stringify writes it, the rest then escaped too); past 64 KiB,
     ``sha256:<hex>`` of those bytes. A result json cannot encode at all (a
-    set, an object, a cycle) is recorded empty (``b""``): the call went out
-    and succeeded, and the caller still gets the result as it is."""
+    set, an object, a cycle, one whose own code raises while it is written)
+    is recorded empty (``b""``): the call went out and succeeded, and the
+    caller still gets the result as it is."""
     if isinstance(result, (bytes, bytearray, memoryview)):
         data = bytes(result)
     else:
@@ -112,7 +113,9 @@ def encode_result(result: Any) -> bytes:
                 data = text.encode("utf-8")
             except UnicodeEncodeError:  # a lone surrogate: escaped, as JSON.stringify writes it
                 data = _json(_finite(result, set()), ascii=True).encode("ascii")
-        except (TypeError, ValueError, RecursionError) as e:
+        except Exception as e:  # noqa: BLE001 (whatever the encoder raises, the success is recorded)
+            # TypeError, ValueError, RecursionError, and anything a result's own
+            # code raises (a dict changed while it is written, a broken Mapping).
             _log.warning("a result json cannot encode is recorded empty (%s: %s)", type(e).__name__, e)
             return b""
     if len(data) > MAX_RESULT_BYTES:
