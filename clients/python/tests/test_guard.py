@@ -801,6 +801,43 @@ def test_a_commit_that_cannot_be_recorded_says_so(start_server):
     assert isinstance(e.__cause__, Unavailable)
 
 
+def without_attempt(request: bytes, context: Any, forward: Any) -> bytes:
+    """A broken server's Authorize: a DISPATCH (or REPLAY) that carries no attempt."""
+    answer = pb.AuthorizeResponse.FromString(forward(request))
+    answer.ClearField("attempt")
+    return answer.SerializeToString()
+
+
+def without_attempt_id(request: bytes, context: Any, forward: Any) -> bytes:
+    """A broken server's Authorize: the attempt without its id."""
+    answer = pb.AuthorizeResponse.FromString(forward(request))
+    answer.attempt.attempt_id = ""
+    return answer.SerializeToString()
+
+
+@pytest.mark.parametrize("hook", [without_attempt, without_attempt_id])
+def test_a_dispatch_without_an_attempt_is_refused_and_nothing_is_sent(server, front_end, hook):
+    front = front_end(server.address, Authorize=hook)
+    with Client(front.address) as c:
+        permit = new_permit(c)
+        with pytest.raises(AtmostError) as caught:
+            c.call_guarded(permit, TOOL, "k", never, request=1)
+        assert type(caught.value) is AtmostError
+        assert "DECISION_DISPATCH without an attempt; nothing was sent" in str(caught.value)
+        with pytest.raises(AtmostError):
+            with c.guard(permit, TOOL, "k2", request=1):
+                raise AssertionError("the block ran without an attempt")
+        # Nothing to settle without an attempt id: Authorize only.
+        assert front.calls == ["CreatePermit", "Authorize", "Authorize"]
+        # A REPLAY without one is refused the same way.
+        front.hooks.clear()
+        c.call_guarded(permit, TOOL, "done", lambda _: {"tx": 1}, request=1)
+        front.hooks["Authorize"] = hook
+        with pytest.raises(AtmostError) as caught:
+            c.call_guarded(permit, TOOL, "done", never, request=1)
+        assert "DECISION_REPLAY without an attempt; nothing was sent" in str(caught.value)
+
+
 def test_refusals_are_not_retried(client):
     retries: List[Any] = []
     retry = Retry(on_retry=lambda *a: retries.append(a))

@@ -304,6 +304,14 @@ class GuardedCall:
         answer = client._retrying("Authorize", send, self.retry, in_progress=True)
         arrived = time.monotonic()
         attempt = answer.attempt
+        if not answer.HasField("attempt") or not attempt.attempt_id:
+            # A broken server (or a proxy): no attempt id to send under, nor to settle.
+            decision = (
+                pb.Decision.Name(answer.decision)
+                if answer.decision in pb.Decision.values()
+                else f"decision {answer.decision}"
+            )
+            raise AtmostError(f"atmost answered Authorize {decision} without an attempt; nothing was sent")
         self.attempt = attempt
         if answer.decision == pb.DECISION_REPLAY:
             self._state = "replay"
