@@ -249,6 +249,46 @@ def test_a_dispatch_timeout_never_outlasts_the_lease(client):
     assert client.get_permit(short).usage[0].calls_made == 0
 
 
+def test_a_worker_thread_run_past_the_deadline_never_starts_dispatch(client, monkeypatch):
+    # A loaded machine schedules the worker thread that runs dispatch late:
+    # here it does not run until the test lets it, after call_guarded gave
+    # up at the deadline. Begun then, the send would go out after the call
+    # was settled. It never begins: dispatch was surely not called, so the
+    # slot comes back (Commit NotSent) and NotSent is raised.
+    permit = new_permit(client, cap=1)
+    go = threading.Event()
+    workers: List[threading.Thread] = []
+
+    class Late(threading.Thread):
+        def start(self) -> None:
+            if self.name.startswith("atmost dispatch"):
+                workers.append(self)
+            super().start()
+
+        def run(self) -> None:
+            if self in workers:
+                go.wait(30)  # until the test lets it (30 s: only a guard against a hang)
+            super().run()
+
+    monkeypatch.setattr(threading, "Thread", Late)
+    tool = Tool()
+    try:
+        with pytest.raises(NotSent) as caught:
+            client.call_guarded(permit, TOOL, "late", tool, request=REQUEST, dispatch_timeout=0.2)
+    finally:
+        go.set()
+        for worker in workers:
+            worker.join(30)
+    assert len(workers) == 1 and not workers[0].is_alive()
+    assert tool.sent == [], "dispatch began after the call gave up"
+    assert "no time to dispatch" in str(caught.value) and caught.value.attempt_id
+    assert client.get_permit(permit).usage[0].calls_made == 0
+    monkeypatch.undo()
+    # The slot and the key came back: the same key dispatches now.
+    outcome = client.call_guarded(permit, TOOL, "late", tool, request=REQUEST)
+    assert not outcome.replayed and tool.sent == [outcome.attempt_id]
+
+
 def test_a_guarded_call_inside_dispatch_does_not_settle_the_outer_call(client):
     # The outer dispatch makes a guarded call of its own and lets its
     # NotSent or ToolFailed through. That tells what became of the inner

@@ -600,7 +600,9 @@ def call_guarded(
     worker thread and is waited for until the deadline (``dispatch_timeout``
     seconds, but never past the lease less 1 s, the default): past it the
     attempt is marked UNCERTAIN and OutcomeUncertain raised; the thread
-    cannot be stopped and whatever it returns later is dropped.
+    cannot be stopped and whatever it returns later is dropped. A worker
+    thread that had not yet started ``dispatch`` by the deadline never
+    starts it: that is Commit NotSent, and NotSent raised.
     A DISPATCH redelivered to a ``holder_token`` you gave raises
     HeldByEarlierRun without calling ``dispatch``.
     ``dispatch`` raising a ToolFailed or NotSent of its own is recorded as
@@ -620,14 +622,34 @@ def call_guarded(
         return call.outcome
     done = threading.Event()
     box: dict = {}
+    # The handshake between the worker and this thread, under ``lock``: the
+    # worker calls dispatch only when this thread has not given up and the
+    # deadline has not passed, and says so ("started"); this thread, once it
+    # stops waiting, gives up ("gave_up"), after which dispatch is never
+    # called. A worker scheduled late (a loaded machine) so never begins a
+    # send past the deadline, or after the attempt was settled, and a
+    # dispatch that never started is known for sure to have sent nothing.
+    lock = threading.Lock()
+    phase = {"started": False, "gave_up": False}
 
     def work() -> None:
         try:
+            with lock:
+                if phase["gave_up"] or call.time_left() <= 0:
+                    phase["gave_up"] = True
+                    return
+                phase["started"] = True
             box["result"] = dispatch(call.attempt_id)
         except BaseException as e:  # noqa: BLE001 (every ending is recorded, none re-raised in the thread)
             box["error"] = e
         finally:
             done.set()
+
+    def give_up() -> bool:
+        """Stops dispatch from starting from now on; whether it started."""
+        with lock:
+            phase["gave_up"] = True
+            return phase["started"]
 
     worker = threading.Thread(target=work, name=f"atmost dispatch {idempotency_key}", daemon=True)
     try:
@@ -636,8 +658,17 @@ def call_guarded(
     except BaseException as interrupted:  # KeyboardInterrupt (Ctrl-C), SystemExit from a signal handler
         # The dispatch may be sending: recorded as unknown if it can be, and
         # the interruption goes on as it is, never swallowed.
+        give_up()
         _uncertain_if_possible(call, f"interrupted while waiting for dispatch: {_describe(interrupted)}")
         raise
+    if not give_up():
+        # The worker never called dispatch, and now never will: nothing was sent.
+        call.not_sent(
+            NotSent(
+                f"no time to dispatch: the worker thread did not start dispatch within its deadline of"
+                f" {call.timeout:.3g} s; nothing was sent"
+            )
+        )
     if not finished:
         raise call.uncertain(
             f"dispatch did not return within its deadline of {call.timeout:.3g} s"
