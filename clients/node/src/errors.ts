@@ -314,7 +314,7 @@ export class CommitNotRecorded extends AtmostError {
 
   constructor(attemptId: string, outcome: RecordedOutcome, cause: unknown, result?: unknown, outcomeReason?: string) {
     const rpc = cause instanceof AtmostError ? cause : undefined;
-    super(`the outcome (${outcome}) of attempt ${attemptId} could not be recorded: ${cause instanceof Error ? cause.message : text(cause)}`, {
+    super(`the outcome (${outcome}) of attempt ${attemptId} could not be recorded: ${describeThrown(cause, false)}`, {
       code: rpc?.code,
       reason: rpc?.reason,
       metadata: { ...rpc?.metadata },
@@ -327,12 +327,34 @@ export class CommitNotRecorded extends AtmostError {
   }
 }
 
-/** `value` as text, whatever it is (String() throws for an object without a primitive form). */
+/** `value` as text, whatever it is (String() throws for an object without a primitive form, and for a revoked Proxy so does everything else). */
 export function text(value: unknown): string {
   if (typeof value === "string") return value;
   try {
     return String(value);
   } catch {
-    return Object.prototype.toString.call(value);
+    try {
+      return Object.prototype.toString.call(value);
+    } catch {
+      return `[${typeof value}]`;
+    }
   }
+}
+
+/**
+ * What was thrown, as text, whatever it is: an Error as `name: message`
+ * (or its message alone), anything else as {@link text}. Never throws: an
+ * Error whose `name` or `message` getter throws, or a Proxy whose traps do,
+ * reads as {@link text} of it.
+ */
+export function describeThrown(value: unknown, withName = true): string {
+  try {
+    if (value instanceof Error) {
+      const message = text(value.message);
+      return withName ? `${text(value.name)}: ${message}` : message;
+    }
+  } catch {
+    // a getter or a proxy trap that throws: read as a value like any other
+  }
+  return text(value);
 }

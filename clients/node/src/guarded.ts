@@ -27,6 +27,7 @@ import {
   NotSent,
   OutcomeUncertain,
   ToolFailed,
+  describeThrown,
   text,
   type RecordedOutcome,
 } from "./errors.js";
@@ -253,8 +254,17 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   }
 
   const error = ran.error;
-  if (error instanceof ToolFailed && ours(error, attemptId)) {
-    const reason = clip(text(error.failureReason));
+  // The dispatch's own report, read once. One that cannot be read (a getter
+  // or a Proxy's trap that throws) reports nothing: uncertain, as any error.
+  let own: { failed: string } | { notSent: string } | undefined;
+  try {
+    if (error instanceof ToolFailed && ours(error, attemptId)) own = { failed: clip(text(error.failureReason)) };
+    else if (error instanceof NotSent && ours(error, attemptId)) own = { notSent: text(error.details) };
+  } catch {
+    own = undefined;
+  }
+  if (own !== undefined && "failed" in own) {
+    const reason = own.failed;
     const done = await record(
       "Commit",
       "failed",
@@ -264,11 +274,11 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
     );
     throw new ToolFailed(reason, { attemptId, attempt: done.attempt ?? undefined, cause: error });
   }
-  if (error instanceof NotSent && ours(error, attemptId)) {
+  if (own !== undefined && "notSent" in own) {
     const done = await commitNotSent();
-    throw new NotSent(error.details, { attemptId, attempt: done.attempt ?? undefined, cause: error });
+    throw new NotSent(own.notSent, { attemptId, attempt: done.attempt ?? undefined, cause: error });
   }
-  return uncertain(error, ran.timedOut ? `dispatch deadline of ${deadline} passed` : `dispatch threw ${describe(error)}`);
+  return uncertain(error, ran.timedOut ? `dispatch deadline of ${deadline} passed` : `dispatch threw ${describeThrown(error)}`);
 
   async function uncertain(cause: unknown, why: string): Promise<never> {
     const reason = clip(why);
@@ -438,10 +448,6 @@ export function clip(reason: string): string {
   return `${out}...`;
 }
 
-function describe(error: unknown): string {
-  if (error instanceof Error) return `${text(error.name)}: ${text(error.message)}`;
-  return text(error);
-}
 
 interface CheckedCall {
   permitId: string;

@@ -146,6 +146,37 @@ describe("what a dispatch's end records", { timeout: 120_000 }, () => {
     assert.equal((await stateOf(c.idempotencyKey)).state, "ATTEMPT_STATE_UNCERTAIN");
   });
 
+  test("a dispatch that throws an error whose name, message or kind cannot be read is marked UNCERTAIN all the same", async () => {
+    const noMessage = new Error("hidden");
+    Object.defineProperty(noMessage, "message", { get: boom });
+    const noName = new TypeError("hidden");
+    Object.defineProperty(noName, "name", { get: boom });
+    const { proxy: revoked, revoke } = Proxy.revocable(new Error("revoked"), {});
+    revoke();
+    const thrownValues: [string, unknown, string][] = [
+      ["message", noMessage, "dispatch threw [object Error]"],
+      ["name", noName, "dispatch threw [object Error]"],
+      // instanceof throws for these two: even ToolFailed / NotSent cannot be asked.
+      ["prototype", new Proxy(new Error("trapped"), { getPrototypeOf: boom }), "dispatch threw Error: trapped"],
+      ["revoked", revoked, "dispatch threw [object]"],
+      // A ToolFailed whose reason cannot be read reports nothing: uncertain, not Failed.
+      ["reason", new Proxy(new ToolFailed("declined"), { get: boom }), "dispatch threw [object]"],
+    ];
+    for (const [label, thrown, reason] of thrownValues) {
+      const c = call(`unreadable-${label}`);
+      const error = await rejection(
+        direct.guarded(c, async () => {
+          throw thrown;
+        }),
+      );
+      assert.ok(error instanceof OutcomeUncertain, `${label}: ${String(error)}`);
+      assert.equal(error.cause, thrown, label);
+      const attempt = await stateOf(c.idempotencyKey);
+      assert.equal(attempt.state, "ATTEMPT_STATE_UNCERTAIN", label);
+      assert.equal(attempt.uncertainReason, reason, label);
+    }
+  });
+
   test("the client closed while dispatch runs: grpc-js throws on Commit, and CommitNotRecorded carries the result or the reason", async () => {
     const cases: [string, Dispatch<unknown>, string, unknown, string | undefined][] = [
       ["a result", async () => ({ tx: 9 }), "succeeded", { tx: 9 }, undefined],
@@ -222,6 +253,11 @@ function rewrite(frame: Frame, type: protobuf.Type, edit: (message: never) => ob
 }
 
 /** The error a promise rejects with (failing the test if it resolves). */
+/** A getter or a Proxy trap that throws. */
+function boom(): never {
+  throw new Error("this cannot be read");
+}
+
 async function rejection(promise: Promise<unknown>): Promise<Error> {
   try {
     await promise;
