@@ -225,7 +225,7 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
     let result = ran.value as T;
     try {
       let actualCost: number | string | undefined;
-      if (ran.value instanceof WithActualCost) {
+      if (isA(ran.value, WithActualCost)) {
         result = ran.value.result as T;
         // Not an integer atmost takes: nothing is recorded, and the attempt
         // turns UNCERTAIN at its lease.
@@ -311,6 +311,15 @@ function ours(error: ToolFailed | NotSent, attemptId: string): boolean {
   return error.attemptId === undefined || error.attemptId === attemptId;
 }
 
+/** `value instanceof kind`, and false where asking throws (a Proxy whose getPrototypeOf trap throws, a revoked one). */
+function isA<C>(value: unknown, kind: abstract new (...args: never[]) => C): value is C {
+  try {
+    return value instanceof kind;
+  } catch {
+    return false;
+  }
+}
+
 /** A REPLAY: the key's recorded outcome, nothing sent. */
 function replay(attempt: Attempt): ReplayedOutcome {
   const attemptId = attempt.attemptId;
@@ -364,22 +373,24 @@ async function runDispatch<T>(dispatch: Dispatch<T>, attemptId: string, leftMs: 
  * `undefined`, a dispatch that returns nothing, is `null`); over 64 KiB,
  * `sha256:<hex>` of them. A result JSON.stringify cannot write at all (a
  * BigInt, a cycle, a function or a symbol as the whole result, a toJSON
- * that throws) is stored empty: the call went out, so its success is
- * recorded all the same, and a replay returns an empty result.
+ * that throws, a Proxy whose traps throw) is stored empty: the call went
+ * out, so its success is recorded all the same, and a replay returns an
+ * empty result.
  */
 export function encodeResult(value: unknown): Buffer {
   let bytes: Buffer;
-  if (value instanceof Uint8Array) {
-    bytes = Buffer.from(value.buffer, value.byteOffset, value.byteLength);
-  } else {
-    let json: string | undefined;
-    try {
-      json = JSON.stringify(value === undefined ? null : value);
-    } catch {
-      json = undefined;
+  try {
+    if (value instanceof Uint8Array) {
+      bytes = Buffer.from(value.buffer, value.byteOffset, value.byteLength);
+    } else {
+      const json = JSON.stringify(value === undefined ? null : value);
+      if (json === undefined) return Buffer.alloc(0);
+      bytes = Buffer.from(json, "utf8");
     }
-    if (json === undefined) return Buffer.alloc(0);
-    bytes = Buffer.from(json, "utf8");
+  } catch {
+    // Whatever stops it (a cycle, a BigInt, a throwing toJSON, a Proxy
+    // whose traps throw or that only looks like bytes): stored empty.
+    return Buffer.alloc(0);
   }
   if (bytes.length <= MAX_RESULT_BYTES) return bytes;
   return Buffer.from(`sha256:${createHash("sha256").update(bytes).digest("hex")}`, "ascii");

@@ -107,6 +107,10 @@ describe("what a dispatch's end records", { timeout: 120_000 }, () => {
       ["a function", () => "f"],
       ["a symbol", Symbol("s")],
       ["a toJSON that throws", { toJSON: () => assert.fail("no JSON for this") }],
+      // Asking what it is throws (instanceof WithActualCost, Uint8Array), and so does JSON.stringify.
+      ["a Proxy whose traps throw", new Proxy({}, { getPrototypeOf: boom, ownKeys: boom })],
+      // instanceof Uint8Array says yes, but its bytes cannot be read.
+      ["a Proxy that only looks like bytes", new Proxy(new Uint8Array([1, 2]), {})],
     ];
     for (const [name, result] of results) {
       const c = call("unwritable");
