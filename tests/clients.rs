@@ -21,6 +21,7 @@ on_each_store!(
     a_tool_refusal_is_recorded_failed,
     not_sent_gives_the_slot_back,
     a_hung_dispatch_ends_uncertain_and_is_never_sent_again,
+    a_dispatch_cut_off_is_dropped_before_its_outcome_is_reported,
     an_error_in_dispatch_ends_uncertain,
     the_lease_bounds_dispatch_without_a_timeout,
     a_dispatch_timeout_never_outlasts_the_lease,
@@ -261,6 +262,52 @@ async fn not_sent_gives_the_slot_back(kind: Kind) {
         .expect("a new key dispatches on the returned slot");
     assert!(!next.replayed);
     assert_eq!(tool.sent(), 2);
+}
+
+/// A dispatch cut off at its deadline is dropped at once, not after the
+/// MarkUncertain and its retries: whatever it holds (a connection whose
+/// drop cancels the request, a lock) is let go before the report. The
+/// MarkUncertain's first answer is lost, so its retry shows the order.
+async fn a_dispatch_cut_off_is_dropped_before_its_outcome_is_reported(kind: Kind) {
+    struct Held(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let h = Harness::start(kind).await;
+    let p = permit(&h, 1).await;
+    let relay = Relay::losing(h.addr, 2).await;
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let at_retry = Arc::new(Mutex::new(Vec::new()));
+    let (flag, seen) = (dropped.clone(), at_retry.clone());
+    let held = Held(dropped.clone());
+    let lost = relay
+        .client()
+        .guarded(
+            call(&p, "charge-1")
+                .dispatch_timeout(Duration::from_millis(200))
+                .on_retry(move |r| {
+                    seen.lock()
+                        .expect("retries")
+                        .push((r.rpc, flag.load(Ordering::SeqCst)))
+                }),
+            move |_| async move {
+                let _held = held;
+                std::future::pending::<Result<Vec<u8>, DispatchError>>().await
+            },
+        )
+        .await;
+    assert!(relay.struck(), "the MarkUncertain's first answer was lost");
+    assert!(
+        matches!(lost, Err(GuardError::OutcomeUncertain { .. })),
+        "{lost:?}"
+    );
+    assert_eq!(
+        *at_retry.lock().expect("retries"),
+        [("MarkUncertain", true)],
+        "the dispatch was dropped before the report was retried"
+    );
 }
 
 /// The lost response: dispatch sends and never hears back. At its deadline

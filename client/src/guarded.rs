@@ -653,15 +653,19 @@ impl Client {
         // `dispatch` is called inside the future, so a panic in the call,
         // in any poll of its future or in the conversion is caught alike.
         let id = attempt_id.clone();
-        let mut run =
-            std::pin::pin!(async move { dispatch(id).await.map(Into::<Dispatched>::into) });
+        let mut run = Box::pin(async move { dispatch(id).await.map(Into::<Dispatched>::into) });
         let caught = std::future::poll_fn(|cx| {
             match std::panic::catch_unwind(AssertUnwindSafe(|| run.as_mut().poll(cx))) {
                 Ok(poll) => poll.map(Ok),
                 Err(panic) => Poll::Ready(Err(panic)),
             }
         });
-        let ran = match tokio::time::timeout(time, caught).await {
+        let ended = tokio::time::timeout(time, caught).await;
+        // A dispatch cut off at its deadline (or that panicked) is dropped
+        // now, before the report and its retries: whatever it holds (a
+        // connection whose drop cancels the request, a lock) goes with it.
+        drop(run);
+        let ran = match ended {
             Ok(Ok(ran)) => ran,
             Ok(Err(panic)) => {
                 // It may have sent: MarkUncertain, as for any unknown
