@@ -123,8 +123,8 @@ pub struct Args {
     pub costs: Option<PathBuf>,
     /// How long a dispatched tools/call may take before its outcome is
     /// taken as unknown (MarkUncertain); by default the attempt's lease
-    /// less 1 s.
-    #[arg(long, env = "ATMOST_MCP_DISPATCH_TIMEOUT", value_parser = humantime::parse_duration)]
+    /// less 1 s. More than 0.
+    #[arg(long, env = "ATMOST_MCP_DISPATCH_TIMEOUT", value_parser = parse_dispatch_timeout)]
     pub dispatch_timeout: Option<Duration>,
     /// Log lines as JSON instead of text (on stderr; RUST_LOG filters).
     #[arg(long, env = "ATMOST_MCP_LOG_FORMAT", default_value = "text")]
@@ -143,6 +143,16 @@ Examples:
   atmost-mcp --stdio --permit 0193c7a2-... --costs costs.toml -- python server.py
 
 See mcp/README.md and docs/gateways.md (\"atmost-mcp\").";
+
+/// --dispatch-timeout: a duration, not 0 (a call given no time to run
+/// could never be sent: every one would fail).
+fn parse_dispatch_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if timeout.is_zero() {
+        return Err("0 leaves no time to send any call: give more than 0, or leave it out for the lease less 1 s".into());
+    }
+    Ok(timeout)
+}
 
 /// Where the upstream MCP server is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use rmcp::model::{
 };
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -62,6 +62,7 @@ pub mod reason {
     pub const NOT_SENT: &str = "NOT_SENT";
     pub const OUTCOME_NOT_RECORDED: &str = "OUTCOME_NOT_RECORDED";
     pub const ATMOST_UNAVAILABLE: &str = "ATMOST_UNAVAILABLE";
+    pub const PROXY_STOPPING: &str = "PROXY_STOPPING";
 }
 
 /// The longest failure reason atmost stores (docs/api.md, "Limits").
@@ -83,9 +84,18 @@ pub struct Gate {
     /// The guarded calls running, which the proxy lets end before it exits
     /// ([`Gate::settle`]).
     pub calls: TaskTracker,
+    /// Over HTTP, the answers to tools/calls not yet written out to their
+    /// agents (proxy.rs, [`crate::proxy::Answering`]), which the proxy
+    /// waits for before it ends the sessions.
+    pub answers: TaskTracker,
     /// Cancelled when the proxy stops waiting for the upstream's answers
     /// ([`Gate::abandon`]).
     pub abandoned: CancellationToken,
+    /// Set when the proxy takes no more calls ([`Gate::stop`]). A call is
+    /// spawned into [`Gate::calls`] only under this lock, having seen it
+    /// unset: once `stop` has returned, every call is either tracked or
+    /// refused, so [`Gate::settle`] misses none.
+    stopping: Mutex<bool>,
 }
 
 /// Where the call came from, as far as the key and the permit care.
@@ -140,16 +150,30 @@ impl Gate {
             upstream,
             process_session,
             calls: TaskTracker::new(),
+            answers: TaskTracker::new(),
             abandoned: CancellationToken::new(),
+            stopping: Mutex::new(false),
         }
+    }
+
+    /// Takes no more calls: each tools/call from now on is refused before
+    /// atmost is asked (`-32083` `PROXY_STOPPING`). The calls already
+    /// running go on.
+    pub fn stop(&self) {
+        *self.stopping.lock().unwrap_or_else(PoisonError::into_inner) = true;
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stopping.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits until every guarded call has ended: its outcome recorded
     /// (Commit, MarkUncertain) or, if atmost could not take it, given up
     /// after the client's retries. Each call waits for the upstream at most
     /// until its dispatch deadline, so this ends too. Calls that come in
-    /// meanwhile are waited for as well.
+    /// meanwhile are refused ([`Gate::stop`]).
     pub async fn settle(&self) {
+        self.stop();
         self.calls.close();
         let running = self.calls.len();
         if running > 0 {
@@ -200,6 +224,9 @@ impl Gate {
             tool: &tool,
             key: &key,
         };
+        if self.stopping() {
+            return Err(ctx.stopping());
+        }
         // The fingerprint before anything is asked: arguments it cannot
         // hold exactly (a number past ±(2^53 - 1), which two different
         // requests would share) are the agent's to fix.
@@ -243,7 +270,7 @@ impl Gate {
         let slot = Arc::clone(&fresh);
         let upstream = Arc::clone(&self.upstream);
         let abandoned = self.abandoned.clone();
-        let task = self.calls.spawn(async move {
+        let guarded = async move {
             gate.client
                 .guarded(call, move |attempt_id| async move {
                     if abandoned.is_cancelled() {
@@ -263,7 +290,15 @@ impl Gate {
                     }
                 })
                 .await
-        });
+        };
+        let task = {
+            let stopping = self.stopping.lock().unwrap_or_else(PoisonError::into_inner);
+            if *stopping {
+                // Stopped while the upstream was being reached.
+                return Err(ctx.stopping());
+            }
+            self.calls.spawn(guarded)
+        };
         let outcome = match task.await {
             Ok(outcome) => outcome,
             Err(e) => {
@@ -639,6 +674,17 @@ impl Answer<'_> {
             data.insert("tool".into(), tool.into());
         }
         error
+    }
+
+    /// The refusal of a call that came in once the proxy was stopping.
+    fn stopping(&self) -> ErrorData {
+        self.error(
+            code::NOT_SENT,
+            reason::PROXY_STOPPING,
+            "atmost-mcp is stopping: the call was not authorized or sent, and the key is free"
+                .into(),
+            json!({}),
+        )
     }
 
     /// A JSON-RPC error whose `data` names the reason, the tool, the permit

@@ -33,13 +33,15 @@ mod upstream;
 
 use config::{Args, Costs, LogFormat};
 use gate::Gate;
-use proxy::Proxy;
+use proxy::{Answering, Proxy};
 use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use std::io::{IsTerminal, Write};
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::ClientTlsConfig;
 use upstream::Upstream;
@@ -129,6 +131,8 @@ async fn run(args: Args) -> Result<(), Failure> {
                 // still out are recorded as uncertain now.
                 gate.abandon();
                 stop.cancel();
+                signals.next().await;
+                exit_now();
             }
         });
         // stdin closed (the agent is gone), or the signal.
@@ -139,9 +143,17 @@ async fn run(args: Args) -> Result<(), Failure> {
         return Ok(());
     }
 
+    // Two tokens: `shutdown`, cancelled by the first signal, stops the
+    // listener (axum's graceful shutdown); `sessions`, rmcp's own, ends
+    // every session and response stream at once, and rmcp then gives its
+    // handlers only 2 s to answer: an answer later than that would be
+    // recorded but never reach its agent, whose retry (with a derived key,
+    // in a new session) is a new intent. So `sessions` is cancelled only
+    // once the calls in flight are recorded and the answers written out.
     let shutdown = CancellationToken::new();
+    let sessions = CancellationToken::new();
     let mut config = StreamableHttpServerConfig::default();
-    config.cancellation_token = shutdown.child_token();
+    config.cancellation_token = sessions.clone();
     if !args.allowed_hosts.is_empty() {
         config = config.with_allowed_hosts(args.allowed_hosts.clone());
     }
@@ -153,7 +165,9 @@ async fn run(args: Args) -> Result<(), Failure> {
         LocalSessionManager::default().into(),
         config,
     );
-    let router = axum::Router::new().nest_service("/mcp", service);
+    let router = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn(tracked));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| Failure::Serve(format!("--listen {}: {e}", args.listen)))?;
@@ -172,19 +186,109 @@ async fn run(args: Args) -> Result<(), Failure> {
         async move {
             signals.next().await;
             tracing::info!(
-                "stopping: no new connections; the calls in flight are waited for (a second SIGTERM or Ctrl-C marks them uncertain)"
+                "stopping: no new connections or calls; the calls in flight are waited for and answered (a second SIGTERM or Ctrl-C marks them uncertain, a third exits at once)"
             );
+            gate.stop();
             shutdown.cancel();
             signals.next().await;
             gate.abandon();
+            signals.next().await;
+            exit_now();
         }
     });
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await;
+    let mut server = tokio::spawn(
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+            .into_future(),
+    );
+    let served = tokio::select! {
+        served = &mut server => served,
+        () = shutdown.cancelled() => {
+            gate.settle().await;
+            gate.answers.close();
+            if !gate.answers.is_empty() {
+                tracing::info!(calls = gate.answers.len(), "waiting for the calls' answers to be written out");
+            }
+            gate.answers.wait().await;
+            // What is left (the sessions' standalone streams, requests
+            // other than calls) ends with the sessions, and the graceful
+            // shutdown then completes.
+            sessions.cancel();
+            server.await
+        }
+    };
+    sessions.cancel();
     gate.settle().await;
     watch.abort();
-    served.map_err(|e| Failure::Serve(format!("serving: {e}")))
+    match served {
+        Ok(served) => served.map_err(|e| Failure::Serve(format!("serving: {e}"))),
+        Err(e) => Err(Failure::Serve(format!("serving: {e}"))),
+    }
+}
+
+/// Gives each request an [`Answering`], held by its response body until
+/// that has ended (written out, or dropped: the agent went away).
+async fn tracked(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let answering = Answering::default();
+    request.extensions_mut().insert(answering.clone());
+    next.run(request).await.map(|body| {
+        axum::body::Body::new(Tracked {
+            body,
+            answering: Some(answering),
+        })
+    })
+}
+
+/// A response body that holds its request's [`Answering`] until it ends.
+struct Tracked {
+    body: axum::body::Body,
+    answering: Option<Answering>,
+}
+
+impl http_body::Body for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let frame = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(frame, Poll::Ready(None | Some(Err(_))))
+            && let Some(answering) = self.answering.take()
+        {
+            answering.written();
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if let Some(answering) = self.answering.take() {
+            answering.written();
+        }
+    }
+}
+
+/// The signal after the proxy's last step of stopping: it exits now, the
+/// calls still out unrecorded (RESERVED until their lease).
+fn exit_now() -> ! {
+    tracing::warn!(
+        "signalled again: exiting now, without waiting for the calls still out to be recorded"
+    );
+    std::process::exit(1);
 }
 
 /// SIGTERM and Ctrl-C (SIGINT), listened for from start-up, so that none

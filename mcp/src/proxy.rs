@@ -12,8 +12,9 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// The handler of one session (stdio, or a Streamable HTTP session), or of
 /// one stateless request: rmcp's Streamable HTTP service asks its factory
@@ -107,15 +108,38 @@ impl ServerHandler for Proxy {
     ) -> Result<CallToolResponse, ErrorData> {
         // rmcp hands the request's `_meta` over in ctx.meta (not in
         // request.meta), and the HTTP request's head in the extensions.
-        let headers = ctx
-            .extensions
-            .get::<http::request::Parts>()
-            .map(|parts| parts.headers.clone());
+        let parts = ctx.extensions.get::<http::request::Parts>();
+        // Over HTTP: this request's answer is a call's, to be written out
+        // before the proxy ends the sessions.
+        if let Some(answering) = parts.and_then(|p| p.extensions.get::<Answering>()) {
+            answering.hold(self.gate.answers.token());
+        }
+        let headers = parts.map(|parts| parts.headers.clone());
         let origin = Origin {
             request_id: Some(ctx.id.clone()),
             session: self.session(headers.as_ref()),
             headers,
         };
         self.gate.call_tool(request, ctx.meta, origin).await
+    }
+}
+
+/// Put in each HTTP request's extensions (main.rs) and held by its response
+/// body until that has been written out: the tools/call handler puts a
+/// token of [`Gate::answers`] in it, so the proxy, stopping, waits for the
+/// answers of the calls in flight but not for other requests (a tools/list
+/// the upstream never answers, say). The token goes when the body ends,
+/// or when both the body and the handler are gone (the agent went away).
+#[derive(Clone, Default)]
+pub struct Answering(Arc<Mutex<Option<TaskTrackerToken>>>);
+
+impl Answering {
+    fn hold(&self, token: TaskTrackerToken) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(token);
+    }
+
+    /// The answer is out.
+    pub fn written(&self) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
     }
 }

@@ -682,37 +682,88 @@ async def test_a_stdio_proxy_signalled_after_its_agent_quit_marks_the_call_uncer
     assert len(upstream.entries("charge")) == 1
 
 
-async def test_a_stopped_http_proxy_records_the_calls_in_flight(memory_atmost, upstream, start_proxy):
+async def test_a_stopped_http_proxy_records_and_answers_the_calls_in_flight(memory_atmost, upstream, start_proxy):
     """SIGTERM stops the HTTP proxy taking connections; the calls in flight
-    are waited for and recorded. A second SIGTERM stops the wait: the calls
-    still out are marked UNCERTAIN, and the proxy exits."""
+    are waited for, recorded, and answered to their agents, however long
+    after the signal the upstream answers. A second SIGTERM stops the wait:
+    the calls still out are marked UNCERTAIN, their agents told so, and the
+    proxy exits."""
     permit = memory_atmost.permit("--cap", "charge=3")
     proxy = start_proxy(*permit_args(memory_atmost, upstream, permit))
     process = proxy.process.process
+    answers: Dict[str, Any] = {}
 
     async def held(agent: Client, key: str) -> None:
         try:
-            await charge(agent, 1, key=key, hold=key)
-        except Exception:  # the proxy goes away: whatever the agent makes of it
-            pass
+            answers[key] = await charge(agent, 1, key=key, hold=key)
+        except Exception as e:  # kept, for the assertions below to show
+            answers[key] = e
 
     async with Client(proxy.url, mode="legacy") as agent:
-        async with anyio.create_task_group() as group:
-            group.start_soon(held, agent, "stop-1")
-            group.start_soon(held, agent, "stop-2")
-            await anyio.to_thread.run_sync(upstream.wait_for_entries, 2, "charge")
-            process.send_signal(signal.SIGTERM)
-            await wait_for_stderr(proxy.process.stderr_path, "stopping: no new connections", process.poll)
-            upstream.release("stop-1")
-            await anyio.to_thread.run_sync(memory_atmost.wait_for_state, permit, "stop-1", "SUCCEEDED")
-            assert memory_atmost.attempt(permit, "stop-2")["state"] == "ATTEMPT_STATE_RESERVED"
-            process.send_signal(signal.SIGTERM)
-            assert await anyio.to_thread.run_sync(lambda: process.wait(timeout=PATIENCE)) == 0
-            group.cancel_scope.cancel()
+        # The SDK lists the tools before it takes a tool's first result (to
+        # check it against the tool's output schema): done now, while the
+        # proxy still takes connections.
+        await agent.list_tools()
+        # Both calls end with an answer; a lost one would leave its agent
+        # waiting, and the test failing here.
+        with anyio.fail_after(PATIENCE):
+            async with anyio.create_task_group() as group:
+                group.start_soon(held, agent, "stop-1")
+                group.start_soon(held, agent, "stop-2")
+                await anyio.to_thread.run_sync(upstream.wait_for_entries, 2, "charge")
+                process.send_signal(signal.SIGTERM)
+                await wait_for_stderr(proxy.process.stderr_path, "stopping: no new connections", process.poll)
+                # The upstream answers later than rmcp waits for its
+                # handlers once its sessions are ended (2 s): this sleep
+                # is the case under test, not a synchronisation.
+                await anyio.sleep(3)
+                upstream.release("stop-1")
+                await anyio.to_thread.run_sync(memory_atmost.wait_for_state, permit, "stop-1", "SUCCEEDED")
+                assert memory_atmost.attempt(permit, "stop-2")["state"] == "ATTEMPT_STATE_RESERVED"
+                process.send_signal(signal.SIGTERM)
+                assert await anyio.to_thread.run_sync(lambda: process.wait(timeout=PATIENCE)) == 0
+    entries = upstream.entries("charge")
+    assert len(entries) == 2
+    first = answers["stop-1"]
+    assert not isinstance(first, Exception), repr(first)
+    assert not first.is_error and first.meta[REPLAYED] is False
+    assert tx(first) == next(e["id"] for e in entries if e["hold"] == "stop-1")
+    second = answers["stop-2"]
+    assert isinstance(second, MCPError) and second.code == UNCERTAIN, repr(second)
     attempt = memory_atmost.attempt(permit, "stop-2")
     assert attempt["state"] == "ATTEMPT_STATE_UNCERTAIN", attempt
+    assert attempt["attemptId"] == second.error.data["attempt_id"]
     assert "atmost-mcp stopped before the upstream answered" in attempt["uncertainReason"], attempt
-    assert len(upstream.entries("charge")) == 2
+
+
+async def test_a_third_signal_exits_at_once(memory_atmost, upstream, start_proxy):
+    """A connection that never ends (a request whose body never comes)
+    keeps the graceful shutdown waiting after the first two signals; the
+    third exits at once rather than being swallowed."""
+    import socket
+
+    permit = memory_atmost.permit("--cap", "charge=1")
+    proxy = start_proxy(*permit_args(memory_atmost, upstream, permit))
+    process = proxy.process.process
+    host, port = proxy.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=PATIENCE) as stuck:
+        stuck.sendall(
+            b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Accept: application/json, text/event-stream\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 1000\r\n\r\n"
+        )
+        # The server asks for the body once the proxy reads it: the request
+        # is being served, and its body never comes.
+        assert stuck.recv(64).startswith(b"HTTP/1.1 100 Continue"), "the proxy never read the request"
+        process.send_signal(signal.SIGTERM)
+        await wait_for_stderr(proxy.process.stderr_path, "stopping: no new connections", process.poll)
+        process.send_signal(signal.SIGTERM)
+        await wait_for_stderr(proxy.process.stderr_path, "no longer waiting for the upstream", process.poll)
+        assert process.poll() is None, "the stuck request kept it serving"
+        process.send_signal(signal.SIGTERM)
+        code = await anyio.to_thread.run_sync(lambda: process.wait(timeout=PATIENCE))
+    assert code == 1
+    assert "signalled again: exiting now" in proxy.stderr()
 
 
 async def test_a_broken_pipe_to_a_child_that_read_the_request_is_uncertain(memory_atmost, start_proxy, tmp_path):
@@ -903,6 +954,9 @@ async def test_atmost_unreachable_fails_closed(upstream, start_proxy):
         (["--stdio", "--permit-header", "x-p", "--upstream", "http://127.0.0.1:9/mcp"], {}, "needs HTTP"),
         (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--tls-ca", "/x"], {}, "need an https://"),
         (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--costs", "/nonexistent.toml"], {}, "--costs"),
+        # No time to send any call: every one would fail.
+        (["--permit", "p", "--upstream", "http://127.0.0.1:9/mcp", "--dispatch-timeout", "0s"], {},
+         "--dispatch-timeout"),
         # A pinned permit and a header that could name another: refused,
         # by flags or by their variables.
         (["--permit", "p", "--permit-header", "x-p", "--upstream", "http://127.0.0.1:9/mcp"], {},

@@ -123,3 +123,23 @@ fn listen_and_stdio_do_not_go_together() {
     assert!(try_args(&["--stdio", "--listen", "127.0.0.1:1"]).is_err());
     assert!(args(&["--stdio"]).stdio);
 }
+
+#[test]
+fn a_dispatch_timeout_of_0_is_refused() {
+    // 0 would leave the guarded call no time to send anything: every
+    // tools/call would fail (-32603), so it is refused before serving.
+    for zero in ["0s", "0ms", "0"] {
+        let error = try_args(&["--dispatch-timeout", zero]).expect_err(zero);
+        assert_eq!(error.exit_code(), 2, "{zero}");
+        let text = error.to_string();
+        assert!(
+            text.contains("--dispatch-timeout") && text.contains("no time to send any call"),
+            "{zero}: {text}"
+        );
+    }
+    assert_eq!(
+        args(&["--dispatch-timeout", "1ms"]).dispatch_timeout,
+        Some(Duration::from_millis(1))
+    );
+    assert_eq!(args(&[]).dispatch_timeout, None);
+}

@@ -147,3 +147,50 @@ fn a_reason_or_result_the_proxy_did_not_store_replays_as_text() {
         result
     );
 }
+
+/// A call that comes in once the proxy is stopping is refused before
+/// anything is asked: neither atmost nor the upstream is there (nothing
+/// listens on port 9), and the answer is the stopping refusal, not the
+/// upstream's NOT_SENT a call let through would end with.
+#[tokio::test]
+async fn a_call_once_stopping_is_refused_before_atmost_or_the_upstream_is_asked() {
+    // As main does: reqwest (the upstream's client) takes rustls's provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = Client::builder("http://127.0.0.1:9")
+        .connect_lazy()
+        .expect("a lazy client");
+    let upstream = Upstream::new(crate::config::UpstreamSpec::Http {
+        url: "http://127.0.0.1:9/mcp".into(),
+        ca: None,
+    })
+    .expect("an upstream spec");
+    let gate = Arc::new(Gate::new(
+        client,
+        PermitSource::Fixed("permit-1".into()),
+        Costs::default(),
+        None,
+        Arc::new(upstream),
+        Some("session-1".into()),
+    ));
+    gate.stop();
+    let origin = Origin {
+        request_id: Some(NumberOrString::Number(4)),
+        session: Some("session-1".into()),
+        headers: None,
+    };
+    let error = gate
+        .call_tool(
+            CallToolRequestParams::new("charge"),
+            RequestMetaObject::default(),
+            origin,
+        )
+        .await
+        .expect_err("refused");
+    assert_eq!(error.code, ErrorCode(code::NOT_SENT), "{error:?}");
+    let data = error.data.expect("data");
+    assert_eq!(data["reason"], reason::PROXY_STOPPING, "{data}");
+    assert_eq!(data["tool"], "charge");
+    assert_eq!(data["permit_id"], "permit-1");
+    assert_eq!(data["idempotency_key"], "mcp:session-1:4");
+    assert_eq!(gate.calls.len(), 0, "no guarded call was started");
+}
