@@ -13,7 +13,9 @@ use super::{attempt, fingerprint, mapping, until_state};
 use crate::support::*;
 use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
-use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::{
+    BodySendMode, HeaderSendMode,
+};
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     HttpBody, HttpHeaders, HttpTrailers, ProcessingRequest, ProcessingResponse,
     ProtocolConfiguration, body_mutation::Mutation, common_response::ResponseStatus,
@@ -422,6 +424,37 @@ fn strips_attempt_headers(answer: &ProcessingResponse) {
     }
 }
 
+/// The answer holding a request for its body asks Envoy (where
+/// `allow_mode_override` lets it) for both trailer modes SEND for this
+/// request, the body modes as Envoy announced them (`protocol`), the
+/// header modes left DEFAULT (Envoy's configured ones).
+#[track_caller]
+fn asks_for_trailers(answer: &ProcessingResponse, protocol: Option<ProtocolConfiguration>) {
+    let protocol = protocol.expect("a hold needs the announced body modes");
+    let mode = answer
+        .mode_override
+        .expect("the hold answer overrides the trailer modes");
+    assert_eq!(
+        (
+            mode.request_trailer_mode(),
+            mode.response_trailer_mode(),
+            mode.request_body_mode,
+            mode.response_body_mode,
+            mode.request_header_mode(),
+            mode.response_header_mode(),
+        ),
+        (
+            HeaderSendMode::Send,
+            HeaderSendMode::Send,
+            protocol.request_body_mode,
+            protocol.response_body_mode,
+            HeaderSendMode::Default,
+            HeaderSendMode::Default,
+        ),
+        "{mode:?}"
+    );
+}
+
 /// An ImmediateResponse: (status, headers, body).
 #[track_caller]
 fn immediate(answer: &ProcessingResponse) -> (u16, HashMap<String, String>, Vec<u8>) {
@@ -475,6 +508,7 @@ async fn post_to(envoy: &mut Envoy, path: &str, headers: &[(&str, &str)], body: 
     );
     // A client's own attempt headers never reach the tool.
     strips_attempt_headers(&answer);
+    asks_for_trailers(&answer, envoy.protocol);
     let answer = envoy.exchange(request_body(body)).await;
     match &answer.response {
         Some(Answer::RequestBody(_)) => {
@@ -1626,6 +1660,9 @@ async fn a_request_of_headers_then_trailers_is_authorized_once(kind: Kind) {
     assert!(matches!(answer.response, Some(Answer::RequestHeaders(_))));
     assert!(continued(&answer).is_empty(), "held: no attempt yet");
     assert!(answer.dynamic_metadata.is_none(), "held: no attempt yet");
+    // Where Envoy allows it, the trailers are asked for, whatever
+    // request_trailer_mode says.
+    asks_for_trailers(&answer, buffered());
     expect_error(
         h.client.get_attempt(&permit, "trailed-only").await,
         Code::NotFound,
@@ -1658,12 +1695,15 @@ async fn a_request_of_headers_then_trailers_is_authorized_once(kind: Kind) {
 /// The same request under `request_trailer_mode: SKIP` (or any request
 /// under `request_header_mode: SKIP`): Envoy forwards it without a word to
 /// atmost, which learns of it only when the tool's response arrives while
-/// it still awaits the request. Nothing was reserved: it is logged as an
-/// unauthorized forward (error level, with the route) and counted in
-/// `atmost_envoy_unauthorized_forwards_total`, and the tool's answer goes
-/// on to the client, its attempt headers removed, never a 500 for a call
-/// that ran. The real binary, on each store, read through its log and its
-/// /metrics.
+/// it still awaits the request. Nothing was reserved: it is counted in
+/// `atmost_envoy_unauthorized_forwards_total` and logged with the route and
+/// the status, and the answer goes on to the client, its attempt headers
+/// removed, never a 500 for a call that may have run. While the body was
+/// awaited it is an error, "possibly" forwarded (Envoy's own 413 for a
+/// body past its buffer reads the same, and is named so); before the
+/// request's headers a warning: most often an earlier filter's local reply
+/// (a jwt_authn 401), for a request atmost never saw. The real binary, on
+/// each store, read through its log and its /metrics.
 async fn a_response_to_a_request_never_authorized_is_logged_and_counted(kind: Kind) {
     let redis = (kind == Kind::Redis).then(Redis::start);
     let mut args = redis.as_ref().map(Redis::serve_args).unwrap_or_default();
@@ -1675,7 +1715,8 @@ async fn a_response_to_a_request_never_authorized_is_logged_and_counted(kind: Ki
     let server = AtmostProcess::spawn_logged(
         std::path::Path::new(env!("CARGO_BIN_EXE_atmost")),
         &args,
-        &[("RUST_LOG", "error")],
+        // Plain text, so that a field reads `status=401`.
+        &[("RUST_LOG", "warn"), ("NO_COLOR", "1")],
         &log,
     )
     .expect("start atmost");
@@ -1712,42 +1753,75 @@ async fn a_response_to_a_request_never_authorized_is_logged_and_counted(kind: Ki
     assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
     assert_eq!(envoy.close().await, Code::Ok);
 
-    // No request headers at all (request_header_mode: SKIP).
+    // Held for its body, which outgrew Envoy's buffer: Envoy's own 413.
     let mut envoy = Envoy::open_at(server.addr(), &[("x-atmost-tool", TOOL)], buffered()).await;
-    let answer = envoy.exchange(response_headers(201, true)).await;
+    let answer = envoy
+        .exchange(request_headers(
+            "POST",
+            PATH,
+            &charge_headers(&permit, "too-large"),
+            false,
+        ))
+        .await;
+    assert!(continued(&answer).is_empty(), "held for its body");
+    passed_on(&envoy.exchange(response_headers(413, true)).await);
+    assert_eq!(envoy.close().await, Code::Ok);
+
+    // No request headers at all: an earlier filter's local reply (a
+    // jwt_authn 401), or request_header_mode: SKIP.
+    let mut envoy = Envoy::open_at(server.addr(), &[("x-atmost-tool", TOOL)], buffered()).await;
+    let answer = envoy.exchange(response_headers(401, true)).await;
     passed_on(&answer);
     assert_eq!(envoy.close().await, Code::Ok);
 
-    expect_error(
-        client.get_attempt(&permit, "unseen").await,
-        Code::NotFound,
-        "ATTEMPT_NOT_FOUND",
-    );
+    for key in ["unseen", "too-large"] {
+        expect_error(
+            client.get_attempt(&permit, key).await,
+            Code::NotFound,
+            "ATTEMPT_NOT_FOUND",
+        );
+    }
     let samples = crate::telemetry::scrape(metrics).await;
-    for awaiting in ["request_body", "request_headers"] {
+    for (awaiting, count) in [("request_body", 2.0), ("request_headers", 1.0)] {
         let series = format!("atmost_envoy_unauthorized_forwards_total{{awaiting=\"{awaiting}\"}}");
-        assert_eq!(samples.get(&series), Some(&1.0), "{series}: {samples:#?}");
+        assert_eq!(samples.get(&series), Some(&count), "{series}: {samples:#?}");
     }
     drop(server);
     let text = std::fs::read_to_string(&log).expect("the log");
     let _ = std::fs::remove_file(&log);
-    let lines: Vec<&str> = text
+    let possibly: Vec<&str> = text
         .lines()
-        .filter(|l| l.contains("ERROR") && l.contains("unauthorized forward"))
+        .filter(|l| l.contains("an unauthorized forward, possibly"))
         .collect();
-    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(possibly.len(), 2, "{text}");
+    for (line, status) in possibly.iter().zip(["200", "413"]) {
+        assert!(
+            line.contains("ERROR")
+                && line.contains("request_body")
+                && line.contains(&format!("status={status}"))
+                && line.contains("POST")
+                && line.contains(PATH)
+                && line.contains(TOOL),
+            "the route and the status: {line}"
+        );
+    }
     assert!(
-        lines[0].contains("request_body")
-            && lines[0].contains("POST")
-            && lines[0].contains(PATH)
-            && lines[0].contains(TOOL),
-        "the route: {}",
-        lines[0]
-    );
-    assert!(
-        lines[1].contains("request_headers") && lines[1].contains(TOOL),
+        possibly[1].contains("Envoy's own answer to a body past its buffer (413)"),
         "{}",
-        lines[1]
+        possibly[1]
+    );
+    let never_saw: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("a response to a request atmost never saw"))
+        .collect();
+    assert_eq!(never_saw.len(), 1, "{text}");
+    assert!(
+        never_saw[0].contains("WARN")
+            && never_saw[0].contains("request_headers")
+            && never_saw[0].contains("status=401")
+            && never_saw[0].contains(TOOL),
+        "{}",
+        never_saw[0]
     );
 }
 
@@ -1794,19 +1868,19 @@ async fn a_second_request_on_a_finished_stream_is_refused(kind: Kind) {
             "ATTEMPT_NOT_FOUND",
         );
     }
-    assert_eq!(
-        attempt(&h, &permit, "first").await.state(),
-        AttemptState::Succeeded
-    );
+    // The stream's error goes out before its end waits for the Commit,
+    // which is recorded beside it: waited for, not read at once.
+    until_state(&h, &permit, "first", AttemptState::Succeeded).await;
     assert_eq!(super::usage(&h, &permit).await.0, [(TOOL.to_owned(), 2)]);
 }
 
 /// A gRPC tool answers HTTP 200 whatever the call's outcome: its
 /// grpc-status decides, read from a trailers-only response's headers, or
 /// from the response's trailers (`response_trailer_mode: SEND`). 0 is
-/// Succeeded (the body the result), any other code Failed (the code, its
-/// name and grpc-message in the reason), none by the stream's end
-/// UNCERTAIN.
+/// Succeeded (the body the result), a code that means refused before
+/// acting Failed (the code, its name and grpc-message in the reason), a
+/// code that means the call may have acted as a 5xx (UNCERTAIN by
+/// default), none by the stream's end UNCERTAIN.
 async fn a_grpc_response_is_settled_by_its_grpc_status(kind: Kind) {
     let h = Harness::start(kind).await;
     let permit = h.create_with(&[TOOL], &[], None).await;
@@ -1836,6 +1910,66 @@ async fn a_grpc_response_is_settled_by_its_grpc_status(kind: Kind) {
     assert_eq!(
         a.failure_reason,
         "the tool answered gRPC status 5 (NOT_FOUND): no such charge"
+    );
+
+    // A code that means the call may have acted goes the way of a 5xx
+    // (the route's `otherwise`, UNCERTAIN by default): here Envoy's own
+    // local reply to a gRPC request after DISPATCH, an upstream timeout
+    // (504) mapped to 14 UNAVAILABLE, trailers-only; and 4
+    // DEADLINE_EXCEEDED in the trailers. A code that means refused before
+    // acting, 9 FAILED_PRECONDITION, is Failed, trailers-only too.
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "g-unavailable"), BODY).await);
+    let mut headers = grpc("application/grpc").to_vec();
+    headers.extend([
+        ("grpc-status", "14"),
+        ("grpc-message", "upstream%20request%20timeout"),
+    ]);
+    passed_on(
+        &envoy
+            .exchange(response_headers_with(200, &headers, true))
+            .await,
+    );
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = until_state(&h, &permit, "g-unavailable", AttemptState::Uncertain).await;
+    assert_eq!(
+        a.uncertain_reason,
+        "the tool answered gRPC status 14 (UNAVAILABLE): upstream request timeout"
+    );
+
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "g-deadline"), BODY).await);
+    passed_on(
+        &envoy
+            .exchange(response_headers_with(200, &grpc("application/grpc"), false))
+            .await,
+    );
+    trailers_passed(
+        &envoy
+            .exchange(response_trailers(&[("grpc-status", "4")]))
+            .await,
+    );
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = until_state(&h, &permit, "g-deadline", AttemptState::Uncertain).await;
+    assert_eq!(
+        a.uncertain_reason,
+        "the tool answered gRPC status 4 (DEADLINE_EXCEEDED)"
+    );
+
+    let mut envoy = open_charge(&h).await;
+    forwarded(post(&mut envoy, &charge_headers(&permit, "g-precondition"), BODY).await);
+    let mut headers = grpc("application/grpc").to_vec();
+    headers.push(("grpc-status", "9"));
+    passed_on(
+        &envoy
+            .exchange(response_headers_with(200, &headers, true))
+            .await,
+    );
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = until_state(&h, &permit, "g-precondition", AttemptState::Failed).await;
+    assert_eq!(
+        a.failure_reason,
+        "the tool answered gRPC status 9 (FAILED_PRECONDITION)"
     );
 
     // The status in the trailers, after the body: a failure, and a success.
@@ -1923,7 +2057,7 @@ async fn a_grpc_response_is_settled_by_its_grpc_status(kind: Kind) {
 /// back as it came (a plain CONTINUE is a spurious answer there, and the
 /// client would get no body), and the chunks are the result, as STREAMED's
 /// are; also when the status settled the attempt first. Where Envoy sends
-/// atmost no body (`NONE`; `GRPC`, which Envoy does not implement) the
+/// atmost no body (`NONE`; `GRPC`, gRPC's proxyless ext_proc's, not Envoy's) the
 /// result is the status alone, never an empty body passed off as the
 /// tool's.
 async fn a_body_atmost_streams_back_or_never_sees_is_recorded_truly(kind: Kind) {
@@ -1982,6 +2116,74 @@ async fn a_body_atmost_streams_back_or_never_sees_is_recorded_truly(kind: Kind) 
     }
 }
 
+/// `request_body_mode: FULL_DUPLEX_STREAMED`, the fingerprint from a
+/// header (a body fingerprint needs BUFFERED): the request is authorized
+/// on its headers, and Envoy forwards only the body atmost streams back.
+/// Each chunk is handed back as it came, in order, the last with
+/// end_of_stream: the first sent with the headers, so that it arrives
+/// while Authorize runs and waits for the DISPATCH; the next after it.
+async fn a_full_duplex_request_body_is_streamed_back_in_order(kind: Kind) {
+    let h = Harness::start_configured(kind, |app| {
+        app.with_envoy(Some(mapping("[fingerprint]\nfrom = \"header\"\n")))
+    })
+    .await;
+    let permit = h.create_with(&[TOOL], &[], None).await;
+    let protocol = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::FullDuplexStreamed as i32,
+        response_body_mode: BodySendMode::Buffered as i32,
+        ..Default::default()
+    });
+    let chunk = |body: &[u8], end: bool| ProcessingRequest {
+        request: Some(Message::RequestBody(HttpBody {
+            body: body.to_vec(),
+            end_of_stream: end,
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let handed_back = |answer: &ProcessingResponse| match &answer.response {
+        Some(Answer::RequestBody(b)) => {
+            let common = b.response.clone().unwrap_or_default();
+            assert_eq!(common.status(), ResponseStatus::Continue);
+            match common.body_mutation.and_then(|m| m.mutation) {
+                Some(Mutation::StreamedResponse(r)) => (r.body, r.end_of_stream),
+                other => panic!("expected the chunk streamed back, got {other:?}"),
+            }
+        }
+        other => panic!("expected a request body answer, got {other:?}"),
+    };
+    let mut envoy = Envoy::open_with(&h, &[("x-atmost-tool", TOOL)], protocol).await;
+    let mut headers = charge_headers(&permit, "fd-request");
+    headers.push(("x-atmost-fingerprint", "fd-request-1"));
+    envoy.send_together(vec![
+        request_headers("POST", PATH, &headers, false),
+        chunk(b"part one, ", false),
+    ]);
+    let answer = envoy.recv().await.expect("the headers' answer");
+    assert!(
+        matches!(answer.response, Some(Answer::RequestHeaders(_))),
+        "{answer:?}"
+    );
+    let id = continued(&answer)["x-atmost-attempt-id"].clone();
+    let mut echoed = vec![handed_back(
+        &envoy.recv().await.expect("the first chunk's answer"),
+    )];
+    echoed.push(handed_back(&envoy.exchange(chunk(b"part two", true)).await));
+    assert_eq!(
+        echoed,
+        [
+            (b"part one, ".to_vec(), false),
+            (b"part two".to_vec(), true)
+        ]
+    );
+    tool_answers(&mut envoy, 200, b"ok").await;
+    assert_eq!(envoy.close().await, Code::Ok);
+    let a = until_state(&h, &permit, "fd-request", AttemptState::Succeeded).await;
+    assert_eq!(a.attempt_id, id);
+    assert_eq!(a.receipt.unwrap().result, b"ok");
+    assert_eq!(super::usage(&h, &permit).await.0, [(TOOL.to_owned(), 1)]);
+}
+
 on_each_store!(
     a_full_cycle_commits_the_result_and_a_retry_replays_it,
     a_request_without_a_body_is_authorized_on_its_headers,
@@ -2002,4 +2204,5 @@ on_each_store!(
     a_second_request_on_a_finished_stream_is_refused,
     a_grpc_response_is_settled_by_its_grpc_status,
     a_body_atmost_streams_back_or_never_sees_is_recorded_truly,
+    a_full_duplex_request_body_is_streamed_back_in_order,
 );

@@ -8,12 +8,16 @@
 //!                                                    └▶ otherwise: ImmediateResponse
 //!  response headers (+ body) ─▶ Commit Succeeded (2xx) / Failed / MarkUncertain
 //!    of a gRPC response: its grpc-status (headers, else trailers) ─▶ Succeeded
-//!                        (0) / Failed (other) / MarkUncertain (none)
+//!                        (0) / Failed (refused before acting: 3, 5-12, 16) /
+//!                        as a 5xx (any other: the route's `otherwise`) /
+//!                        MarkUncertain (none)
 //!  the stream ends before CONTINUE reached Envoy ─▶ Commit NotSent, and
 //!                                                   the stream fails
 //!  the stream ends after it, before a response   ─▶ MarkUncertain
-//!  a response while the request is awaited       ─▶ an unauthorized forward:
-//!                                                   logged and counted
+//!  a response while the request is awaited       ─▶ possibly an unauthorized
+//!                                                   forward (or Envoy's own
+//!                                                   local reply): logged
+//!                                                   and counted
 //! ```
 //!
 //! Each stream is driven by one task ([`Exchange`]), so an outcome is
@@ -38,8 +42,10 @@
 //! SEND`: a request with no body data and trailers reaches atmost only
 //! through its trailers (with SKIP, Envoy forwards it unseen; Envoy
 //! announces its body modes, never its trailer modes, so atmost cannot
-//! refuse that configuration, and counts each such forward when its
-//! response comes). A result from the response body needs
+//! refuse that configuration: its hold answer asks for both trailer modes
+//! SEND in a `mode_override`, which Envoy applies with
+//! `allow_mode_override: true`; without it, atmost counts each such
+//! forward when its response comes). A result from the response body needs
 //! `response_body_mode: BUFFERED`, `STREAMED`, `FULL_DUPLEX_STREAMED` (each
 //! chunk handed back, as the mode requires), or `BUFFERED_PARTIAL` (only
 //! for a body that fits Envoy's buffer: of a part, only the status is
@@ -51,7 +57,7 @@
 use super::{
     ATTEMPT_HEADER, Answer, Headers, HttpRequest, KEY_HEADER, Mapping, PERMIT_ID_HEADER, Reply,
     Unmapped,
-    mapping::{ResultMode, Settle},
+    mapping::{Otherwise, ResultMode, Settle},
 };
 use crate::api::{Deadline, gate::GateService};
 use crate::domain::{DEFAULT_LEASE_MS, Error, MAX_RESULT_BYTES, MAX_TEXT_LEN};
@@ -59,7 +65,10 @@ use crate::pb;
 use envoy_types::pb::envoy::config::core::v3::{
     HeaderMap, HeaderValue, HeaderValueOption, Metadata, header_value_option::HeaderAppendAction,
 };
-use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::{
+    ProcessingMode,
+    processing_mode::{BodySendMode, HeaderSendMode},
+};
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody,
     HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
@@ -403,10 +412,27 @@ const GRPC_CODES: [&str; 17] = [
 enum GrpcOutcome {
     /// 0.
     Ok,
-    /// Any other code: the reason to record, with `grpc-message`.
+    /// A code that means the call was refused before it acted ([`refused`]):
+    /// the reason to record, with `grpc-message`.
     Failed(String),
+    /// Any other code: the call may have acted (CANCELLED, UNKNOWN,
+    /// DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE, DATA_LOSS, or a code past
+    /// 16). It goes the way of a 5xx: the route's `otherwise`, UNCERTAIN
+    /// by default. Envoy's own local reply to a gRPC request is one of
+    /// these: HTTP 200, trailers-only, its grpc-status mapped from the
+    /// HTTP status (an upstream timeout's 504 reads 14, UNAVAILABLE).
+    Otherwise(String),
     /// A value that is no status code: why.
     Unreadable(String),
+}
+
+/// Whether gRPC status `code` means the server refused the call before
+/// acting on it: INVALID_ARGUMENT (3), NOT_FOUND (5), ALREADY_EXISTS (6),
+/// PERMISSION_DENIED (7), RESOURCE_EXHAUSTED (8), FAILED_PRECONDITION (9),
+/// ABORTED (10), OUT_OF_RANGE (11), UNIMPLEMENTED (12), UNAUTHENTICATED
+/// (16).
+fn refused(code: u32) -> bool {
+    matches!(code, 3 | 5..=12 | 16)
 }
 
 /// The `grpc-status` of `headers`, if they carry one.
@@ -439,7 +465,12 @@ fn grpc_outcome(headers: &Headers) -> Option<GrpcOutcome> {
         reason.push_str(": ");
         reason.push_str(&message);
     }
-    Some(GrpcOutcome::Failed(cut(reason, MAX_TEXT_LEN)))
+    let reason = cut(reason, MAX_TEXT_LEN);
+    Some(if refused(code) {
+        GrpcOutcome::Failed(reason)
+    } else {
+        GrpcOutcome::Otherwise(reason)
+    })
 }
 
 /// `text` cut to at most `max` bytes, at a character's boundary.
@@ -624,12 +655,31 @@ fn attempt_headers() -> Vec<String> {
 }
 
 /// CONTINUE of the request's headers, held for its body: nothing set yet,
-/// the attempt's headers removed.
-fn hold_for_body() -> ProcessingResponse {
+/// the attempt's headers removed; and, for this request, both trailer
+/// modes SEND, the body modes as Envoy announced them (`protocol`).
+///
+/// Envoy honours the override only with `allow_mode_override: true` (and
+/// a matching entry in `allowed_override_modes`, if that is set), without
+/// `send_body_without_waiting_for_header_response`, and with neither body
+/// mode FULL_DUPLEX_STREAMED; otherwise it ignores it. Honoured, a request
+/// of headers and trailers with no body data reaches atmost through its
+/// trailers whatever `request_trailer_mode` says, instead of being
+/// forwarded unseen; and a gRPC tool's grpc-status reaches it in the
+/// response trailers. The header modes are left DEFAULT, which Envoy takes
+/// as unset (its configured ones); the body modes are always taken as
+/// given, so they are the announced ones, unchanged.
+fn hold_for_body(protocol: &ProtocolConfiguration) -> ProcessingResponse {
     ProcessingResponse {
         response: Some(Outgoing::RequestHeaders(HeadersResponse {
             response: Some(proceed_removing(Vec::new(), attempt_headers())),
         })),
+        mode_override: Some(ProcessingMode {
+            request_body_mode: protocol.request_body_mode,
+            response_body_mode: protocol.response_body_mode,
+            request_trailer_mode: HeaderSendMode::Send as i32,
+            response_trailer_mode: HeaderSendMode::Send as i32,
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -805,12 +855,14 @@ impl Exchange {
                 if sent { Flow::Next } else { Flow::Ended }
             }
             // The response while atmost still awaits the request: Envoy
-            // forwarded a request atmost never authorized (held for a body
-            // that never came, its trailers skipped; or its headers never
-            // sent). Nothing was reserved, so nothing can be settled: it is
-            // logged and counted, and the tool's answer goes on to the
-            // client (ending the stream instead would have Envoy answer 500
-            // for a call the tool has run, inviting a retry).
+            // may have forwarded a request atmost never authorized (held
+            // for a body that never came, its trailers skipped; or its
+            // headers never sent), or it is Envoy's own local reply (an
+            // earlier filter's, or its own 413 / 408). Nothing was
+            // reserved, so nothing can be settled: it is logged and
+            // counted, and the answer goes on to the client (ending the
+            // stream instead would have Envoy answer 500 for a call the
+            // tool may have run, inviting a retry).
             (
                 phase @ (Phase::Start | Phase::Body { .. }),
                 kind @ (Message::ResponseHeaders(_)
@@ -869,30 +921,67 @@ impl Exchange {
     }
 
     /// The response arrived while atmost still awaited the request
-    /// (`phase`): the request reached the tool unauthorized. Logged, with
-    /// the route, and counted (`atmost.envoy.unauthorized_forwards`).
+    /// (`phase`). Counted (`atmost.envoy.unauthorized_forwards`, by what
+    /// was awaited) and logged with the route and the response's status.
+    ///
+    /// Before the request's headers (Phase::Start) it is a response to a
+    /// request atmost never saw: most often an earlier filter's local reply
+    /// (jwt_authn's 401, RBAC's 403, a rate limit's 429: Envoy runs the
+    /// encoder filters for a local reply even when this filter's
+    /// decodeHeaders never ran), or every request under
+    /// `request_header_mode: SKIP`. atmost cannot tell them apart: a
+    /// warning. While the body was awaited (Phase::Body) the request was
+    /// possibly forwarded (no body data came and its trailers were
+    /// skipped), or Envoy answered it itself (a 413 for a body past its
+    /// buffer, a 408 for a request that timed out): an error, since the
+    /// first is a misconfiguration that lets calls through uncounted.
     fn unauthorized_forward(&self, phase: &Phase, kind: &Message) {
-        let (awaiting, method, path) = match phase {
-            Phase::Body { request, .. } => (
-                "request_body",
-                request.method.as_str(),
-                crate::domain::shown(&request.path),
-            ),
-            _ => ("request_headers", "", String::new()),
+        let status = match kind {
+            Message::ResponseHeaders(h) => headers_of(h.headers.clone())
+                .get(":status")
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default(),
+            _ => String::new(),
         };
-        tracing::error!(
-            awaiting,
-            message = kind_name(kind),
-            route_tool = self.route_tool.as_deref().unwrap_or(""),
-            method,
-            path = %path,
-            "ext_proc: an unauthorized forward: the tool's response arrived while atmost still \
-             awaited the request, which reached the tool without an Authorize (nothing reserved, \
-             nothing counted). Envoy does so with a request held for its body when no body comes \
-             and its trailers are skipped (set request_trailer_mode: SEND), and with every \
-             request under request_header_mode: SKIP"
-        );
-        self.counters.unauthorized_forward(awaiting);
+        let route_tool = self.route_tool.as_deref().unwrap_or("");
+        match phase {
+            Phase::Body { request, .. } => {
+                let envoys_own = matches!(status.as_str(), "413" | "408");
+                tracing::error!(
+                    awaiting = "request_body",
+                    received = kind_name(kind),
+                    status = %status,
+                    route_tool,
+                    method = request.method.as_str(),
+                    path = %crate::domain::shown(&request.path),
+                    "ext_proc: an unauthorized forward, possibly: the response arrived while atmost \
+                     still awaited the request's body, so the request may have reached the tool \
+                     without an Authorize (nothing reserved, nothing counted). Envoy forwards a \
+                     request held for its body when no body data comes and its trailers are \
+                     skipped (set request_trailer_mode: SEND, or allow_mode_override: true); {}",
+                    if envoys_own {
+                        "this status is also Envoy's own answer to a body past its buffer (413) \
+                         or a request that timed out (408), which never reached the tool"
+                    } else {
+                        "or the response is Envoy's own local reply, which never reached the tool"
+                    }
+                );
+                self.counters.unauthorized_forward("request_body");
+            }
+            _ => {
+                tracing::warn!(
+                    awaiting = "request_headers",
+                    received = kind_name(kind),
+                    status = %status,
+                    route_tool,
+                    "ext_proc: a response to a request atmost never saw: an earlier filter's \
+                     local reply (jwt_authn, RBAC, a rate limit), which reached no tool; or, \
+                     under request_header_mode: SKIP, a request forwarded without an Authorize \
+                     (nothing reserved, nothing counted)"
+                );
+                self.counters.unauthorized_forward("request_headers");
+            }
+        }
     }
 
     /// The answer to a message atmost passes on unchanged: [`pass`], but a
@@ -988,6 +1077,7 @@ impl Exchange {
                         Verdict::Commit(r.held, succeeded(result))
                     }
                     Some(GrpcOutcome::Failed(reason)) => Verdict::Commit(r.held, failed(reason)),
+                    Some(GrpcOutcome::Otherwise(reason)) => self.otherwise(r.held, reason),
                     Some(GrpcOutcome::Unreadable(reason)) => Verdict::Uncertain(r.held, reason),
                     None => {
                         let reason = format!(
@@ -1000,6 +1090,15 @@ impl Exchange {
                 }
             }
             _ => Verdict::Await(r),
+        }
+    }
+
+    /// What an outcome that may have acted settles, by the route's
+    /// `otherwise` (as a 5xx): UNCERTAIN, or Failed.
+    fn otherwise(&self, held: Held, reason: String) -> Verdict {
+        match self.mapping.response.otherwise {
+            Otherwise::Uncertain => Verdict::Uncertain(held, reason),
+            Otherwise::Failed => Verdict::Commit(held, failed(reason)),
         }
     }
 
@@ -1069,7 +1168,9 @@ impl Exchange {
                 request,
                 body: Vec::new(),
             };
-            return if self.send(hold_for_body()).await {
+            // BUFFERED was announced, so the protocol is known.
+            let hold = hold_for_body(&self.protocol.unwrap_or_default());
+            return if self.send(hold).await {
                 Flow::Next
             } else {
                 Flow::Ended
@@ -1233,6 +1334,7 @@ impl Exchange {
             match grpc_outcome(headers) {
                 Some(GrpcOutcome::Ok) => return Verdict::Commit(held, succeeded(empty())),
                 Some(GrpcOutcome::Failed(reason)) => return Verdict::Commit(held, failed(reason)),
+                Some(GrpcOutcome::Otherwise(reason)) => return self.otherwise(held, reason),
                 Some(GrpcOutcome::Unreadable(reason)) => return Verdict::Uncertain(held, reason),
                 None if end_of_stream => {
                     let reason = format!(
@@ -1257,8 +1359,8 @@ impl Exchange {
         );
         let mut result = policy.result;
         if result != ResultMode::Status && !body_seen {
-            // NONE, GRPC (whose messages reach atmost de-framed, if Envoy
-            // sends them at all: it does not implement the mode), or not
+            // NONE, GRPC (gRPC's own proxyless ext_proc's mode, not
+            // Envoy's: its messages would reach atmost de-framed), or not
             // announced: no body or digest can be made of what atmost does
             // not see. The status is what is known.
             tracing::warn!(
@@ -1724,9 +1826,15 @@ pub(super) fn every_response(attempt: &pb::Attempt) -> Vec<ProcessingResponse> {
         end_of_stream: true,
         ..Default::default()
     };
+    let hold = hold_for_body(&ProtocolConfiguration {
+        request_body_mode: BodySendMode::Buffered as i32,
+        response_body_mode: BodySendMode::Streamed as i32,
+        ..Default::default()
+    });
     let mut all = vec![
         forward,
         refused,
+        hold,
         echo(&streamed, Outgoing::RequestBody),
         echo(&streamed, Outgoing::ResponseBody),
     ];
@@ -1903,17 +2011,29 @@ mod tests {
             ("grpc-status", "14"),
             ("grpc-message", "try%20later%E2%9C%93"),
         ]) {
-            Some(GrpcOutcome::Failed(reason)) => assert_eq!(
+            Some(GrpcOutcome::Otherwise(reason)) => assert_eq!(
                 reason,
                 "the tool answered gRPC status 14 (UNAVAILABLE): try later\u{2713}"
             ),
-            _ => panic!("14 is a failure"),
+            _ => panic!("14 may have acted"),
         }
         match of(&[("grpc-status", "99")]) {
-            Some(GrpcOutcome::Failed(reason)) => {
+            Some(GrpcOutcome::Otherwise(reason)) => {
                 assert_eq!(reason, "the tool answered gRPC status 99")
             }
-            _ => panic!("99 is a failure"),
+            _ => panic!("99 may have acted"),
+        }
+        // Refused before acting: Failed; the codes that may have acted go
+        // the way of a 5xx.
+        for code in 1..=20u32 {
+            let text = code.to_string();
+            let outcome = of(&[("grpc-status", text.as_str())]);
+            let expected_failed = [3, 5, 6, 7, 8, 9, 10, 11, 12, 16].contains(&code);
+            match outcome {
+                Some(GrpcOutcome::Failed(_)) => assert!(expected_failed, "{code} Failed"),
+                Some(GrpcOutcome::Otherwise(_)) => assert!(!expected_failed, "{code} otherwise"),
+                _ => panic!("{code}: neither"),
+            }
         }
         assert!(matches!(
             of(&[("grpc-status", "OK")]),
@@ -1922,8 +2042,8 @@ mod tests {
         // A message past what a reason may hold is cut, at a character.
         let long = "\u{e9}".repeat(MAX_TEXT_LEN);
         match of(&[("grpc-status", "2"), ("grpc-message", &long)]) {
-            Some(GrpcOutcome::Failed(reason)) => assert!(reason.len() <= MAX_TEXT_LEN),
-            _ => panic!("2 is a failure"),
+            Some(GrpcOutcome::Otherwise(reason)) => assert!(reason.len() <= MAX_TEXT_LEN),
+            _ => panic!("2 may have acted"),
         }
     }
 
