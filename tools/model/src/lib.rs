@@ -21,6 +21,14 @@
 //! accounting. [`Holes`] puts back the two protocol holes of issue 24, so
 //! a test shows the check finds each.
 //!
+//! With [`Bounds::gateway`] the callers are HTTP clients behind one
+//! gateway (Envoy with atmost's ext_proc door, docs/gateways.md): each
+//! request is one stream that Authorizes under the gateway's key with no
+//! holder token, forwards to the tool only on DISPATCH, may lose the
+//! tool's response, and reports as the door does (Succeeded, Failed,
+//! NotSent if never forwarded, MarkUncertain or nothing once the response
+//! is lost). Two more [`Holes`] break that gateway.
+//!
 //! What the agents do is the clients' contract (docs/clients.md), written
 //! here as a state machine: the model checks the protocol those rules and
 //! the Ledger make together, not the clients' code.
@@ -108,6 +116,9 @@ pub struct Bounds {
     pub leaks: u8,
     /// Clock steps.
     pub ticks: u8,
+    /// The agents are HTTP clients behind one gateway, each call one
+    /// request (one ext_proc stream): see [`Phase::Forwarded`].
+    pub gateway: bool,
 }
 
 impl Bounds {
@@ -125,6 +136,7 @@ impl Bounds {
         duplicates: 1,
         leaks: 1,
         ticks: 3,
+        gateway: false,
     };
 
     /// ... the same under the budget (no leaked id: the holder check is
@@ -147,6 +159,25 @@ impl Bounds {
         duplicates: 0,
         leaks: 0,
         ticks: 3,
+        gateway: false,
+    };
+
+    /// A fourth search: two requests behind the gateway under the cap, of
+    /// one key (the store cannot tell a client's retry from another
+    /// client's request: one gateway key, no holder token, so only the
+    /// attempt id fences a late outcome) or of two, over a network that
+    /// loses one message (`--duplicates 1` as well: 7 times the states).
+    pub const GATEWAY: Bounds = Bounds {
+        limit: Limit::Cap,
+        agents: 2,
+        calls: 1,
+        tries: 1,
+        crashes: 0,
+        losses: 1,
+        duplicates: 0,
+        leaks: 0,
+        ticks: 3,
+        gateway: true,
     };
 }
 
@@ -167,6 +198,13 @@ pub struct Holes {
     /// (they run as an operator's would), so an id learnt elsewhere
     /// settles it.
     pub settle_ignores_the_holder: bool,
+    /// A gateway that forwards the request on its headers without waiting
+    /// for atmost's DISPATCH (as with ext_proc's observability mode, or a
+    /// processor failure with `failure_mode_allow: true`).
+    pub gateway_forwards_before_dispatch: bool,
+    /// A gateway that commits NotSent when the tool's response is lost
+    /// (taking the lost response for a request that never left).
+    pub gateway_not_sent_after_lost_response: bool,
 }
 
 /// The model: bounds, and which holes are planted.
@@ -258,6 +296,14 @@ pub enum Phase {
         attempt: Gen,
         deadline: u8,
     },
+    /// Behind the gateway only: the request was forwarded on a DISPATCH
+    /// and the tool ran it, answering `result` (Succeeded or Failed), an
+    /// answer the gateway has not seen yet and may never see.
+    Forwarded {
+        key: Key,
+        attempt: Gen,
+        result: Report,
+    },
     /// Waiting for Commit's or MarkUncertain's answer.
     Reporting {
         key: Key,
@@ -320,12 +366,21 @@ pub enum Reply {
 pub struct Fate {
     /// The agent whose Authorize reserved it.
     pub reserved_by: u8,
-    pub sent: bool,
+    /// Times the tool ran it.
+    pub runs: u8,
     /// Its call took effect and charged (the tool succeeded, or its answer
     /// was lost after it did).
     pub charged: bool,
     /// The first outcome the store settled it with.
     pub settled: Option<AttemptState>,
+    /// The gateway forwarded it and lost the tool's response.
+    pub response_lost: bool,
+}
+
+impl Fate {
+    fn sent(&self) -> bool {
+        self.runs > 0
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -344,6 +399,9 @@ pub struct World {
     pub settled_by_another: bool,
     /// The store changed a settled attempt's outcome.
     pub outcome_changed: bool,
+    /// The gateway forwarded a call that the store did not hold RESERVED
+    /// for it.
+    pub forwarded_unreserved: bool,
     // Witnesses that the search reached what it is meant to explore.
     pub redelivered: bool,
     pub restart_settled: bool,
@@ -351,6 +409,13 @@ pub struct World {
     pub second_call_sent: bool,
     /// A new key was refused by the limit at one call.
     pub refused_by_the_limit: bool,
+    /// The gateway gave back a DISPATCH it never forwarded (NotSent).
+    pub gateway_gave_back: bool,
+    /// The operator resolved an attempt whose response the gateway lost.
+    pub lost_response_resolved: bool,
+    /// Behind the gateway, the store refused an outcome of an earlier
+    /// attempt of a key reserved again since.
+    pub stale_refused: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -375,9 +440,28 @@ pub enum Action {
         agent: u8,
         result: Report,
     },
-    /// The deadline passed before sending: the slot goes back.
+    /// The deadline passed before sending: the slot goes back. Behind
+    /// the gateway: the stream ended before the DISPATCH was handed to
+    /// it (its message timeout, the client left), at any time.
     TooLate {
         agent: u8,
+    },
+    /// The gateway forwards the request on its DISPATCH and the tool runs
+    /// it, answering `result` (Succeeded: 2xx; Failed: it refused).
+    Forward {
+        agent: u8,
+        result: Report,
+    },
+    /// The tool's response reaches the gateway, which commits it.
+    Respond {
+        agent: u8,
+    },
+    /// The tool's response is lost (the connection broke, the stream
+    /// ended): the gateway marks the attempt UNCERTAIN (`mark`), or records
+    /// nothing and leaves it to the lease.
+    ResponseLost {
+        agent: u8,
+        mark: bool,
     },
     /// Told of an UNCERTAIN attempt with its id: do nothing more.
     Accept {
@@ -465,9 +549,13 @@ impl Protocol {
 
     /// The Gate's scope of an agent's key: limited to that agent, unless
     /// hole 1 is planted (or, for a Commit or MarkUncertain, its second
-    /// half).
+    /// half). Behind the gateway every stream calls with the gateway's key.
     fn scope(&self, agent: u8, settles: bool) -> Scope {
-        let key_id = agent_name(agent);
+        let key_id = if self.bounds.gateway {
+            "gateway".to_owned()
+        } else {
+            agent_name(agent)
+        };
         let unlimited =
             self.holes.store_ignores_the_agent || (settles && self.holes.settle_ignores_the_holder);
         Scope {
@@ -490,7 +578,13 @@ impl Protocol {
                     idempotency_key: KEYS[usize::from(key)].into(),
                     request_fingerprint: KEYS[usize::from(key)].as_bytes().to_vec(),
                     cost: COST,
-                    holder_token: vec![token],
+                    // The gateway's door presents no holder token: nothing
+                    // is redelivered to it.
+                    holder_token: if self.bounds.gateway {
+                        Vec::new()
+                    } else {
+                        vec![token]
+                    },
                 };
                 let id = attempt_id((key, generation));
                 match s
@@ -509,9 +603,10 @@ impl Protocol {
                                         attempt,
                                         Fate {
                                             reserved_by: agent,
-                                            sent: false,
+                                            runs: 0,
                                             charged: false,
                                             settled: None,
+                                            response_lost: false,
                                         },
                                     );
                                 }
@@ -573,10 +668,21 @@ impl Protocol {
                         if fate.is_some_and(|f| f.reserved_by != agent) {
                             s.world.settled_by_another = true;
                         }
+                        if self.bounds.gateway && state == AttemptState::Released {
+                            s.world.gateway_gave_back = true;
+                        }
                         s.world.settle(attempt, state);
                         Reply::Settled
                     }
-                    Err(_) => Reply::Refused,
+                    Err(_) => {
+                        // Behind the gateway, an outcome of an attempt the
+                        // key has moved past (a duplicate, a late retry):
+                        // only the id fences it, every stream being the
+                        // gateway's key.
+                        s.world.stale_refused |= self.bounds.gateway
+                            && s.world.reservations[usize::from(key)] > attempt.1 + 1;
+                        Reply::Refused
+                    }
                 }
             }
         }
@@ -584,6 +690,9 @@ impl Protocol {
 
     /// An agent reads the answer to its request.
     fn read(&self, s: &mut State, agent: u8, reply: Reply) {
+        if self.bounds.gateway {
+            return self.read_gateway(s, agent, reply);
+        }
         let now = s.now;
         let a = &mut s.agents[usize::from(agent)];
         match (a.phase, reply) {
@@ -638,6 +747,99 @@ impl Protocol {
             // IN_PROGRESS and UNAVAILABLE: the agent retries or gives up.
             _ => {}
         }
+    }
+
+    /// The gateway's door reads the store's answer for one stream: a
+    /// DISPATCH it holds until it hands it to the gateway; any other
+    /// answer ends the request (IN_PROGRESS and REPLAY are 409s, a refusal
+    /// is its status: nothing is forwarded).
+    fn read_gateway(&self, s: &mut State, agent: u8, reply: Reply) {
+        let a = &mut s.agents[usize::from(agent)];
+        match (a.phase, reply) {
+            (
+                Phase::Authorizing { key, .. },
+                Reply::Dispatch {
+                    attempt, lease_end, ..
+                },
+            ) => {
+                a.phase = Phase::Holding {
+                    key,
+                    attempt,
+                    deadline: lease_end,
+                }
+            }
+            (Phase::Authorizing { .. }, _) | (Phase::Reporting { .. }, _) => a.finish(),
+            _ => {}
+        }
+    }
+
+    /// What one request behind the gateway can do next (no crashes, no
+    /// leaked ids: the gateway is one key, and the door's stream holds
+    /// the attempt).
+    fn gateway_actions(&self, s: &State, agent: u8, a: &Agent, actions: &mut Vec<Action>) {
+        let results = [Report::Succeeded, Report::Failed];
+        match a.phase {
+            Phase::Idle if a.calls_left > 0 => {
+                actions.extend((0..KEYS.len() as Key).map(|key| Action::Start { agent, key }));
+            }
+            Phase::Idle => {}
+            Phase::Replayed { .. } => unreachable!("the door hands no REPLAY over"),
+            Phase::Authorizing { tries, .. } | Phase::Reporting { tries, .. } => {
+                let answered = s.net.iter().any(
+                    |m| matches!(m, Msg::Reply { agent: to, seq, .. } if *to == agent && *seq == a.seq),
+                );
+                // The door asks an outcome again, never an Authorize: the
+                // stream ends (503) and its client may send again.
+                let again = matches!(a.phase, Phase::Reporting { .. }) && tries < self.bounds.tries;
+                if answered {
+                } else if again {
+                    actions.push(Action::Retry { agent });
+                } else {
+                    actions.push(Action::GiveUp { agent });
+                }
+                if self.holes.gateway_forwards_before_dispatch
+                    && matches!(a.phase, Phase::Authorizing { .. })
+                {
+                    actions.extend(results.map(|result| Action::Forward { agent, result }));
+                }
+            }
+            Phase::Holding { deadline, .. } => {
+                // The door hands the DISPATCH over within the lease, or the
+                // stream ends first.
+                if s.now < deadline {
+                    actions.extend(results.map(|result| Action::Forward { agent, result }));
+                }
+                actions.push(Action::TooLate { agent });
+            }
+            Phase::Forwarded { .. } => {
+                actions.push(Action::Respond { agent });
+                for mark in [true, false] {
+                    actions.push(Action::ResponseLost { agent, mark });
+                }
+            }
+        }
+    }
+
+    /// Whether the store holds `attempt` RESERVED for the request the
+    /// gateway is about to forward; without an attempt (a forward before
+    /// the DISPATCH), whether it holds one of `key` that `agent`'s
+    /// request reserved and nothing ran yet.
+    fn reserved(s: &State, agent: u8, key: Key, attempt: Option<Gen>) -> bool {
+        let Ok(a) = s.ledger.get_attempt(KEYS[usize::from(key)], ms(s.now)) else {
+            return false;
+        };
+        let Some(g) = parse_attempt(&a.attempt_id) else {
+            return false;
+        };
+        a.state == AttemptState::Reserved
+            && match attempt {
+                Some(attempt) => g == attempt,
+                None => s
+                    .world
+                    .fates
+                    .get(&g)
+                    .is_some_and(|f| f.reserved_by == agent && f.runs == 0),
+            }
     }
 }
 
@@ -734,6 +936,25 @@ impl Agent {
 }
 
 impl World {
+    /// The tool runs a call of `key` (of `attempt`, when the caller knows
+    /// it) and answers `result`; `Uncertain`: it took effect, and its answer
+    /// is lost.
+    fn run(&mut self, key: Key, attempt: Option<Gen>, result: Report) {
+        if self.sends > 0 {
+            self.second_call_sent = true;
+        }
+        self.sends += 1;
+        self.sends_since_release[usize::from(key)] += 1;
+        let charged = result != Report::Failed;
+        if charged {
+            self.charged += COST;
+        }
+        if let Some(fate) = attempt.and_then(|a| self.fates.get_mut(&a)) {
+            fate.runs += 1;
+            fate.charged |= charged;
+        }
+    }
+
     fn settle(&mut self, attempt: Gen, state: AttemptState) {
         let settled = matches!(
             state,
@@ -791,6 +1012,10 @@ impl Model for Protocol {
     fn actions(&self, s: &State, actions: &mut Vec<Action>) {
         for (i, a) in s.agents.iter().enumerate() {
             let agent = i as u8;
+            if self.bounds.gateway {
+                self.gateway_actions(s, agent, a, actions);
+                continue;
+            }
             match a.phase {
                 Phase::Idle if a.calls_left > 0 => {
                     actions.extend((0..KEYS.len() as Key).map(|key| Action::Start { agent, key }));
@@ -816,6 +1041,7 @@ impl Model for Protocol {
                     }
                 }
                 Phase::Holding { .. } => actions.push(Action::TooLate { agent }),
+                Phase::Forwarded { .. } => unreachable!("only behind the gateway"),
                 Phase::Replayed { attempt, .. } => {
                     actions.push(Action::Accept { agent });
                     // Another's attempt, handed over: would the store let
@@ -908,6 +1134,23 @@ impl Model for Protocol {
                 |_: &Protocol, s: &State| s.world.sends_since_release.iter().all(|n| *n <= 1),
             ),
             Property::always(
+                "the tool runs each attempt at most once",
+                |_: &Protocol, s: &State| s.world.fates.values().all(|f| f.runs <= 1),
+            ),
+            Property::always(
+                "a slot is given back only for a call the tool never ran",
+                |_: &Protocol, s: &State| {
+                    s.world
+                        .fates
+                        .values()
+                        .all(|f| f.settled != Some(AttemptState::Released) || !f.sent())
+                },
+            ),
+            Property::always(
+                "the gateway forwards only what the store holds RESERVED",
+                |_: &Protocol, s: &State| !s.world.forwarded_unreserved,
+            ),
+            Property::always(
                 "reserved plus committed never exceeds the budget",
                 |p: &Protocol, s: &State| {
                     let v = s.ledger.view();
@@ -995,6 +1238,18 @@ impl Model for Protocol {
                 "a restarted agent settles an earlier run's attempt",
                 |_: &Protocol, s: &State| s.world.restart_settled,
             ),
+            Property::sometimes(
+                "the gateway gives back a DISPATCH it never forwarded",
+                |_: &Protocol, s: &State| s.world.gateway_gave_back,
+            ),
+            Property::sometimes(
+                "an outcome of an attempt since reserved again is refused",
+                |_: &Protocol, s: &State| s.world.stale_refused,
+            ),
+            Property::sometimes(
+                "a forward whose response was lost is resolved",
+                |_: &Protocol, s: &State| s.world.lost_response_resolved,
+            ),
         ]
     }
 
@@ -1046,21 +1301,66 @@ impl Protocol {
                 let Phase::Holding { key, attempt, .. } = a.phase else {
                     return None;
                 };
-                let w = &mut s.world;
-                if w.sends > 0 {
-                    w.second_call_sent = true;
-                }
-                w.sends += 1;
-                w.sends_since_release[usize::from(key)] += 1;
-                let charged = result != Report::Failed;
-                if charged {
-                    w.charged += COST;
-                }
-                if let Some(fate) = w.fates.get_mut(&attempt) {
-                    fate.sent = true;
-                    fate.charged |= charged;
-                }
+                s.world.run(key, Some(attempt), result);
                 a.report(key, attempt, result, &mut s.net, agent);
+            }
+            Action::Forward { agent, result } => {
+                let a = &s.agents[usize::from(agent)];
+                let (key, attempt) = match a.phase {
+                    Phase::Holding { key, attempt, .. } => (key, Some(attempt)),
+                    // Only with the hole: its headers went on before the
+                    // DISPATCH.
+                    Phase::Authorizing { key, .. } => (key, None),
+                    _ => return None,
+                };
+                if !Self::reserved(s, agent, key, attempt) {
+                    s.world.forwarded_unreserved = true;
+                }
+                s.world.run(key, attempt, result);
+                let a = &mut s.agents[usize::from(agent)];
+                match attempt {
+                    Some(attempt) => {
+                        a.phase = Phase::Forwarded {
+                            key,
+                            attempt,
+                            result,
+                        }
+                    }
+                    // The request went its way: the door's answer, when it
+                    // comes, changes nothing.
+                    None => a.finish(),
+                }
+            }
+            Action::Respond { agent } => {
+                let a = &mut s.agents[usize::from(agent)];
+                let Phase::Forwarded {
+                    key,
+                    attempt,
+                    result,
+                } = a.phase
+                else {
+                    return None;
+                };
+                a.report(key, attempt, result, &mut s.net, agent);
+            }
+            Action::ResponseLost { agent, mark } => {
+                let a = &mut s.agents[usize::from(agent)];
+                let Phase::Forwarded { key, attempt, .. } = a.phase else {
+                    return None;
+                };
+                if let Some(fate) = s.world.fates.get_mut(&attempt) {
+                    fate.response_lost = true;
+                }
+                let report = if self.holes.gateway_not_sent_after_lost_response {
+                    Report::NotSent
+                } else {
+                    Report::Uncertain
+                };
+                if mark {
+                    a.report(key, attempt, report, &mut s.net, agent);
+                } else {
+                    a.finish();
+                }
             }
             Action::TooLate { agent } => {
                 let a = &mut s.agents[usize::from(agent)];
@@ -1144,7 +1444,7 @@ impl Protocol {
                 let fate = s.world.fates.get(&attempt).copied()?;
                 // What the provider says: it charged, it declined, or the
                 // call never arrived.
-                let report = match (fate.sent, fate.charged) {
+                let report = match (fate.sent(), fate.charged) {
                     (true, true) => Report::Succeeded,
                     (true, false) => Report::Failed,
                     (false, _) => Report::NotSent,
@@ -1163,6 +1463,7 @@ impl Protocol {
                     .attempt
                     .state;
                 s.world.resolved = true;
+                s.world.lost_response_resolved |= fate.response_lost;
                 s.world.settle(attempt, state);
             }
             Action::Tick => s.now += 1,

@@ -1,8 +1,9 @@
 //! `atmost-model`: the protocol's model check at bounds of your choice
 //! (defaults: [`Bounds::AGENTS`]): `cargo run -p atmost-model --release --
-//! --agents 3 --calls 2`. Prints the states explored and each property's
-//! verdict (a witness the bounds never reach is "not reached", which is no
-//! failure); exits 1 if an always-property fails.
+//! --agents 3 --calls 2`; `--gateway` puts the agents behind the gateway.
+//! Prints the states explored and each property's verdict (a witness the
+//! bounds never reach is "not reached", which is no failure); exits 1 if
+//! an always-property fails.
 
 use atmost_model::{Bounds, Holes, Limit, Protocol};
 use clap::Parser;
@@ -30,6 +31,11 @@ struct Args {
     leaks: u8,
     #[arg(long, default_value_t = Bounds::AGENTS.ticks)]
     ticks: u8,
+    /// The agents are HTTP clients behind one gateway (no crashes, no
+    /// leaked ids there): `--gateway --duplicates 0` is Bounds::GATEWAY's
+    /// search.
+    #[arg(long)]
+    gateway: bool,
     /// Put hole 1 back (the store ignores which agent calls).
     #[arg(long)]
     hole_1: bool,
@@ -39,6 +45,12 @@ struct Args {
     /// Take the holder check out of Commit and MarkUncertain only.
     #[arg(long)]
     settle_ignores_the_holder: bool,
+    /// A gateway that forwards before atmost's DISPATCH.
+    #[arg(long)]
+    gateway_forwards_before_dispatch: bool,
+    /// A gateway that commits NotSent once the tool's response is lost.
+    #[arg(long)]
+    gateway_not_sent_after_lost_response: bool,
     /// Checker threads (default: every core).
     #[arg(long)]
     threads: Option<usize>,
@@ -56,11 +68,14 @@ fn main() {
         duplicates: a.duplicates,
         leaks: a.leaks,
         ticks: a.ticks,
+        gateway: a.gateway,
     };
     let protocol = Protocol::new(bounds).with_holes(Holes {
         store_ignores_the_agent: a.hole_1,
         client_sends_on_any_redelivery: a.hole_2,
         settle_ignores_the_holder: a.settle_ignores_the_holder,
+        gateway_forwards_before_dispatch: a.gateway_forwards_before_dispatch,
+        gateway_not_sent_after_lost_response: a.gateway_not_sent_after_lost_response,
     });
     let threads = a
         .threads

@@ -1,6 +1,7 @@
 //! The checks `scripts/test.sh` runs: every state within [`Bounds::AGENTS`],
-//! [`Bounds::AGENTS_BUDGET`] and [`Bounds::RESTARTS`] with no hole planted,
-//! then each hole of issue 24 put back and found.
+//! [`Bounds::AGENTS_BUDGET`], [`Bounds::RESTARTS`] and [`Bounds::GATEWAY`]
+//! with no hole planted, then each hole of issue 24 put back and found, and
+//! each broken gateway.
 
 use super::*;
 use stateright::{Checker, HasDiscoveries};
@@ -62,24 +63,43 @@ fn holds_everywhere(bounds: Bounds, witnesses: &[&str]) {
     }
 }
 
-/// Searches with `holes` planted until a property fails; that it is
-/// `property`, and the path that breaks it (the shortest: breadth first).
+/// Searches with `holes` planted until `property` fails, and the path that
+/// breaks it (breadth first: about the shortest). It searches on past
+/// other properties a hole also breaks (hole 2's late send also breaks "a
+/// slot is given back only for a call the tool never ran").
 fn finds(bounds: Bounds, holes: Holes, property: &'static str) -> Vec<Action> {
+    let until = HasDiscoveries::AnyOf([property].into());
+    finds_each(bounds, holes, until, &[property]).remove(0)
+}
+
+/// Searches with `holes` planted until `until`; the path that breaks each
+/// of `properties`, which must all be broken.
+fn finds_each(
+    bounds: Bounds,
+    holes: Holes,
+    until: HasDiscoveries,
+    properties: &[&'static str],
+) -> Vec<Vec<Action>> {
     let protocol = Protocol::new(bounds).with_holes(holes);
     let started = Instant::now();
     let checker = protocol
         .checker()
         .threads(threads())
-        .finish_when(HasDiscoveries::AnyFailures)
+        .finish_when(until)
         .spawn_bfs()
         .join();
     report(&protocol, &checker, started);
-    let path = checker
-        .discovery(property)
-        .unwrap_or_else(|| panic!("not found: {property}"));
-    let actions = path.into_actions();
-    println!("{property}, broken by:\n{actions:#?}");
-    actions
+    properties
+        .iter()
+        .map(|property| {
+            let path = checker
+                .discovery(property)
+                .unwrap_or_else(|| panic!("not found: {property}"));
+            let actions = path.into_actions();
+            println!("{property}, broken by:\n{actions:#?}");
+            actions
+        })
+        .collect()
 }
 
 #[test]
@@ -174,4 +194,77 @@ fn it_finds_hole_2_a_restart_with_its_token_sends_again() {
         },
         "no key is sent twice without a NotSent between",
     );
+}
+
+/// The gateway in the loop: it forwards only on DISPATCH, may lose the
+/// tool's response and reports as the ext_proc door does; the promise
+/// holds in every state, and each gateway path is reached.
+#[test]
+fn requests_behind_the_gateway_keep_the_promise_in_every_state() {
+    holds_everywhere(
+        Bounds::GATEWAY,
+        &[
+            "a lease runs out",
+            "a new key is refused by the limit at one call",
+            "the operator resolves an attempt",
+            "the gateway gives back a DISPATCH it never forwarded",
+            "a forward whose response was lost is resolved",
+            "an outcome of an attempt since reserved again is refused",
+        ],
+    );
+}
+
+/// A gateway that forwards on the request's headers, before atmost's
+/// DISPATCH: the tool runs a call no reservation holds.
+#[test]
+fn it_finds_a_gateway_that_forwards_before_dispatch() {
+    let path = finds(
+        Bounds::GATEWAY,
+        Holes {
+            gateway_forwards_before_dispatch: true,
+            ..Holes::default()
+        },
+        "the gateway forwards only what the store holds RESERVED",
+    );
+    // Forwarded before the store ran its Authorize.
+    let forward = path
+        .iter()
+        .position(|a| matches!(a, Action::Forward { .. }))
+        .unwrap_or_else(|| panic!("no forward: {path:#?}"));
+    assert!(
+        !path[..forward]
+            .iter()
+            .any(|a| matches!(a, Action::Serve { .. })),
+        "{path:#?}"
+    );
+}
+
+/// A gateway that commits NotSent once the tool's response is lost: the
+/// slot of a call that ran goes back, and a second request runs the tool
+/// again past the cap.
+#[test]
+fn it_finds_a_gateway_that_commits_not_sent_after_a_lost_response() {
+    let released = "a slot is given back only for a call the tool never ran";
+    let cap = "sends per tool never exceed the cap";
+    let paths = finds_each(
+        Bounds::GATEWAY,
+        Holes {
+            gateway_not_sent_after_lost_response: true,
+            ..Holes::default()
+        },
+        HasDiscoveries::AllOf([released, cap].into()),
+        &[released, cap],
+    );
+    for path in &paths {
+        assert!(
+            path.iter()
+                .any(|a| matches!(a, Action::ResponseLost { mark: true, .. })),
+            "{path:#?}"
+        );
+    }
+    let forwards = paths[1]
+        .iter()
+        .filter(|a| matches!(a, Action::Forward { .. }))
+        .count();
+    assert_eq!(forwards, 2, "{:#?}", paths[1]);
 }
