@@ -681,7 +681,7 @@ impl Answer<'_> {
         self.error(
             code::NOT_SENT,
             reason::PROXY_STOPPING,
-            "atmost-mcp is stopping: the call was not authorized or sent, and the key is free"
+            "atmost-mcp is stopping: atmost was not asked and nothing was sent; the key's state is unchanged"
                 .into(),
             json!({}),
         )

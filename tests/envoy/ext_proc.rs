@@ -449,7 +449,7 @@ fn asks_for_trailers(answer: &ProcessingResponse, protocol: Option<ProtocolConfi
             protocol.request_body_mode,
             protocol.response_body_mode,
             HeaderSendMode::Default,
-            HeaderSendMode::Default,
+            HeaderSendMode::Send,
         ),
         "{mode:?}"
     );

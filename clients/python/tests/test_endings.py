@@ -244,7 +244,11 @@ def test_ctrl_c_while_waiting_for_dispatch_is_marked_uncertain_and_raised_again(
     permit = new_permit(client)
     release = threading.Event()
     main = threading.main_thread().ident
-    assert threading.get_ident() == main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert threading.get_ident() == main
+    # Python's own Ctrl-C handler, whatever this process inherited: a shell
+    # starts a background job (a CI runner's, `cmd &`) with SIGINT ignored,
+    # and Python then installs none.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def sending(attempt_id: str) -> Any:
         signal.pthread_kill(main, signal.SIGINT)
@@ -256,6 +260,7 @@ def test_ctrl_c_while_waiting_for_dispatch_is_marked_uncertain_and_raised_again(
             client.call_guarded(permit, TOOL, "k", sending, request=1)
     finally:
         release.set()
+        signal.signal(signal.SIGINT, inherited)
     attempt = client.get_attempt(permit, "k").attempt
     assert attempt.state == pb.ATTEMPT_STATE_UNCERTAIN
     assert "interrupted while waiting for dispatch: KeyboardInterrupt" in attempt.uncertain_reason

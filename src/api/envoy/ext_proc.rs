@@ -428,11 +428,12 @@ enum GrpcOutcome {
 
 /// Whether gRPC status `code` means the server refused the call before
 /// acting on it: INVALID_ARGUMENT (3), NOT_FOUND (5), ALREADY_EXISTS (6),
-/// PERMISSION_DENIED (7), RESOURCE_EXHAUSTED (8), FAILED_PRECONDITION (9),
-/// ABORTED (10), OUT_OF_RANGE (11), UNIMPLEMENTED (12), UNAUTHENTICATED
-/// (16).
+/// PERMISSION_DENIED (7), FAILED_PRECONDITION (9), ABORTED (10),
+/// OUT_OF_RANGE (11), UNIMPLEMENTED (12), UNAUTHENTICATED (16). Not
+/// RESOURCE_EXHAUSTED (8): a gRPC server answers it for its own response
+/// past its send limit too, after the handler acted.
 fn refused(code: u32) -> bool {
-    matches!(code, 3 | 5..=12 | 16)
+    matches!(code, 3 | 5..=7 | 9..=12 | 16)
 }
 
 /// The `grpc-status` of `headers`, if they carry one.
@@ -665,9 +666,11 @@ fn attempt_headers() -> Vec<String> {
 /// of headers and trailers with no body data reaches atmost through its
 /// trailers whatever `request_trailer_mode` says, instead of being
 /// forwarded unseen; and a gRPC tool's grpc-status reaches it in the
-/// response trailers. The header modes are left DEFAULT, which Envoy takes
-/// as unset (its configured ones); the body modes are always taken as
-/// given, so they are the announced ones, unchanged.
+/// response trailers. The response headers SEND, which atmost needs in
+/// any case (and Envoy compares with an `allowed_override_modes` entry,
+/// where DEFAULT would match none); the request header mode DEFAULT (Envoy
+/// takes it as its configured one and leaves it out of that comparison);
+/// the body modes as announced, unchanged.
 fn hold_for_body(protocol: &ProtocolConfiguration) -> ProcessingResponse {
     ProcessingResponse {
         response: Some(Outgoing::RequestHeaders(HeadersResponse {
@@ -678,6 +681,7 @@ fn hold_for_body(protocol: &ProtocolConfiguration) -> ProcessingResponse {
             response_body_mode: protocol.response_body_mode,
             request_trailer_mode: HeaderSendMode::Send as i32,
             response_trailer_mode: HeaderSendMode::Send as i32,
+            response_header_mode: HeaderSendMode::Send as i32,
             ..Default::default()
         }),
         ..Default::default()
@@ -2028,7 +2032,7 @@ mod tests {
         for code in 1..=20u32 {
             let text = code.to_string();
             let outcome = of(&[("grpc-status", text.as_str())]);
-            let expected_failed = [3, 5, 6, 7, 8, 9, 10, 11, 12, 16].contains(&code);
+            let expected_failed = [3, 5, 6, 7, 9, 10, 11, 12, 16].contains(&code);
             match outcome {
                 Some(GrpcOutcome::Failed(_)) => assert!(expected_failed, "{code} Failed"),
                 Some(GrpcOutcome::Otherwise(_)) => assert!(!expected_failed, "{code} otherwise"),
