@@ -523,13 +523,12 @@ where
                         Error::RoleNotAllowed { key_id, .. } => key_id.as_str(),
                         _ => "",
                     };
-                    tracing::info!(
-                        target: "atmost::audit",
-                        rpc = request.uri().path().rsplit('/').next().unwrap_or_default(),
+                    crate::audit::record(&crate::audit::Event {
+                        rpc: request.uri().path().rsplit('/').next().unwrap_or_default(),
                         key_id,
-                        outcome = e.reason().as_str(),
-                        "audit"
-                    );
+                        outcome: e.reason().as_str(),
+                        ..crate::audit::Event::default()
+                    });
                     // After its body is read (crate::admission::refuse).
                     return Box::pin(async move {
                         Ok(crate::admission::refuse(request.into_body(), e).await)

@@ -27,11 +27,14 @@
 //! - [`server`]: [`run`], which `main` and the tests both call;
 //!   [`transport`]: the limits on what one connection may cost;
 //!   [`admission`]: how much store-bound work is taken on at once.
+//! - [`audit`]: the audit trail's writer (a JSON line per state-changing
+//!   call, off the request path).
 //! - [`telemetry`]: a span per RPC (joined to the caller's trace) and per
 //!   store call, the metric instruments, OTLP and Prometheus export.
 
 pub mod admission;
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod domain;

@@ -395,9 +395,33 @@ struct ServeArgs {
     /// UNCERTAIN attempts and the start of the next (1s to 1h).
     #[arg(long, env = "ATMOST_UNCERTAIN_CENSUS_INTERVAL", default_value = "10s", value_parser = census_interval)]
     uncertain_census_interval: Duration,
-    /// Log format (logs go to stderr; filter with RUST_LOG).
+    /// Log format (logs go to stderr; filter with RUST_LOG). Text has
+    /// colours only when stderr is a terminal.
     #[arg(long, env = "ATMOST_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Where the audit trail goes, one JSON line per state-changing call:
+    /// stderr, stdout, a file (appended to) or off. Written by a thread of
+    /// its own from a bounded buffer (docs/api.md, "The audit trail").
+    #[arg(
+        long,
+        env = "ATMOST_AUDIT_LOG",
+        default_value = "stderr",
+        value_name = "stderr|stdout|PATH|off"
+    )]
+    audit_log: atmost::audit::Output,
+    /// Audit lines the buffer holds before --audit-when-full applies.
+    #[arg(long, env = "ATMOST_AUDIT_BUFFER", default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
+    audit_buffer: u64,
+    /// With the audit buffer full: block (the request waits for room, the
+    /// trail stays whole) or drop (the event is lost). Counted either way:
+    /// atmost_audit_events_delayed_total, atmost_audit_events_dropped_total.
+    #[arg(
+        long,
+        env = "ATMOST_AUDIT_WHEN_FULL",
+        value_enum,
+        default_value = "block"
+    )]
+    audit_when_full: atmost::audit::WhenFull,
 }
 
 fn main() -> std::process::ExitCode {
@@ -443,6 +467,10 @@ fn main() -> std::process::ExitCode {
                 // Flushes the spans and metrics, while the runtime the
                 // exporters' channels run on is still there.
                 telemetry.shutdown();
+                // Every request has been answered: its events are queued.
+                if !atmost::audit::flush(Duration::from_secs(10)) {
+                    eprintln!("atmost: the audit trail was not flushed within 10 s");
+                }
                 served
             }
             // The exporters the OTEL_* variables ask for could not be
@@ -981,10 +1009,16 @@ fn init_logging(
     args: &ServeArgs,
 ) -> Result<atmost::telemetry::Telemetry, String> {
     let _runtime = runtime.enter();
-    atmost::telemetry::Telemetry::init(atmost::telemetry::Config {
+    let telemetry = atmost::telemetry::Telemetry::init(atmost::telemetry::Config {
         json_logs: matches!(args.log_format, LogFormat::Json),
         prometheus: args.metrics_listen.is_some(),
-    })
+    })?;
+    atmost::audit::install(&atmost::audit::Config {
+        output: args.audit_log.clone(),
+        buffer_lines: usize::try_from(args.audit_buffer).unwrap_or(usize::MAX),
+        when_full: args.audit_when_full,
+    })?;
+    Ok(telemetry)
 }
 
 /// Counts SIGTERMs and Ctrl-Cs: the first starts the shutdown, a second cuts

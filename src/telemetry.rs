@@ -212,6 +212,9 @@ impl Telemetry {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
             // atmost's spans are for the OpenTelemetry layer alone.
             .add_directive(format!("{SPAN_TARGET}=off").parse().expect("a directive"));
+        // Colour codes only for a person reading a terminal, never into a
+        // file or a pipe.
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         let Some(provider) = telemetry
             .shared
             .as_ref()
@@ -223,6 +226,7 @@ impl Telemetry {
             // on every call).
             let logs = tracing_subscriber::fmt()
                 .with_env_filter(filter)
+                .with_ansi(ansi)
                 .with_writer(std::io::stderr);
             let installed = if config.json_logs {
                 logs.json().try_init()
@@ -232,7 +236,9 @@ impl Telemetry {
             installed.map_err(|e| format!("setting up logging: {e}"))?;
             return Ok(telemetry);
         };
-        let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        let logs = tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr);
         let logs = if config.json_logs {
             logs.json().with_filter(filter).boxed()
         } else {

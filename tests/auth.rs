@@ -783,8 +783,9 @@ async fn tenants_are_isolated_on_redis() {
     tenants_are_isolated(Kind::Redis).await;
 }
 
-/// Every state-changing RPC leaves one event on the audit trail (target
-/// `atmost::audit`), refused ones too: who, which RPC, which permit, tool
+/// Every state-changing RPC leaves one event on the audit trail (a JSON
+/// line with target `atmost::audit`, on stderr by default), refused ones
+/// too: who, which RPC, which permit, tool
 /// and key, what was decided. Never a key, a fingerprint or a result, and a
 /// subject with a newline cannot forge a log line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -859,8 +860,8 @@ async fn state_changing_rpcs_leave_an_audit_trail() {
         Code::PermissionDenied,
         "ROLE_NOT_ALLOWED",
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    // SIGTERM: the audit trail is flushed on the way out.
+    stop(&mut child);
 
     let text = std::fs::read_to_string(&log).expect("log");
     let mut trail = Vec::new();
@@ -871,7 +872,7 @@ async fn state_changing_rpcs_leave_an_audit_trail() {
             assert!(!line.contains(secret), "{secret:?} in the log: {line}");
         }
         if event["target"] == "atmost::audit" {
-            let f = &event["fields"];
+            let f = &event;
             let s = |k: &str| f[k].as_str().unwrap_or_default().to_owned();
             trail.push((
                 s("rpc"),
@@ -949,6 +950,23 @@ async fn state_changing_rpcs_leave_an_audit_trail() {
     assert_eq!(trail, expected);
     // The subject is logged escaped, on its own line.
     assert!(text.contains(r#""subject":"agent-7\\n{"#), "{text}");
+}
+
+/// SIGTERM, then the exit (a SIGKILL after 20 s).
+fn stop(child: &mut std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("atmost did not exit within 20 s of SIGTERM");
 }
 
 /// A TLS channel to `addr`, trusting `ca`, presenting `identity` if given.
@@ -1113,7 +1131,7 @@ async fn an_abandoned_request_leaves_a_cancelled_audit_event() {
             "redis",
         ])
         .args(["--redis-url", &proxy.url(), "--redis-prefix", &redis.prefix])
-        .env("RUST_LOG", "atmost::audit=info")
+        .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(&log).expect("log file"))
         .spawn()
@@ -1140,13 +1158,13 @@ async fn an_abandoned_request_leaves_a_cancelled_audit_event() {
     assert!(r.is_err(), "{r:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.set_mode(Mode::Pass);
-    let _ = child.kill();
-    let _ = child.wait();
+    // SIGTERM: the audit trail is flushed on the way out.
+    stop(&mut child);
     let text = std::fs::read_to_string(&log).expect("log");
     let cancelled = text.lines().any(|line| {
-        let event: serde_json::Value = serde_json::from_str(line).expect("JSON");
-        let f = &event["fields"];
-        f["rpc"] == "Authorize"
+        let f: serde_json::Value = serde_json::from_str(line).expect("JSON");
+        f["target"] == "atmost::audit"
+            && f["rpc"] == "Authorize"
             && f["idempotency_key"] == "abandoned"
             && f["outcome"] == "CANCELLED"
     });

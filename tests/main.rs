@@ -4,6 +4,8 @@
 //! `REDIS_URL` with a key prefix of its own).
 //!
 //! - `attacks`: the attack campaign, two replicas with real credentials.
+//! - `audit`: the audit trail's writer: its file, and an output that
+//!   stops taking lines (`drop` counts every loss, `block` loses none).
 //! - `auth`: API keys, roles, tenants, TLS and mTLS, the audit trail,
 //!   reloading the key file, dev mode.
 //! - `behaviour`: every behaviour case, once on each store.
@@ -56,6 +58,7 @@
 mod support;
 
 mod attacks;
+mod audit;
 mod auth;
 mod behaviour;
 mod campaign;

@@ -1,5 +1,5 @@
-//! The audit trail: one structured event per state-changing RPC (tracing
-//! target `atmost::audit`), whatever its answer: who called (the key's id
+//! The audit trail's events: one per state-changing RPC, written by
+//! [`crate::audit`] (a JSON line each), whatever its answer: who called (the key's id
 //! and tenant, never the key), which RPC, about which permit, tool and
 //! idempotency key, what was decided (the decision or the attempt's state,
 //! or the reason it was refused) and the attempt's id. Never a fingerprint,
@@ -23,8 +23,8 @@ use std::sync::Arc;
 /// before that.
 pub struct Audit {
     rpc: &'static str,
-    /// Whether the trail is on (`atmost::audit` at INFO): when it is off,
-    /// nothing is copied or formatted for it.
+    /// Whether the trail is on (`--audit-log`): when it is off, nothing is
+    /// copied or formatted for it.
     enabled: bool,
     caller: Option<Arc<Identity>>,
     /// What the request is about ([`clean`]ed), for the event of a
@@ -59,7 +59,7 @@ impl Audit {
     pub fn of<T>(rpc: &'static str, request: &tonic::Request<T>) -> Self {
         Self {
             rpc,
-            enabled: tracing::enabled!(target: "atmost::audit", tracing::Level::INFO),
+            enabled: crate::audit::enabled(),
             caller: request.extensions().get::<Arc<Identity>>().cloned(),
             about: None,
         }
@@ -128,9 +128,8 @@ impl Audit {
             Some(c) => (c.key_id.as_str(), c.tenant.as_str()),
             None => ("", ""),
         };
-        tracing::info!(
-            target: "atmost::audit",
-            rpc = self.rpc,
+        crate::audit::record(&crate::audit::Event {
+            rpc: self.rpc,
             key_id,
             tenant,
             permit_id,
@@ -138,8 +137,7 @@ impl Audit {
             idempotency_key,
             outcome,
             attempt_id,
-            "audit"
-        );
+        });
     }
 }
 

@@ -101,6 +101,35 @@ impl Instruments {
                 observer.observe(1, &[KeyValue::new("version", env!("CARGO_PKG_VERSION"))]);
             })
             .build();
+        // The audit trail's losses and waits (crate::audit): process-wide
+        // counters, zero while no trail is installed.
+        let audit = [
+            (
+                "atmost.audit.events.delayed",
+                "Audit events that found the buffer full and waited for room (--audit-when-full block)",
+                &crate::audit::counts().delayed,
+            ),
+            (
+                "atmost.audit.events.dropped",
+                "Audit events lost to a full buffer (--audit-when-full drop)",
+                &crate::audit::counts().dropped,
+            ),
+            (
+                "atmost.audit.write_errors",
+                "Audit lines the output refused (a full disk, a closed pipe): lost",
+                &crate::audit::counts().write_errors,
+            ),
+        ];
+        for (name, description, count) in audit {
+            instruments
+                .meter
+                .u64_observable_counter(name)
+                .with_description(description)
+                .with_callback(move |observer| {
+                    observer.observe(count.load(std::sync::atomic::Ordering::Relaxed), &[]);
+                })
+                .build();
+        }
         instruments
     }
 
