@@ -85,9 +85,18 @@ def mark(ok):
     return "ok " if ok else "MISS"
 
 
+def ceiling_rows(runs):
+    """The Redis ceiling's strategies, by name (tools/bench redis_ceiling)."""
+    return {r["strategy"]: r for r in runs if r["label"] == "redis-ceiling"}
+
+
 def ceilings(runs, m, clk_tck):
     """The ceilings, the scenarios and their targets (a full run only)."""
-    redis_ceiling = float(m["redis_evalsha_rps"])
+    strategies = ceiling_rows(runs)
+    # (a): the most Redis did with the script, however it was driven.
+    best = max(strategies.values(), key=lambda r: r["rps"])
+    redis_ceiling = best["rps"]
+    multiplexed = strategies.get("multiplexed")
     health = find(runs, "memory", "health")
     grpc_ceiling = health["throughput_rps"]
     steal = m.get("cpu_steal_percent")
@@ -99,7 +108,8 @@ def ceilings(runs, m, clk_tck):
     if "first_touch_thp_p50_us" in m:
         print(f"first touch of new memory: a 4 KiB page {m['first_touch_4k_p50_us']}us, "
               f"a transparent huge page {m['first_touch_thp_p50_us']}us (p50)")
-    print(f"(a) Redis ceiling, EVALSHA authorize.lua: {redis_ceiling:10.0f}/s")
+    print(f"(a) Redis ceiling, authorize.lua as the store sends it ({best['strategy']}): "
+          f"{redis_ceiling:10.0f}/s")
     print(f"(b) gRPC ceiling, health Check:           {grpc_ceiling:10.0f}/s   "
           f"p50 {health['p50_us']}us p99 {health['p99_us']}us")
     print()
@@ -116,15 +126,10 @@ def ceilings(runs, m, clk_tck):
             print(f"{store:<7}{scenario:<11}{rps:10.0f}{r['p50_us']:>6}us{r['p99_us']:>6}us"
                   f"{r['p999_us']:>6}us{r['errors']:>8} {to_a}{rps / grpc_ceiling:8.0%}")
     print()
-    mem = find(runs, "memory", "authorize")
     red = find(runs, "redis", "authorize")
-    checks = [
-        ("Redis authorize >= 50% of (a)", red["throughput_rps"] / redis_ceiling, 0.5),
-        ("Redis authorize >= 70% of (b)", red["throughput_rps"] / grpc_ceiling, 0.7),
-        ("memory authorize >= 90% of (b)", mem["throughput_rps"] / grpc_ceiling, 0.9),
-    ]
-    for name, value, target in checks:
-        print(f"  {mark(value >= target)} {name}: {value:.0%}")
+    print(f"  (Redis authorize: {red['throughput_rps'] / redis_ceiling:.0%} of (a)"
+          + (f", {red['throughput_rps'] / multiplexed['rps']:.0%} of the multiplexed connection"
+             if multiplexed else "") + ")")
     rounds = sorted({r["label"] for r in runs if r["label"].startswith("memory-round-")})
     ratios = [find(runs, label, "authorize")["throughput_rps"] / find(runs, label, "health")["throughput_rps"]
               for label in rounds]
@@ -132,41 +137,51 @@ def ceilings(runs, m, clk_tck):
         median = sorted(ratios)[len(ratios) // 2]
         print(f"  {mark(median >= 0.9)} memory authorize >= 90% of (b), {len(ratios)} interleaved rounds: "
               + " ".join(f"{x:.0%}" for x in ratios) + f" (median {median:.0%})")
+
     def cpu_us(store, scenario):
         ticks = m.get(f"{store}_{scenario}_cpu_ticks")
         total = m.get(f"{store}_{scenario}_cpu_requests")
         return None if ticks is None or not total else ticks / float(clk_tck) / total * 1e6
 
     floor = cpu_us("memory", "health")
-    floor_note = "" if floor is None else f"; a health check, the transport alone, costs {floor:.1f} us"
-    for store, r in (("memory", mem), ("redis", red)):
+    for store, extra in (("memory", 2.0), ("redis", 9.0)):
         micros = cpu_us(store, "authorize")
-        if micros is None:
+        if micros is None or floor is None:
             continue
-        print(f"  {mark(micros <= 30)} server CPU per Authorize ({store}): {micros:.1f} us (target <= 30{floor_note})")
+        print(f"  {mark(micros <= floor + extra)} server CPU per Authorize ({store}): {micros:.1f} us "
+              f"(target <= a health check's {floor:.1f} + {extra:.0f})")
         rss = m.get(f"{store}_peak_rss_kib")
         if rss is not None:
             note = " (holds every attempt of the run in process memory, by design)" if store == "memory" else ""
-            print(f"  {mark(rss <= 65536)} peak RSS ({store}): {rss / 1024:.1f} MiB (target <= 64){note}")
+            print(f"       peak RSS ({store}): {rss / 1024:.1f} MiB{note}")
+    with_audit, without = cpu_us("memory", "authorize"), cpu_us("memory-audit-off", "authorize")
+    if with_audit is not None and without is not None:
+        print(f"       the audit trail's cost (memory store): {with_audit - without:.1f} us per Authorize "
+              f"({with_audit:.1f} written to /dev/null, {without:.1f} off)")
+    if multiplexed:
+        usec = multiplexed["evalsha_usec_per_call"]
+        print(f"  {mark(usec <= 14)} authorize.lua's Redis time per call under (a): {usec:.2f} us (target <= 14); "
+              f"the multiplexed client's own CPU {multiplexed['client_cpu_us_per_call']:.1f} us per call")
     per_attempt = m.get("redis_bytes_per_finished_attempt")
     if per_attempt is not None:
         beyond = per_attempt - 16
-        print(f"  {mark(beyond <= 300)} Redis memory per finished attempt: {per_attempt} B, "
-              f"{beyond} B beyond its 16-byte result (target <= 300)")
+        print(f"  {mark(beyond <= 250)} Redis memory per finished attempt: {per_attempt} B, "
+              f"{beyond} B beyond its 16-byte result (target <= 250)")
 
 
 def summary(path, clk_tck):
     runs, m = load(path)
     print()
-    if "redis_evalsha_rps" in m and find(runs, "memory", "health"):
+    if ceiling_rows(runs) and find(runs, "memory", "health") and find(runs, "redis", "authorize"):
         ceilings(runs, m, clk_tck)
-    conns = [r for r in runs if r["label"] == "redis-connections"]
+    conns = ceiling_rows(runs).values()
     if conns:
         print()
-        print("Redis connection strategy (authorize script, same concurrency, client side):")
+        print("Redis connection strategy (authorize script as the store sends it, same concurrency):")
         for r in conns:
-            print(f"  {r['strategy']:<12} {r['rps']:>8.0f}/s  p50 {r['p50_us']:>6}us p99 {r['p99_us']:>6}us  "
-                  f"client CPU {r['client_cpu_us_per_call']:.1f} us/call")
+            print(f"  {r['strategy']:<16} {r['rps']:>8.0f}/s  p50 {r['p50_us']:>6}us p99 {r['p99_us']:>6}us  "
+                  f"client CPU {r['client_cpu_us_per_call']:.1f} us/call  "
+                  f"Redis {r['evalsha_usec_per_call']:.2f} us/script")
     sweep = sorted(
         (r for r in runs if r["label"].startswith("redis-sweep-")),
         key=lambda r: int(r["label"].rsplit("-", 1)[1]),
@@ -192,6 +207,10 @@ def summary(path, clk_tck):
             print(f"overload targets: at 150% {good:.2f} of peak ok (target >= 0.90, {mark(good >= 0.9)}); "
                   f"p99 at 150% / p99 at 50% = {tail:.1f} (target <= 4, {mark(tail <= 4)}); "
                   f"shed at 80%: {shed80} (target 0, {mark(shed80 == 0)})")
+            h50 = ceiling.get("50")
+            if h50:
+                print(f"p99 at 50% of peak: Redis store {at50['p99_us']}us, the transport (health) "
+                      f"{h50['p99_us']}us: {at50['p99_us'] / max(h50['p99_us'], 1):.1f}x")
     list_scale(runs)
     cluster(runs, m)
 

@@ -11,7 +11,8 @@
 # (scripts/readme.sh), the three clients through the same situations
 # against one atmost (scripts/cross_client.sh), then the deployment files
 # through promtool, kustomize and the Kubernetes schemas
-# (scripts/deploy_check.sh).
+# (scripts/deploy_check.sh), then the benchmark's smoke run (SMOKE=1
+# scripts/bench.sh).
 # Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,14 +98,24 @@ scripts/cross_client.sh 2>&1 | tee -a "$log"
 # The alert rules through promtool, the manifests through kustomize and
 # the Kubernetes schemas.
 scripts/deploy_check.sh 2>&1 | tee -a "$log"
+# The benchmark, every section at its smallest, on this build's binaries:
+# that each runs to the end and took the path it claims. No figure is
+# asserted (scripts/bench.sh measures; docs/performance.md reports).
+if [ $# -eq 0 ]; then
+  smoke=$(mktemp -d)
+  SMOKE=1 BENCH_BIN="$target/debug" OUT="$smoke" scripts/bench.sh
+  rm -rf "$smoke"
+  echo "bench smoke: 1 passed, 0 failed" | tee -a "$log"
+fi
 
 # One closing line for the whole run: every cargo test binary, plus the
 # README check and the receipt example, plus each client's closing line
 # ("<language> client: N passed, M failed", "mcp proxy: N passed, M failed"),
 # plus the cross-client test's ("cross client: N passed, M failed"),
-# plus the deployment checks' ("deploy checks: N passed, M failed").
+# plus the deployment checks' ("deploy checks: N passed, M failed"),
+# plus the benchmark's smoke run ("bench smoke: 1 passed, 0 failed").
 read -r passed failed < <(awk '
   /^test result:/ { p += $4; f += $6 }
-  /^[a-z]+ (client|proxy|checks): [0-9]+ passed, [0-9]+ failed$/ { p += $3; f += $5 }
+  /^[a-z]+ (client|proxy|checks|smoke): [0-9]+ passed, [0-9]+ failed$/ { p += $3; f += $5 }
   END { print p + 2, f }' "$log")
 echo "test.sh: ${passed} passed, ${failed} failed"

@@ -95,56 +95,136 @@ async fn bench_runs_every_scenario_against_the_real_server() {
     }
 }
 
-/// `--print-script` prints what the Redis store sends (bench.sh's Redis
-/// ceiling runs it with redis-benchmark): a script a real Redis loads and
-/// runs, answering as the store's own run would. An unknown name fails.
+/// The Redis ceiling (`redis_ceiling`) drives the authorize script with
+/// the store's own invocation and reads each reply with the store's own
+/// reader: tiny, every strategy on a Redis of its own (it resets the
+/// commandstats), each reported with Redis's time per script; nothing is
+/// left behind. A reply that is not a DISPATCH is an error to that reader
+/// (here, the same call on a permit that does not exist), which the tool
+/// turns into a failed run. No figure is asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bench_prints_the_scripts_the_redis_store_sends() {
+async fn the_redis_ceiling_runs_the_stores_own_calls() {
+    use atmost::store::redis::{RedisConfig, RedisStore};
     let _machine = shared().await;
-    let mut printed = Vec::new();
-    atmost_bench::print_script("authorize", &mut printed).expect("a script named authorize");
-    let text = String::from_utf8(printed).expect("UTF-8");
-    let body = atmost::store::redis::script_body("authorize").expect("authorize");
-    assert_eq!(text, atmost::store::redis::script_text(body));
-    let redis = Redis::start();
-    let mut conn = redis.connect().await;
-    let permit = format!("{}:{{{}}}", redis.prefix, uuid::Uuid::now_v7());
-    let keys = ["permit", "attempts", "open", "dup"].map(|k| format!("{permit}:{k}"));
-    let id = atmost::domain::new_id(1_767_225_600_000);
-    let packed: Vec<u8> = redis::Script::new(&text)
-        .key(&keys[..])
-        .arg("1767225600000")
-        .arg("t")
-        .arg("k")
-        .arg("fp")
-        .arg("1")
-        .arg(
-            uuid::Uuid::parse_str(&id)
-                .expect("uuid")
-                .as_bytes()
-                .as_slice(),
-        )
-        .arg("")
-        .invoke_async(&mut conn)
+    let redis = Redis::start_owned();
+    let json = std::env::temp_dir().join(format!("atmost-ceiling-{}.jsonl", uuid::Uuid::now_v7()));
+    let args = atmost_bench::ceiling::Args::parse_from([
+        "redis_ceiling",
+        "--redis-url",
+        &redis.url,
+        "--requests",
+        "200",
+        "--concurrency",
+        "4",
+        "--permits",
+        "2",
+        "--strategies",
+        "multiplexed,connections-4,pool-2",
+        "--json",
+        json.to_str().expect("a UTF-8 temp path"),
+    ]);
+    atmost_bench::ceiling::run(args)
         .await
-        .expect("the printed script runs");
-    let reply = atmost::store::redis::unpack_reply(&packed).expect("a reply the store reads");
+        .expect("every call a fresh DISPATCH");
+    let lines = std::fs::read_to_string(&json).expect("results");
+    let _ = std::fs::remove_file(&json);
+    let rows: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    let strategies: Vec<_> = rows.iter().map(|r| r["strategy"].as_str()).collect();
     assert_eq!(
-        reply[..2],
-        [
-            redis::Value::BulkString(b"ERR".to_vec()),
-            redis::Value::BulkString(b"PERMIT_NOT_FOUND".to_vec())
-        ]
+        strategies,
+        [Some("multiplexed"), Some("connections-4"), Some("pool-2")]
     );
+    for row in &rows {
+        assert!(row["rps"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        assert!(
+            row["evalsha_usec_per_call"].as_f64().unwrap_or(0.0) > 0.0,
+            "{row}"
+        );
+    }
+    let mut conn = redis.connect().await;
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("ceiling*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    assert!(left.is_empty(), "{left:?}");
 
-    assert!(atmost_bench::print_script("no_such_script", &mut Vec::new()).is_err());
-    let refused = atmost_bench::generate(atmost_bench::Args::parse_from([
-        "atmost-bench",
-        "--print-script",
-        "no_such_script",
-    ]))
-    .await;
-    assert!(refused.is_err(), "an unknown name must fail");
+    // The same call on a permit that does not exist: an error to the
+    // store's reader, not a DISPATCH.
+    let store = RedisStore::connect(&RedisConfig::new(redis.url.clone(), redis.prefix.clone()))
+        .expect("store");
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(RedisStore::authorize_script())
+        .exec_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    let cmd = atmost::domain::AuthorizeCmd {
+        permit_id: uuid::Uuid::now_v7().to_string(),
+        tool: "t".into(),
+        idempotency_key: "k".into(),
+        request_fingerprint: vec![1; 32],
+        cost: 1,
+        holder_token: Vec::new(),
+    };
+    let now = atmost_client::now_ms();
+    let packed: Vec<u8> = store
+        .authorize_command(&Default::default(), &cmd, now, &atmost::domain::new_id(now))
+        .query_async(&mut conn)
+        .await
+        .expect("the script runs");
+    let refused = RedisStore::authorize_reply(&cmd, &packed).expect_err("no such permit");
+    assert_eq!(refused.reason().as_str(), "PERMIT_NOT_FOUND", "{refused:?}");
+}
+
+/// A generator run whose calls did not take the path their scenario
+/// claims fails, after its report, unless `--allow-errors` names each kind
+/// of error it met: here `authorize` on a server that lets each permit
+/// hold one open attempt, so all but the first call per permit are
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_run_that_did_not_take_its_path_fails() {
+    let _machine = shared().await;
+    let server = spawn_atmost(&["--max-open-attempts", "1"]);
+    let target = format!("http://{}", server.addr());
+    let run = |allow: &'static str| {
+        let target = target.clone();
+        async move {
+            let mut argv = vec![
+                "atmost-bench",
+                "--target",
+                &target,
+                "--scenario",
+                "authorize",
+                "--requests",
+                "20",
+                "--concurrency",
+                "2",
+                "--permits",
+                "2",
+            ];
+            if !allow.is_empty() {
+                argv.extend(["--allow-errors", allow]);
+            }
+            atmost_bench::generate(atmost_bench::Args::parse_from(argv)).await
+        }
+    };
+    let failed = run("").await.expect_err("refusals are not DISPATCHes");
+    assert!(
+        failed.to_string().contains("QUOTA_OPEN_ATTEMPTS"),
+        "{failed}"
+    );
+    let failed = run("OVERLOADED").await.expect_err("not the error allowed");
+    assert!(
+        failed.to_string().contains("QUOTA_OPEN_ATTEMPTS"),
+        "{failed}"
+    );
+    run("OVERLOADED,QUOTA_OPEN_ATTEMPTS")
+        .await
+        .expect("every error allowed");
 }
 
 /// The ListUncertain scale measurement (docs/performance.md, "ListUncertain

@@ -467,6 +467,89 @@ impl RedisStore {
     }
 }
 
+/// The benchmark's Redis ceiling drives the authorize script exactly as
+/// [`Store::authorize`] does, through these: the same invocation, the same
+/// reading of its reply.
+impl RedisStore {
+    /// The script call of [`Store::authorize`] for `cmd`.
+    fn authorize_invocation(
+        &self,
+        scope: &Scope,
+        cmd: &AuthorizeCmd,
+        now: Millis,
+        attempt_id: &str,
+    ) -> Invocation {
+        let mut inv = Lua::Authorize.prepare_invoke();
+        self.keys(&cmd.permit_id).all(&mut inv);
+        inv.arg(self.now_arg(now))
+            .arg(&cmd.tool)
+            .arg(&cmd.idempotency_key)
+            .arg(&cmd.request_fingerprint)
+            .arg(cmd.cost)
+            .arg(id_bytes(attempt_id))
+            .arg(&cmd.holder_token);
+        Self::scope_args(&mut inv, scope);
+        inv.arg(self.quotas.max_open_attempts)
+            .arg(self.quotas.max_attempts)
+            .arg(&scope.key_id);
+        inv
+    }
+
+    /// The `EVALSHA` that [`Store::authorize`] sends for `cmd`, byte for
+    /// byte (the script must be loaded: [`Self::authorize_script`]), for a
+    /// tool that drives Redis the way the store does (the benchmark's
+    /// ceiling). No retry, no reload, no `WAIT`: those are the store's.
+    pub fn authorize_command(
+        &self,
+        scope: &Scope,
+        cmd: &AuthorizeCmd,
+        now: Millis,
+        attempt_id: &str,
+    ) -> redis::Cmd {
+        self.authorize_invocation(scope, cmd, now, attempt_id)
+            .evalsha()
+    }
+
+    /// The authorize script as the store loads it (`SCRIPT LOAD`).
+    pub fn authorize_script() -> &'static str {
+        Lua::Authorize.text()
+    }
+
+    /// A reply to [`Self::authorize_command`], read as [`Store::authorize`]
+    /// reads it: the answer, or the error the store would return.
+    pub fn authorize_reply(cmd: &AuthorizeCmd, packed: &[u8]) -> Result<Authorized, Error> {
+        read_authorized(cmd, unpack_reply(packed)?)
+    }
+}
+
+/// authorize.lua's reply (unpacked), for `cmd`.
+fn read_authorized(cmd: &AuthorizeCmd, reply: Vec<Value>) -> Result<Authorized, Error> {
+    let about = About {
+        tool: Some(&cmd.tool),
+        cost: Some(cmd.cost),
+        ..About::key(&cmd.permit_id, &cmd.idempotency_key)
+    };
+    let (verdict, mut f) = open(reply, &about)?;
+    let (decision, redelivered) = match verdict.as_str() {
+        "DISPATCH" => (Decision::Dispatch, false),
+        "REDELIVERED" => (Decision::Dispatch, true),
+        "REPLAY" => (Decision::Replay, false),
+        other => return Err(malformed(format!("verdict {other:?}"))),
+    };
+    let attempt = decode_attempt(&cmd.permit_id, f.array()?)?;
+    let usage = decode_usage(f.array()?)?;
+    let duplicate_of = Some(f.string()?).filter(|k| !k.is_empty());
+    let lease_remaining_ms = f.int()?;
+    Ok(Authorized {
+        decision,
+        attempt,
+        usage,
+        duplicate_of,
+        redelivered,
+        lease_remaining_ms,
+    })
+}
+
 // === the operations ===
 
 impl Store for RedisStore {
@@ -570,43 +653,8 @@ impl Store for RedisStore {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        let mut inv = Lua::Authorize.prepare_invoke();
-        self.keys(&cmd.permit_id).all(&mut inv);
-        inv.arg(self.now_arg(now))
-            .arg(&cmd.tool)
-            .arg(&cmd.idempotency_key)
-            .arg(&cmd.request_fingerprint)
-            .arg(cmd.cost)
-            .arg(id_bytes(&attempt_id))
-            .arg(&cmd.holder_token);
-        Self::scope_args(&mut inv, scope);
-        inv.arg(self.quotas.max_open_attempts)
-            .arg(self.quotas.max_attempts)
-            .arg(&scope.key_id);
-        let about = About {
-            tool: Some(&cmd.tool),
-            cost: Some(cmd.cost),
-            ..About::key(&cmd.permit_id, &cmd.idempotency_key)
-        };
-        let (verdict, mut f) = open(self.run(&inv).await?, &about)?;
-        let (decision, redelivered) = match verdict.as_str() {
-            "DISPATCH" => (Decision::Dispatch, false),
-            "REDELIVERED" => (Decision::Dispatch, true),
-            "REPLAY" => (Decision::Replay, false),
-            other => return Err(malformed(format!("verdict {other:?}"))),
-        };
-        let attempt = decode_attempt(&cmd.permit_id, f.array()?)?;
-        let usage = decode_usage(f.array()?)?;
-        let duplicate_of = Some(f.string()?).filter(|k| !k.is_empty());
-        let lease_remaining_ms = f.int()?;
-        Ok(Authorized {
-            decision,
-            attempt,
-            usage,
-            duplicate_of,
-            redelivered,
-            lease_remaining_ms,
-        })
+        let inv = self.authorize_invocation(scope, cmd, now, &attempt_id);
+        read_authorized(cmd, self.run(&inv).await?)
     }
 
     async fn commit(

@@ -17,8 +17,11 @@
 //! ```
 //!
 //! [`list_scale`] (the `list_scale` binary) measures ListUncertain as a
-//! permit's open attempts grow, driving the stores in process.
+//! permit's open attempts grow, driving the stores in process; [`ceiling`]
+//! (the `redis_ceiling` binary) drives the authorize script as the Redis
+//! store does, for the Redis ceiling.
 
+pub mod ceiling;
 pub mod list_scale;
 
 use atmost_client::{Client, NewPermit, pb};
@@ -51,12 +54,14 @@ pub struct Args {
     /// The atmost to load.
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub target: String,
-    #[arg(long, value_enum, required_unless_present = "print_script")]
-    pub scenario: Option<Scenario>,
-    /// Print one of atmost's Redis scripts exactly as the Redis store sends
-    /// it (e.g. `authorize`, for the benchmark's Redis ceiling) and exit.
-    #[arg(long, value_name = "NAME")]
-    pub print_script: Option<String>,
+    #[arg(long, value_enum)]
+    pub scenario: Scenario,
+    /// Errors this run may meet (reasons or codes, e.g. `OVERLOADED` for
+    /// a run past the peak): any other, or any error without this, fails
+    /// the run after its report. A run whose calls did not take the path
+    /// its scenario claims measured something else.
+    #[arg(long, value_delimiter = ',', value_name = "KIND,...")]
+    pub allow_errors: Vec<String>,
     /// Requests in flight (closed loop), or the most in flight (open loop).
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
@@ -336,22 +341,10 @@ async fn open_loop(
     tally
 }
 
-/// Writes one of the Redis store's scripts to `out` exactly as the store
-/// sends it (`lib.lua`, the script, the packing), by name (`--print-script`).
-pub fn print_script(name: &str, out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
-    let body = atmost::store::redis::script_body(name)
-        .ok_or_else(|| format!("no script named {name:?}"))?;
-    out.write_all(atmost::store::redis::script_text(body).as_bytes())?;
-    Ok(())
-}
-
-/// Runs what `args` ask for: prints a script, or drives one scenario and
-/// reports it.
+/// Drives the scenario `args` ask for and reports it; fails if the run
+/// met an error `--allow-errors` does not name.
 pub async fn generate(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    if let Some(name) = &args.print_script {
-        return print_script(name, &mut std::io::stdout().lock());
-    }
-    let scenario = args.scenario.expect("clap requires a scenario");
+    let scenario = args.scenario;
     let mut clients = Vec::new();
     for _ in 0..args.connections.max(1) {
         clients.push(Client::connect(args.target.clone()).await?);
@@ -421,6 +414,18 @@ pub async fn generate(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => args.duration,
     };
     report(&args, scenario, &tally, elapsed)?;
+    let unexpected: BTreeMap<_, _> = tally
+        .errors
+        .iter()
+        .filter(|(kind, _)| !args.allow_errors.contains(kind))
+        .collect();
+    if !unexpected.is_empty() {
+        return Err(format!(
+            "{scenario:?}: calls did not take the scenario's path: {unexpected:?} \
+             (--allow-errors names the kinds a run may meet)"
+        )
+        .into());
+    }
     Ok(())
 }
 
