@@ -28,7 +28,7 @@ import {
   type Dispatch,
   type RetryEvent,
 } from "../src/index.js";
-import { Atmost, FakeTool, createPermit, freePort, key } from "./support.js";
+import { Atmost, FakeTool, createPermit, freePort, freeze, key } from "./support.js";
 
 const TOOL = "wallet.charge";
 const CHARGE = { amount: 500, currency: "EUR", to: "acct_42" };
@@ -694,7 +694,7 @@ describe("guarded call, with atmost going away or coming late", { timeout: 120_0
     try {
       const permit = await createPermit(client, [TOOL]);
       const tool = new FakeTool();
-      atmost.process.kill("SIGSTOP");
+      await freeze(atmost.process);
       const error = await rejection(
         client.guarded(
           { permitId: permit.permitId, tool: TOOL, idempotencyKey: key("stalled"), request: CHARGE, retry: { maxTotalMs: 1_000 } },

@@ -6,7 +6,7 @@
  */
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { createHash, randomUUID } from "node:crypto";
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { connect, createServer, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -191,6 +191,32 @@ function pong(path: string): Promise<boolean> {
 }
 
 /** A loopback port nothing listens on right now. */
+/**
+ * Stops `child` (SIGSTOP) and waits until every one of its threads is
+ * stopped. The kernel wakes one thread to take the signal and stops the
+ * others after it has run: on a busy machine a worker thread can answer a
+ * request sent meanwhile, so a test that needs a process that answers
+ * nothing waits for this.
+ */
+export async function freeze(child: ChildProcess): Promise<void> {
+  child.kill("SIGSTOP");
+  const giveUp = performance.now() + 10_000;
+  const state = (stat: string) => stat.charAt(stat.lastIndexOf(")") + 2);
+  for (;;) {
+    const tasks = readdirSync(`/proc/${child.pid}/task`);
+    const running = tasks.filter((task) => {
+      try {
+        return state(readFileSync(`/proc/${child.pid}/task/${task}/stat`, "utf8")) !== "T";
+      } catch {
+        return false; // a thread that has exited
+      }
+    });
+    if (running.length === 0) return;
+    if (performance.now() > giveUp) throw new Error(`pid ${child.pid}: ${running.length} threads still running 10 s after SIGSTOP`);
+    await new Promise((r) => setTimeout(r, 2));
+  }
+}
+
 export async function freePort(): Promise<number> {
   const server = createServer();
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
