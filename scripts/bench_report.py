@@ -154,10 +154,10 @@ def ceilings(runs, m, clk_tck):
         if rss is not None:
             note = " (holds every attempt of the run in process memory, by design)" if store == "memory" else ""
             print(f"       peak RSS ({store}): {rss / 1024:.1f} MiB{note}")
-    with_audit, without = cpu_us("memory", "authorize"), cpu_us("memory-audit-off", "authorize")
+    with_audit, without = cpu_us("memory-audit-on", "authorize"), cpu_us("memory-audit-off", "authorize")
     if with_audit is not None and without is not None:
-        print(f"       the audit trail's cost (memory store): {with_audit - without:.1f} us per Authorize "
-              f"({with_audit:.1f} written to /dev/null, {without:.1f} off)")
+        print(f"       the audit trail's cost (memory store, two fresh servers): {with_audit - without:.1f} us "
+              f"per Authorize ({with_audit:.1f} written to /dev/null, {without:.1f} off)")
     if multiplexed:
         usec = multiplexed["evalsha_usec_per_call"]
         print(f"  {mark(usec <= 14)} authorize.lua's Redis time per call under (a): {usec:.2f} us (target <= 14); "

@@ -14,8 +14,10 @@
 //! and the service slows to the output's pace; `drop` loses the event and
 //! goes on. Either is counted: `atmost_audit_events_delayed_total` and
 //! `atmost_audit_events_dropped_total`, beside the lines the output refused
-//! (`atmost_audit_write_errors_total`, also logged). Nothing is lost
-//! silently.
+//! (`atmost_audit_write_errors_total`, also logged). The events of calls
+//! the authentication layer refused never wait ([`record_refusal`]). At
+//! exit, events not written out are reported with their number. Nothing
+//! is lost silently.
 //!
 //! One trail per process, installed by `main` ([`install`]); where none is
 //! installed (a server run in process by a test) the trail is off and an
@@ -95,8 +97,8 @@ pub struct Event<'a> {
 /// What the writer thread is sent.
 enum Msg {
     Line(Vec<u8>),
-    /// Answer once everything sent before is written and flushed.
-    Flush(SyncSender<()>),
+    /// Answer, once everything sent before is written out, whether it was.
+    Flush(SyncSender<bool>),
 }
 
 struct Trail {
@@ -105,19 +107,35 @@ struct Trail {
     counts: &'static Counts,
 }
 
-/// The trail's counters, for the metrics.
+/// The trail's counters, for the metrics. Every event handed to the trail
+/// ends in exactly one of `written`, `dropped` and `write_errors`, or is
+/// still queued.
 #[derive(Debug, Default)]
 pub struct Counts {
+    /// Events queued.
+    pub queued: AtomicU64,
+    /// Lines the output took.
+    pub written: AtomicU64,
     /// Events that found the buffer full and waited for room (`block`).
     pub delayed: AtomicU64,
-    /// Events lost to a full buffer (`drop`).
+    /// Events lost to a full buffer (`drop`, and refusals in either mode).
     pub dropped: AtomicU64,
-    /// Lines the output refused (a full disk, a closed pipe).
+    /// Lines the output refused (a full disk, a closed pipe): lost.
     pub write_errors: AtomicU64,
+}
+
+impl Counts {
+    /// Events queued and not (yet) written out or lost to a write error.
+    pub fn unwritten(&self) -> u64 {
+        let done = self.written.load(Ordering::Relaxed) + self.write_errors.load(Ordering::Relaxed);
+        self.queued.load(Ordering::Relaxed).saturating_sub(done)
+    }
 }
 
 static TRAIL: OnceLock<Trail> = OnceLock::new();
 static COUNTS: Counts = Counts {
+    queued: AtomicU64::new(0),
+    written: AtomicU64::new(0),
     delayed: AtomicU64::new(0),
     dropped: AtomicU64::new(0),
     write_errors: AtomicU64::new(0),
@@ -152,8 +170,8 @@ pub fn install(config: &Config) -> Result<(), String> {
     Ok(())
 }
 
-/// Opens `path` for appending, creating it: what `--audit-log PATH` checks
-/// before anything starts.
+/// Opens `path` for appending, creating it: `--audit-log PATH`, checked
+/// when the trail is installed, before the server binds.
 pub fn open(path: &std::path::Path) -> Result<std::fs::File, String> {
     std::fs::OpenOptions::new()
         .create(true)
@@ -175,23 +193,43 @@ pub fn counts() -> &'static Counts {
 /// Queues one event's line, as the trail's [`WhenFull`] says when the
 /// buffer is full. Nothing when no trail is installed.
 pub fn record(event: &Event<'_>) {
-    let Some(trail) = TRAIL.get() else {
-        return;
-    };
+    if let Some(trail) = TRAIL.get() {
+        queue(trail, event, trail.when_full);
+    }
+}
+
+/// [`record`] for a call the authentication layer refused (no key, a bad
+/// one, a role not allowed): never waits for room, whatever
+/// `--audit-when-full` says. A flood of such calls cannot slow the
+/// service through the trail; with the buffer full their events are lost,
+/// and counted as dropped.
+pub fn record_refusal(event: &Event<'_>) {
+    if let Some(trail) = TRAIL.get() {
+        queue(trail, event, WhenFull::Drop);
+    }
+}
+
+fn queue(trail: &Trail, event: &Event<'_>, when_full: WhenFull) {
     let line = line(event, std::time::SystemTime::now());
+    let counts = trail.counts;
     match trail.queue.try_send(Msg::Line(line)) {
-        Ok(()) => {}
-        Err(TrySendError::Full(msg)) => match trail.when_full {
+        Ok(()) => {
+            counts.queued.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(TrySendError::Full(msg)) => match when_full {
             WhenFull::Drop => {
-                trail.counts.dropped.fetch_add(1, Ordering::Relaxed);
+                counts.dropped.fetch_add(1, Ordering::Relaxed);
             }
             WhenFull::Block => {
-                trail.counts.delayed.fetch_add(1, Ordering::Relaxed);
-                // Only a writer thread that died closes the queue: its
-                // lines are counted as write errors.
+                counts.delayed.fetch_add(1, Ordering::Relaxed);
+                // Counted queued before the send: the writer may write it
+                // (and count it written) before send returns.
+                counts.queued.fetch_add(1, Ordering::Relaxed);
+                // Only a writer thread that died closes the queue: the line
+                // is lost to the output.
                 let wait = || {
                     if trail.queue.send(msg).is_err() {
-                        trail.counts.write_errors.fetch_add(1, Ordering::Relaxed);
+                        counts.write_errors.fetch_add(1, Ordering::Relaxed);
                     }
                 };
                 // On a Tokio worker, the worker's other tasks move to
@@ -206,16 +244,18 @@ pub fn record(event: &Event<'_>) {
             }
         },
         Err(TrySendError::Disconnected(_)) => {
-            trail.counts.write_errors.fetch_add(1, Ordering::Relaxed);
+            counts.queued.fetch_add(1, Ordering::Relaxed);
+            counts.write_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
 /// Waits (at most `timeout`) until every event queued before is written
-/// and flushed: at shutdown, after the last request. Whether it was.
-pub fn flush(timeout: Duration) -> bool {
+/// out: at shutdown, after the last request. `Err` says why not; the
+/// events not written are [`Counts::unwritten`].
+pub fn flush(timeout: Duration) -> Result<(), String> {
     let Some(trail) = TRAIL.get() else {
-        return true;
+        return Ok(());
     };
     let (done, wait) = std::sync::mpsc::sync_channel(1);
     let deadline = std::time::Instant::now() + timeout;
@@ -228,11 +268,17 @@ pub fn flush(timeout: Duration) -> bool {
                 msg = back;
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err(_) => return false,
+            Err(TrySendError::Full(_)) => {
+                return Err(format!("the output took nothing for {timeout:?}"));
+            }
+            Err(TrySendError::Disconnected(_)) => return Err("the writer has stopped".into()),
         }
     }
-    wait.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
-        .is_ok()
+    match wait.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("the output refused lines".into()),
+        Err(_) => Err(format!("the output took not everything within {timeout:?}")),
+    }
 }
 
 /// One event as its JSON line (with the newline).
@@ -256,66 +302,97 @@ fn line(event: &Event<'_>, at: std::time::SystemTime) -> Vec<u8> {
     out
 }
 
-/// How long a written line may wait in the writer's buffer: lines are
-/// flushed together once the queue is empty and this has passed since the
-/// first unflushed one (or the buffer fills), so under load one `write(2)`
-/// carries many lines.
+/// How long a line may wait in the writer's batch: a batch is written once
+/// the queue is empty and this has passed since its first line came in,
+/// or once it holds [`BATCH_BYTES`], so under load one `write(2)` carries
+/// many lines.
 const LINGER: Duration = Duration::from_millis(10);
 
-/// The writer thread: writes what is queued, flushing at most [`LINGER`]
-/// after a line was written, until every sender is gone.
-fn write_all(lines: Receiver<Msg>, out: Box<dyn Write + Send>, counts: &Counts) {
-    use std::sync::mpsc::RecvTimeoutError;
-    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
-    let mut failing = false;
-    let mut note = |result: std::io::Result<()>, lines: u64| match result {
-        Ok(()) => failing = false,
-        Err(e) => {
-            counts
-                .write_errors
-                .fetch_add(lines.max(1), Ordering::Relaxed);
-            // Once per failing spell, not per line.
-            if !failing {
-                tracing::error!(error = %e, "the audit trail cannot be written: events are lost");
-            }
-            failing = true;
+/// The most bytes one batch holds before it is written.
+const BATCH_BYTES: usize = 64 * 1024;
+
+/// The writer's batch: the lines since the last write, and how many.
+struct Batch {
+    bytes: Vec<u8>,
+    lines: u64,
+    since: std::time::Instant,
+    /// Whether the last write failed (one log line per failing spell).
+    failing: bool,
+}
+
+impl Batch {
+    fn push(&mut self, line: &[u8]) {
+        if self.lines == 0 {
+            self.since = std::time::Instant::now();
         }
+        self.bytes.extend_from_slice(line);
+        self.lines += 1;
+    }
+
+    /// Writes the batch out: its lines count as written, or all as lost
+    /// to a write error (a write that failed part way may have put some of
+    /// them out: they are counted lost, never twice). Whether it was.
+    fn write(&mut self, out: &mut dyn Write, counts: &Counts) -> bool {
+        if self.lines == 0 {
+            return true;
+        }
+        let result = out.write_all(&self.bytes).and_then(|()| out.flush());
+        let lines = std::mem::take(&mut self.lines);
+        self.bytes.clear();
+        match result {
+            Ok(()) => {
+                counts.written.fetch_add(lines, Ordering::Relaxed);
+                self.failing = false;
+                true
+            }
+            Err(e) => {
+                counts.write_errors.fetch_add(lines, Ordering::Relaxed);
+                if !self.failing {
+                    tracing::error!(error = %e, lines, "the audit trail cannot be written: events are lost");
+                }
+                self.failing = true;
+                false
+            }
+        }
+    }
+}
+
+/// The writer thread: batches what is queued and writes each batch at
+/// most [`LINGER`] after its first line, until every sender is gone.
+fn write_all(lines: Receiver<Msg>, mut out: Box<dyn Write + Send>, counts: &Counts) {
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut batch = Batch {
+        bytes: Vec::with_capacity(BATCH_BYTES + 1024),
+        lines: 0,
+        since: std::time::Instant::now(),
+        failing: false,
     };
-    // Lines written since the last flush, and when the first was.
-    let mut pending = 0u64;
-    let mut since = std::time::Instant::now();
     loop {
-        let msg = if pending == 0 {
+        let msg = if batch.lines == 0 {
             lines.recv().map_err(|_| RecvTimeoutError::Disconnected)
         } else {
-            lines
-                .recv_timeout((since + LINGER).saturating_duration_since(std::time::Instant::now()))
+            lines.recv_timeout(
+                (batch.since + LINGER).saturating_duration_since(std::time::Instant::now()),
+            )
         };
         match msg {
             Ok(Msg::Line(line)) => {
-                if pending == 0 {
-                    since = std::time::Instant::now();
-                }
-                pending += 1;
-                note(out.write_all(&line), 1);
-                if since.elapsed() >= LINGER {
-                    note(out.flush(), pending);
-                    pending = 0;
+                batch.push(&line);
+                if batch.bytes.len() >= BATCH_BYTES || batch.since.elapsed() >= LINGER {
+                    batch.write(&mut *out, counts);
                 }
             }
             Ok(Msg::Flush(done)) => {
-                note(out.flush(), pending);
-                pending = 0;
-                let _ = done.try_send(());
+                let written = batch.write(&mut *out, counts);
+                let _ = done.try_send(written);
             }
             Err(RecvTimeoutError::Timeout) => {
-                note(out.flush(), pending);
-                pending = 0;
+                batch.write(&mut *out, counts);
             }
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
-    let _ = out.flush();
+    batch.write(&mut *out, counts);
 }
 
 #[cfg(test)]

@@ -467,9 +467,17 @@ fn main() -> std::process::ExitCode {
                 // Flushes the spans and metrics, while the runtime the
                 // exporters' channels run on is still there.
                 telemetry.shutdown();
-                // Every request has been answered: its events are queued.
-                if !atmost::audit::flush(Duration::from_secs(10)) {
-                    eprintln!("atmost: the audit trail was not flushed within 10 s");
+                // What the drain left running (it may end at its grace)
+                // is dropped: an abandoned request's CANCELLED event is
+                // queued then. A request waiting on a stuck audit output
+                // is not waited for past a second.
+                runtime.shutdown_timeout(Duration::from_secs(1));
+                if let Err(why) = atmost::audit::flush(Duration::from_secs(10)) {
+                    let counts = atmost::audit::counts();
+                    eprintln!(
+                        "atmost: the audit trail was not written out ({why}): {} events not written",
+                        counts.unwritten()
+                    );
                 }
                 served
             }

@@ -111,7 +111,8 @@ impl Instruments {
             ),
             (
                 "atmost.audit.events.dropped",
-                "Audit events lost to a full buffer (--audit-when-full drop)",
+                "Audit events lost to a full buffer (--audit-when-full drop; in either \
+                 mode, the events of calls the authentication layer refused)",
                 &crate::audit::counts().dropped,
             ),
             (

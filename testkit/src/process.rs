@@ -482,6 +482,12 @@ fn spawn_atmost(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()),
         )
+        // No audit trail on the test's stderr (a test that reads it asks
+        // with --audit-log, or ATMOST_AUDIT_LOG in `env`).
+        .env(
+            "ATMOST_AUDIT_LOG",
+            std::env::var("ATMOST_AUDIT_LOG").unwrap_or_else(|_| "off".into()),
+        )
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(stderr)

@@ -70,7 +70,8 @@ export class Atmost {
   static async start(args: string[] = [], listen = "127.0.0.1:0"): Promise<Atmost> {
     const child = spawn(atmostBin(), ["serve", "--listen", listen, ...args], {
       stdio: ["ignore", "pipe", "pipe"],
-      env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "warn" },
+      // No audit trail in the captured stderr (nothing here reads it).
+      env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "warn", ATMOST_AUDIT_LOG: "off" },
     });
     running.add(child);
     let stderr = "";
@@ -190,7 +191,6 @@ function pong(path: string): Promise<boolean> {
   });
 }
 
-/** A loopback port nothing listens on right now. */
 /**
  * Stops `child` (SIGSTOP) and waits until every one of its threads is
  * stopped. The kernel wakes one thread to take the signal and stops the
@@ -202,6 +202,7 @@ export async function freeze(child: ChildProcess): Promise<void> {
   child.kill("SIGSTOP");
   const giveUp = performance.now() + 10_000;
   const state = (stat: string) => stat.charAt(stat.lastIndexOf(")") + 2);
+  if (child.exitCode !== null || child.signalCode !== null) throw new Error(`pid ${child.pid} has exited: nothing to freeze`);
   for (;;) {
     const tasks = readdirSync(`/proc/${child.pid}/task`);
     const running = tasks.filter((task) => {
@@ -217,6 +218,7 @@ export async function freeze(child: ChildProcess): Promise<void> {
   }
 }
 
+/** A loopback port nothing listens on right now. */
 export async function freePort(): Promise<number> {
   const server = createServer();
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));

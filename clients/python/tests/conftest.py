@@ -63,6 +63,8 @@ class Server:
     ) -> None:
         # atmost reads every flag from ATMOST_* too: none of the caller's may leak in.
         env = {k: v for k, v in os.environ.items() if not k.startswith("ATMOST_")}
+        # No audit trail in the server's stderr file (nothing here reads it).
+        env["ATMOST_AUDIT_LOG"] = "off"
         self.stderr_path = (
             tmp or pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
         ) / f"atmost-{secrets.token_hex(4)}.stderr"

@@ -12,8 +12,9 @@
 //!
 //! - `multiplexed`: one `redis::aio::ConnectionManager` shared by every
 //!   task, requests pipelined on it (what the Redis store does);
-//! - `connections-N`: one connection per task, one call in flight on each
-//!   (what `redis-benchmark -c N` does);
+//! - `connections-N`: N connections, the tasks spread over them (with N
+//!   at the concurrency, one call in flight on each, as `redis-benchmark
+//!   -c N` does);
 //! - `pool-N`: a `deadpool-redis` pool of N connections, one checkout per
 //!   call (deadpool recycles a connection on every checkout).
 //!
@@ -210,28 +211,6 @@ async fn drive(
     Ok(all)
 }
 
-/// Redis's own time per `EVALSHA` since the last `CONFIG RESETSTAT`:
-/// (calls, microseconds per call).
-async fn evalsha_stats(conn: &mut ConnectionManager) -> Result<(u64, f64), BoxError> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await?;
-    for line in info.lines() {
-        if let Some(stats) = line.strip_prefix("cmdstat_evalsha:") {
-            let field = |name: &str| {
-                stats
-                    .split(',')
-                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .ok_or_else(|| format!("cmdstat_evalsha without {name}: {line}"))
-            };
-            return Ok((field("calls")? as u64, field("usec_per_call")?));
-        }
-    }
-    Ok((0, 0.0))
-}
-
 /// Runs every strategy of `args` and reports each.
 pub async fn run(args: Args) -> Result<(), BoxError> {
     let info = connection_info(&args.redis_url)?;
@@ -257,8 +236,22 @@ pub async fn run(args: Args) -> Result<(), BoxError> {
         "{:<16} {:>10} {:>9} {:>9} {:>9} {:>16} {:>18}",
         "strategy", "calls/s", "p50", "p99", "p99.9", "client cpu/call", "Redis time/script"
     );
+    let measured = measure(&args, &store, &client, &info, &mut admin).await;
+    // Leave nothing behind in a shared Redis, whatever happened.
+    let cleaned = cleanup(&mut admin, &prefix).await;
+    measured.and(cleaned)
+}
+
+/// Each strategy of `args` in turn, reported.
+async fn measure(
+    args: &Args,
+    store: &Arc<RedisStore>,
+    client: &redis::Client,
+    info: &redis::ConnectionInfo,
+    admin: &mut ConnectionManager,
+) -> Result<(), BoxError> {
     for name in &args.strategies {
-        let strategy = Strategy::open(name, &client, &info).await?;
+        let strategy = Strategy::open(name, client, info).await?;
         let now = SystemClock.now();
         let mut permits = Vec::with_capacity(args.permits);
         for _ in 0..args.permits.max(1) {
@@ -278,7 +271,7 @@ pub async fn run(args: Args) -> Result<(), BoxError> {
         let permits = Arc::new(permits);
         let run = format!("r{}", uuid::Uuid::now_v7().simple());
         drive(
-            &store,
+            store,
             &strategy,
             &permits,
             &format!("{run}w"),
@@ -288,12 +281,12 @@ pub async fn run(args: Args) -> Result<(), BoxError> {
         .await?;
         redis::cmd("CONFIG")
             .arg("RESETSTAT")
-            .exec_async(&mut admin)
+            .exec_async(admin)
             .await?;
         let ticks = cpu_ticks();
         let started = Instant::now();
         let hist = drive(
-            &store,
+            store,
             &strategy,
             &permits,
             &run,
@@ -302,7 +295,8 @@ pub async fn run(args: Args) -> Result<(), BoxError> {
         )
         .await?;
         let elapsed = started.elapsed().as_secs_f64();
-        let (calls, usec_per_call) = evalsha_stats(&mut admin).await?;
+        let (calls, usec) = crate::command_stats(admin, "evalsha").await?;
+        let usec_per_call = usec as f64 / calls.max(1) as f64;
         if calls < args.requests {
             return Err(format!(
                 "{name}: Redis counted {calls} EVALSHA for {} calls",
@@ -334,7 +328,11 @@ pub async fn run(args: Args) -> Result<(), BoxError> {
             writeln!(f, "{line}")?;
         }
     }
-    // Leave nothing behind in a shared Redis.
+    Ok(())
+}
+
+/// Deletes every key under `prefix`.
+async fn cleanup(admin: &mut ConnectionManager, prefix: &str) -> Result<(), BoxError> {
     let mut cursor = 0u64;
     loop {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -343,10 +341,10 @@ pub async fn run(args: Args) -> Result<(), BoxError> {
             .arg(format!("{prefix}:*"))
             .arg("COUNT")
             .arg(1000)
-            .query_async(&mut admin)
+            .query_async(admin)
             .await?;
         if !keys.is_empty() {
-            redis::cmd("DEL").arg(&keys).exec_async(&mut admin).await?;
+            redis::cmd("DEL").arg(&keys).exec_async(admin).await?;
         }
         if next == 0 {
             break;

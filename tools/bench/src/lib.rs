@@ -170,12 +170,41 @@ async fn one(plan: &Plan, n: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn authorize_request(permit: &str, key: &str, n: u64) -> pb::AuthorizeRequest {
-    // A 32-byte fingerprint, unique per key (as a SHA-256 would be).
-    let mut fingerprint = Vec::with_capacity(32);
-    for i in 0..4u64 {
-        fingerprint.extend_from_slice(&(n ^ (i << 60)).to_le_bytes());
+/// A 32-byte fingerprint for request `n`, unique per request (as a
+/// SHA-256 would be).
+pub fn fingerprint(n: u64) -> Vec<u8> {
+    (0..4u64)
+        .flat_map(|i| (n ^ (i << 60)).to_le_bytes())
+        .collect()
+}
+
+/// `calls` and `usec` of `cmdstat_<command>` in `INFO commandstats` (0, 0
+/// when the command has not run since the last `CONFIG RESETSTAT`).
+pub async fn command_stats(
+    conn: &mut impl redis::aio::ConnectionLike,
+    command: &str,
+) -> Result<(u64, u64), Box<dyn std::error::Error + Send + Sync>> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let prefix = format!("cmdstat_{command}:");
+    let Some(stats) = info.lines().find_map(|l| l.strip_prefix(prefix.as_str())) else {
+        return Ok((0, 0));
+    };
+    let (mut calls, mut usec) = (0, 0);
+    for kv in stats.split(',') {
+        match kv.split_once('=') {
+            Some(("calls", v)) => calls = v.trim().parse()?,
+            Some(("usec", v)) => usec = v.trim().parse()?,
+            _ => {}
+        }
     }
+    Ok((calls, usec))
+}
+
+fn authorize_request(permit: &str, key: &str, n: u64) -> pb::AuthorizeRequest {
+    let fingerprint = fingerprint(n);
     pb::AuthorizeRequest {
         permit_id: permit.to_owned(),
         tool: "search".into(),
@@ -210,6 +239,9 @@ struct Tally {
     /// own scheduling lag (tokio timers tick in milliseconds).
     service: Histogram<u64>,
     errors: BTreeMap<String, u64>,
+    /// Errors during the warmup: not in the figures, but a run that met
+    /// one did not take its path either.
+    warmup_errors: BTreeMap<String, u64>,
 }
 
 impl Tally {
@@ -219,6 +251,14 @@ impl Tally {
             latency: histogram(),
             service: histogram(),
             errors: BTreeMap::new(),
+            warmup_errors: BTreeMap::new(),
+        }
+    }
+
+    /// An answer during the warmup: only an error is kept.
+    fn warmup(&mut self, result: Result<(), String>) {
+        if let Err(e) = result {
+            *self.warmup_errors.entry(e).or_default() += 1;
         }
     }
 
@@ -241,6 +281,9 @@ impl Tally {
         for (k, v) in other.errors {
             *self.errors.entry(k).or_default() += v;
         }
+        for (k, v) in other.warmup_errors {
+            *self.warmup_errors.entry(k).or_default() += v;
+        }
     }
 }
 
@@ -258,6 +301,8 @@ async fn closed_loop(plan: Arc<Plan>, args: &Args, measure_from: Instant, end: I
                     let result = one(&plan, n).await;
                     if started >= measure_from {
                         tally.record(started, started, result);
+                    } else {
+                        tally.warmup(result);
                     }
                     n += stride;
                 }
@@ -310,8 +355,11 @@ async fn open_loop(
                                 // Latency counts from the scheduled start: a
                                 // request that started late because the last
                                 // ones were slow pays for it.
+                                let mut tally = tally.lock().expect("tally");
                                 if scheduled >= measure_from {
-                                    tally.lock().expect("tally").record(scheduled, sent, result);
+                                    tally.record(scheduled, sent, result);
+                                } else {
+                                    tally.warmup(result);
                                 }
                                 drop(slot);
                             });
@@ -417,6 +465,7 @@ pub async fn generate(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let unexpected: BTreeMap<_, _> = tally
         .errors
         .iter()
+        .chain(&tally.warmup_errors)
         .filter(|(kind, _)| !args.allow_errors.contains(kind))
         .collect();
     if !unexpected.is_empty() {

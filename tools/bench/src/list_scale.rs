@@ -141,12 +141,7 @@ fn now() -> Millis {
     SystemClock.now()
 }
 
-/// A 32-byte fingerprint, unique per key (as a SHA-256 would be).
-fn fingerprint(n: u64) -> Vec<u8> {
-    (0..4u64)
-        .flat_map(|i| (n ^ (i << 60)).to_le_bytes())
-        .collect()
-}
+use crate::fingerprint;
 
 /// One permit as the measurement wants it: one tool, no cap, no budget,
 /// duplicate guard OFF, a lease of an hour, expiring in a day.
@@ -384,25 +379,10 @@ impl RedisSide {
     /// Calls of EVALSHA so far and the microseconds Redis spent in them
     /// (INFO commandstats; a script's time includes its own commands').
     async fn evalsha_stats(&mut self) -> Result<(i64, i64), BoxError> {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut self.conn)
-            .await?;
-        let Some(stats) = info
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-        else {
-            return Ok((0, 0));
-        };
-        let (mut calls, mut usec) = (0, 0);
-        for kv in stats.split(',') {
-            match kv.split_once('=') {
-                Some(("calls", v)) => calls = v.parse()?,
-                Some(("usec", v)) => usec = v.parse()?,
-                _ => {}
-            }
-        }
-        Ok((calls, usec))
+        let (calls, usec) = crate::command_stats(&mut self.conn, "evalsha")
+            .await
+            .map_err(|e| -> BoxError { e })?;
+        Ok((i64::try_from(calls)?, i64::try_from(usec)?))
     }
 
     async fn slowlog_reset(&mut self) -> Result<(), BoxError> {

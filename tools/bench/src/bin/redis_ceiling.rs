@@ -1,4 +1,6 @@
 #![forbid(unsafe_code)]
+// The store's futures nest deep (as in the server: src/lib.rs).
+#![recursion_limit = "256"]
 //! `redis_ceiling`: the benchmark's Redis ceiling (a), the authorize script
 //! exactly as the Redis store sends it, by connection strategy; parses
 //! [`atmost_bench::ceiling::Args`] and runs it. Fails on any call that is not
