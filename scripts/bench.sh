@@ -292,6 +292,11 @@ done
 for port in "${PRIMARIES[@]}"; do
   until [ "$(redis-cli -p "$port" INFO replication | grep -c 'state=online')" = 1 ]; do sleep 0.1; done
 done
+# Every node's own view: a node answers CLUSTERDOWN until it sees every
+# slot served, some time after the first node does.
+for port in "${CLUSTER_PORTS[@]}"; do
+  until redis-cli -p "$port" CLUSTER INFO | grep -q '^cluster_state:ok'; do sleep 0.1; done
+done
 SEEDS=$(printf 'redis://127.0.0.1:%s,' "${CLUSTER_PORTS[@]}")
 SEEDS=${SEEDS%,}
 rcli FLUSHALL >/dev/null
