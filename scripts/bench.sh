@@ -249,11 +249,11 @@ fi
 
 if full || [ -n "${CLUSTER_ONLY:-}" ]; then
 echo "== (d) Redis Cluster (3 primaries, 3 replicas) beside one standalone Redis"
-# Redis's own CPU per script: usec_per_call of cmdstat_evalsha, summed over
+# Redis's own CPU per script: usec_per_call of cmdstat_fcall, summed over
 # the primaries' calls, after CONFIG RESETSTAT.
-evalsha_stats() { # ports... -> "calls usec"
+fcall_stats() { # ports... -> "calls usec"
   for port in "$@"; do redis-cli -p "$port" INFO commandstats; done |
-    awk -F'[=,:]' '/^cmdstat_evalsha:/ { c += $3; u += $5 } END { print c + 0, u + 0 }'
+    awk -F'[=,:]' '/^cmdstat_fcall:/ { c += $3; u += $5 } END { print c + 0, u + 0 }'
 }
 cluster_run() { # label ports-of-primaries... ; atmost already started
   local label=$1 allow=""; shift
@@ -263,9 +263,9 @@ cluster_run() { # label ports-of-primaries... ; atmost already started
   for port in "$@"; do redis-cli -p "$port" CONFIG RESETSTAT >/dev/null; done
   # shellcheck disable=SC2086 # $allow: two words or none
   bench "$label" authorize $allow
-  read -r calls usec < <(evalsha_stats "$@")
-  record "${label}_evalsha_calls" "$calls"
-  record "${label}_evalsha_usec_per_call" "$(awk -v c="$calls" -v u="$usec" 'BEGIN { printf "%.2f", (c > 0 ? u / c : 0) }')"
+  read -r calls usec < <(fcall_stats "$@")
+  record "${label}_script_calls" "$calls"
+  record "${label}_script_usec_per_call" "$(awk -v c="$calls" -v u="$usec" 'BEGIN { printf "%.2f", (c > 0 ? u / c : 0) }')"
 }
 CLUSTER_PORTS=()
 for _ in 1 2 3 4 5 6; do

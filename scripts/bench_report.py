@@ -159,7 +159,7 @@ def ceilings(runs, m, clk_tck):
         print(f"       the audit trail's cost (memory store, two fresh servers): {with_audit - without:.1f} us "
               f"per Authorize ({with_audit:.1f} written to /dev/null, {without:.1f} off)")
     if multiplexed:
-        usec = multiplexed["evalsha_usec_per_call"]
+        usec = multiplexed["script_usec_per_call"]
         print(f"  {mark(usec <= 14)} authorize.lua's Redis time per call under (a): {usec:.2f} us (target <= 14); "
               f"the multiplexed client's own CPU {multiplexed['client_cpu_us_per_call']:.1f} us per call")
     per_attempt = m.get("redis_bytes_per_finished_attempt")
@@ -181,7 +181,7 @@ def summary(path, clk_tck):
         for r in conns:
             print(f"  {r['strategy']:<16} {r['rps']:>8.0f}/s  p50 {r['p50_us']:>6}us p99 {r['p99_us']:>6}us  "
                   f"client CPU {r['client_cpu_us_per_call']:.1f} us/call  "
-                  f"Redis {r['evalsha_usec_per_call']:.2f} us/script")
+                  f"Redis {r['script_usec_per_call']:.2f} us/script")
     sweep = sorted(
         (r for r in runs if r["label"].startswith("redis-sweep-")),
         key=lambda r: int(r["label"].rsplit("-", 1)[1]),
@@ -226,7 +226,7 @@ def cluster(runs, m):
     print()
     print("Redis Cluster (3 primaries, 3 replicas) beside one standalone Redis, authorize, closed loop:")
     for label, r in rows:
-        usec = m.get(f"{label}_evalsha_usec_per_call")
+        usec = m.get(f"{label}_script_usec_per_call")
         ratio = f" ({r['throughput_rps'] / base:.2f} of standalone)" if base else ""
         print(f"  {label:<16} {r['throughput_rps']:>8.0f}/s{ratio}  p50 {r['p50_us']:>6}us p99 {r['p99_us']:>6}us  "
               f"Redis CPU per authorize script {usec} us")

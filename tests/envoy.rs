@@ -36,7 +36,7 @@ async fn attempt(h: &Harness, permit_id: &str, key: &str) -> pb::Attempt {
 /// Waits until the attempt of `key` is in `state` (the server records an
 /// outcome after the stream is gone); fails after 15 s. An attempt not
 /// found yet is waited for too: an Authorize held at a Redis proxy may be
-/// answered NOSCRIPT once the hold ends, and run again after a GetAttempt
+/// answered "function not found" once the hold ends, and run again after a GetAttempt
 /// has overtaken it.
 async fn until_state(
     h: &Harness,

@@ -136,7 +136,7 @@ async fn redis_down_fails_closed_and_recovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flushed_script_cache_never_reaches_a_client() {
+async fn flushed_functions_never_reach_a_client() {
     let _machine = shared().await;
     let h = redis_harness().await;
     let permit = h.create_with(&["t"], &[], None).await;

@@ -930,9 +930,10 @@ async fn eval(
     key: &str,
     args: &[String],
 ) -> Result<String, Error> {
-    let body = atmost::store::redis::script_body(script).expect("the script");
-    let packed: Result<Vec<u8>, _> = redis::cmd("EVAL")
-        .arg(atmost::store::redis::script_text(body))
+    load_library(conn).await;
+    let function = atmost::store::redis::function_name(script).expect("the script");
+    let packed: Result<Vec<u8>, _> = redis::cmd("FCALL")
+        .arg(function)
         .arg(1)
         .arg(key)
         .arg(args)
@@ -952,6 +953,17 @@ async fn eval(
         [_, reason, ..] => Ok(text(reason)),
         [] => Ok("nothing".into()),
     }
+}
+
+/// atmost's library, loaded as the store loads it.
+async fn load_library(conn: &mut MultiplexedConnection) {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(atmost::store::redis::library_text())
+        .exec_async(conn)
+        .await
+        .expect("FUNCTION LOAD");
 }
 
 fn index_member(permit_id: &str) -> String {

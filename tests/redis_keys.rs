@@ -713,9 +713,14 @@ async fn an_unreadable_tenants_index_entry_is_unavailable_and_left_alone() {
     store.create_permit(a1.clone()).await.expect("create");
     let key = format!("{}:tenants", redis.prefix);
 
-    let script = atmost::store::redis::script_text(
-        atmost::store::redis::script_body("index_tenant").expect("index_tenant.lua"),
-    );
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(atmost::store::redis::library_text())
+        .exec_async(&mut conn)
+        .await
+        .expect("FUNCTION LOAD");
+    let function = atmost::store::redis::function_name("index_tenant").expect("index_tenant.lua");
     for (tenant, token) in [
         ("", "t"),
         ("a\nb", "t"),
@@ -724,15 +729,15 @@ async fn an_unreadable_tenants_index_entry_is_unavailable_and_left_alone() {
         ("acme", ""),
         ("acme", "x\ny"),
     ] {
-        let packed: Vec<u8> = redis::cmd("EVAL")
-            .arg(&script)
+        let packed: Vec<u8> = redis::cmd("FCALL")
+            .arg(function)
             .arg(1)
             .arg(&key)
             .arg(tenant)
             .arg(token)
             .query_async(&mut conn)
             .await
-            .expect("EVAL index_tenant.lua");
+            .expect("FCALL index_tenant");
         let reply = atmost::store::redis::unpack_reply(&packed).expect("a msgpack reply");
         let text = |v: &redis::Value| match v {
             redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),

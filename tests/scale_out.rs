@@ -127,8 +127,8 @@ fn own_cluster() -> RedisCluster {
 
 /// A slot moved to another primary under a live permit: the store's next
 /// script meets MOVED (it did not run), follows it, and the key replays;
-/// a shard that lost its script cache (NOSCRIPT: it did not run) is sent the
-/// script and answers.
+/// a shard that lost its functions (function not found: it did not run) is
+/// sent the library and answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moved_slots_and_flushed_scripts_are_followed_not_guessed() {
     let _machine = shared().await;
@@ -181,7 +181,7 @@ async fn moved_slots_and_flushed_scripts_are_followed_not_guessed() {
     }
     assert_eq!(cluster.primary_of_slot(slot), Some(to), "the slot moved");
 
-    let before = calls(to, "evalsha");
+    let before = calls(to, "fcall");
     let replay = h
         .authorize(&permit, "t", "k", b"fp", 1)
         .await
@@ -189,23 +189,27 @@ async fn moved_slots_and_flushed_scripts_are_followed_not_guessed() {
     assert_eq!(replay.decision(), Decision::Replay, "{replay:?}");
     assert_eq!(replay.attempt.expect("a").attempt_id, a.attempt_id);
     assert!(
-        calls(to, "evalsha") > before,
+        calls(to, "fcall") > before,
         "the script ran on the new primary"
     );
     let refused = h.authorize(&permit, "t", "k2", b"fp", 1).await.unwrap_err();
     assert_eq!(refused.reason_name(), Some("PERMIT_MAX_CALLS_EXCEEDED"));
 
-    // Every primary forgets its scripts: each permit's shard is sent them.
+    // Every primary forgets its functions: each permit's shard is sent the
+    // library.
     let primaries = cluster.primaries();
     for p in &primaries {
-        redis_cli(*p, &["script", "flush"]).expect("SCRIPT FLUSH");
+        redis_cli(*p, &["function", "flush"]).expect("FUNCTION FLUSH");
     }
-    let loads: Vec<u64> = primaries.iter().map(|p| calls(*p, "script|load")).collect();
+    let loads: Vec<u64> = primaries
+        .iter()
+        .map(|p| calls(*p, "function|load"))
+        .collect();
     let mut i = 0;
     while !primaries
         .iter()
         .zip(&loads)
-        .all(|(p, before)| calls(*p, "script|load") > *before)
+        .all(|(p, before)| calls(*p, "function|load") > *before)
     {
         assert!(i < 60, "60 permits and a shard never had a script sent");
         let p = h.create_with(&["t"], &[], None).await;
@@ -346,7 +350,7 @@ async fn sentinel_finds_the_primary_and_follows_a_failover() {
     let a = h.dispatch(&permit, "t", "k1", b"fp", 1).await;
     h.commit(&a, succeeded(b"ok", None)).await.expect("commit");
     assert!(
-        calls(topology.primary.port(), "evalsha") > 0,
+        calls(topology.primary.port(), "fcall") > 0,
         "ran on the primary"
     );
 
@@ -663,8 +667,8 @@ async fn a_lost_reply_on_a_cluster_is_unavailable_and_never_resent() {
         cost: 1,
         holder_token: b"holder".to_vec(),
     };
-    // The node has the authorize script loaded (a NOSCRIPT lost would
-    // prove nothing).
+    // The node has the library loaded (a missing function's answer lost
+    // would prove nothing).
     h.dispatch(&permit, "t", "warm-up", b"fp", 1).await;
     // The reply is swallowed, then the connection breaks (the proxy closes
     // a connection that lost a reply when the mode changes): what a client
@@ -673,7 +677,7 @@ async fn a_lost_reply_on_a_cluster_is_unavailable_and_never_resent() {
     let (client, first) = (h.client.clone(), request());
     let pending = tokio::spawn(async move { client.authorize(first).await });
     poll_until(Duration::from_secs(5), "the script reached Redis", || {
-        proxy.count_command("EVALSHA", "lost-reply-key") == 1
+        proxy.count_command("FCALL", "lost-reply-key") == 1
     })
     .await;
     proxy.set_mode(proxy::Mode::Pass);
@@ -685,7 +689,7 @@ async fn a_lost_reply_on_a_cluster_is_unavailable_and_never_resent() {
     // Long enough for any retry redis-rs might make to have been sent.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
-        proxy.count_command("EVALSHA", "lost-reply-key"),
+        proxy.count_command("FCALL", "lost-reply-key"),
         1,
         "the script was sent once: {:?}",
         proxy.commands().len()

@@ -140,7 +140,7 @@ async fn the_redis_ceiling_runs_the_stores_own_calls() {
     for row in &rows {
         assert!(row["rps"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
         assert!(
-            row["evalsha_usec_per_call"].as_f64().unwrap_or(0.0) > 0.0,
+            row["script_usec_per_call"].as_f64().unwrap_or(0.0) > 0.0,
             "{row}"
         );
     }
@@ -156,12 +156,13 @@ async fn the_redis_ceiling_runs_the_stores_own_calls() {
     // store's reader, not a DISPATCH.
     let store = RedisStore::connect(&RedisConfig::new(redis.url.clone(), redis.prefix.clone()))
         .expect("store");
-    redis::cmd("SCRIPT")
+    redis::cmd("FUNCTION")
         .arg("LOAD")
-        .arg(RedisStore::authorize_script())
+        .arg("REPLACE")
+        .arg(atmost::store::redis::library_text())
         .exec_async(&mut conn)
         .await
-        .expect("SCRIPT LOAD");
+        .expect("FUNCTION LOAD");
     let cmd = atmost::domain::AuthorizeCmd {
         permit_id: uuid::Uuid::now_v7().to_string(),
         tool: "t".into(),

@@ -1,12 +1,14 @@
 //! The production store: Redis (or anything that speaks its protocol and
 //! runs its Lua), shared by any number of atmost replicas.
 //!
-//! Every transition is exactly one script run (EVALSHA, reloaded on
-//! NOSCRIPT, which means the script did not run). The scripts live in
-//! `redis/lua/` as `.lua` files with a KEYS/ARGV/Returns header; `lib.lua` is
-//! prepended to each, and each answers one msgpack string
-//! ([`script_text`]). All keys of a permit carry the hash tag `{permit_id}`
-//! and are passed in KEYS, so a permit lives in one Cluster slot.
+//! Every transition is exactly one script run: one function of atmost's
+//! Redis Functions library, by `FCALL` (the library loaded where Redis
+//! answers that the function is not found, which means it did not run).
+//! The scripts live in `redis/lua/` as `.lua` files with a KEYS/ARGV/Returns
+//! header; `lib.lua` comes once before them in the library, and each
+//! answers one msgpack string ([`library_text`]). All keys of a permit
+//! carry the hash tag `{permit_id}` and are passed in KEYS, so a permit
+//! lives in one Cluster slot.
 //!
 //! The connection (`conn`) is one multiplexed connection per Redis server:
 //! to one server, to each Cluster node, or to the primary Sentinel names.
@@ -15,7 +17,7 @@
 //! was lost: that is an error here (UNAVAILABLE to the caller), and the
 //! caller's retry with the same key is answered from what the first run
 //! recorded. Only replies that say the script did not run (MOVED, READONLY,
-//! NOSCRIPT, ...) are retried, within the store deadline. With
+//! a function not found, ...) are retried, within the store deadline. With
 //! `--durability replica`, each writing script is followed on the same
 //! connection by `WAIT 1`, and atmost answers once a replica has it.
 //!
@@ -36,7 +38,7 @@ mod scripts;
 pub use conn::{Durability, Mode, RedisConfig, Time, connection_info};
 pub use eviction::Policy as EvictionPolicy;
 pub use reply::unpack_reply;
-pub use scripts::{script_body, script_text};
+pub use scripts::{function_name, library_name, library_text, script_body};
 
 use super::memory::full_page;
 use super::{
@@ -49,7 +51,7 @@ use crate::domain::{
     invalid,
 };
 use codec::{decode_permit, encode_permit, id_bytes};
-use conn::{Conn, DurablePool, Handle, broken, demoted, not_run, unavailable};
+use conn::{Conn, DurablePool, Handle, broken, demoted, function_missing, not_run, unavailable};
 use redis::Value;
 use reply::{About, decode_attempt, decode_usage, malformed, open, open_ok};
 use scripts::{Invocation, Lua};
@@ -350,7 +352,7 @@ impl RedisStore {
         format!("{}:tenants", self.prefix)
     }
 
-    /// Runs a script and unpacks its msgpack reply (see [`script_text`]),
+    /// Runs a script and unpacks its msgpack reply (see [`library_text`]),
     /// for [`open`] to read.
     ///
     /// A reply that says the script did not run (MOVED, READONLY, ...) is
@@ -366,7 +368,7 @@ impl RedisStore {
             otel.name = inv.lua.name(),
             otel.kind = "client",
             db.system.name = "redis",
-            db.operation.name = "EVALSHA",
+            db.operation.name = "FCALL",
             atmost.script = inv.lua.name(),
         );
         self.run_script(inv).instrument(span).await
@@ -403,9 +405,9 @@ impl RedisStore {
         }
     }
 
-    /// One `EVALSHA` (loading the script where it answers NOSCRIPT, which
-    /// means it did not run), followed on the same connection by `WAIT 1`
-    /// if `wait`.
+    /// One `FCALL` (loading the library where Redis answers that the
+    /// function is not found, which means it did not run), followed on the
+    /// same connection by `WAIT 1` if `wait`.
     async fn run_once(
         &self,
         conn: &mut Conn,
@@ -427,7 +429,7 @@ impl RedisStore {
                 // DEL leaves nothing behind.
                 let sync = self.sync_key(inv.slot_key());
                 let mut pipe = redis::pipe();
-                pipe.add_command(inv.evalsha())
+                pipe.add_command(inv.fcall())
                     .cmd("HSET")
                     .arg(&sync)
                     .arg("w")
@@ -454,11 +456,11 @@ impl RedisStore {
                         _ => Ok(packed),
                     })
             } else {
-                inv.evalsha().query_async(conn).await
+                inv.fcall().query_async(conn).await
             };
             match result {
-                Err(e) if e.kind() == redis::ServerErrorKind::NoScript.into() && !loaded => {
-                    conn.load_script(inv.lua.text(), inv.slot_key()).await?;
+                Err(e) if function_missing(&e) && !loaded => {
+                    conn.load_library(inv.slot_key()).await?;
                     loaded = true;
                 }
                 other => return other,
@@ -495,10 +497,10 @@ impl RedisStore {
         inv
     }
 
-    /// The `EVALSHA` that [`Store::authorize`] sends for `cmd`, byte for
-    /// byte (the script must be loaded: [`Self::authorize_script`]), for a
-    /// tool that drives Redis the way the store does (the benchmark's
-    /// ceiling). No retry, no reload, no `WAIT`: those are the store's.
+    /// The `FCALL` that [`Store::authorize`] sends for `cmd`, byte for
+    /// byte (the library must be loaded: [`library_text`]), for a tool
+    /// that drives Redis the way the store does (the benchmark's ceiling).
+    /// No retry, no reload, no `WAIT`: those are the store's.
     pub fn authorize_command(
         &self,
         scope: &Scope,
@@ -507,12 +509,7 @@ impl RedisStore {
         attempt_id: &str,
     ) -> redis::Cmd {
         self.authorize_invocation(scope, cmd, now, attempt_id)
-            .evalsha()
-    }
-
-    /// The authorize script as the store loads it (`SCRIPT LOAD`).
-    pub fn authorize_script() -> &'static str {
-        Lua::Authorize.text()
+            .fcall()
     }
 
     /// A reply to [`Self::authorize_command`], read as [`Store::authorize`]

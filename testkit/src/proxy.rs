@@ -5,7 +5,7 @@
 //! target. Client -> server bytes always flow at once; server -> client
 //! bytes (the replies) follow the current [`Mode`], which a test switches at
 //! runtime. Every client -> server command is parsed (RESP) and logged, so a
-//! test can count, say, how many `EVALSHA` carrying its idempotency key
+//! test can count, say, how many `FCALL` carrying its idempotency key
 //! reached Redis. Dropping the proxy closes the listener and every
 //! connection.
 

@@ -20,13 +20,14 @@ fn prefix() -> String {
     format!("t{}", uuid::Uuid::now_v7().simple())
 }
 
-/// Empties Redis's script cache: atmost's next script send meets NOSCRIPT.
+/// Empties Redis's functions: atmost's next call finds its function
+/// missing (it did not run), loads its library and calls again.
 pub async fn flush_scripts(conn: &mut redis::aio::MultiplexedConnection) {
-    redis::cmd("SCRIPT")
+    redis::cmd("FUNCTION")
         .arg("FLUSH")
         .exec_async(conn)
         .await
-        .expect("SCRIPT FLUSH");
+        .expect("FUNCTION FLUSH");
 }
 
 impl Redis {

@@ -11,7 +11,7 @@ async fn past_the_in_flight_limit_requests_are_shed_at_once() {
     let _machine = shared().await;
     let (proxy, h) = proxied_harness_with(|app| app.with_max_in_flight(2)).await;
     let permit = harness_permit(&h, None).await;
-    // Warm the script cache, so each slow request is one delayed reply.
+    // Load the library first, so each slow request is one delayed reply.
     authorize(&with_deadline(&h.client), &permit, "warm", 1)
         .await
         .expect("warm");

@@ -31,9 +31,9 @@ describe("a stalled store: CANCELLED is retried", { timeout: 120_000 }, () => {
     // answered CANCELLED, never STORE_UNAVAILABLE.
     atmost = await Atmost.start(["--store", "redis", "--redis-url", redis.url, "--request-timeout", "500ms", "--store-timeout", "30s"]);
     client = atmost.client();
-    // Each script's first run answers NOSCRIPT and is loaded and run again
-    // by atmost; a first run stalled past the request timeout would be
-    // dropped after its NOSCRIPT, not applied. Run them all once
+    // The first call finds atmost's functions missing, and atmost loads
+    // them and calls again; a first call stalled past the request timeout
+    // would be dropped after that answer, not applied. Run the calls once
     // (Authorize, Commit, MarkUncertain), so a stalled command is the one
     // that runs when Redis resumes.
     const permit = await createPermit(client, [TOOL]);

@@ -41,11 +41,12 @@ def stalling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stalling]:
             ["--store", "redis", "--redis-url", redis.url, *timeouts], tmp=tmp_path_factory.mktemp("stalling")
         )
         with Client(server.address) as client:
-            # Each script's first run answers NOSCRIPT and is loaded and run
-            # again by atmost; a first run stalled past the request timeout
-            # would be dropped after its NOSCRIPT, not applied. Run them all
-            # once (Authorize, Commit, MarkUncertain), so a stalled command
-            # is the one that runs when Redis resumes.
+            # The first call finds atmost's functions missing, and atmost
+            # loads them and calls again; a first call stalled past the
+            # request timeout would be dropped after that answer, not
+            # applied. Run the calls once (Authorize, Commit,
+            # MarkUncertain), so a stalled command is the one that runs
+            # when Redis resumes.
             permit = client.create_permit([TOOL]).permit_id
             client.call_guarded(permit, TOOL, "warm-commit", lambda attempt_id: 1, request=1)
             with pytest.raises(OutcomeUncertain):

@@ -6,7 +6,7 @@
 //! retries are off in every mode, so a script that may have run is never run
 //! again behind the caller's back. The store retries only the replies that
 //! say the script did *not* run ([`not_run`]: MOVED, ASK, TRYAGAIN,
-//! CLUSTERDOWN, READONLY, LOADING, NOSCRIPT); a broken connection answers
+//! CLUSTERDOWN, READONLY, LOADING, a function not found); a broken connection answers
 //! UNAVAILABLE, and the caller's retry with the same key is answered from
 //! what the first run recorded.
 
@@ -587,14 +587,19 @@ impl ConnectionLike for Conn {
 }
 
 impl Conn {
-    /// `SCRIPT LOAD` where `key`'s script runs: on a Cluster, the primary
-    /// of its slot (so NOSCRIPT is answered per node, and a node that is
-    /// down elsewhere does not fail the load).
-    pub(super) async fn load_script(&mut self, text: &str, key: &[u8]) -> Result<(), RedisError> {
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(text);
+    /// `FUNCTION LOAD` of atmost's library where `key`'s function runs: on
+    /// a Cluster, the primary of its slot (so a missing function is
+    /// answered per node, and a node that is down elsewhere does not fail
+    /// the load). REPLACE: another replica may have loaded it meanwhile,
+    /// and a library of this name has this very text (the name is its
+    /// hash).
+    pub(super) async fn load_library(&mut self, key: &[u8]) -> Result<(), RedisError> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD")
+            .arg("REPLACE")
+            .arg(super::scripts::library_text());
         match self {
-            Conn::Cluster(c) => c.route_command(load, primary_of(key)).await.map(|_| ()),
+            Conn::Cluster(c) => c.route_command(load, primary_of(key)).await.map(drop),
             other => load.exec_async(other).await,
         }
     }
@@ -699,6 +704,24 @@ pub(super) fn not_run(e: &RedisError) -> bool {
     ]
     .into_iter()
     .any(|k| e.kind() == k.into())
+}
+
+/// Redis's answer to an `FCALL` of a function it does not have (atmost's
+/// library not loaded there: a new or restarted server, `FUNCTION FLUSH`):
+/// the function did not run. The answer is the function call's own (index
+/// 0: first in a pipeline; redis-rs's cluster connection wraps even one
+/// command's answer as a pipeline's).
+pub(super) fn function_missing(e: &RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.clone().into_server_errors().is_some_and(|errors| {
+            errors.iter().any(|(index, error)| {
+                *index == 0
+                    && error.code() == "ERR"
+                    && error
+                        .details()
+                        .is_some_and(|d| d.starts_with("Function not found"))
+            })
+        })
 }
 
 /// A Redis that did not answer (or whose answer was lost): UNAVAILABLE.

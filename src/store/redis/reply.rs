@@ -113,7 +113,7 @@ impl Fields {
 
 // === msgpack ===
 
-/// A script's reply, as packed by [`script_text`](super::script_text),
+/// A script's reply, as packed by its function ([`library_text`](super::library_text)),
 /// unpacked into the list of values the script returned.
 pub fn unpack_reply(packed: &[u8]) -> Result<Vec<Value>, Error> {
     as_array(from_msgpack(&mut &packed[..], 0)?)

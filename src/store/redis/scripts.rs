@@ -1,37 +1,55 @@
 //! atmost's Lua scripts: one table from a name to its `.lua` file (in
-//! `lua/`, each with a KEYS/ARGV/Returns header) to the [`Script`] the store
-//! runs. Adding a script is one line in `scripts!` and its file.
+//! `lua/`, each with a KEYS/ARGV/Returns header) to the function the store
+//! calls. Adding a script is one line in `scripts!` and its file.
 //!
-//! `lua/lib.lua` is prepended to each, and each answers one msgpack string
-//! ([`script_text`]).
+//! The scripts are one Redis Functions library ([`library_text`]):
+//! `lib.lua` once, then each script's body as a function, registered as
+//! `<library>_<name>` and called with `FCALL`. Each answers one msgpack
+//! string.
 
 use redis::{Cmd, Script, ToRedisArgs};
 use std::sync::LazyLock;
 
 const LIB: &str = include_str!("lua/lib.lua");
 
-/// The text of a script as atmost sends it: `lib.lua`, then the script's
-/// body run as a function whose result is packed into one msgpack string.
-/// One bulk reply parses in a fraction of the time of the ~25 RESP values
-/// an Authorize answer has (redis-rs's RESP parser was 7% of the server's
-/// CPU); the store unpacks it with [`unpack_reply`](super::unpack_reply).
+/// atmost's Functions library, as the store loads it (`FUNCTION LOAD`):
+/// `lib.lua` once, then each script's body as a local function of `KEYS`
+/// and `ARGV` whose result is packed into one msgpack string, each
+/// registered as `<library>_<name>`.
 ///
-/// Each script begins with a `#!lua` line, kept first where Redis (7.0 or
-/// later) reads it: a script that may write is then refused whole when
-/// `maxmemory` is reached (without it, Redis refuses only its first
-/// memory-growing write, and lets one that begins by deleting go on), and
-/// the read-only ones say `flags=no-writes`, so reads go on meanwhile.
-pub fn script_text(body: &str) -> String {
-    let (shebang, body) = match body.strip_prefix("#!lua") {
-        Some(_) => body.split_once('\n').unwrap_or((body, "")),
-        None => ("", body),
-    };
-    format!("{shebang}\n{LIB}\nlocal function main()\n{body}\nend\nreturn cmsgpack.pack(main())")
+/// A library runs `lib.lua` once, when it is loaded: an `EVALSHA` ran it
+/// (its 32 functions and constant tables made afresh) on every call,
+/// about 4.7 us of Redis's time per call. One bulk reply parses in a
+/// fraction of the time of the ~25 RESP values an Authorize answer has
+/// (redis-rs's RESP parser was 7% of the server's CPU); the store unpacks
+/// it with [`unpack_reply`](super::unpack_reply).
+///
+/// The library's name carries a hash of its text, so versions of atmost
+/// with different scripts sharing one Redis each call their own. A
+/// function that may write has no flags: Redis (7.0 or later) then refuses
+/// it whole when `maxmemory` is reached (a script that began by deleting
+/// is not let on), and the read-only ones (a body that begins
+/// `#!lua flags=no-writes`) say `no-writes`, so reads go on meanwhile.
+pub fn library_text() -> &'static str {
+    &LIBRARY.text
 }
 
-/// The body of one of atmost's scripts by name (`authorize`, `settle`, ...),
-/// for tools that run a script the way atmost does (the benchmark's Redis
-/// ceiling).
+/// The name of the library [`library_text`] defines:
+/// `atmost_<12 hex digits of the SHA-1 of its code>`.
+pub fn library_name() -> &'static str {
+    &LIBRARY.name
+}
+
+/// The Functions name of one of atmost's scripts by name (`authorize`,
+/// `settle`, ...), for tools that call a script the way atmost does.
+pub fn function_name(script: &str) -> Option<&'static str> {
+    TABLE
+        .iter()
+        .position(|(n, _)| *n == script)
+        .map(|i| LIBRARY.functions[i].as_str())
+}
+
+/// The body of one of atmost's scripts by name (its `.lua` file).
 pub fn script_body(name: &str) -> Option<&'static str> {
     TABLE
         .iter()
@@ -70,17 +88,49 @@ scripts! {
     Census => "census",
 }
 
-/// Each script of [`TABLE`] as sent (with `lib.lua`), and its SHA-1,
-/// computed once.
-static SCRIPTS: LazyLock<Vec<(String, String)>> = LazyLock::new(|| {
-    TABLE
+/// The library, made once from [`LIB`] and [`TABLE`].
+struct Library {
+    name: String,
+    text: String,
+    /// Each script's function name, in the order of [`TABLE`].
+    functions: Vec<String>,
+}
+
+static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    use std::fmt::Write as _;
+    let mut code = format!("{LIB}\n");
+    for (name, body) in TABLE {
+        let body = body.strip_prefix("#!lua").map_or(*body, |_| {
+            body.split_once('\n').map_or("", |(_, rest)| rest)
+        });
+        let _ = write!(
+            code,
+            "local function script_{name}(KEYS, ARGV)\n{body}\nend\n"
+        );
+    }
+    let hash = Script::new(&code).get_hash().to_owned();
+    let library = format!("atmost_{}", &hash[..12]);
+    let functions: Vec<String> = TABLE
         .iter()
-        .map(|(_, body)| {
-            let text = script_text(body);
-            let sha = Script::new(&text).get_hash().to_owned();
-            (text, sha)
-        })
-        .collect()
+        .map(|(name, _)| format!("{library}_{name}"))
+        .collect();
+    for ((name, body), function) in TABLE.iter().zip(&functions) {
+        let flags = if body.starts_with("#!lua flags=no-writes") {
+            ", flags = {'no-writes'}"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            code,
+            "redis.register_function{{function_name = '{function}', callback = \
+             function(keys, args) return cmsgpack.pack(script_{name}(keys, args)) end{flags}}}"
+        );
+    }
+    Library {
+        text: format!("#!lua name={library}\n{code}"),
+        name: library,
+        functions,
+    }
 });
 
 impl Lua {
@@ -93,14 +143,14 @@ impl Lua {
         }
     }
 
-    /// The script as sent to Redis (`SCRIPT LOAD`).
-    pub(super) fn text(self) -> &'static str {
-        &SCRIPTS[self as usize].0
-    }
-
     /// The script's name (its file's, without `.lua`).
     pub(super) fn name(self) -> &'static str {
         TABLE[self as usize].0
+    }
+
+    /// Its function's name in the library.
+    pub(super) fn function(self) -> &'static str {
+        &LIBRARY.functions[self as usize]
     }
 
     /// Whether the script may write (it is not `flags=no-writes`).
@@ -109,8 +159,9 @@ impl Lua {
     }
 }
 
-/// One run of a script: its keys and arguments, sent as `EVALSHA` (and
-/// loaded where Redis answers NOSCRIPT, by the store).
+/// One run of a script: its keys and arguments, sent as `FCALL` (the
+/// library loaded where Redis answers that the function is not found, by
+/// the store).
 pub(super) struct Invocation {
     pub(super) lua: Lua,
     keys: Vec<Vec<u8>>,
@@ -134,10 +185,10 @@ impl Invocation {
         self.keys.first().map_or(&[], Vec::as_slice)
     }
 
-    /// `EVALSHA <sha> <numkeys> <keys...> <args...>`.
-    pub(super) fn evalsha(&self) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&SCRIPTS[self.lua as usize].1)
+    /// `FCALL <function> <numkeys> <keys...> <args...>`.
+    pub(super) fn fcall(&self) -> Cmd {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(self.lua.function())
             .arg(self.keys.len())
             .arg(&self.keys)
             .arg(&self.args);
@@ -147,7 +198,7 @@ impl Invocation {
 
 #[cfg(test)]
 mod tests {
-    use super::{Lua, TABLE, script_body};
+    use super::{LIBRARY, Lua, TABLE, function_name, library_name, library_text, script_body};
 
     #[test]
     fn every_script_is_found_by_its_name() {
@@ -161,6 +212,24 @@ mod tests {
             assert!(header.starts_with(&format!("-- {name}.lua:")), "{name}");
         }
         assert_eq!(script_body("lib"), None);
+        assert_eq!(function_name("lib"), None);
+        assert!(library_name().starts_with("atmost_") && library_name().len() == 19);
+        assert!(library_text().starts_with(&format!("#!lua name={}\n", library_name())));
+        assert_eq!(
+            function_name("authorize"),
+            Some(format!("{}_authorize", library_name()).as_str())
+        );
+        assert_eq!(
+            Lua::Census.function(),
+            LIBRARY.functions[Lua::Census as usize]
+        );
+        // Each read-only script is registered no-writes, and no other.
+        let no_writes = library_text().matches("flags = {'no-writes'}").count();
+        let read_only = TABLE
+            .iter()
+            .filter(|(_, b)| b.starts_with("#!lua flags=no-writes"))
+            .count();
+        assert_eq!(no_writes, read_only);
         assert_eq!(TABLE[Lua::Settle as usize].0, "settle");
         assert!(Lua::Authorize.writes() && Lua::IndexPermit.writes());
         assert!(Lua::IndexTenant.writes());

@@ -227,9 +227,10 @@ pub async fn run(args: Args) -> Result<(), BoxError> {
             }),
     );
     let mut admin = ConnectionManager::new(client.clone()).await?;
-    redis::cmd("SCRIPT")
+    redis::cmd("FUNCTION")
         .arg("LOAD")
-        .arg(RedisStore::authorize_script())
+        .arg("REPLACE")
+        .arg(atmost::store::redis::library_text())
         .exec_async(&mut admin)
         .await?;
     println!(
@@ -295,11 +296,11 @@ async fn measure(
         )
         .await?;
         let elapsed = started.elapsed().as_secs_f64();
-        let (calls, usec) = crate::command_stats(admin, "evalsha").await?;
+        let (calls, usec) = crate::command_stats(admin, "fcall").await?;
         let usec_per_call = usec as f64 / calls.max(1) as f64;
         if calls < args.requests {
             return Err(format!(
-                "{name}: Redis counted {calls} EVALSHA for {} calls",
+                "{name}: Redis counted {calls} FCALL for {} calls",
                 args.requests
             )
             .into());
@@ -319,7 +320,7 @@ async fn measure(
                 "label": "redis-ceiling", "strategy": name,
                 "concurrency": args.concurrency, "requests": args.requests,
                 "rps": rate, "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999),
-                "client_cpu_us_per_call": cpu_us, "evalsha_usec_per_call": usec_per_call,
+                "client_cpu_us_per_call": cpu_us, "script_usec_per_call": usec_per_call,
             });
             let mut f = std::fs::OpenOptions::new()
                 .create(true)

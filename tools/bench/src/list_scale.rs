@@ -21,7 +21,7 @@
 //! marked, the marked ones).
 //!
 //! On Redis it also reports `used_memory` per open attempt, the time Redis
-//! spent in list_uncertain.lua per script run (INFO commandstats, EVALSHA, before
+//! spent in list_uncertain.lua per script run (INFO commandstats, FCALL, before
 //! and after), and the SLOWLOG at `--slowlog-us` (10 ms): reset before the
 //! fill and read after it, reset before the listing and read after it
 //! (`slowlog-max-len` raised to 10 000 meanwhile, so none is lost). The
@@ -40,7 +40,7 @@ use atmost::domain::{
 };
 use atmost::store::Store;
 use atmost::store::memory::MemoryStore;
-use atmost::store::redis::{RedisConfig, RedisStore, Time, script_body, script_text};
+use atmost::store::redis::{RedisConfig, RedisStore, Time, function_name};
 use clap::{Parser, ValueEnum};
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -267,7 +267,8 @@ struct RedisSide {
     conn: redis::aio::MultiplexedConnection,
     url: String,
     prefix: String,
-    /// SHA-1 -> script name, to tell atmost's scripts in the SLOWLOG.
+    /// Function name -> script name, to tell atmost's scripts in the
+    /// SLOWLOG.
     scripts: BTreeMap<String, &'static str>,
     /// The SLOWLOG settings found, put back at the end.
     slowlog_before: Vec<(&'static str, String)>,
@@ -275,7 +276,7 @@ struct RedisSide {
     _server: Option<atmost_testkit::RedisServer>,
 }
 
-/// One SLOWLOG entry: microseconds, and the command (EVALSHA named by its
+/// One SLOWLOG entry: microseconds, and the command (FCALL named by its
 /// script, and for list_uncertain.lua the page size asked for).
 #[derive(Debug)]
 struct SlowEntry {
@@ -327,13 +328,7 @@ impl RedisSide {
             "list_uncertain",
         ]
         .into_iter()
-        .filter_map(|name| {
-            let body = script_body(name)?;
-            Some((
-                redis::Script::new(&script_text(body)).get_hash().to_owned(),
-                name,
-            ))
-        })
+        .filter_map(|name| Some((function_name(name)?.to_owned(), name)))
         .collect();
         Ok(Self {
             conn,
@@ -376,10 +371,10 @@ impl RedisSide {
             .ok_or_else(|| format!("INFO {section} has no {field}").into())
     }
 
-    /// Calls of EVALSHA so far and the microseconds Redis spent in them
+    /// Calls of FCALL so far and the microseconds Redis spent in them
     /// (INFO commandstats; a script's time includes its own commands').
-    async fn evalsha_stats(&mut self) -> Result<(i64, i64), BoxError> {
-        let (calls, usec) = crate::command_stats(&mut self.conn, "evalsha")
+    async fn fcall_stats(&mut self) -> Result<(i64, i64), BoxError> {
+        let (calls, usec) = crate::command_stats(&mut self.conn, "fcall")
             .await
             .map_err(|e| -> BoxError { e })?;
         Ok((i64::try_from(calls)?, i64::try_from(usec)?))
@@ -419,18 +414,18 @@ impl RedisSide {
             };
             let mut command = args.first().cloned().unwrap_or_default().to_uppercase();
             let mut page = None;
-            if command != "EVALSHA"
+            if command != "FCALL"
                 && let Some(key) = args.get(1)
             {
                 // Which of a permit's keys ("...:open"): Redis 7.0 also
                 // logs the commands a script runs.
                 command = format!("{command} :{}", key.rsplit(':').next().unwrap_or(key));
-            } else if command == "EVALSHA"
-                && let Some(name) = args.get(1).and_then(|sha| self.scripts.get(sha))
+            } else if command == "FCALL"
+                && let Some(name) = args.get(1).and_then(|f| self.scripts.get(f))
             {
-                command = format!("EVALSHA {name}.lua");
+                command = format!("FCALL {name}.lua");
                 if *name == "list_uncertain" {
-                    // EVALSHA sha 3 KEYS[1..3] now after limit margin
+                    // FCALL function 3 KEYS[1..3] now after limit margin
                     page = args.get(8).and_then(|limit| limit.parse().ok());
                 }
             }
@@ -569,9 +564,8 @@ async fn measure_all(
     Ok(())
 }
 
-/// One permit, one key marked and listed, then dropped: Redis loads every
-/// script the measurement runs before the first memory reading, so no fill
-/// is charged for the script cache.
+/// One permit, one key marked and listed, then dropped: Redis loads the
+/// library before the first memory reading, so no fill is charged for it.
 async fn warm_up(store: &Arc<RedisStore>, side: &mut RedisSide) -> Result<(), BoxError> {
     let permit = store.create_permit(new_permit(now())?).await?;
     let filled = fill(store, &permit.permit_id, "warm-up", 1, 1, 1).await?;
@@ -761,13 +755,13 @@ async fn timed(
     pages: impl Future<Output = Result<Vec<Duration>, BoxError>>,
 ) -> Result<(Vec<Duration>, Option<f64>), BoxError> {
     let before = match redis.as_deref_mut() {
-        Some(r) => Some(r.evalsha_stats().await?),
+        Some(r) => Some(r.fcall_stats().await?),
         None => None,
     };
     let took = pages.await?;
     let per_page = match (redis.as_deref_mut(), before) {
         (Some(r), Some((calls0, usec0))) => {
-            let (calls1, usec1) = r.evalsha_stats().await?;
+            let (calls1, usec1) = r.fcall_stats().await?;
             Some((usec1 - usec0) as f64 / (calls1 - calls0).max(1) as f64)
         }
         _ => None,
