@@ -332,7 +332,9 @@ async fn measure(
     Ok(())
 }
 
-/// Deletes every key under `prefix`.
+/// Deletes every key under `prefix` (UNLINK: a permit's attempts hash
+/// holds a run's worth of records, which DEL would free within the
+/// connection's response timeout, or not).
 async fn cleanup(admin: &mut ConnectionManager, prefix: &str) -> Result<(), BoxError> {
     let mut cursor = 0u64;
     loop {
@@ -345,7 +347,7 @@ async fn cleanup(admin: &mut ConnectionManager, prefix: &str) -> Result<(), BoxE
             .query_async(admin)
             .await?;
         if !keys.is_empty() {
-            redis::cmd("DEL").arg(&keys).exec_async(admin).await?;
+            redis::cmd("UNLINK").arg(&keys).exec_async(admin).await?;
         }
         if next == 0 {
             break;
