@@ -25,7 +25,7 @@ use tonic_health::server::HealthReporter;
 
 /// Default admission limit: atmost RPCs running at once. Past peak, an
 /// admitted request waits about this many / throughput for the store
-/// (Little's law): see docs/performance.md, "Admission".
+/// (Little's law): see docs/performance.md, "Overload".
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 
 /// Default longest wait for an admission slot ([`crate::admission`]).
