@@ -139,6 +139,37 @@ fn nothing_more(mut fifo: Fifo) {
     assert_eq!(line, "end of the trail\n", "a line after the counted ones");
 }
 
+/// A server whose audit trail goes to a FIFO nobody reads yet (an output
+/// that stopped taking lines), with a permit on which every Authorize may
+/// stay open.
+struct Stuck {
+    _dir: Dir,
+    reader: Fifo,
+    process: AtmostProcess,
+    client: atmost_client::Client,
+    permit: String,
+}
+
+async fn stuck(name: &str, extra: &[&str]) -> Stuck {
+    let dir = Dir::new(name);
+    let path = dir.0.join("audit.fifo");
+    let reader = fifo(&path);
+    let mut args = vec!["--audit-log", path.to_str().expect("utf-8")];
+    // More open attempts on one permit than the default quota.
+    args.extend(["--max-open-attempts", "0"]);
+    args.extend(extra);
+    let process = start(&args, &dir.0.join("stderr.log"));
+    let client = process.client().await;
+    let permit = new_permit(&client).await;
+    Stuck {
+        _dir: dir,
+        reader,
+        process,
+        client,
+        permit,
+    }
+}
+
 /// `--audit-log PATH`: the events are JSON lines in the file, not on
 /// stderr; the text logs on stderr (a file, not a terminal) carry no
 /// colour codes.
@@ -207,25 +238,24 @@ fn an_audit_log_that_cannot_be_opened_stops_the_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_buffer_drops_events_and_counts_each() {
     let _machine = shared().await;
-    let dir = Dir::new("audit-drop");
-    let path = dir.0.join("audit.fifo");
-    let reader = fifo(&path);
-    let args = [
-        "--audit-log",
-        path.to_str().expect("utf-8"),
-        "--audit-buffer",
-        "1",
-        "--audit-when-full",
-        "drop",
-        "--metrics-listen",
-        "127.0.0.1:0",
-        // More open attempts on one permit than the default quota.
-        "--max-open-attempts",
-        "0",
-    ];
-    let mut process = start(&args, &dir.0.join("stderr.log"));
-    let client = process.client().await;
-    let permit = new_permit(&client).await;
+    let Stuck {
+        _dir,
+        reader,
+        mut process,
+        client,
+        permit,
+    } = stuck(
+        "audit-drop",
+        &[
+            "--audit-buffer",
+            "1",
+            "--audit-when-full",
+            "drop",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
     // Far more than the pipe (64 KiB) and the writer's buffer hold.
     const N: usize = 2000;
     assert_eq!(authorize_many(&client, &permit, N).await, N);
@@ -250,23 +280,17 @@ async fn a_full_buffer_drops_events_and_counts_each() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_buffer_blocks_the_requests_and_loses_nothing() {
     let _machine = shared().await;
-    let dir = Dir::new("audit-block");
-    let path = dir.0.join("audit.fifo");
-    let reader = fifo(&path);
-    let args = [
-        "--audit-log",
-        path.to_str().expect("utf-8"),
-        "--audit-buffer",
-        "1",
-        "--metrics-listen",
-        "127.0.0.1:0",
-        // More open attempts on one permit than the default quota.
-        "--max-open-attempts",
-        "0",
-    ];
-    let mut process = start(&args, &dir.0.join("stderr.log"));
-    let client = process.client().await;
-    let permit = new_permit(&client).await;
+    let Stuck {
+        _dir,
+        reader,
+        mut process,
+        client,
+        permit,
+    } = stuck(
+        "audit-block",
+        &["--audit-buffer", "1", "--metrics-listen", "127.0.0.1:0"],
+    )
+    .await;
     const N: usize = 1500;
     let calls = {
         let (client, permit) = (client.clone(), permit.clone());
@@ -316,18 +340,13 @@ async fn a_full_buffer_blocks_the_requests_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_writes_out_the_queue_before_the_exit() {
     let _machine = shared().await;
-    let dir = Dir::new("audit-exit");
-    let path = dir.0.join("audit.fifo");
-    let reader = fifo(&path);
-    let args = [
-        "--audit-log",
-        path.to_str().expect("utf-8"),
-        "--max-open-attempts",
-        "0",
-    ];
-    let mut process = start(&args, &dir.0.join("stderr.log"));
-    let client = process.client().await;
-    let permit = new_permit(&client).await;
+    let Stuck {
+        _dir,
+        reader,
+        mut process,
+        client,
+        permit,
+    } = stuck("audit-exit", &[]).await;
     // More than the pipe and the writer's batch hold, less than the queue
     // (65 536 lines): no request waits, the rest stays queued.
     const N: usize = 1000;

@@ -14,7 +14,7 @@
 //! it to the scripts' sources, so a script that starts reading a field, an
 //! attempt, a set or a key the table does not list fails here.
 
-use crate::support::{Redis, redis_store, shared};
+use crate::support::{Redis, load_library, redis_store, shared};
 use atmost::domain::{
     AuthorizeCmd, CommitCmd, Decision, DuplicateGuard, Error, GetAttemptCmd, GuardMode,
     MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, ResolveCmd, Scope, UncertainPolicy,
@@ -953,17 +953,6 @@ async fn eval(
         [_, reason, ..] => Ok(text(reason)),
         [] => Ok("nothing".into()),
     }
-}
-
-/// atmost's library, loaded as the store loads it.
-async fn load_library(conn: &mut MultiplexedConnection) {
-    redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(atmost::store::redis::library_text())
-        .exec_async(conn)
-        .await
-        .expect("FUNCTION LOAD");
 }
 
 fn index_member(permit_id: &str) -> String {

@@ -713,13 +713,7 @@ async fn an_unreadable_tenants_index_entry_is_unavailable_and_left_alone() {
     store.create_permit(a1.clone()).await.expect("create");
     let key = format!("{}:tenants", redis.prefix);
 
-    redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(atmost::store::redis::library_text())
-        .exec_async(&mut conn)
-        .await
-        .expect("FUNCTION LOAD");
+    crate::support::load_library(&mut conn).await;
     let function = atmost::store::redis::function_name("index_tenant").expect("index_tenant.lua");
     for (tenant, token) in [
         ("", "t"),

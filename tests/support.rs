@@ -157,6 +157,18 @@ pub fn run_to_exit_with_env<K: AsRef<std::ffi::OsStr>, V: AsRef<std::ffi::OsStr>
     (status, stderr)
 }
 
+/// atmost's Functions library, loaded as the store loads it, for a test
+/// that calls a script directly.
+pub async fn load_library(conn: &mut redis::aio::MultiplexedConnection) {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(atmost::store::redis::library_text())
+        .exec_async(conn)
+        .await
+        .expect("FUNCTION LOAD");
+}
+
 /// Authorizes a new key ("k", cost 0) on `permit_id`: the answer.
 pub async fn authorize_new_key(client: &Client, permit_id: String) -> pb::AuthorizeResponse {
     client

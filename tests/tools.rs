@@ -156,13 +156,7 @@ async fn the_redis_ceiling_runs_the_stores_own_calls() {
     // store's reader, not a DISPATCH.
     let store = RedisStore::connect(&RedisConfig::new(redis.url.clone(), redis.prefix.clone()))
         .expect("store");
-    redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(atmost::store::redis::library_text())
-        .exec_async(&mut conn)
-        .await
-        .expect("FUNCTION LOAD");
+    load_library(&mut conn).await;
     let cmd = atmost::domain::AuthorizeCmd {
         permit_id: uuid::Uuid::now_v7().to_string(),
         tool: "t".into(),

@@ -31,7 +31,6 @@ use atmost::store::redis::{RedisConfig, RedisStore, connection_info};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use redis::aio::ConnectionManager;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -322,11 +321,7 @@ async fn measure(
                 "rps": rate, "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999),
                 "client_cpu_us_per_call": cpu_us, "script_usec_per_call": usec_per_call,
             });
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?;
-            writeln!(f, "{line}")?;
+            crate::append_json(path, &line)?;
         }
     }
     Ok(())

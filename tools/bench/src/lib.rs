@@ -534,11 +534,16 @@ fn report(
             "service_p99_us": tally.service.value_at_quantile(0.99),
             "service_p999_us": tally.service.value_at_quantile(0.999),
         });
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
-        writeln!(f, "{line}")?;
+        append_json(path, &line)?;
     }
     Ok(())
+}
+
+/// Appends `line` to the results file at `path`, as one JSON line.
+pub fn append_json(path: &std::path::Path, line: &serde_json::Value) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    writeln!(f, "{line}")
 }
