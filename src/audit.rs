@@ -331,10 +331,11 @@ impl Batch {
 
     /// Writes the batch out: its lines count as written, or all as lost
     /// to a write error (a write that failed part way may have put some of
-    /// them out: they are counted lost, never twice). Whether it was.
+    /// them out: they are counted lost, never twice). Whether it was (with
+    /// nothing to write: whether the last write was).
     fn write(&mut self, out: &mut dyn Write, counts: &Counts) -> bool {
         if self.lines == 0 {
-            return true;
+            return !self.failing;
         }
         let result = out.write_all(&self.bytes).and_then(|()| out.flush());
         let lines = std::mem::take(&mut self.lines);

@@ -523,24 +523,16 @@ where
                         Error::RoleNotAllowed { key_id, .. } => key_id.as_str(),
                         _ => "",
                     };
-                    let rpc = request
-                        .uri()
-                        .path()
-                        .rsplit('/')
-                        .next()
-                        .unwrap_or_default()
-                        .to_owned();
-                    let key_id = key_id.to_owned();
+                    // Never waiting for room (audit::record_refusal), so
+                    // this connection's task goes on at once.
+                    crate::audit::record_refusal(&crate::audit::Event {
+                        rpc: request.uri().path().rsplit('/').next().unwrap_or_default(),
+                        key_id,
+                        outcome: e.reason().as_str(),
+                        ..crate::audit::Event::default()
+                    });
                     // After its body is read (crate::admission::refuse).
                     return Box::pin(async move {
-                        // In the request's own task, not the connection's;
-                        // never waiting for room (audit::record_refusal).
-                        crate::audit::record_refusal(&crate::audit::Event {
-                            rpc: &rpc,
-                            key_id: &key_id,
-                            outcome: e.reason().as_str(),
-                            ..crate::audit::Event::default()
-                        });
                         Ok(crate::admission::refuse(request.into_body(), e).await)
                     });
                 }

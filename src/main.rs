@@ -475,8 +475,12 @@ fn main() -> std::process::ExitCode {
                 if let Err(why) = atmost::audit::flush(Duration::from_secs(10)) {
                     let counts = atmost::audit::counts();
                     eprintln!(
-                        "atmost: the audit trail was not written out ({why}): {} events not written",
-                        counts.unwritten()
+                        "atmost: the audit trail was not written out ({why}): {} events not \
+                         written, {} lost to write errors",
+                        counts.unwritten(),
+                        counts
+                            .write_errors
+                            .load(std::sync::atomic::Ordering::Relaxed)
                     );
                 }
                 served
@@ -806,6 +810,7 @@ async fn serve(
             let store = RedisStore::connect(&config)?.with_quotas(quotas);
             check_eviction(&store, args.store_timeout).await?;
             check_version(&store, args.store_timeout).await?;
+            load_library(&store, args.store_timeout).await;
             Backend::Redis(store)
         }
     };
@@ -916,6 +921,23 @@ async fn check_eviction(
             );
             Ok(())
         }
+    }
+}
+
+/// Loads atmost's library on every primary before serving, while Redis has
+/// room for it (past `maxmemory` Redis refuses `FUNCTION LOAD`, and a node
+/// without the library could then answer nothing). A Redis that does not
+/// take it now (unreachable, or the ACL lacks `function|load`) is logged;
+/// each call that finds its function missing loads it again.
+async fn load_library(store: &RedisStore, timeout: Duration) {
+    match tokio::time::timeout(timeout, store.load_library()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "atmost's Redis functions not loaded at start-up: the first call loads them")
+        }
+        Err(_) => tracing::warn!(
+            "Redis did not answer FUNCTION LOAD at start-up: the first call loads atmost's functions"
+        ),
     }
 }
 

@@ -247,6 +247,16 @@ impl RedisStore {
         Ok((policy, refused))
     }
 
+    /// Loads atmost's Functions library on every primary (at start-up: a
+    /// node that lacks it later, after a restart without persistence or a
+    /// `FUNCTION FLUSH`, is sent it by the call that finds it missing).
+    pub async fn load_library(&self) -> Result<(), Error> {
+        let mut conn = self.conn.get().await?;
+        conn.load_library_everywhere()
+            .await
+            .map_err(|e| self.lost(e))
+    }
+
     /// Redis's version (major, minor), from `INFO server` (the oldest of a
     /// Cluster's primaries): atmost's scripts need 7.0 or later.
     pub async fn server_version(&self) -> Result<(u32, u32), Error> {

@@ -27,7 +27,8 @@ async fn a_timed_out_authorize_sends_its_script_once() {
         proxy.commands()
     );
     assert_eq!(calls_made(&client, &permit).await, 1);
-    // (One library holds every script: GetPermit loaded nothing more.)
+    // One library holds every script: GetPermit loaded nothing more.
+    assert_eq!(proxy.count_command("FUNCTION", "LOAD"), loads + 1);
     let loads = proxy.count_command("FUNCTION", "LOAD");
 
     // The script is loaded now. An Authorize whose reply comes after the

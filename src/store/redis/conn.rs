@@ -604,6 +604,17 @@ impl Conn {
         }
     }
 
+    /// `FUNCTION LOAD REPLACE` of atmost's library on every primary: at
+    /// start-up, while Redis has room (Redis refuses `FUNCTION LOAD` past
+    /// `maxmemory`, as any write).
+    pub(super) async fn load_library_everywhere(&mut self) -> Result<(), RedisError> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD")
+            .arg("REPLACE")
+            .arg(super::scripts::library_text());
+        self.on_every_primary(load).await.map(drop)
+    }
+
     /// `INFO <section>` of every primary: one on a single server, each
     /// shard's on a Cluster.
     pub(super) async fn info(&mut self, section: &str) -> Result<Vec<String>, RedisError> {

@@ -108,13 +108,12 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
             "local function script_{name}(KEYS, ARGV)\n{body}\nend\n"
         );
     }
-    let hash = Script::new(&code).get_hash().to_owned();
-    let library = format!("atmost_{}", &hash[..12]);
-    let functions: Vec<String> = TABLE
-        .iter()
-        .map(|(name, _)| format!("{library}_{name}"))
-        .collect();
-    for ((name, body), function) in TABLE.iter().zip(&functions) {
+    // The registrations name the library; the name is the hash of the
+    // whole text with a placeholder for it, so two texts that differ
+    // anywhere (a flag, the packing) never share a name.
+    const NAME: &str = "atmost_LIBRARY";
+    for (name, body) in TABLE {
+        let function = format!("{NAME}_{name}");
         let flags = if body.starts_with("#!lua flags=no-writes") {
             ", flags = {'no-writes'}"
         } else {
@@ -126,10 +125,16 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
              function(keys, args) return cmsgpack.pack(script_{name}(keys, args)) end{flags}}}"
         );
     }
+    let text = format!("#!lua name={NAME}\n{code}");
+    let hash = Script::new(&text).get_hash().to_owned();
+    let library = format!("atmost_{}", &hash[..12]);
     Library {
-        text: format!("#!lua name={library}\n{code}"),
+        text: text.replace(NAME, &library),
+        functions: TABLE
+            .iter()
+            .map(|(name, _)| format!("{library}_{name}"))
+            .collect(),
         name: library,
-        functions,
     }
 });
 
