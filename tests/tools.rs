@@ -9,6 +9,16 @@
 use crate::support::*;
 use clap::Parser;
 
+/// The JSON lines a tool appended to `path`, which is removed.
+fn take_rows(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let lines = std::fs::read_to_string(path).expect("results");
+    let _ = std::fs::remove_file(path);
+    lines
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
 /// Three real replicas on one real Redis, 64 faulty agent loops for 20 s
 /// with a replica SIGKILLed every 5 s, then the history check. Run it longer
 /// by hand as the README's "Tests" says.
@@ -82,12 +92,7 @@ async fn bench_runs_every_scenario_against_the_real_server() {
             .await
             .unwrap_or_else(|e| panic!("{scenario}: {e}"));
     }
-    let lines = std::fs::read_to_string(&json).expect("results");
-    let _ = std::fs::remove_file(&json);
-    let rows: Vec<serde_json::Value> = lines
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect();
+    let rows = take_rows(&json);
     assert_eq!(rows.len(), 6);
     for row in rows {
         assert!(row["requests"].as_u64().unwrap_or(0) > 0, "{row}");
@@ -126,12 +131,7 @@ async fn the_redis_ceiling_runs_the_stores_own_calls() {
     atmost_bench::ceiling::run(args)
         .await
         .expect("every call a fresh DISPATCH");
-    let lines = std::fs::read_to_string(&json).expect("results");
-    let _ = std::fs::remove_file(&json);
-    let rows: Vec<serde_json::Value> = lines
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect();
+    let rows = take_rows(&json);
     let strategies: Vec<_> = rows.iter().map(|r| r["strategy"].as_str()).collect();
     assert_eq!(
         strategies,

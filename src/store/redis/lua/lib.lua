@@ -1,7 +1,8 @@
--- lib.lua: helpers prepended to every atmost script. Each script is sent as
--- lib.lua, then its body as `local function main()`, then
--- `return cmsgpack.pack(main())` (store/redis/scripts.rs: script_text): one
--- atomic EVALSHA whose reply is one msgpack string of what the body returns.
+-- lib.lua: helpers shared by every atmost script. atmost's Redis Functions
+-- library is lib.lua once, then each script's body as
+-- `local function script_<name>(KEYS, ARGV)`, each registered as a function
+-- whose reply is one msgpack string of what the body returns
+-- (store/redis/scripts.rs: library_text); each call is one atomic FCALL.
 --
 -- Keys of one permit P (all share the hash tag, so one Cluster slot):
 --   <prefix>:{P}:permit    HASH  the permit and its usage counters:
