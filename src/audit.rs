@@ -3,10 +3,11 @@
 //!
 //! The edges build the events ([`crate::api::audit`], and the
 //! authentication layer for the calls it refuses) and hand them to
-//! [`record`]: it formats the line and queues it. The writer thread takes
-//! what is queued and writes it through one buffer, flushed at most 10 ms
-//! after a line entered it ([`LINGER`]), so under load one `write(2)`
-//! carries many lines.
+//! [`record`]: it formats the line and queues it. The writer thread polls
+//! the queue (a request never wakes it: [`TICK`]) and writes what it takes
+//! through one buffer, flushed about 10 ms after a line entered it
+//! ([`LINGER`]; up to 50 ms after a quiet spell), so under load one
+//! `write(2)` carries many lines.
 //!
 //! When the buffer is full (the output is slower than the requests), the
 //! operator's choice ([`WhenFull`]) decides: `block` (the default) makes
@@ -358,28 +359,35 @@ impl Batch {
     }
 }
 
-/// The writer thread: batches what is queued and writes each batch at
-/// most [`LINGER`] after its first line, until every sender is gone.
+/// How long the writer sleeps when it finds the queue empty, at first:
+/// it polls rather than waits on the queue, so a sender never has to wake
+/// it (with the writer parked on the queue, every line cost the request a
+/// futex wake-up and the writer a context switch). Each empty look doubles
+/// the sleep, up to [`IDLE_TICK`]; a line sets it back.
+const TICK: Duration = Duration::from_millis(2);
+
+/// The longest sleep of an idle writer: what a line or a flush waits at
+/// most after a quiet spell.
+const IDLE_TICK: Duration = Duration::from_millis(50);
+
+/// The writer thread: batches what is queued and writes each batch once
+/// the queue is empty and [`LINGER`] has passed since its first line (or
+/// once it holds [`BATCH_BYTES`]), until every sender is gone.
 fn write_all(lines: Receiver<Msg>, mut out: Box<dyn Write + Send>, counts: &Counts) {
-    use std::sync::mpsc::RecvTimeoutError;
+    use std::sync::mpsc::TryRecvError;
     let mut batch = Batch {
         bytes: Vec::with_capacity(BATCH_BYTES + 1024),
         lines: 0,
         since: std::time::Instant::now(),
         failing: false,
     };
+    let mut tick = TICK;
     loop {
-        let msg = if batch.lines == 0 {
-            lines.recv().map_err(|_| RecvTimeoutError::Disconnected)
-        } else {
-            lines.recv_timeout(
-                (batch.since + LINGER).saturating_duration_since(std::time::Instant::now()),
-            )
-        };
-        match msg {
+        match lines.try_recv() {
             Ok(Msg::Line(line)) => {
+                tick = TICK;
                 batch.push(&line);
-                if batch.bytes.len() >= BATCH_BYTES || batch.since.elapsed() >= LINGER {
+                if batch.bytes.len() >= BATCH_BYTES {
                     batch.write(&mut *out, counts);
                 }
             }
@@ -387,10 +395,14 @@ fn write_all(lines: Receiver<Msg>, mut out: Box<dyn Write + Send>, counts: &Coun
                 let written = batch.write(&mut *out, counts);
                 let _ = done.try_send(written);
             }
-            Err(RecvTimeoutError::Timeout) => {
-                batch.write(&mut *out, counts);
+            Err(TryRecvError::Empty) => {
+                if batch.lines > 0 && batch.since.elapsed() >= LINGER {
+                    batch.write(&mut *out, counts);
+                }
+                std::thread::sleep(tick);
+                tick = (tick * 2).min(IDLE_TICK);
             }
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(TryRecvError::Disconnected) => break,
         }
     }
     batch.write(&mut *out, counts);
