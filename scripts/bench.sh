@@ -16,6 +16,9 @@
 #       and the health check's latency at the same rates beside it;
 #   ListUncertain with 1k, 100k and 1M open attempts in one permit, on
 #       both stores, and Redis's SLOWLOG meanwhile (tools/bench list_scale);
+#   reconciling across permits: the whole cross-permit ListUncertain walk
+#       and the census with 100k live permits, 100 uncertain attempts and
+#       1000 in flight, on both stores (tools/bench cross_scale);
 #   (d) Redis Cluster (3 primaries, 3 replicas) beside one standalone Redis:
 #       authorize through atmost with --durability none and replica, and
 #       Redis's own CPU per authorize script from INFO commandstats.
@@ -45,6 +48,7 @@ if [ -n "${SMOKE:-}" ]; then
   : "${LIST_ARGS:=--pages 5,10 --calls 10}"
   : "${CEILING_REQUESTS:=2000}" "${CPU_REQUESTS:=2000}" "${MEMORY_REQUESTS:=2000}"
   : "${ROUNDS:=1}" "${OUT:=target/bench-smoke/$(date -u +%Y%m%dT%H%M%SZ)}"
+  : "${CROSS_ARGS:=--permits 300 --uncertain 20 --reserved 20 --page 10 --calls 2}"
 fi
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-2s}
@@ -243,6 +247,12 @@ rcli FLUSHALL >/dev/null
 # shellcheck disable=SC2086 # LIST_ARGS: more flags, word-split on purpose
 "$BIN/list_scale" --redis-url "redis://127.0.0.1:$REDIS_PORT" --sizes "$LIST_SIZES" \
   ${LIST_ARGS:-} --json "$RESULTS" | tee "$OUT/list-scale.txt"
+rcli FLUSHALL >/dev/null
+
+echo "== Reconciling across permits: many live permits, few uncertain"
+# shellcheck disable=SC2086 # CROSS_ARGS: more flags, word-split on purpose
+"$BIN/cross_scale" --redis-url "redis://127.0.0.1:$REDIS_PORT" ${CROSS_ARGS:-} \
+  --json "$RESULTS" | tee "$OUT/cross-scale.txt"
 rcli FLUSHALL >/dev/null
 fi
 fi

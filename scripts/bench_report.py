@@ -212,7 +212,25 @@ def summary(path, clk_tck):
                 print(f"p99 at 50% of peak: Redis store {at50['p99_us']}us, the transport (health) "
                       f"{h50['p99_us']}us: {at50['p99_us'] / max(h50['p99_us'], 1):.1f}x")
     list_scale(runs)
+    cross_scale(runs)
     cluster(runs, m)
+
+
+def cross_scale(runs):
+    """Reconciling across permits: the whole cross-permit ListUncertain walk
+    and the census with many live permits and few uncertain attempts
+    (tools/bench cross_scale)."""
+    rows = [r for r in runs if r.get("scenario") == "cross_permit_reconcile"]
+    if not rows:
+        return
+    print()
+    print("Reconciling across permits (many live permits, few uncertain; medians of the calls):")
+    for r in rows:
+        pages_ok = r["walk_pages"] <= -(-r["uncertain"] // r["page"]) + 1
+        print(f"  {mark(pages_ok and r['walk_ms'] < 50)} {r['store']:<7}{r['permits']:>8} permits, "
+              f"{r['uncertain']} uncertain, {r['reserved']} reserved: the whole walk {r['walk_pages']} "
+              f"pages of {r['page']} in {r['walk_ms']:.1f} ms (target: 2 pages, < 50 ms); "
+              f"the census {r['census_ms']:.2f} ms")
 
 
 def cluster(runs, m):

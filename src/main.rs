@@ -391,8 +391,9 @@ struct ServeArgs {
     /// (docs/telemetry.md).
     #[arg(long, env = "ATMOST_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
-    /// While metrics are exported: time between the end of one census of
-    /// UNCERTAIN attempts and the start of the next (1s to 1h).
+    /// While metrics are exported: how often the census of UNCERTAIN
+    /// attempts is read (on Redis one replica of the fleet counts per
+    /// interval; 1s to 1h).
     #[arg(long, env = "ATMOST_UNCERTAIN_CENSUS_INTERVAL", default_value = "10s", value_parser = census_interval)]
     uncertain_census_interval: Duration,
     /// Log format (logs go to stderr; filter with RUST_LOG). Text has

@@ -456,11 +456,12 @@ pub async fn run(
 }
 
 /// Runs the uncertain census while metrics are exported
-/// ([`crate::telemetry::census`]): a pass at once, then one `interval`
-/// after each pass ends, until `stop`. A pass is batches back to back,
-/// each under the store deadline (no admission slot: like the sweep, it is
-/// the server's own work); a failed batch abandons the pass, and the last
-/// figures stay, growing older.
+/// ([`crate::telemetry::census`]): a reading at once, then one `interval`
+/// after each ends, until `stop`, under the store deadline (no admission
+/// slot: like the sweep, it is the server's own work). A reading is the
+/// fleet's figures, counted by this replica when its turn comes
+/// ([`Store::census`]); a failed one leaves the last figures, growing
+/// older.
 async fn census_store(ctx: Ctx, telemetry: Telemetry, interval: Duration, stop: CancellationToken) {
     let Some(census) = telemetry.census() else {
         return;
@@ -469,37 +470,28 @@ async fn census_store(ctx: Ctx, telemetry: Telemetry, interval: Duration, stop: 
     // the pass that ends it once (INFO), not every interval.
     let mut failing = false;
     loop {
-        let mut tally = crate::telemetry::census::Tally::default();
-        let mut after = None;
-        let complete = loop {
-            match ctx
-                .deadline(ctx.store.census(after.as_ref(), ctx.clock.now()))
-                .await
-            {
-                Ok(batch) => {
-                    tally.add(&batch);
-                    match batch.next {
-                        Some(next) => after = Some(next),
-                        None => break true,
-                    }
+        let complete = match ctx
+            .deadline(ctx.store.census(ctx.clock.now(), interval))
+            .await
+        {
+            Ok(f) => {
+                let ms = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+                census.publish(f.uncertain, ms(f.oldest_age_ms), ms(f.age_ms));
+                true
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(
+                        error = %e,
+                        "uncertain census failed: atmost_uncertain_* keep their last figures; \
+                         retried every interval"
+                    );
                 }
-                Err(e) => {
-                    if !failing {
-                        tracing::warn!(
-                            error = %e,
-                            "uncertain census failed: atmost_uncertain_* keep their last figures; \
-                             retried every interval"
-                        );
-                    }
-                    break false;
-                }
+                false
             }
         };
-        if complete {
-            census.publish(tally.uncertain, tally.oldest_age);
-            if failing {
-                tracing::info!("uncertain census completed again");
-            }
+        if complete && failing {
+            tracing::info!("uncertain census completed again");
         }
         failing = !complete;
         tokio::select! {

@@ -22,34 +22,31 @@ use crate::domain::{
 };
 use std::future::Future;
 
-/// A position in ListUncertain's order: permits by (expires_at,
-/// permit_id), and under each its uncertain attempts by (uncertain_since,
-/// idempotency_key).
+/// A position in ListUncertain's order: the last attempt listed. Across
+/// permits, attempts are in (uncertain_since, permit_id, idempotency_key)
+/// order, oldest first; under one permit, in (uncertain_since,
+/// idempotency_key) order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
-    pub permit_expires_at: Millis,
+    pub uncertain_since: Millis,
     pub permit_id: String,
-    /// The last attempt listed under the permit: (uncertain_since, key);
-    /// `None` continues after the whole permit.
-    pub attempt: Option<(Millis, String)>,
+    pub idempotency_key: String,
 }
 
 impl Cursor {
-    /// After this attempt of that permit.
-    pub fn after_attempt(permit_expires_at: Millis, attempt: &Attempt) -> Self {
+    /// After this attempt.
+    pub fn after(attempt: &Attempt) -> Self {
         Self {
-            permit_expires_at,
+            uncertain_since: attempt.uncertain_since,
             permit_id: attempt.permit_id.clone(),
-            attempt: Some((attempt.uncertain_since, attempt.idempotency_key.clone())),
+            idempotency_key: attempt.idempotency_key.clone(),
         }
     }
 
     /// The attempt to continue after, when the cursor is inside `permit_id`.
     pub fn attempt_in(&self, permit_id: &str) -> Option<(Millis, &str)> {
         (self.permit_id == permit_id)
-            .then_some(self.attempt.as_ref())
-            .flatten()
-            .map(|(at, key)| (*at, key.as_str()))
+            .then_some((self.uncertain_since, self.idempotency_key.as_str()))
     }
 }
 
@@ -61,36 +58,19 @@ pub struct Page {
     pub next: Option<Cursor>,
 }
 
-/// Where a census pass goes on from: after this permit of this tenant's
-/// index (tenants are walked in order of their names).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CensusCursor {
-    pub tenant: String,
-    pub expires_at: Millis,
-    pub permit_id: String,
-}
-
-/// One batch of the uncertain census ([`Store::census`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CensusBatch {
-    /// Attempts UNCERTAIN (marked, or RESERVED past their lease) in the
-    /// permits of this batch, each permit read at once.
+/// The uncertain census ([`Store::census`]): the whole store, across every
+/// tenant, at one moment on the store's clock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CensusFigures {
+    /// Attempts UNCERTAIN (marked, or RESERVED past their lease).
     pub uncertain: u64,
-    /// How long the oldest of them had been uncertain when its permit was
-    /// read, on the store's clock (0: none).
+    /// How long the oldest of them had been uncertain when counted (0:
+    /// none).
     pub oldest_age_ms: Millis,
-    /// Where the next batch starts; `None`: the pass is complete.
-    pub next: Option<CensusCursor>,
+    /// How long ago they were counted (another replica's count, on Redis:
+    /// one census per fleet per interval).
+    pub age_ms: Millis,
 }
-
-/// Most permits one census batch looks into.
-pub const CENSUS_BATCH: usize = 64;
-
-/// Most permits one ListUncertain call looks into across all permits, so a
-/// page over a large, mostly settled index stays bounded (the page may then
-/// come back short, with a cursor to continue from). The Redis store also
-/// stops at half its store deadline.
-pub const MAX_PERMITS_PER_PAGE: usize = 256;
 
 /// How long past its expiry a permit stays in the Redis store's
 /// cross-permit index once no attempt is open. New keys stop at expiry on
@@ -158,7 +138,10 @@ pub trait Store: Send + Sync + 'static {
         receipt_id: String,
     ) -> impl Future<Output = Result<Settled, Error>> + Send;
     /// Attempts UNCERTAIN at `now` after `after`, under one permit or (with
-    /// `permit_id` `None`) across all permits of the scope's tenant.
+    /// `permit_id` `None`) across all permits of the scope's tenant, at
+    /// most `limit`. Across permits it costs what it returns, whatever the
+    /// number of permits: both stores keep an index of open attempts by
+    /// when they are (or become) uncertain.
     fn list_uncertain(
         &self,
         scope: &Scope,
@@ -175,15 +158,17 @@ pub trait Store: Send + Sync + 'static {
     fn sweep(&self, now: Millis) -> impl Future<Output = Result<usize, Error>> + Send;
     /// Succeeds when the store can serve requests (for health checks).
     fn ping(&self) -> impl Future<Output = Result<(), Error>> + Send;
-    /// One batch of the uncertain census (crate::telemetry::census), across
-    /// every tenant: at most [`CENSUS_BATCH`] permits that may hold an open
-    /// attempt, after `after` (from the start with `None`), each read
-    /// atomically at `now` (Redis: on its own clock). Changes nothing.
+    /// The uncertain census (crate::telemetry::census), across every
+    /// tenant, at `now` (Redis: on its own clock). Changes nothing but the
+    /// Redis store's shared figures: a replica counts when the fleet's
+    /// figures are older than `interval` and no other replica has taken the
+    /// turn; otherwise it reads them ([`CensusFigures::age_ms`]). With
+    /// `interval` zero it counts, and shares nothing.
     fn census(
         &self,
-        after: Option<&CensusCursor>,
         now: Millis,
-    ) -> impl Future<Output = Result<CensusBatch, Error>> + Send;
+        interval: std::time::Duration,
+    ) -> impl Future<Output = Result<CensusFigures, Error>> + Send;
 }
 
 /// The backend chosen at start-up.
@@ -284,9 +269,9 @@ impl Store for Backend {
     }
     async fn census(
         &self,
-        after: Option<&CensusCursor>,
         now: Millis,
-    ) -> Result<CensusBatch, Error> {
-        delegate!(self, "census", s => s.census(after, now))
+        interval: std::time::Duration,
+    ) -> Result<CensusFigures, Error> {
+        delegate!(self, "census", s => s.census(now, interval))
     }
 }

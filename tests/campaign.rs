@@ -1311,11 +1311,12 @@ fn list_rows(f: &Fixture) -> Vec<Row> {
     };
     let bad_token = || Invalid("page_token");
     // Well formed, but never answered: past every permit there is.
-    let forged = hex(format!("{}ffffffff-ffff-ffff-ffff-ffffffffffff", "9".repeat(15)).as_bytes());
+    let forged =
+        hex(format!("2{}ffffffff-ffff-ffff-ffff-ffffffffffff~", "9".repeat(15)).as_bytes());
     // Well formed, inside P before its first uncertain attempt.
-    let forged_inside = hex(format!("{:015}{}{:015}~", 1, f.p, 1).as_bytes());
+    let forged_inside = hex(format!("2{:015}{}~", 1, f.p).as_bytes());
     // A cursor inside P whose key is not one: a control character.
-    let control_key = hex(format!("{:015}{}{:015}\u{1}", 1, f.p, 1).as_bytes());
+    let control_key = hex(format!("2{:015}{}\u{1}", 1, f.p).as_bytes());
     vec![
         row(
             "list: permit_id of 100 KiB",

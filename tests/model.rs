@@ -470,17 +470,8 @@ fn check<T: PartialEq + std::fmt::Debug>(
 
 /// A whole census pass: (UNCERTAIN attempts, the oldest one's age).
 async fn census_pass(store: &impl Store, now: Millis) -> Result<(u64, Millis), Error> {
-    let (mut uncertain, mut oldest) = (0, 0);
-    let mut after = None;
-    loop {
-        let batch = store.census(after.as_ref(), now).await?;
-        uncertain += batch.uncertain;
-        oldest = oldest.max(batch.oldest_age_ms);
-        match batch.next {
-            Some(next) => after = Some(next),
-            None => return Ok((uncertain, oldest)),
-        }
-    }
+    let figures = store.census(now, std::time::Duration::ZERO).await?;
+    Ok((figures.uncertain, figures.oldest_age_ms))
 }
 
 /// Quotas small enough for random sequences to reach them (of 8 keys, a

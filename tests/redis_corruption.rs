@@ -73,10 +73,22 @@ enum Scenario {
     ListUncertain,
     /// census.lua (read-only), through the census: k1, UNCERTAIN.
     Census,
+    /// census_turn.lua, through the census with an interval: the fleet's
+    /// figures stale (published long before), so this replica takes the
+    /// turn, counts k1 (UNCERTAIN) and publishes.
+    CensusTurn,
+    /// census_publish.lua: the same call, which publishes after counting.
+    CensusPublish,
+    /// list_index.lua (read-only), through ListUncertain across permits:
+    /// k1, UNCERTAIN.
+    ListIndex,
+    /// uncertain_attempts.lua (read-only): the same call, which reads the
+    /// attempts the index named.
+    ListAttempts,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 16] = [
+    const ALL: [Scenario; 20] = [
         Scenario::AuthorizeNew,
         Scenario::AuthorizeReleased,
         Scenario::AuthorizeHeld,
@@ -93,6 +105,10 @@ impl Scenario {
         Scenario::GetAttempt,
         Scenario::ListUncertain,
         Scenario::Census,
+        Scenario::CensusTurn,
+        Scenario::CensusPublish,
+        Scenario::ListIndex,
+        Scenario::ListAttempts,
     ];
 
     fn script(self) -> &'static str {
@@ -110,6 +126,10 @@ impl Scenario {
             GetAttempt => "get_attempt",
             ListUncertain => "list_uncertain",
             Census => "census",
+            CensusTurn => "census_turn",
+            CensusPublish => "census_publish",
+            ListIndex => "list_index",
+            ListAttempts => "uncertain_attempts",
         }
     }
 
@@ -121,8 +141,8 @@ impl Scenario {
             AuthorizeHeld => "TOOL_HELD_UNCERTAIN",
             // The permit, then the tenant's entry (its index empty).
             Close => "dropped 2",
-            ListUncertain => "1 listed",
-            Census => "1 uncertain",
+            ListUncertain | ListIndex | ListAttempts => "1 listed",
+            Census | CensusTurn | CensusPublish => "1 uncertain",
             _ => "OK",
         }
     }
@@ -132,7 +152,13 @@ impl Scenario {
         use Scenario::*;
         !matches!(
             self,
-            AuthorizeHeld | GetPermit | GetAttempt | ListUncertain | Census
+            AuthorizeHeld
+                | GetPermit
+                | GetAttempt
+                | ListUncertain
+                | Census
+                | ListIndex
+                | ListAttempts
         )
     }
 }
@@ -157,6 +183,11 @@ enum Target {
     IndexMember,
     /// A member of the tenants index.
     TenantMember,
+    /// A member of the uncertain index (the fleet's shard, or the
+    /// tenant's).
+    UncertainMember,
+    /// A field of the fleet's census figures.
+    CensusField(&'static str),
     /// The key (lib.lua's names: permit, attempts, open, dup, held, index)
     /// replaced by a string.
     KeyType(&'static str),
@@ -201,7 +232,8 @@ enum Expect {
 use Expect::{Unavailable, Unchanged, Writes};
 use Scenario::*;
 use Target::{
-    DupPointer, Element, Field, HeldMember, IndexMember, KeyType, OpenMember, Record, TenantMember,
+    CensusField, DupPointer, Element, Field, HeldMember, IndexMember, KeyType, OpenMember, Record,
+    TenantMember, UncertainMember,
 };
 
 /// Every field of the permit hash (lib.lua's header).
@@ -284,6 +316,13 @@ const TABLE: &[(Scenario, Target, Vals, Expect)] = &[
     (AuthorizeNew, KeyType("open"), Vals::Kind, Unavailable),
     (AuthorizeNew, KeyType("dup"), Vals::Kind, Unavailable),
     (AuthorizeNew, KeyType("held"), Vals::Kind, Unavailable),
+    (AuthorizeNew, KeyType("uncertain"), Vals::Kind, Unavailable),
+    (
+        AuthorizeNew,
+        KeyType("uncertain_t"),
+        Vals::Kind,
+        Unavailable,
+    ),
     (AuthorizeReleased, Record, Vals::Kind, Unavailable),
     (AuthorizeReleased, DupPointer, Vals::Kind, Unavailable),
     (AuthorizeReleased, KeyType("open"), Vals::Kind, Unavailable),
@@ -367,6 +406,13 @@ const TABLE: &[(Scenario, Target, Vals, Expect)] = &[
     (CommitNotSent, KeyType("open"), Vals::Kind, Unavailable),
     (CommitNotSent, KeyType("dup"), Vals::Kind, Unavailable),
     (CommitNotSent, KeyType("held"), Vals::Kind, Unavailable),
+    (CommitNotSent, KeyType("uncertain"), Vals::Kind, Unavailable),
+    (
+        CommitNotSent,
+        KeyType("uncertain_t"),
+        Vals::Kind,
+        Unavailable,
+    ),
     (CommitSucceeded, Field("exp"), Vals::Kind, Unavailable),
     (CommitSucceeded, Field("budget"), Vals::Kind, Unavailable),
     (CommitSucceeded, Field("committed"), Vals::Kind, Unavailable),
@@ -424,6 +470,13 @@ const TABLE: &[(Scenario, Target, Vals, Expect)] = &[
     (MarkUncertain, KeyType("attempts"), Vals::Kind, Unavailable),
     (MarkUncertain, KeyType("open"), Vals::Kind, Unavailable),
     (MarkUncertain, KeyType("held"), Vals::Kind, Unavailable),
+    (MarkUncertain, KeyType("uncertain"), Vals::Kind, Unavailable),
+    (
+        MarkUncertain,
+        KeyType("uncertain_t"),
+        Vals::Kind,
+        Unavailable,
+    ),
     // --- revoke_permit.lua: the whole record, which it answers with.
     (Revoke, Field("subject"), Vals::Kind, Unavailable),
     (Revoke, Field("currency"), Vals::Kind, Unavailable),
@@ -588,25 +641,79 @@ const TABLE: &[(Scenario, Target, Vals, Expect)] = &[
     (ListUncertain, KeyType("permit"), Vals::Kind, Unavailable),
     (ListUncertain, KeyType("attempts"), Vals::Kind, Unavailable),
     (ListUncertain, KeyType("open"), Vals::Kind, Unavailable),
-    // --- census.lua (read-only): counts, and the first member's time.
-    (Census, Field("exp"), Vals::Kind, Unavailable),
-    (Census, Field("open"), Vals::Kind, Unavailable),
-    (Census, OpenMember, Vals::Shapes, Unavailable),
-    (Census, OpenMember, Vals::Delete, Unchanged("0 uncertain")),
+    // --- census.lua (read-only): counts the fleet's shard, and reads the
+    // first member's time.
+    (Census, UncertainMember, Vals::Shapes, Unavailable),
+    (Census, KeyType("uncertain"), Vals::Kind, Unavailable),
+    // --- census_turn.lua: the figures and the turn.
     (
-        Census,
-        OpenMember,
-        Vals::OutOfRange,
-        Unchanged("0 uncertain"),
+        CensusTurn,
+        CensusField("uncertain"),
+        Vals::Kind,
+        Unavailable,
     ),
-    (Census, KeyType("permit"), Vals::Kind, Unavailable),
-    (Census, KeyType("open"), Vals::Kind, Unavailable),
+    (CensusTurn, CensusField("oldest"), Vals::Kind, Unavailable),
+    (CensusTurn, CensusField("at"), Vals::Kind, Unavailable),
+    (CensusTurn, CensusField("until"), Vals::Kind, Unavailable),
+    (CensusTurn, KeyType("census"), Vals::Kind, Unavailable),
+    // --- census_publish.lua: the same fields, read by the turn first.
+    (CensusPublish, CensusField("at"), Vals::Kind, Unavailable),
+    // Any replica's token: the turn is only ended if it was this one's.
+    (
+        CensusPublish,
+        CensusField("by"),
+        Vals::Set(&[b"", b"\xff"]),
+        Writes("1 uncertain"),
+    ),
+    (CensusPublish, KeyType("census"), Vals::Kind, Unavailable),
+    // --- list_index.lua (read-only): the tenant's shard; the members it
+    // names are parsed by the store.
+    (ListIndex, UncertainMember, Vals::Shapes, Unavailable),
+    (ListIndex, KeyType("uncertain_t"), Vals::Kind, Unavailable),
+    // --- uncertain_attempts.lua (read-only)
+    (ListAttempts, Field("exp"), Vals::Kind, Unavailable),
+    (ListAttempts, Field("open"), Vals::Kind, Unavailable),
+    (ListAttempts, Field("fa"), Vals::Kind, Unavailable),
+    // Another tenant's permit, or not the caller's agents: nothing of it
+    // is listed.
+    (
+        ListAttempts,
+        Field("ten"),
+        Vals::Set(OTHER_TENANT),
+        Unchanged("0 listed"),
+    ),
+    (
+        ListAttempts,
+        Field("agents"),
+        Vals::Set(OTHER_AGENTS),
+        Unchanged("0 listed"),
+    ),
+    (ListAttempts, Record, Vals::Kind, Unavailable),
+    // k1's member gone from the open set: settled since it was indexed
+    // (the index is written in the same step, so only an edit does this).
+    (
+        ListAttempts,
+        OpenMember,
+        Vals::Delete,
+        Unchanged("0 listed"),
+    ),
+    (ListAttempts, KeyType("permit"), Vals::Kind, Unavailable),
+    (ListAttempts, KeyType("attempts"), Vals::Kind, Unavailable),
+    (ListAttempts, KeyType("open"), Vals::Kind, Unavailable),
+    // The tenant's shard is read first (list_index.lua).
+    (ListAttempts, UncertainMember, Vals::Shapes, Unavailable),
+    (
+        ListAttempts,
+        KeyType("uncertain_t"),
+        Vals::Kind,
+        Unavailable,
+    ),
 ];
 
 /// The scenarios whose every record element is corrupted in turn (each
 /// reads k1's record: load_attempt), with [`Vals::Kind`], expecting
 /// UNAVAILABLE; listed here rather than as 16 rows each.
-const ELEMENT_SCENARIOS: [Scenario; 9] = [
+const ELEMENT_SCENARIOS: [Scenario; 10] = [
     AuthorizeNew,
     AuthorizeReleased,
     AuthorizeHeld,
@@ -616,6 +723,7 @@ const ELEMENT_SCENARIOS: [Scenario; 9] = [
     MarkUncertain,
     GetAttempt,
     ListUncertain,
+    ListAttempts,
 ];
 
 /// Elements 1..=15 of the record, and one past them.
@@ -694,6 +802,7 @@ struct Ctx {
     /// RESERVED, since when it is uncertain once UNCERTAIN).
     k1_id: String,
     k1_at: Millis,
+    scenario: Scenario,
 }
 
 impl Ctx {
@@ -701,6 +810,9 @@ impl Ctx {
         match name {
             "index" => format!("{}:permits:acme", self.prefix),
             "tenants" => format!("{}:tenants", self.prefix),
+            "uncertain" => format!("{}:uncertain:{{0}}", self.prefix),
+            "uncertain_t" => format!("{}:uncertain:{{0}}:t:acme", self.prefix),
+            "census" => format!("{}:census:{{c}}", self.prefix),
             name => format!("{}:{{{}}}:{name}", self.prefix, self.permit_id),
         }
     }
@@ -716,7 +828,8 @@ fn member(target: Target, at: Millis, key: &str) -> String {
 /// uncertain once marked.
 fn k1_at(scenario: Scenario) -> Millis {
     match scenario {
-        AuthorizeHeld | ResolveUncertain | ListUncertain | Census => MARK,
+        AuthorizeHeld | ResolveUncertain | ListUncertain | Census | CensusTurn | CensusPublish
+        | ListIndex | ListAttempts => MARK,
         _ => SETUP + LEASE_MS,
     }
 }
@@ -773,7 +886,12 @@ fn commit_cmd(ctx: &Ctx, outcome: Outcome) -> CommitCmd {
 }
 
 /// The scenario's state, in a store of its own.
-async fn build(redis: &Redis, n: usize, scenario: Scenario) -> Ctx {
+async fn build(
+    redis: &Redis,
+    n: usize,
+    scenario: Scenario,
+    conn: &mut MultiplexedConnection,
+) -> Ctx {
     let prefix = format!("{}c{n}", redis.prefix);
     let mut ctx = Ctx {
         store: redis_store(&redis.url, &prefix, Duration::from_secs(5)),
@@ -781,6 +899,7 @@ async fn build(redis: &Redis, n: usize, scenario: Scenario) -> Ctx {
         permit_id: new_id(T0),
         k1_id: String::new(),
         k1_at: 0,
+        scenario,
     };
     if matches!(scenario, Create | Index | IndexTenant) {
         return ctx;
@@ -800,8 +919,23 @@ async fn build(redis: &Redis, n: usize, scenario: Scenario) -> Ctx {
                 .await
                 .expect("release");
         }
-        AuthorizeHeld | ResolveUncertain | ListUncertain | Census => {
+        AuthorizeHeld | ResolveUncertain | ListUncertain | Census | ListIndex | ListAttempts => {
             ctx.k1_at = mark(&ctx, &ctx.k1_id).await.uncertain_since;
+        }
+        CensusTurn | CensusPublish => {
+            ctx.k1_at = mark(&ctx, &ctx.k1_id).await.uncertain_since;
+            // Figures published long before: stale, so the call counts.
+            let _: () = redis::cmd("HSET")
+                .arg(ctx.key("census"))
+                .arg("uncertain")
+                .arg("0")
+                .arg("oldest")
+                .arg("0")
+                .arg("at")
+                .arg((T0 - 60_000).to_string())
+                .query_async(&mut *conn)
+                .await
+                .expect("old figures");
         }
         CommitSucceeded => {
             dispatch(&ctx, "k2", b"fp2").await;
@@ -916,9 +1050,17 @@ async fn call(
             .await
             .map(|page| format!("{} listed", page.attempts.len())),
         Census => store
-            .census(None, OP)
+            .census(OP, Duration::ZERO)
             .await
-            .map(|batch| format!("{} uncertain", batch.uncertain)),
+            .map(|f| format!("{} uncertain", f.uncertain)),
+        CensusTurn | CensusPublish => store
+            .census(OP, Duration::from_secs(10))
+            .await
+            .map(|f| format!("{} uncertain", f.uncertain)),
+        ListIndex | ListAttempts => store
+            .list_uncertain(&agent(), None, None, 10, OP)
+            .await
+            .map(|page| format!("{} listed", page.attempts.len())),
     }
 }
 
@@ -1335,6 +1477,22 @@ fn values(scenario: Scenario, target: Target, vals: Vals) -> Vec<Bad> {
         IndexMember | TenantMember => {
             unreachable!("index members are added, with their values")
         }
+        // Members not of the shape atmost writes, before k1's (the census
+        // reads only the first one's time: one whose permit part is not a
+        // permit id still counts, as uncertain).
+        UncertainMember => {
+            let at = MARK - 1;
+            let mut shapes = vec![
+                format!("{at:015}"),
+                format!("{at:015}:"),
+                format!("{}:p:k1", &format!("{at:015}")[..13]),
+            ];
+            if scenario == ListIndex {
+                shapes.push(format!("{at:015}:not-36-characters:k1"));
+            }
+            shapes.into_iter().map(|m| Bad::Add(m, 0)).collect()
+        }
+        CensusField(_) => NOT_INTEGERS.iter().map(|v| Bad::Set(v.to_vec())).collect(),
         KeyType(_) => vec![Bad::Type],
     }
 }
@@ -1432,6 +1590,30 @@ async fn apply(ctx: &Ctx, conn: &mut MultiplexedConnection, target: Target, bad:
                     .arg(ctx.key("index"))
                     .arg(score)
                     .arg(m)
+                    .clone(),
+            );
+        }
+        (UncertainMember, Bad::Add(m, score)) => {
+            // ListUncertain reads the tenant's shard; the census, the fleet's.
+            let shard = if matches!(ctx.scenario, ListIndex | ListAttempts) {
+                "uncertain_t"
+            } else {
+                "uncertain"
+            };
+            cmds.push(
+                redis::cmd("ZADD")
+                    .arg(ctx.key(shard))
+                    .arg(score)
+                    .arg(m)
+                    .clone(),
+            );
+        }
+        (CensusField(f), Bad::Set(v)) => {
+            cmds.push(
+                redis::cmd("HSET")
+                    .arg(ctx.key("census"))
+                    .arg(f)
+                    .arg(v)
                     .clone(),
             );
         }
@@ -1541,7 +1723,7 @@ async fn every_script_validates_all_it_reads_before_its_first_write() {
     // writes (so each case below is one in which the script would write).
     for scenario in Scenario::ALL {
         n += 1;
-        let ctx = build(&redis, n, scenario).await;
+        let ctx = build(&redis, n, scenario, &mut conn).await;
         if ELEMENT_SCENARIOS.contains(&scenario) {
             let raw = k1_record(&ctx, &mut conn).await;
             assert_eq!(
@@ -1568,7 +1750,7 @@ async fn every_script_validates_all_it_reads_before_its_first_write() {
         for bad in values(scenario, target, vals) {
             cases += 1;
             n += 1;
-            let ctx = build(&redis, n, scenario).await;
+            let ctx = build(&redis, n, scenario, &mut conn).await;
             apply(&ctx, &mut conn, target, &bad).await;
             let before = snapshot(&mut conn, &ctx.prefix).await;
             let result = call(&ctx, scenario, &mut conn).await;
@@ -1689,6 +1871,14 @@ fn header_keys(src: &str) -> BTreeMap<usize, String> {
             }
             let name = if token.contains(":permits") {
                 "index".to_owned()
+            } else if token.contains(":uncertain:") {
+                if token.contains(":t:") {
+                    "uncertain_t".to_owned()
+                } else {
+                    "uncertain".to_owned()
+                }
+            } else if token.contains(":census:") {
+                "census".to_owned()
             } else {
                 token.rsplit(':').next().expect("a key name").to_owned()
             };
@@ -1727,18 +1917,25 @@ fn reads(script: &str) -> BTreeSet<Target> {
         {
             let words = quoted(call);
             let Some(cmd) = words.first() else { continue };
-            if *cmd == "HMGET" {
-                out.extend(words[1..].iter().map(|f| Field(leak(f))));
-            }
-            if *cmd == "HGETALL" {
-                out.extend(ALL_FIELDS.iter().map(|f| Field(f)));
-            }
             // KEYS[n] / keys[n] after the command: the key it reads.
             let key = call
                 .split(['[', ']'])
                 .nth(1)
                 .and_then(|n| n.parse::<usize>().ok())
                 .and_then(|n| keys.get(&n));
+            if *cmd == "HMGET" {
+                let census = key.is_some_and(|k| k == "census");
+                out.extend(words[1..].iter().map(|f| {
+                    if census {
+                        CensusField(leak(f))
+                    } else {
+                        Field(leak(f))
+                    }
+                }));
+            }
+            if *cmd == "HGETALL" {
+                out.extend(ALL_FIELDS.iter().map(|f| Field(f)));
+            }
             let read = matches!(
                 *cmd,
                 "ZSCORE" | "ZRANGEBYLEX" | "ZLEXCOUNT" | "ZCARD" | "HGET"
@@ -1758,6 +1955,9 @@ fn reads(script: &str) -> BTreeSet<Target> {
                 }
                 (Some("tenants"), true) => {
                     out.insert(TenantMember);
+                }
+                (Some("uncertain" | "uncertain_t"), true) => {
+                    out.insert(UncertainMember);
                 }
                 _ => {}
             }

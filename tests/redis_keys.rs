@@ -150,17 +150,31 @@ async fn an_unreadable_permit_record_is_unavailable_never_a_guess() {
             .expect("HGETALL");
         assert_eq!(before, after, "{field}: a refused call changed the permit");
     }
-    // The census (census.lua) reads the open counter too: the permit whose
-    // counter is "x" fails the pass, never counts as nothing open.
+    // The census (census.lua) reads the uncertain index, not the permits:
+    // a member not of the shape atmost writes fails the pass, never counts
+    // as nothing uncertain.
     {
         use atmost::store::Store as _;
         let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(2));
-        match store.census(None, h.now_ms()).await {
+        let _: () = redis::cmd("ZADD")
+            .arg(format!("{}:uncertain:{{0}}", redis.prefix))
+            .arg(0)
+            .arg("0000000000000:p:k")
+            .query_async(&mut conn)
+            .await
+            .expect("ZADD");
+        match store.census(h.now_ms(), std::time::Duration::ZERO).await {
             Err(atmost::domain::Error::StoreUnavailable(why)) => {
-                assert!(why.contains("unreadable permit record"), "{why}");
+                assert!(why.contains("uncertain index member"), "{why}");
             }
-            other => panic!("the census read an unreadable counter: {other:?}"),
+            other => panic!("the census read an unreadable member: {other:?}"),
         }
+        let _: () = redis::cmd("ZREM")
+            .arg(format!("{}:uncertain:{{0}}", redis.prefix))
+            .arg("0000000000000:p:k")
+            .query_async(&mut conn)
+            .await
+            .expect("ZREM");
     }
 
     // An open attempt whose state this version does not know: its replay
@@ -493,15 +507,11 @@ async fn census_count(
     now: atmost::domain::Millis,
 ) -> u64 {
     use atmost::store::Store as _;
-    let (mut uncertain, mut after) = (0, None);
-    loop {
-        let batch = store.census(after.as_ref(), now).await.expect("census");
-        uncertain += batch.uncertain;
-        match batch.next {
-            Some(next) => after = Some(next),
-            None => return uncertain,
-        }
-    }
+    store
+        .census(now, std::time::Duration::ZERO)
+        .await
+        .expect("census")
+        .uncertain
 }
 
 /// The tenants index follows the tenants' permits: a tenant leaves it when
@@ -517,12 +527,18 @@ async fn the_tenants_index_shrinks_with_the_last_permit(
 ) {
     use atmost::domain::Outcome;
     use atmost::store::{INDEX_MARGIN_MS, Store as _};
-    let a1 = tenant_permit(1, "acme", T0, T0 + HOUR_MS);
-    let a2 = tenant_permit(2, "acme", T0, T0 + 2 * HOUR_MS);
-    let g1 = tenant_permit(3, "globex", T0, T0 + HOUR_MS);
-    for p in [&a1, &a2, &g1] {
-        store.create_permit(p.clone()).await.expect("create");
+    // (On a Cluster the store draws another id, in a slot of its
+    // uncertain index: each permit as stored.)
+    let mut created = Vec::new();
+    for (n, tenant, expires_at) in [
+        (1, "acme", T0 + HOUR_MS),
+        (2, "acme", T0 + 2 * HOUR_MS),
+        (3, "globex", T0 + HOUR_MS),
+    ] {
+        let p = tenant_permit(n, tenant, T0, expires_at);
+        created.push(store.create_permit(p).await.expect("create"));
     }
+    let [_a1, a2, g1] = <[_; 3]>::try_from(created).expect("three");
     let lost = open_attempt(&store, &g1, "lost", T0).await;
     assert_eq!(
         tenants_index(conn, prefix).await,
@@ -550,8 +566,10 @@ async fn the_tenants_index_shrinks_with_the_last_permit(
     assert_eq!(census_count(&store, now).await, 1, "globex's attempt");
 
     // A new permit brings acme back, and the census finds its attempt.
-    let a3 = tenant_permit(4, "acme", now, now + HOUR_MS);
-    store.create_permit(a3.clone()).await.expect("create");
+    let a3 = store
+        .create_permit(tenant_permit(4, "acme", now, now + HOUR_MS))
+        .await
+        .expect("create");
     assert_eq!(tenants_index(conn, prefix).await, [entry(&a3), entry(&g1)]);
     let open = open_attempt(&store, &a3, "k", now).await;
     let now = now + 1_000;
@@ -624,6 +642,249 @@ async fn the_tenants_index_shrinks_with_the_last_permit_on_a_cluster() {
         .await
         .expect("connect to the Cluster");
     the_tenants_index_shrinks_with_the_last_permit(store, &mut conn, &prefix).await;
+}
+
+/// A cross-permit listing and the census cost what is uncertain, not what
+/// is live: with 300 live permits, 100 of them holding an attempt in
+/// flight (RESERVED within its lease) and 3 an UNCERTAIN one, the whole
+/// walk runs one script for the index and one per uncertain permit, and
+/// the census one, counted by Redis itself (INFO commandstats, on a Redis
+/// of this test's own). A walk over every permit ran 300.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_permit_listing_and_the_census_read_only_what_is_uncertain() {
+    use atmost::domain::MarkUncertainCmd;
+    use atmost::store::Store as _;
+    let _machine = shared().await;
+    let redis = Redis::start_owned();
+    let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(5));
+    let mut conn = redis.connect().await;
+    let scope = scope_of("acme");
+    let mut uncertain = Vec::new();
+    for n in 0..300u128 {
+        let p = store
+            .create_permit(tenant_permit(1_000 + n, "acme", T0, T0 + HOUR_MS))
+            .await
+            .expect("create");
+        if n % 3 == 0 || n % 100 == 1 {
+            let id = open_attempt(&store, &p, "k", T0).await;
+            if n % 100 == 1 {
+                let cmd = MarkUncertainCmd {
+                    permit_id: p.permit_id.clone(),
+                    idempotency_key: "k".into(),
+                    attempt_id: id,
+                    reason: "lost".into(),
+                };
+                store
+                    .mark_uncertain(&scope, &cmd, T0 + 10)
+                    .await
+                    .expect("mark");
+                uncertain.push(p.permit_id);
+            }
+        }
+    }
+    let fcalls = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await
+                .expect("INFO");
+            info.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse::<u64>().expect("a count"))
+        }
+    };
+    // Within every lease (1 s): only the marked ones are uncertain.
+    let now = T0 + 500;
+    let before = fcalls(&mut conn).await;
+    let page = store
+        .list_uncertain(&scope, None, None, 100, now)
+        .await
+        .expect("list");
+    let walked = fcalls(&mut conn).await - before;
+    let mut listed: Vec<String> = page.attempts.iter().map(|a| a.permit_id.clone()).collect();
+    listed.sort();
+    uncertain.sort();
+    assert_eq!(listed, uncertain);
+    assert_eq!(page.next, None);
+    assert_eq!(walked, 1 + 3, "scripts run by the whole walk");
+    let before = fcalls(&mut conn).await;
+    assert_eq!(census_count(&store, now).await, 3);
+    assert_eq!(
+        fcalls(&mut conn).await - before,
+        1,
+        "scripts run by the census"
+    );
+}
+
+/// An uncertain attempt whose permit record is gone (a hand DEL, a partial
+/// restore) while the index still names it: the cross-permit listing
+/// answers UNAVAILABLE instead of leaving it out (the census still counts
+/// it), never a silent gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_indexed_attempt_of_a_permit_that_is_gone_is_unavailable() {
+    use atmost::domain::MarkUncertainCmd;
+    use atmost::store::Store as _;
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(5));
+    let mut conn = redis.connect().await;
+    let scope = scope_of("acme");
+    let p = store
+        .create_permit(tenant_permit(7, "acme", T0, T0 + HOUR_MS))
+        .await
+        .expect("create");
+    let id = open_attempt(&store, &p, "k", T0).await;
+    let cmd = MarkUncertainCmd {
+        permit_id: p.permit_id.clone(),
+        idempotency_key: "k".into(),
+        attempt_id: id,
+        reason: "lost".into(),
+    };
+    store
+        .mark_uncertain(&scope, &cmd, T0 + 1)
+        .await
+        .expect("mark");
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{}:{{{}}}:permit", redis.prefix, p.permit_id))
+        .arg(format!("{}:{{{}}}:attempts", redis.prefix, p.permit_id))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    match store.list_uncertain(&scope, None, None, 10, T0 + 2).await {
+        Err(atmost::domain::Error::StoreUnavailable(why)) => {
+            assert!(why.contains("permit that is gone"), "{why}");
+        }
+        other => panic!("an indexed attempt left out: {other:?}"),
+    }
+    assert_eq!(census_count(&store, T0 + 2).await, 1);
+}
+
+/// On a Cluster the uncertain index is sharded by slot: every permit is
+/// placed in one of its 64 slots (so its scripts write its shard), a
+/// listing across permits merges the shards in order and finds every
+/// uncertain attempt once, the census counts them all, and a permit outside
+/// those slots (one an earlier version created under the same prefix,
+/// here a copy of a permit's keys under another id) is refused before
+/// anything is reserved, since no walk would find its attempts; an id no
+/// permit has stays PERMIT_NOT_FOUND.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_uncertain_index_is_sharded_by_slot_on_a_cluster() {
+    use atmost::domain::MarkUncertainCmd;
+    use atmost::store::Store as _;
+    let _machine = shared().await;
+    let urls = tokio::task::block_in_place(shared_cluster);
+    let prefix = format!("u{}", uuid::Uuid::now_v7().simple());
+    let store = cluster_store(urls, &prefix, std::time::Duration::from_secs(5));
+    let mut conn = redis::cluster::ClusterClient::new(urls.split(',').collect::<Vec<_>>())
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("connect to the Cluster");
+    let scope = scope_of("acme");
+    // Cluster's slot of a permit's keys (their hash tag, the id).
+    let slot = |id: &str| crc16::State::<crc16::XMODEM>::calculate(id.as_bytes()) % 16384;
+    let mut slots = std::collections::HashSet::new();
+    let mut marked = Vec::new();
+    for n in 0..24 {
+        let p = store
+            .create_permit(tenant_permit(100 + n, "acme", T0, T0 + HOUR_MS))
+            .await
+            .expect("create");
+        slots.insert(slot(&p.permit_id));
+        let id = open_attempt(&store, &p, "k", T0 + n as i64).await;
+        let cmd = MarkUncertainCmd {
+            permit_id: p.permit_id.clone(),
+            idempotency_key: "k".into(),
+            attempt_id: id,
+            reason: "lost".into(),
+        };
+        let a = store
+            .mark_uncertain(&scope, &cmd, T0 + 100 + n as i64)
+            .await
+            .expect("mark");
+        marked.push((a.uncertain_since, p.permit_id.clone()));
+    }
+    assert!(slots.len() > 8, "24 permits in {} slots", slots.len());
+    assert!(
+        slots.iter().all(|s| s % 256 == 0),
+        "{slots:?}: each in a shard's slot"
+    );
+    // Pages of 5 across every shard, in order, each attempt once.
+    let now = T0 + 1_000;
+    let (mut listed, mut after) = (Vec::new(), None);
+    loop {
+        let page = store
+            .list_uncertain(&scope, None, after.as_ref(), 5, now)
+            .await
+            .expect("list");
+        listed.extend(
+            page.attempts
+                .iter()
+                .map(|a| (a.uncertain_since, a.permit_id.clone())),
+        );
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    marked.sort();
+    assert_eq!(listed, marked, "every uncertain attempt, in order, once");
+    assert_eq!(census_count(&store, now).await, 24);
+
+    // A permit's keys copied under an id in a slot of no shard.
+    let source = &marked[0].1;
+    let legacy = (0u128..)
+        .map(|n| uuid::Uuid::from_u128(0xabc0_0000 + n).to_string())
+        .find(|id| slot(id) % 256 != 0)
+        .expect("an id outside the shards");
+    let dump: Vec<u8> = redis::cmd("DUMP")
+        .arg(format!("{prefix}:{{{source}}}:permit"))
+        .query_async(&mut conn)
+        .await
+        .expect("DUMP");
+    let _: () = redis::cmd("RESTORE")
+        .arg(format!("{prefix}:{{{legacy}}}:permit"))
+        .arg(0)
+        .arg(dump)
+        .query_async(&mut conn)
+        .await
+        .expect("RESTORE");
+    let cmd = atmost::domain::AuthorizeCmd {
+        permit_id: legacy.clone(),
+        tool: "t".into(),
+        idempotency_key: "new".into(),
+        request_fingerprint: vec![1],
+        cost: 0,
+        holder_token: Vec::new(),
+    };
+    match store
+        .authorize(&scope, &cmd, now, atmost::domain::new_id(now))
+        .await
+    {
+        Err(atmost::domain::Error::StoreUnavailable(why)) => {
+            assert!(why.contains("earlier version"), "{why}");
+        }
+        other => panic!("a permit outside the shards was served: {other:?}"),
+    }
+    let attempts: bool = redis::cmd("EXISTS")
+        .arg(format!("{prefix}:{{{legacy}}}:attempts"))
+        .query_async(&mut conn)
+        .await
+        .expect("EXISTS");
+    assert!(!attempts, "nothing reserved");
+    let unknown = atmost::domain::AuthorizeCmd {
+        permit_id: uuid::Uuid::from_u128(0xdead).to_string(),
+        ..cmd
+    };
+    assert!(matches!(
+        store
+            .authorize(&scope, &unknown, now, atmost::domain::new_id(now))
+            .await,
+        Err(atmost::domain::Error::PermitNotFound { .. })
+    ));
 }
 
 /// The race the token is for: the sweep reads acme's entry, drops acme's
@@ -756,12 +1017,6 @@ async fn an_unreadable_tenants_index_entry_is_unavailable_and_left_alone() {
         .query_async(&mut conn)
         .await
         .expect("ZADD");
-    match store.census(None, T0).await {
-        Err(atmost::domain::Error::StoreUnavailable(why)) => {
-            assert!(why.contains("tenants index member"), "{why}");
-        }
-        other => panic!("the census read an unreadable entry: {other:?}"),
-    }
     store
         .sweep(T0 + 2 * HOUR_MS)
         .await

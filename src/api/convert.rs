@@ -178,16 +178,20 @@ pub fn permit_spec(p: Option<pb::Permit>) -> Result<PermitSpec, Error> {
 
 // === page tokens ===
 //
-// A token is the hex of "<permit expires_at, 15 digits><permit_id>", then,
-// inside a permit, "<uncertain_since, 15 digits><idempotency_key>" (the
-// permit id is a 36-character UUID): opaque to clients, checked here.
+// A token is the hex of "2<uncertain_since, 15 digits><permit_id><key>",
+// the last attempt listed (the permit id is a 36-character UUID): opaque to
+// clients, checked here. "2": the order since atmost keeps an uncertain
+// index (by uncertain_since first); a token of the earlier order (by the
+// permit's expiry: its text began with a digit of a 15-digit time, "0") is
+// refused, so a listing under way when atmost is upgraded starts over
+// instead of skipping what the new order puts before it.
 
 pub fn page_token(c: &Cursor) -> String {
     use std::fmt::Write;
-    let mut text = format!("{:015}{}", c.permit_expires_at, c.permit_id);
-    if let Some((at, key)) = &c.attempt {
-        let _ = write!(text, "{at:015}{key}");
-    }
+    let text = format!(
+        "2{:015}{}{}",
+        c.uncertain_since, c.permit_id, c.idempotency_key
+    );
     let mut token = String::with_capacity(2 * text.len());
     for b in text.bytes() {
         let _ = write!(token, "{b:02x}");
@@ -216,34 +220,34 @@ pub fn cursor(token: &str) -> Result<Cursor, Error> {
         .ok()
         .filter(|t| t.is_ascii())
         .ok_or_else(bad)?;
-    let time = |digits: &str| -> Result<Millis, Error> {
-        if digits.len() != 15 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad());
-        }
-        digits.parse().map_err(|_| bad())
+    let Some(text) = text.strip_prefix('2') else {
+        return Err(if text.starts_with('0') {
+            invalid(
+                "page_token",
+                "from a listing by an earlier version of atmost, in another order: \
+                 start the listing over without a token",
+            )
+        } else {
+            bad()
+        });
     };
-    if text.len() < 51 {
+    if text.len() <= 51 {
         return Err(bad());
     }
-    let (permit, rest) = text.split_at(51);
-    let permit_expires_at = time(&permit[..15])?;
-    let permit_id = domain::canonical_id(&permit[15..]).ok_or_else(bad)?;
-    let attempt = if rest.is_empty() {
-        None
-    } else {
-        if rest.len() <= 15 {
-            return Err(bad());
-        }
-        let (at, key) = rest.split_at(15);
-        if !domain::valid_key(key) {
-            return Err(bad());
-        }
-        Some((time(at)?, key.to_owned()))
-    };
+    let (at, rest) = text.split_at(15);
+    if !at.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let uncertain_since = at.parse().map_err(|_| bad())?;
+    let (permit, key) = rest.split_at(36);
+    let permit_id = domain::canonical_id(permit).ok_or_else(bad)?;
+    if !domain::valid_key(key) {
+        return Err(bad());
+    }
     Ok(Cursor {
-        permit_expires_at,
+        uncertain_since,
         permit_id,
-        attempt,
+        idempotency_key: key.to_owned(),
     })
 }
 
@@ -356,17 +360,24 @@ mod tests {
     #[test]
     fn a_token_reads_back_as_its_cursor() {
         let permit_id = "0190a6e0-0000-7000-8000-000000000001".to_owned();
-        for attempt in [
-            None,
-            Some((1_767_225_600_000, "order-42 (retry)".to_owned())),
-        ] {
+        for (at, key) in [(1_767_225_600_000, "order-42 (retry)"), (0, "k")] {
             let c = Cursor {
-                permit_expires_at: 253_402_300_799_999,
+                uncertain_since: at,
                 permit_id: permit_id.clone(),
-                attempt,
+                idempotency_key: key.to_owned(),
             };
             assert_eq!(cursor(&page_token(&c)), Ok(c));
         }
+    }
+
+    /// A token of the order before the uncertain index (by the permit's
+    /// expiry) is refused, saying to start over: read in the new order it
+    /// would skip attempts.
+    #[test]
+    fn a_token_of_the_earlier_order_is_refused() {
+        let old = hex(b"0017672256000000190a6e0-0000-7000-8000-000000000001");
+        let e = cursor(&old).expect_err("an earlier token");
+        assert!(e.to_string().contains("start the listing over"), "{e}");
     }
 
     #[test]
@@ -379,9 +390,10 @@ mod tests {
             "zz".into(),
             "0".into(),
             hex(&split_char),
-            hex(b"000000000000001not-a-uuid-at-all-but-36-characters-long"),
-            hex(b"00000000000000x0190a6e0-0000-7000-8000-000000000001"),
-            hex(b"0000000000000010190a6e0-0000-7000-8000-000000000001000000000000001"),
+            hex(b"2000000000000001not-a-uuid-at-all-but-36-characters-long:k"),
+            hex(b"200000000000000x0190a6e0-0000-7000-8000-000000000001k"),
+            hex(b"20000000000000010190a6e0-0000-7000-8000-000000000001"),
+            hex(b"20000000000000010190a6e0-0000-7000-8000-000000000001\x01"),
         ] {
             assert!(cursor(&token).is_err(), "{token}");
         }

@@ -318,11 +318,8 @@ fn check_list(r: pb::ListUncertainRequest) -> Result<Accepted, TestCaseError> {
 /// A cursor [`convert::cursor`] accepted.
 fn cursor_ok(c: &Cursor) -> Result<(), TestCaseError> {
     prop_assert!(is_uuid(&c.permit_id));
-    prop_assert!((0..=999_999_999_999_999).contains(&c.permit_expires_at));
-    if let Some((at, key)) = &c.attempt {
-        prop_assert!((0..=999_999_999_999_999).contains(at));
-        prop_assert!(is_key(key), "{key:?}");
-    }
+    prop_assert!((0..=999_999_999_999_999).contains(&c.uncertain_since));
+    prop_assert!(is_key(&c.idempotency_key), "{:?}", c.idempotency_key);
     Ok(())
 }
 
@@ -980,21 +977,14 @@ fn a_cursor() -> BoxedStrategy<Cursor> {
         0..=LAST_MS,
         any::<u128>(),
         prop_oneof![
-            Just(None),
-            (
-                0..=LAST_MS,
-                prop_oneof![
-                    8 => re("[ -~]{1,24}"),
-                    1 => (250usize..=255).prop_map(|n| "k".repeat(n)).boxed(),
-                ],
-            )
-                .prop_map(Some),
+            8 => re("[ -~]{1,24}"),
+            1 => (250usize..=255).prop_map(|n| "k".repeat(n)).boxed(),
         ],
     )
-        .prop_map(|(permit_expires_at, id, attempt)| Cursor {
-            permit_expires_at,
+        .prop_map(|(uncertain_since, id, key)| Cursor {
+            uncertain_since,
             permit_id: uuid::Uuid::from_u128(id).hyphenated().to_string(),
-            attempt,
+            idempotency_key: key,
         })
         .boxed()
 }

@@ -19,7 +19,7 @@ pub enum UncertainCommand {
     /// page to the end), RESERVED ones past their lease included.
     List {
         /// Only this permit's; without it, every permit of the key's
-        /// tenant, permit by permit.
+        /// tenant, oldest first.
         #[arg(long, value_name = "PERMIT_ID")]
         permit: Option<String>,
         /// Stop after N attempts (the default: all of them).

@@ -283,6 +283,16 @@ impl Ledger {
         !self.open.is_empty()
     }
 
+    /// The attempt under `key`'s place in the open set while it is RESERVED
+    /// or UNCERTAIN: when it is (or became) uncertain, and the key as the
+    /// ledger holds it (shared, not copied).
+    pub fn open_entry(&self, key: &str) -> Option<(Millis, Arc<str>)> {
+        self.attempts
+            .get_key_value(key)
+            .filter(|(_, r)| matches!(r.state, AttemptState::Reserved | AttemptState::Uncertain))
+            .map(|(k, r)| (r.open_at(), k.clone()))
+    }
+
     /// When the permit and its attempts are forgotten (the ledger is gone
     /// once `now` is past it): `retention_ms` after the later of the
     /// permit's expiry and the settling of its last open attempt; never
@@ -309,16 +319,6 @@ impl Ledger {
             .take(limit)
             .map(|(_, key)| self.attempt_at(key, now))
             .collect()
-    }
-
-    /// The census of this permit at `now` (crate::telemetry::census): how
-    /// many attempts are UNCERTAIN (including RESERVED ones past their
-    /// lease), and since when the oldest has been.
-    pub fn uncertain_census(&self, now: Millis) -> (u64, Option<Millis>) {
-        let mut uncertain = self.open.iter().take_while(|(at, _)| *at <= now);
-        let oldest = uncertain.next().map(|(at, _)| *at);
-        let rest = uncertain.count() as u64;
-        (oldest.map_or(0, |_| 1 + rest), oldest)
     }
 
     /// The order of checks:

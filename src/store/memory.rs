@@ -2,7 +2,7 @@
 //! one lock. It is the reference semantics of atmost and keeps nothing
 //! across restarts.
 
-use super::{CENSUS_BATCH, CensusBatch, CensusCursor, Cursor, MAX_PERMITS_PER_PAGE, Page, Store};
+use super::{CensusFigures, Cursor, Page, Store};
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, GetAttemptCmd, Ledger, MarkUncertainCmd,
     Millis, Permit, PermitView, Quota, Quotas, ResolveCmd, Scope, Settled,
@@ -31,16 +31,21 @@ pub struct MemoryStore {
 /// A permit's place in an ordered set: (a time, its id).
 type Entry = (Millis, Arc<str>);
 
+/// An open attempt's place in its tenant's index: (when it is or became
+/// uncertain, its permit, its key).
+type OpenEntry = (Millis, Arc<str>, Arc<str>);
+
 #[derive(Debug, Default)]
 struct Inner {
     /// Boxed, so the map moves pointers, not ledgers.
     ledgers: HashMap<Arc<str>, Box<Ledger>>,
-    /// Permits with a RESERVED or UNCERTAIN attempt, by tenant (in name
-    /// order, for the census; a tenant leaves with its last such permit),
-    /// in ListUncertain's order (expires_at, id): the cross-permit listing
-    /// looks only here.
-    open: BTreeMap<Arc<str>, BTreeSet<Entry>>,
-    /// Every other permit, by when it is forgotten ([`Ledger::forget_at`]).
+    /// Every RESERVED or UNCERTAIN attempt, by tenant (a tenant leaves with
+    /// its last one), in ListUncertain's order: those uncertain at `now`
+    /// are the range up to `now`, so the cross-permit listing and the
+    /// census cost what they count.
+    open: BTreeMap<Arc<str>, BTreeSet<OpenEntry>>,
+    /// Every permit with nothing open, by when it is forgotten
+    /// ([`Ledger::forget_at`]).
     forget: BTreeSet<Entry>,
     /// Every permit not yet expired (and some expired ones not yet pruned),
     /// by tenant, by (expires_at, id): the tenant quota counts these.
@@ -86,14 +91,16 @@ impl MemoryStore {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on the permit's ledger at `now`, keeping the two sets in
-    /// step with it. A permit past its retention is forgotten here, at the
+    /// Runs `f` on the permit's ledger at `now`, keeping the forget set
+    /// and the open index in step with it (`f` changes at most the attempt
+    /// under `key`). A permit past its retention is forgotten here, at the
     /// same instant the Redis store's keys expire; one outside the caller's
     /// scope answers as if it did not exist.
     fn with_ledger<T>(
         &self,
         scope: &Scope,
         permit_id: &str,
+        key: Option<&str>,
         now: Millis,
         f: impl FnOnce(&mut Ledger, Option<u64>) -> Result<T, Error>,
     ) -> Result<T, Error> {
@@ -112,7 +119,7 @@ impl MemoryStore {
         let full = self.full(inner);
         let ledger = inner.ledgers.get_mut(&id).expect("just found");
         let before = self.place(ledger);
-        if let Place::Forget(at) = before
+        if let Some(at) = before
             && now > at
         {
             inner.forget.remove(&(at, id.clone()));
@@ -127,31 +134,49 @@ impl MemoryStore {
         if !ledger.permit().visible_to(scope) {
             return Err(not_found());
         }
-        let tenant: Arc<str> = Arc::from(ledger.permit().tenant.as_str());
+        let was_open = key.and_then(|k| ledger.open_entry(k));
         let bytes = ledger.approx_bytes();
         let out = f(ledger, full);
         inner.bytes = inner.bytes - bytes + ledger.approx_bytes();
+        let is_open = key.and_then(|k| ledger.open_entry(k));
         let after = self.place(ledger);
         if after != before {
-            inner.remove(&tenant, before, &id);
-            inner.insert(&tenant, after, &id);
+            if let Some(at) = before {
+                inner.forget.remove(&(at, id.clone()));
+            }
+            if let Some(at) = after {
+                inner.forget.insert((at, id.clone()));
+            }
+        }
+        if is_open != was_open {
+            let tenant = ledger.permit().tenant.as_str();
+            if let Some((at, key)) = was_open
+                && let Some(set) = inner.open.get_mut(tenant)
+            {
+                set.remove(&(at, id.clone(), key));
+                if set.is_empty() {
+                    inner.open.remove(tenant);
+                }
+            }
+            if let Some((at, key)) = is_open {
+                match inner.open.get_mut(tenant) {
+                    Some(set) => {
+                        set.insert((at, id, key));
+                    }
+                    None => {
+                        let set = BTreeSet::from([(at, id, key)]);
+                        inner.open.insert(Arc::from(tenant), set);
+                    }
+                }
+            }
         }
         out
     }
 
-    fn place(&self, ledger: &Ledger) -> Place {
-        match ledger.forget_at(self.retention_ms) {
-            Some(at) => Place::Forget(at),
-            None => Place::Open(ledger.permit().expires_at),
-        }
+    /// When the permit is forgotten; `None` while an attempt is open.
+    fn place(&self, ledger: &Ledger) -> Option<Millis> {
+        ledger.forget_at(self.retention_ms)
     }
-}
-
-/// Which set a permit is in, at which time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Place {
-    Open(Millis),
-    Forget(Millis),
 }
 
 impl Inner {
@@ -163,36 +188,6 @@ impl Inner {
             live.remove(&(permit.expires_at, id.clone()));
             if live.is_empty() {
                 self.live.remove(permit.tenant.as_str());
-            }
-        }
-    }
-
-    fn insert(&mut self, tenant: &Arc<str>, place: Place, id: &Arc<str>) {
-        match place {
-            Place::Open(at) => {
-                self.open
-                    .entry(tenant.clone())
-                    .or_default()
-                    .insert((at, id.clone()));
-            }
-            Place::Forget(at) => {
-                self.forget.insert((at, id.clone()));
-            }
-        }
-    }
-
-    fn remove(&mut self, tenant: &Arc<str>, place: Place, id: &Arc<str>) {
-        match place {
-            Place::Open(at) => {
-                if let Some(set) = self.open.get_mut(tenant) {
-                    set.remove(&(at, id.clone()));
-                    if set.is_empty() {
-                        self.open.remove(tenant);
-                    }
-                }
-            }
-            Place::Forget(at) => {
-                self.forget.remove(&(at, id.clone()));
             }
         }
     }
@@ -231,10 +226,11 @@ impl Store for MemoryStore {
         let id: Arc<str> = Arc::from(permit.permit_id.as_str());
         live.insert((permit.expires_at, id.clone()));
         let ledger = Box::new(Ledger::new(permit.clone()));
-        let place = self.place(&ledger);
+        if let Some(at) = self.place(&ledger) {
+            inner.forget.insert((at, id.clone()));
+        }
         inner.bytes += ledger.approx_bytes();
         inner.ledgers.insert(id.clone(), ledger);
-        inner.insert(&tenant, place, &id);
         Ok(permit)
     }
 
@@ -244,7 +240,7 @@ impl Store for MemoryStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<PermitView, Error> {
-        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.view()))
+        self.with_ledger(scope, permit_id, None, now, |l, _| Ok(l.view()))
     }
 
     async fn revoke_permit(
@@ -253,7 +249,7 @@ impl Store for MemoryStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<Permit, Error> {
-        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.revoke()))
+        self.with_ledger(scope, permit_id, None, now, |l, _| Ok(l.revoke()))
     }
 
     async fn get_attempt(
@@ -262,7 +258,7 @@ impl Store for MemoryStore {
         cmd: &GetAttemptCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+        self.with_ledger(scope, &cmd.permit_id, None, now, |l, _| {
             l.get_attempt(&cmd.idempotency_key, now)
         })
     }
@@ -274,9 +270,13 @@ impl Store for MemoryStore {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, full| {
-            l.authorize(scope, cmd, now, attempt_id, &self.quotas, full)
-        })
+        self.with_ledger(
+            scope,
+            &cmd.permit_id,
+            Some(&cmd.idempotency_key),
+            now,
+            |l, full| l.authorize(scope, cmd, now, attempt_id, &self.quotas, full),
+        )
     }
 
     async fn commit(
@@ -286,9 +286,13 @@ impl Store for MemoryStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
-            l.commit(scope, cmd, now, receipt_id)
-        })
+        self.with_ledger(
+            scope,
+            &cmd.permit_id,
+            Some(&cmd.idempotency_key),
+            now,
+            |l, _| l.commit(scope, cmd, now, receipt_id),
+        )
     }
 
     async fn mark_uncertain(
@@ -297,9 +301,13 @@ impl Store for MemoryStore {
         cmd: &MarkUncertainCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
-            l.mark_uncertain(scope, cmd, now)
-        })
+        self.with_ledger(
+            scope,
+            &cmd.permit_id,
+            Some(&cmd.idempotency_key),
+            now,
+            |l, _| l.mark_uncertain(scope, cmd, now),
+        )
     }
 
     async fn resolve(
@@ -309,9 +317,13 @@ impl Store for MemoryStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
-            l.resolve(cmd, now, receipt_id)
-        })
+        self.with_ledger(
+            scope,
+            &cmd.permit_id,
+            Some(&cmd.idempotency_key),
+            now,
+            |l, _| l.resolve(cmd, now, receipt_id),
+        )
     }
 
     async fn list_uncertain(
@@ -324,52 +336,41 @@ impl Store for MemoryStore {
     ) -> Result<Page, Error> {
         if let Some(id) = permit_id {
             let after = after.and_then(|c| c.attempt_in(id));
-            let (attempts, expires_at) = self.with_ledger(scope, id, now, |l, _| {
-                Ok((l.uncertain_after(after, limit, now), l.permit().expires_at))
+            let attempts = self.with_ledger(scope, id, None, now, |l, _| {
+                Ok(l.uncertain_after(after, limit, now))
             })?;
-            return Ok(full_page(attempts, limit, expires_at));
+            return Ok(full_page(attempts, limit));
         }
 
-        // Across permits: only those with an open attempt, in order.
+        // Across permits: the tenant's open index, up to `now`.
         let inner = self.lock();
-        let start = match after {
-            Some(c) => {
-                let entry = (c.permit_expires_at, Arc::from(c.permit_id.as_str()));
-                match c.attempt {
-                    Some(_) => Bound::Included(entry),
-                    None => Bound::Excluded(entry),
-                }
-            }
-            None => Bound::Unbounded,
-        };
         let mut page = Page::default();
         let Some(open) = inner.open.get(scope.tenant.as_str()) else {
             return Ok(page);
         };
-        let mut permits = open.range((start, Bound::Unbounded));
-        for (expires_at, id) in permits.by_ref().take(MAX_PERMITS_PER_PAGE) {
+        let start = match after {
+            Some(c) => Bound::Excluded((
+                c.uncertain_since,
+                Arc::from(c.permit_id.as_str()),
+                Arc::from(c.idempotency_key.as_str()),
+            )),
+            None => Bound::Unbounded,
+        };
+        for (_, id, key) in open
+            .range((start, Bound::Unbounded))
+            .take_while(|(at, _, _)| *at <= now)
+        {
             let ledger = inner.ledgers.get(id).ok_or_else(|| {
                 Error::StoreUnavailable(format!("permit {id} is listed as open but has no ledger"))
             })?;
             if !ledger.permit().visible_to(scope) {
                 continue;
             }
-            let after = after.and_then(|c| c.attempt_in(id));
-            let found = ledger.uncertain_after(after, limit - page.attempts.len(), now);
-            page.attempts.extend(found);
+            let attempt = ledger.get_attempt(key, now)?;
+            page.attempts.push(attempt);
             if page.attempts.len() == limit {
-                return Ok(full_page(page.attempts, limit, *expires_at));
+                return Ok(full_page(page.attempts, limit));
             }
-            page.next = Some(Cursor {
-                permit_expires_at: *expires_at,
-                permit_id: id.to_string(),
-                attempt: None,
-            });
-        }
-        // Out of permits for this page: continue after the last one looked
-        // into, unless it was the last of all.
-        if permits.next().is_none() {
-            page.next = None;
         }
         Ok(page)
     }
@@ -396,57 +397,32 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    /// Walks the permits with an open attempt (the `open` sets), tenant by
-    /// tenant in name order, under the lock for one batch.
+    /// Counts, tenant by tenant, the open index up to `now` (one process:
+    /// no figures to share).
     async fn census(
         &self,
-        after: Option<&CensusCursor>,
         now: Millis,
-    ) -> Result<CensusBatch, Error> {
+        _interval: std::time::Duration,
+    ) -> Result<CensusFigures, Error> {
         let inner = self.lock();
-        let from = after.map_or(Bound::Unbounded, |c| Bound::Included(c.tenant.as_str()));
-        let mut batch = CensusBatch::default();
-        let mut looked = 0;
-        for (tenant, permits) in inner.open.range::<str, _>((from, Bound::Unbounded)) {
-            let start = match after {
-                Some(c) if c.tenant == tenant.as_ref() => {
-                    Bound::Excluded((c.expires_at, Arc::from(c.permit_id.as_str())))
-                }
-                _ => Bound::Unbounded,
-            };
-            for (expires_at, id) in permits.range((start, Bound::Unbounded)) {
-                if looked == CENSUS_BATCH {
-                    return Ok(batch);
-                }
-                let ledger = inner.ledgers.get(id).ok_or_else(|| {
-                    Error::StoreUnavailable(format!(
-                        "permit {id} is listed as open but has no ledger"
-                    ))
-                })?;
-                let (uncertain, oldest) = ledger.uncertain_census(now);
-                batch.uncertain += uncertain;
-                if let Some(since) = oldest {
-                    batch.oldest_age_ms = batch.oldest_age_ms.max(now - since);
-                }
-                looked += 1;
-                batch.next = Some(CensusCursor {
-                    tenant: tenant.to_string(),
-                    expires_at: *expires_at,
-                    permit_id: id.to_string(),
-                });
+        let mut figures = CensusFigures::default();
+        for open in inner.open.values() {
+            let mut uncertain = open.iter().take_while(|(at, _, _)| *at <= now);
+            if let Some((since, _, _)) = uncertain.next() {
+                figures.uncertain += 1 + uncertain.count() as u64;
+                figures.oldest_age_ms = figures.oldest_age_ms.max(now - since);
             }
         }
-        batch.next = None;
-        Ok(batch)
+        Ok(figures)
     }
 }
 
-/// A page of one permit's attempts; a full one continues after its last.
-pub(super) fn full_page(attempts: Vec<Attempt>, limit: usize, expires_at: Millis) -> Page {
+/// A page of attempts; a full one continues after its last.
+pub(super) fn full_page(attempts: Vec<Attempt>, limit: usize) -> Page {
     let next = (attempts.len() == limit)
         .then(|| attempts.last())
         .flatten()
-        .map(|last| Cursor::after_attempt(expires_at, last));
+        .map(Cursor::after);
     Page { attempts, next }
 }
 
@@ -480,7 +456,7 @@ mod tests {
         }
     }
 
-    /// (ledgers, permits with an open attempt, permits to forget).
+    /// (ledgers, open attempts, permits to forget).
     fn held(store: &MemoryStore) -> (usize, usize, usize) {
         let inner = store.lock();
         let open = inner.open.values().map(BTreeSet::len).sum();

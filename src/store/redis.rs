@@ -34,6 +34,7 @@ mod eviction;
 mod fuzz;
 mod reply;
 mod scripts;
+mod shards;
 
 pub use conn::{Durability, Mode, RedisConfig, Time, connection_info};
 pub use eviction::Policy as EvictionPolicy;
@@ -41,10 +42,7 @@ pub use reply::unpack_reply;
 pub use scripts::{function_name, library_name, library_text, script_body};
 
 use super::memory::full_page;
-use super::{
-    CENSUS_BATCH, CensusBatch, CensusCursor, Cursor, INDEX_MARGIN_MS, MAX_PERMITS_PER_PAGE, Page,
-    Store,
-};
+use super::{CensusFigures, Cursor, INDEX_MARGIN_MS, Page, Store};
 use crate::domain::{
     Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GetAttemptCmd, MAX_RETENTION_MS,
     MarkUncertainCmd, Millis, Outcome, Permit, PermitView, Quotas, ResolveCmd, Scope, Settled,
@@ -55,6 +53,7 @@ use conn::{Conn, DurablePool, Handle, broken, demoted, function_missing, not_run
 use redis::Value;
 use reply::{About, decode_attempt, decode_usage, malformed, open, open_ok};
 use scripts::{Invocation, Lua};
+use shards::Shards;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -71,6 +70,10 @@ const SWEEP_TENANTS: usize = 64;
 /// time (5 us per attempt), so a page of 1000 never shows in a 10 ms
 /// SLOWLOG (docs/performance.md, "ListUncertain at scale").
 const LIST_CHUNK: usize = 200;
+
+/// Most script runs one cross-permit ListUncertain page has in flight at
+/// once (reading the attempts its index members name).
+const READS_IN_FLIGHT: usize = 32;
 
 /// Most runs of a script that Redis refused before it ran (MOVED, READONLY,
 /// ...): the first, then retries after 10, 20, 40, ... ms, about 1.3 s in
@@ -89,9 +92,6 @@ pub struct RedisStore {
     wait_ms: u64,
     prefix: String,
     retention_ms: Millis,
-    /// How long one cross-permit ListUncertain page may scan: half the
-    /// store deadline.
-    scan_budget: Duration,
     /// Whether Redis may evict keys, as last read: nothing is served on a
     /// Redis that does, unless the operator accepted it.
     eviction: eviction::Guard,
@@ -103,6 +103,13 @@ pub struct RedisStore {
     /// last member it read; none: a new round, dev mode's index first).
     sweep_tenants_from: Arc<Mutex<Option<String>>>,
     quotas: Quotas,
+    /// Where the uncertain index lives.
+    shards: Shards,
+    /// This process's token for its census turn (census_turn.lua).
+    census_token: String,
+    /// How long one cross-permit ListUncertain page may read: half the
+    /// store deadline (a page past it ends short, with a cursor on).
+    scan_budget: Duration,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -123,7 +130,7 @@ struct PermitKeys {
 }
 
 impl PermitKeys {
-    /// The five keys of authorize, settle and mark_uncertain, in order.
+    /// The permit's five keys, in the order every script expects them.
     fn all(&self, inv: &mut Invocation) {
         inv.key(&self.permit)
             .key(&self.attempts)
@@ -164,6 +171,27 @@ fn open_member(at: Millis, key: &str) -> String {
     format!("{at:015}:{key}")
 }
 
+/// (at, permit id, key) of a member of the uncertain index,
+/// "<at, 15 digits>:<permit id>:<key>" (lib.lua: index_member).
+fn parse_uncertain_member(member: &str) -> Result<(Millis, String, String), Error> {
+    let bad = || malformed(format!("uncertain index member {member:?}"));
+    let (at, rest) = member.split_at_checked(15).ok_or_else(bad)?;
+    let rest = rest.strip_prefix(':').ok_or_else(bad)?;
+    let (id, key) = rest.split_at_checked(36).ok_or_else(bad)?;
+    let key = key
+        .strip_prefix(':')
+        .filter(|k| !k.is_empty())
+        .ok_or_else(bad)?;
+    if !at.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    Ok((
+        at.parse().map_err(|_| bad())?,
+        id.to_owned(),
+        key.to_owned(),
+    ))
+}
+
 // === impl RedisStore ===
 
 impl RedisStore {
@@ -182,7 +210,6 @@ impl RedisStore {
                 .max(1),
             prefix: config.prefix.clone(),
             retention_ms: config.retention_ms,
-            scan_budget: config.timeout / 2,
             eviction: eviction::Guard::new(
                 config.allow_eviction,
                 config.allow_unknown_eviction_policy,
@@ -191,6 +218,9 @@ impl RedisStore {
             sweep_from: Arc::default(),
             sweep_tenants_from: Arc::default(),
             quotas: Quotas::DEFAULT,
+            shards: Shards::new(config.mode == conn::Mode::Cluster),
+            census_token: crate::domain::new_id(0),
+            scan_budget: config.timeout / 2,
         })
     }
 
@@ -326,6 +356,41 @@ impl RedisStore {
         sync
     }
 
+    /// The seven keys of authorize, settle and mark_uncertain:
+    /// the permit's five, then its shard of `tenant`'s uncertain index and
+    /// of the fleet's (lib.lua).
+    fn script_keys(&self, inv: &mut Invocation, permit_id: &str, tenant: &str) {
+        self.keys(permit_id).all(inv);
+        let tag = self.shards.tag(permit_id);
+        inv.key(self.uncertain_key(tag, Some(tenant)))
+            .key(self.uncertain_key(tag, None));
+    }
+
+    /// A shard of the uncertain index: `tenant`'s, or with `None` the
+    /// fleet's.
+    fn uncertain_key(&self, tag: &str, tenant: Option<&str>) -> String {
+        match tenant {
+            Some(tenant) => format!("{}:uncertain:{{{tag}}}:t:{tenant}", self.prefix),
+            None => format!("{}:uncertain:{{{tag}}}", self.prefix),
+        }
+    }
+
+    /// Refuses, on a Cluster, a permit outside the uncertain index's
+    /// shards: one created by a version of atmost that kept no index, under
+    /// the same prefix (README, "Upgrading": never mix versions on one
+    /// prefix), whose attempts would be in no shard a listing reads. An id
+    /// no permit has is PERMIT_NOT_FOUND, as everywhere (GetPermit says).
+    async fn placed(&self, scope: &Scope, permit_id: &str, now: Millis) -> Result<(), Error> {
+        if self.shards.place(permit_id) {
+            return Ok(());
+        }
+        self.get_permit(scope, permit_id, now).await?;
+        Err(Error::StoreUnavailable(format!(
+            "permit {permit_id} was created by an earlier version of atmost \
+             (not in a slot of the uncertain index): serve it with that version"
+        )))
+    }
+
     fn keys(&self, permit_id: &str) -> PermitKeys {
         let base = format!("{}:{{{permit_id}}}", self.prefix);
         PermitKeys {
@@ -360,6 +425,12 @@ impl RedisStore {
     /// finds its index empty ([`Store::sweep`]).
     fn tenants_key(&self) -> String {
         format!("{}:tenants", self.prefix)
+    }
+
+    /// The fleet's last census figures and whose turn it is to count them
+    /// (census_turn.lua).
+    fn census_key(&self) -> String {
+        format!("{}:census:{{c}}", self.prefix)
     }
 
     /// Runs a script and unpacks its msgpack reply (see [`library_text`]),
@@ -492,7 +563,7 @@ impl RedisStore {
         attempt_id: &str,
     ) -> Invocation {
         let mut inv = Lua::Authorize.prepare_invoke();
-        self.keys(&cmd.permit_id).all(&mut inv);
+        self.script_keys(&mut inv, &cmd.permit_id, &scope.tenant);
         inv.arg(self.now_arg(now))
             .arg(&cmd.tool)
             .arg(&cmd.idempotency_key)
@@ -560,8 +631,13 @@ fn read_authorized(cmd: &AuthorizeCmd, reply: Vec<Value>) -> Result<Authorized, 
 // === the operations ===
 
 impl Store for RedisStore {
-    async fn create_permit(&self, permit: Permit) -> Result<Permit, Error> {
+    async fn create_permit(&self, mut permit: Permit) -> Result<Permit, Error> {
         self.quotas.check_lifetime(&permit, permit.created_at)?;
+        // On a Cluster, an id in a slot of the uncertain index's placed
+        // shards (one in 256 ids: a few microseconds of drawing).
+        while !self.shards.place(&permit.permit_id) {
+            permit.permit_id = crate::domain::new_id(permit.created_at);
+        }
         let k = self.keys(&permit.permit_id);
         let mut inv = Lua::CreatePermit.prepare_invoke();
         inv.key(&k.permit)
@@ -570,12 +646,12 @@ impl Store for RedisStore {
             inv.arg(field).arg(value);
         }
         open_ok(self.run(&inv).await?, &About::permit(&permit.permit_id))?;
-        // Then the cross-permit index, before CreatePermit answers: nobody
-        // knows the id until then, so no attempt can exist under a permit
-        // the index does not know. (Indexing first would let a concurrent
-        // ListUncertain see an indexed permit with no hash yet and tidy it
-        // away for good.) If this fails the caller gets UNAVAILABLE and an
-        // unknown, unused permit expires with its retention.
+        // Then the tenant's permits index, before CreatePermit answers:
+        // nobody knows the id until then, so no attempt can exist under a
+        // permit the sweep does not know. (Indexing first would let a
+        // concurrent sweep see an indexed permit with no hash yet and tidy
+        // it away for good.) If this fails the caller gets UNAVAILABLE and
+        // an unknown, unused permit expires with its retention.
         // The tenant's quota is counted and the index added to in one
         // script on the index alone (one key: one Cluster slot); then the
         // tenant enters the tenants index with this permit's id as its
@@ -660,6 +736,7 @@ impl Store for RedisStore {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
+        self.placed(scope, &cmd.permit_id, now).await?;
         let inv = self.authorize_invocation(scope, cmd, now, &attempt_id);
         read_authorized(cmd, self.run(&inv).await?)
     }
@@ -690,8 +767,9 @@ impl Store for RedisStore {
         cmd: &MarkUncertainCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
+        self.placed(scope, &cmd.permit_id, now).await?;
         let mut inv = Lua::MarkUncertain.prepare_invoke();
-        self.keys(&cmd.permit_id).all(&mut inv);
+        self.script_keys(&mut inv, &cmd.permit_id, &scope.tenant);
         inv.arg(self.now_arg(now))
             .arg(&cmd.idempotency_key)
             .arg(id_bytes(&cmd.attempt_id))
@@ -733,87 +811,123 @@ impl Store for RedisStore {
         if let Some(id) = permit_id {
             let after = after.and_then(|c| c.attempt_in(id));
             let listed = self.list_one(scope, id, after, limit, now).await?;
-            return Ok(full_page(listed.attempts, limit, listed.expires_at));
+            return Ok(full_page(listed, limit));
         }
-        // Across permits: the tenant's own index, which holds only its
-        // permits. (A scope limited to one agent's permits would read a
-        // permit it may not see as gone, and drop it from the index.)
-        let tenant = Scope {
-            tenant: scope.tenant.clone(),
-            agent: None,
-            key_id: scope.key_id.clone(),
-        };
-        let scope = &tenant;
-
-        // Across permits: walk the index in order, one script run per
-        // permit, bounded in permits and in time so the page fits well
-        // inside the store deadline; a short page carries a cursor on.
+        // Across permits: the tenant's uncertain index, every shard (one
+        // outside a Cluster) read at once, merged in order.
+        use tracing::Instrument as _;
         let started = std::time::Instant::now();
-        let mut conn = self.conn().await?;
-        let mut from = match after {
-            Some(c) => {
-                let member = index_member(c.permit_expires_at, &c.permit_id);
-                match c.attempt {
-                    Some(_) => format!("[{member}"),
-                    None => format!("({member}"),
+        let after_member = after.map(|c| {
+            format!(
+                "{:015}:{}:{}",
+                c.uncertain_since, c.permit_id, c.idempotency_key
+            )
+        });
+        let mut shard_reads = tokio::task::JoinSet::new();
+        for tag in self.shards.placed() {
+            let mut inv = Lua::ListIndex.prepare_invoke();
+            inv.key(self.uncertain_key(tag, Some(&scope.tenant)))
+                .arg(self.now_arg(now))
+                .arg(after_member.as_deref().unwrap_or_default())
+                .arg(limit);
+            let store = self.clone();
+            shard_reads.spawn(
+                async move {
+                    let mut f = open_ok(store.run(&inv).await?, &About::default())?;
+                    let mut members = Vec::new();
+                    while !f.done() {
+                        members.push(parse_uncertain_member(&f.string()?)?);
+                    }
+                    Ok::<_, Error>(members)
                 }
+                .in_current_span(),
+            );
+        }
+        let mut members = Vec::new();
+        while let Some(read) = shard_reads.join_next().await {
+            members.extend(read.map_err(|e| Error::StoreUnavailable(e.to_string()))??);
+        }
+        members.sort_unstable();
+        members.truncate(limit);
+        // More may follow only when the page is full of members.
+        let mut next = (members.len() == limit)
+            .then(|| members.last())
+            .flatten()
+            .map(|(at, id, key)| Cursor {
+                uncertain_since: *at,
+                permit_id: id.clone(),
+                idempotency_key: key.clone(),
+            });
+
+        // The attempts, where each permit lives: runs of at most
+        // LIST_CHUNK members of one permit, READS_IN_FLIGHT at once, in
+        // the merged order; one settled meanwhile is left out. Past the
+        // scan budget the page ends short, after the last run read.
+        let mut runs: Vec<(String, Vec<String>, usize)> = Vec::new();
+        for (i, (at, id, key)) in members.iter().enumerate() {
+            match runs.last_mut() {
+                Some((p, list, last)) if p == id && list.len() < LIST_CHUNK => {
+                    list.push(open_member(*at, key));
+                    *last = i;
+                }
+                _ => runs.push((id.clone(), vec![open_member(*at, key)], i)),
             }
-            None => "-".to_owned(),
-        };
-        let mut page = Page::default();
-        let mut scanned = 0;
-        'scan: loop {
-            let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
-                .arg(self.index_key(&scope.tenant))
-                .arg(&from)
-                .arg("+")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(LIST_BATCH)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.lost(e))?;
-            let Some(last) = members.last() else {
-                // The end of the index: no cursor.
-                page.next = None;
-                return Ok(page);
-            };
-            from = format!("({last}");
-            for member in &members {
-                // At least one permit per page, so paging always advances.
-                if scanned > 0
-                    && (scanned == MAX_PERMITS_PER_PAGE || started.elapsed() >= self.scan_budget)
-                {
-                    break 'scan;
-                }
-                scanned += 1;
-                let (expires_at, id) = parse_index_member(member)?;
-                let after = after.and_then(|c| c.attempt_in(id));
-                let listed = match self
-                    .list_one(scope, id, after, limit - page.attempts.len(), now)
-                    .await
-                {
-                    // Gone with its retention: it leaves the index.
-                    Err(Error::PermitNotFound { .. }) => Listed::gone(expires_at),
+        }
+        let mut attempts = Vec::new();
+        // The index in `members` of the last member read.
+        let mut read: Option<usize> = None;
+        for batch in runs.chunks(READS_IN_FLIGHT) {
+            if let Some(last) = read
+                && started.elapsed() >= self.scan_budget
+            {
+                let (at, id, key) = &members[last];
+                next = Some(Cursor {
+                    uncertain_since: *at,
+                    permit_id: id.clone(),
+                    idempotency_key: key.clone(),
+                });
+                break;
+            }
+            let mut reads = tokio::task::JoinSet::new();
+            for (i, (id, list, _)) in batch.iter().enumerate() {
+                let inv = self.uncertain_attempts(scope, id, list, now);
+                let (store, id) = (self.clone(), id.clone());
+                reads.spawn(
+                    async move {
+                        let read = store.run(&inv).await.and_then(|reply| {
+                            let mut f = open_ok(reply, &About::permit(&id))?;
+                            let mut found = Vec::new();
+                            while !f.done() {
+                                found.push(decode_attempt(&id, f.array()?)?);
+                            }
+                            Ok(found)
+                        });
+                        (i, read)
+                    }
+                    .in_current_span(),
+                );
+            }
+            let mut found = vec![Vec::new(); batch.len()];
+            while let Some(done) = reads.join_next().await {
+                let (i, one) = done.map_err(|e| Error::StoreUnavailable(e.to_string()))?;
+                found[i] = match one {
+                    // Gone since it was listed, with nothing of it in the
+                    // index any more (uncertain_attempts.lua checks).
+                    Err(Error::PermitNotFound { .. }) => Vec::new(),
                     other => other?,
                 };
-                if listed.removable && self.close(id, now).await? {
-                    self.unindex(&mut conn, &scope.tenant, member).await?;
-                }
-                page.attempts.extend(listed.attempts);
-                if page.attempts.len() == limit {
-                    return Ok(full_page(page.attempts, limit, expires_at));
-                }
-                page.next = Some(Cursor {
-                    permit_expires_at: expires_at,
-                    permit_id: id.to_owned(),
-                    attempt: None,
-                });
             }
+            attempts.extend(found.into_iter().flatten());
+            read = batch.last().map(|(_, _, last)| *last);
         }
-        // Out of permits or time for this page: `next` continues after the
-        // last permit looked into.
-        Ok(page)
+        attempts.sort_unstable_by(|a, b| {
+            (a.uncertain_since, &a.permit_id, &a.idempotency_key).cmp(&(
+                b.uncertain_since,
+                &b.permit_id,
+                &b.idempotency_key,
+            ))
+        });
+        Ok(Page { attempts, next })
     }
 
     /// Walks this replica's next batch of tenants (at most
@@ -873,49 +987,49 @@ impl Store for RedisStore {
         Ok(dropped)
     }
 
-    /// Walks the tenants' indexes (dev mode's "" first, then the tenants
-    /// index's, in name order), one census.lua run per permit.
-    async fn census(
-        &self,
-        after: Option<&CensusCursor>,
-        now: Millis,
-    ) -> Result<CensusBatch, Error> {
-        let mut conn = self.conn().await?;
-        let mut batch = CensusBatch::default();
-        let mut looked = 0;
-        if after.is_none_or(|c| c.tenant.is_empty())
-            && self
-                .census_tenant(&mut conn, "", after, &mut batch, &mut looked, now)
-                .await?
-        {
-            return Ok(batch);
+    /// The fleet's figures when another replica counted them within
+    /// `interval`; otherwise this replica counts, if the turn is its
+    /// (census_turn.lua): one census.lua run per shard of the uncertain
+    /// index, each atomic, and publishes them.
+    async fn census(&self, now: Millis, interval: Duration) -> Result<CensusFigures, Error> {
+        if interval.is_zero() {
+            return self.count_uncertain(now).await.map(|(figures, _)| figures);
         }
-        // From the cursor's tenant (all its members sort after
-        // "<tenant>\n"), or the start.
-        let mut from = match after {
-            Some(c) if !c.tenant.is_empty() => format!("[{}\n", c.tenant),
-            _ => "-".to_owned(),
-        };
-        loop {
-            let members = self.tenants_page(&mut conn, &from, CENSUS_BATCH).await?;
-            for member in &members {
-                // A tenant the census cannot name fails the pass: its
-                // permits are never counted as nothing.
-                let tenant = parse_tenant_member(member)?;
-                if self
-                    .census_tenant(&mut conn, tenant, after, &mut batch, &mut looked, now)
-                    .await?
-                {
-                    return Ok(batch);
-                }
+        let interval_ms = u64::try_from(interval.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let figures = self.census_key();
+        let mut inv = Lua::CensusTurn.prepare_invoke();
+        inv.key(&figures)
+            .arg(self.now_arg(now))
+            .arg(interval_ms)
+            .arg(&self.census_token);
+        let (verdict, mut f) = open(self.run(&inv).await?, &About::default())?;
+        let read_at = f.int()?;
+        if verdict == "FIGURES" {
+            let (uncertain, oldest_age_ms, at) = (f.count()?, f.int()?, f.int()?);
+            if at > 0 {
+                return Ok(CensusFigures {
+                    uncertain,
+                    oldest_age_ms,
+                    age_ms: (read_at - at).max(0),
+                });
             }
-            match members.last() {
-                Some(last) if members.len() == CENSUS_BATCH => from = format!("({last}"),
-                _ => break,
-            }
+            // None published yet, and another replica counts: count too.
+        } else if verdict != "COUNT" {
+            return Err(malformed(format!("census verdict {verdict:?}")));
         }
-        batch.next = None;
-        Ok(batch)
+        let (counted, at) = self.count_uncertain(now).await?;
+        let at = at.min(read_at);
+        let mut inv = Lua::CensusPublish.prepare_invoke();
+        inv.key(&figures)
+            .arg(counted.uncertain)
+            .arg(counted.oldest_age_ms)
+            .arg(at)
+            .arg(interval_ms)
+            .arg(&self.census_token);
+        open_ok(self.run(&inv).await?, &About::default())?;
+        Ok(counted)
     }
 
     /// Redis answers, and (read afresh: CONFIG SET or a failover can change
@@ -937,6 +1051,29 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// uncertain_attempts.lua for `members` (open-set members) of one
+    /// permit, as `scope` reads them.
+    fn uncertain_attempts(
+        &self,
+        scope: &Scope,
+        permit_id: &str,
+        members: &[String],
+        now: Millis,
+    ) -> Invocation {
+        let k = self.keys(permit_id);
+        let mut inv = Lua::UncertainAttempts.prepare_invoke();
+        inv.key(&k.permit)
+            .key(&k.attempts)
+            .key(&k.open)
+            .key(self.uncertain_key(self.shards.tag(permit_id), Some(&scope.tenant)))
+            .arg(self.now_arg(now));
+        Self::scope_args(&mut inv, scope);
+        for member in members {
+            inv.arg(member);
+        }
+        inv
+    }
+
     /// Commit (the holder, with its `attempt_id`) and Resolve (an operator,
     /// with the reconciled `attempt_id` or "" for whichever the key holds)
     /// run the same script, as they share the domain's `Ledger::settle`.
@@ -961,7 +1098,7 @@ impl RedisStore {
             Outcome::NotSent => ("not_sent", b"", None),
         };
         let mut inv = Lua::Settle.prepare_invoke();
-        self.keys(permit_id).all(&mut inv);
+        self.script_keys(&mut inv, permit_id, &scope.tenant);
         inv.arg(self.now_arg(now))
             .arg(key)
             .arg(id_bytes(attempt_id))
@@ -980,7 +1117,7 @@ impl RedisStore {
     }
 
     /// One permit's attempts uncertain at `now` after `after`: a page of
-    /// at most `limit` (at least 1), and whether it may leave the index.
+    /// at most `limit` (at least 1).
     /// A page is read in script runs of at most [`LIST_CHUNK`] attempts, so
     /// no one run holds Redis long (a page needs no atomicity: each run goes
     /// on after the last attempt of the one before, as pages do).
@@ -991,41 +1128,31 @@ impl RedisStore {
         after: Option<(Millis, &str)>,
         limit: usize,
         now: Millis,
-    ) -> Result<Listed, Error> {
+    ) -> Result<Vec<Attempt>, Error> {
         let k = self.keys(permit_id);
         let mut after = after.map(|(at, key)| open_member(at, key));
-        let mut listed: Option<Listed> = None;
+        let mut listed = Vec::new();
         loop {
-            let got = listed.as_ref().map_or(0, |l| l.attempts.len());
-            let chunk = (limit - got).min(LIST_CHUNK);
+            let chunk = (limit - listed.len()).min(LIST_CHUNK);
             let mut inv = Lua::ListUncertain.prepare_invoke();
             inv.key(&k.permit)
                 .key(&k.attempts)
                 .key(&k.open)
                 .arg(self.now_arg(now))
                 .arg(after.as_deref().unwrap_or_default())
-                .arg(chunk)
-                .arg(INDEX_MARGIN_MS);
+                .arg(chunk);
             Self::scope_args(&mut inv, scope);
             let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
-            let expires_at = f.int()?;
-            let removable = f.flag()?;
-            let mut attempts = Vec::new();
+            let mut got = 0;
             while !f.done() {
-                attempts.push(decode_attempt(permit_id, f.array()?)?);
+                listed.push(decode_attempt(permit_id, f.array()?)?);
+                got += 1;
             }
-            let full = attempts.len() == chunk;
-            after = attempts
+            after = listed
                 .last()
                 .map(|a| open_member(a.uncertain_since, &a.idempotency_key));
-            let l = listed.get_or_insert(Listed {
-                expires_at,
-                removable,
-                attempts: Vec::new(),
-            });
-            l.attempts.extend(attempts);
-            if !full || l.attempts.len() == limit {
-                return Ok(listed.expect("set above"));
+            if got < chunk || listed.len() == limit {
+                return Ok(listed);
             }
         }
     }
@@ -1051,6 +1178,26 @@ impl RedisStore {
         }
     }
 
+    /// The census counted here: every shard of the uncertain index, each
+    /// atomically (census.lua), and the earliest shard's time.
+    async fn count_uncertain(&self, now: Millis) -> Result<(CensusFigures, Millis), Error> {
+        let mut counted = CensusFigures::default();
+        let mut at = Millis::MAX;
+        for tag in self.shards.placed() {
+            let mut inv = Lua::Census.prepare_invoke();
+            inv.key(self.uncertain_key(tag, None))
+                .arg(self.now_arg(now));
+            let mut f = open_ok(self.run(&inv).await?, &About::default())?;
+            let (shard_now, uncertain, since) = (f.int()?, f.count()?, f.int()?);
+            at = at.min(shard_now);
+            counted.uncertain += uncertain;
+            if uncertain > 0 {
+                counted.oldest_age_ms = counted.oldest_age_ms.max(shard_now - since);
+            }
+        }
+        Ok((counted, at))
+    }
+
     /// Puts a new permit's tenant in the tenants index, with the permit's
     /// id as its token (index_tenant.lua).
     async fn index_tenant(&self, tenant: &str, permit_id: &str) -> Result<(), Error> {
@@ -1068,64 +1215,6 @@ impl RedisStore {
             .query_async(conn)
             .await
             .map_err(|e| self.lost(e))
-    }
-
-    /// One tenant's share of a [`Store::census`] batch: its index after
-    /// the cursor (when the cursor is in it), until the batch holds
-    /// [`CENSUS_BATCH`] permits; whether it does.
-    async fn census_tenant(
-        &self,
-        conn: &mut Conn,
-        tenant: &str,
-        after: Option<&CensusCursor>,
-        batch: &mut CensusBatch,
-        looked: &mut usize,
-        now: Millis,
-    ) -> Result<bool, Error> {
-        let mut from = match after {
-            Some(c) if c.tenant == tenant => {
-                format!("({}", index_member(c.expires_at, &c.permit_id))
-            }
-            _ => "-".to_owned(),
-        };
-        loop {
-            let want = CENSUS_BATCH - *looked;
-            let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
-                .arg(self.index_key(tenant))
-                .arg(&from)
-                .arg("+")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(want)
-                .query_async(conn)
-                .await
-                .map_err(|e| self.lost(e))?;
-            for member in &members {
-                let (expires_at, id) = parse_index_member(member)?;
-                let k = self.keys(id);
-                let mut inv = Lua::Census.prepare_invoke();
-                inv.key(&k.permit).key(&k.open).arg(self.now_arg(now));
-                let mut f = open_ok(self.run(&inv).await?, &About::permit(id))?;
-                let (read_at, uncertain, since) = (f.int()?, f.count()?, f.int()?);
-                batch.uncertain += uncertain;
-                if uncertain > 0 {
-                    batch.oldest_age_ms = batch.oldest_age_ms.max(read_at - since);
-                }
-                *looked += 1;
-                batch.next = Some(CensusCursor {
-                    tenant: tenant.to_owned(),
-                    expires_at,
-                    permit_id: id.to_owned(),
-                });
-            }
-            if *looked == CENSUS_BATCH {
-                return Ok(true);
-            }
-            match members.last() {
-                Some(last) if members.len() == want => from = format!("({last}"),
-                _ => return Ok(false),
-            }
-        }
     }
 
     /// Up to `limit` members of the tenants index from `from` (a ZRANGEBYLEX
@@ -1223,25 +1312,6 @@ impl RedisStore {
             .await
             .map_err(|e| self.lost(e))?;
         Ok(!exists)
-    }
-}
-
-/// What list_uncertain.lua answers for one permit.
-struct Listed {
-    expires_at: Millis,
-    /// The permit may leave the cross-permit index.
-    removable: bool,
-    attempts: Vec<Attempt>,
-}
-
-impl Listed {
-    /// A permit that is gone: nothing listed, and it leaves the index.
-    fn gone(expires_at: Millis) -> Self {
-        Self {
-            expires_at,
-            removable: true,
-            attempts: Vec::new(),
-        }
     }
 }
 

@@ -3,28 +3,26 @@
 //!
 //! A RESERVED attempt becomes UNCERTAIN when its lease passes, with no
 //! write anywhere, so no counter kept by the transitions can know the
-//! number; and on a Redis Cluster a script can only touch its own permit's
-//! slot, so no global counter can be kept either. Instead, while metrics
-//! are exported, each replica walks every tenant's index of permits that
-//! may hold an open attempt, in bounded batches
-//! ([`Store::census`](crate::store::Store::census): 64 permits and one
-//! read-only script per permit on Redis), one pass every
-//! `--uncertain-census-interval` (10 s by default) after the previous pass
-//! ends. A completed pass replaces the figures; a failed one keeps the old
-//! ones, whose age keeps growing. The gauges read the last figures. Until
-//! a first pass completes there are no figures (the two gauges are
-//! absent), and the census age counts from start-up: a replica whose
-//! store has never answered still says how long it has been blind.
+//! number. Both stores keep an index of open attempts by when they are or
+//! become uncertain (docs/architecture.md, "The uncertain index"), so a
+//! count is a range count per shard ([`Store::census`](crate::store::Store::census)).
+//! While metrics are exported, each replica reads the census every
+//! `--uncertain-census-interval` (10 s by default); on Redis one replica of
+//! the fleet counts per interval and the others read its figures. A read
+//! replaces the figures; a failed one keeps the old ones, whose age keeps
+//! growing. The gauges read the last figures. Until a first read there are
+//! no figures (the two gauges are absent), and the census age counts from
+//! start-up: a replica whose store has never answered still says how long
+//! it has been blind.
 //!
-//! What the figures mean: the attempts UNCERTAIN when the pass looked at
-//! their permit (each permit is read atomically, the permits one after the
-//! other; the store's clock decides, Redis's for Redis). They are as old as
-//! `atmost.uncertain.census.age` plus the pass's duration at most: an
-//! attempt marked or resolved since is not in them. The oldest attempt's
-//! age is its age when its permit was read plus the time since the pass
-//! completed, so it keeps growing between passes (overstated, by at most
-//! the census age, if that attempt has been resolved since). Every replica
-//! counts the whole store: aggregate replicas with `max`, never `sum`.
+//! What the figures mean: the attempts UNCERTAIN when their shard was
+//! counted (each shard atomically, the store's clock deciding, Redis's for
+//! Redis), as old as `atmost.uncertain.census.age`: an attempt marked or
+//! resolved since is not in them. The oldest attempt's age is its age when
+//! counted plus the time since, so it keeps growing between counts
+//! (overstated, by at most the census age, if that attempt has been
+//! resolved since). Every replica reports the whole store: aggregate
+//! replicas with `max`, never `sum`.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -78,13 +76,15 @@ impl Census {
         }
     }
 
-    /// A pass completed: `uncertain` attempts, the oldest uncertain for
-    /// `oldest_age` when read (zero: none).
-    pub fn publish(&self, uncertain: u64, oldest_age: Duration) {
+    /// A pass completed `age` ago (another replica's, read from the
+    /// store, or this one's, zero): `uncertain` attempts, the oldest
+    /// uncertain for `oldest_age` when counted (zero: none).
+    pub fn publish(&self, uncertain: u64, oldest_age: Duration, age: Duration) {
+        let now = Instant::now();
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pass {
             uncertain,
             oldest_age,
-            completed: Instant::now(),
+            completed: now.checked_sub(age).unwrap_or(now),
         });
     }
 
@@ -114,21 +114,6 @@ impl Census {
     }
 }
 
-/// The running totals of one pass, batch by batch.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Tally {
-    pub uncertain: u64,
-    pub oldest_age: Duration,
-}
-
-impl Tally {
-    pub fn add(&mut self, batch: &crate::store::CensusBatch) {
-        self.uncertain += batch.uncertain;
-        let age = Duration::from_millis(u64::try_from(batch.oldest_age_ms).unwrap_or(0));
-        self.oldest_age = self.oldest_age.max(age);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::Census;
@@ -143,19 +128,19 @@ mod tests {
         assert_eq!(r.figures, None);
         assert!(r.census_age >= hour, "{r:?}");
         // A pass completes: its age counts from then.
-        census.publish(0, Duration::ZERO);
+        census.publish(0, Duration::ZERO, Duration::ZERO);
         assert!(census.read().census_age < hour);
     }
 
     #[test]
     fn the_oldest_age_grows_with_the_census_age() {
         let census = Census::default();
-        census.publish(3, Duration::from_secs(40));
+        census.publish(3, Duration::from_secs(40), Duration::ZERO);
         let r = census.read();
         let figures = r.figures.expect("a pass");
         assert_eq!(figures.uncertain, 3);
         assert_eq!(figures.oldest_age, Duration::from_secs(40) + r.census_age);
-        census.publish(0, Duration::ZERO);
+        census.publish(0, Duration::ZERO, Duration::ZERO);
         let figures = census.read().figures.expect("a pass");
         assert_eq!(figures.oldest_age, Duration::ZERO);
     }

@@ -86,6 +86,10 @@ scripts! {
     IndexPermit => "index_permit",
     IndexTenant => "index_tenant",
     Census => "census",
+    CensusTurn => "census_turn",
+    CensusPublish => "census_publish",
+    ListIndex => "list_index",
+    UncertainAttempts => "uncertain_attempts",
 }
 
 /// The library, made once from [`LIB`] and [`TABLE`].
@@ -240,6 +244,8 @@ mod tests {
         assert!(Lua::IndexTenant.writes());
         assert!(!Lua::GetPermit.writes() && !Lua::ListUncertain.writes());
         assert!(!Lua::GetAttempt.writes() && !Lua::Census.writes());
+        assert!(!Lua::ListIndex.writes() && !Lua::UncertainAttempts.writes());
+        assert!(Lua::CensusTurn.writes() && Lua::CensusPublish.writes());
         assert_eq!(Lua::Census.name(), "census");
     }
 

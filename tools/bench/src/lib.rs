@@ -19,9 +19,12 @@
 //! [`list_scale`] (the `list_scale` binary) measures ListUncertain as a
 //! permit's open attempts grow, driving the stores in process; [`ceiling`]
 //! (the `redis_ceiling` binary) drives the authorize script as the Redis
-//! store does, for the Redis ceiling.
+//! store does, for the Redis ceiling; [`cross_scale`] (the `cross_scale`
+//! binary) walks ListUncertain across many live permits and counts the
+//! census.
 
 pub mod ceiling;
+pub mod cross_scale;
 pub mod list_scale;
 
 use atmost_client::{Client, NewPermit, pb};

@@ -454,7 +454,8 @@ impl RedisSide {
         Ok(())
     }
 
-    /// Unlinks one permit's keys and its index entry (lib.lua's layout).
+    /// Unlinks one permit's keys and the indexes (lib.lua's layout), which
+    /// hold that permit alone.
     async fn drop_permit(&mut self, permit_id: &str) -> Result<(), BoxError> {
         let base = format!("{}:{{{permit_id}}}", self.prefix);
         let mut unlink = redis::cmd("UNLINK");
@@ -464,6 +465,8 @@ impl RedisSide {
         unlink.exec_async(&mut self.conn).await?;
         redis::cmd("UNLINK")
             .arg(format!("{}:permits", self.prefix))
+            .arg(format!("{}:uncertain:{{0}}", self.prefix))
+            .arg(format!("{}:uncertain:{{0}}:t:", self.prefix))
             .exec_async(&mut self.conn)
             .await?;
         self.settle_memory().await

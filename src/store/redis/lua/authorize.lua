@@ -5,6 +5,8 @@
 -- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
 -- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup
 -- KEYS[5]  <prefix>:{P}:held
+-- KEYS[6]  <prefix>:uncertain:{T}:t:<tenant>  KEYS[7]  <prefix>:uncertain:{T}
+--          (the uncertain index's shards of the permit: lib.lua)
 -- ARGV[1]  now (ms; "" = Redis's clock)  ARGV[2]  tool
 -- ARGV[3]  idempotency key         ARGV[4]  request fingerprint (bytes)
 -- ARGV[5]  cost                    ARGV[6]  fresh attempt id (16 bytes, a
@@ -165,8 +167,12 @@ if max_keys > 0 and not existing and redis.call('HLEN', KEYS[2]) >= max_keys the
 end
 
 -- Everything checked: reserve the slot and the cost, record the attempt.
--- The open set is written first: the one key not read above, so one of
--- another type fails this first write, before anything has changed.
+-- The open set is written first: with the uncertain index, the keys not
+-- read above, so one of another type fails this first write (or the
+-- index's check), before anything has changed.
+if not index_ready(KEYS) then
+  return INDEX_OF_ANOTHER_TYPE
+end
 local a = {
   id = stamp(ARGV[6], now), tool = tool, fp = fp, cost = cost,
   state = RESERVED, created = now, lease = now + p.lease, receipt_id = '',

@@ -27,18 +27,30 @@
 --       latest key (a pointer, checked against the attempt's tool and full
 --       fingerprint on every read, so a collision only loses a pointer)
 --
+-- The uncertain index, sharded by hash tag {T} (one shard outside a
+-- Cluster; on a Cluster, T is a tag in the permit's own slot, so a
+-- permit's scripts write its shard atomically: store/redis.rs, Shards):
+--   <prefix>:uncertain:{T}   ZSET  every RESERVED or UNCERTAIN attempt of
+--       the permits in the shard, all score 0, member
+--       "<at, 15 digits>:<permit id>:<key>", at as in the open set: those
+--       uncertain at `now` are one ZRANGEBYLEX, their number a ZLEXCOUNT
+--       (census.lua)
+--   <prefix>:uncertain:{T}:t:<tenant>  ZSET  the same, one tenant's
+--       (list_index.lua: ListUncertain across permits)
+--
 -- Keys across permits (no hash tag: each is one key, in a slot of its own;
 -- no script touches two of them, nor one of them and a permit's keys):
---   <prefix>:permits[:<tenant>]  ZSET  a tenant's cross-permit index (dev
+--   <prefix>:permits[:<tenant>]  ZSET  a tenant's permits index (dev
 --       mode's tenant "": no suffix), all score 0, member
 --       "<expires_at, 15 digits>:<permit id>": the permits that may hold an
---       open attempt (index_permit.lua adds them; the sweep and
---       ListUncertain drop a permit once close_permit.lua has closed it)
+--       open attempt, counted for the tenant's permit quota
+--       (index_permit.lua adds them; the sweep drops a permit once
+--       close_permit.lua has closed it)
 --   <prefix>:tenants  ZSET  the tenants whose index may hold a permit, all
 --       score 0, one member "<tenant>\n<token>" each (index_tenant.lua;
---       the token is the id of the tenant's latest permit): the sweep and
---       the census walk it by lex, and the sweep removes a member whose
---       tenant's index it saw empty (store/redis.rs: Store::sweep)
+--       the token is the id of the tenant's latest permit): the sweep walks
+--       it by lex, and removes a member whose tenant's index it saw empty
+--       (store/redis.rs: Store::sweep)
 --
 -- Time: ARGV[1] of every script is "" and the script reads Redis's clock
 -- (TIME), the one clock every replica shares; tests with an injected clock
@@ -309,13 +321,39 @@ local function held_by(by, agent)
   return agent == '' or by == '' or by == agent
 end
 
--- The open set (keys[3]) and, under the hold-tool policy, the held set
--- (keys[5]): add or remove an open attempt at `at`.
+-- An open attempt's member in the uncertain index (keys[6], the permit's
+-- tenant's shard, and keys[7], the fleet's): "<at>:<permit id>:<key>",
+-- the permit id read from its keys' hash tag.
+local function index_member(keys, at, key)
+  return at15(at) .. ':' .. string.match(keys[1], '{([^}]*)}') .. ':' .. key
+end
+
+-- Whether the uncertain index's keys (keys[6], keys[7]) are sorted sets or
+-- absent: checked before a script's first write, since they are written
+-- last and never read otherwise.
+local function index_ready(keys)
+  for i = 6, 7 do
+    local n = redis.pcall('ZCARD', keys[i])
+    if type(n) ~= 'number' then
+      return false
+    end
+  end
+  return true
+end
+
+local INDEX_OF_ANOTHER_TYPE = {'ERR', 'STORE_UNAVAILABLE', 'uncertain index of another type'}
+
+-- The open set (keys[3]), under the hold-tool policy the held set
+-- (keys[5]), and the uncertain index (keys[6], keys[7]): add or remove an
+-- open attempt at `at`.
 local function open_add(keys, hold, a, key, at)
   redis.call('ZADD', keys[3], 0, at15(at) .. ':' .. key)
   if hold then
     redis.call('ZADD', keys[5], 0, a.tool .. '\n' .. at15(at) .. ':' .. key)
   end
+  local member = index_member(keys, at, key)
+  redis.call('ZADD', keys[6], 0, member)
+  redis.call('ZADD', keys[7], 0, member)
 end
 
 local function open_del(keys, hold, a, key, at)
@@ -323,6 +361,9 @@ local function open_del(keys, hold, a, key, at)
   if hold then
     redis.call('ZREM', keys[5], a.tool .. '\n' .. at15(at) .. ':' .. key)
   end
+  local member = index_member(keys, at, key)
+  redis.call('ZREM', keys[6], member)
+  redis.call('ZREM', keys[7], member)
 end
 
 -- Whether a permit read at `now` (read_permit) is forgotten: nothing is

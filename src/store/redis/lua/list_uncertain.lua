@@ -9,31 +9,22 @@
 -- ARGV[1]  now (ms; "" = Redis's clock)
 -- ARGV[2]  list after this open-set member ("<at>:<key>"; "" = from the start)
 -- ARGV[3]  at most this many (at least 1)
--- ARGV[4]  index margin (ms)
--- ARGV[5]  the caller's tenant     ARGV[6]  the caller's agent key id (""
+-- ARGV[4]  the caller's tenant     ARGV[5]  the caller's agent key id (""
 --          = not limited): lib.lua, visible
 --
--- Returns {"OK", expires_at, removable, attempt, attempt, ...}, or
--- {"ERR", "PERMIT_NOT_FOUND"} (a permit that is gone may leave the
--- cross-permit index), or {"ERR", "STORE_UNAVAILABLE", why} when a record
--- cannot be read (a permit field not as atmost writes it; an open-set
--- member that is not an uncertain attempt's place, or whose attempt record
--- cannot be read): an open attempt is never skipped.
--- removable is 1 when the permit may leave the index: expired more than
--- the margin ago with no open attempt (close_permit.lua then closes it, so
--- no new key can open one any more).
--- Example: ARGV={"","",100,60000} -> {"OK", "1767225600000", 0, {<attempt>}, ...}
+-- Returns {"OK", attempt, attempt, ...}, or {"ERR", "PERMIT_NOT_FOUND"},
+-- or {"ERR", "STORE_UNAVAILABLE", why} when a record cannot be read (a
+-- permit field not as atmost writes it; an open-set member that is not an
+-- uncertain attempt's place, or whose attempt record cannot be read): an
+-- open attempt is never skipped.
+-- Example: ARGV={"","",100,"acme",""} -> {"OK", {<attempt>}, ...}
 
 local now, limit = clock(ARGV[1]), tonumber(ARGV[3])
-local p, refused = permit_for(KEYS, now, ARGV[5], ARGV[6])
+local _, refused = permit_for(KEYS, now, ARGV[4], ARGV[5])
 if refused then
   return refused
 end
-local removable = 0
-if p.open == 0 and now > p.exp + tonumber(ARGV[4]) then
-  removable = 1
-end
-local out = {'OK', int(p.exp), removable}
+local out = {'OK'}
 local from = '-'
 if ARGV[2] ~= '' then
   from = '(' .. ARGV[2]

@@ -6,6 +6,8 @@
 -- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
 -- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup (unused)
 -- KEYS[5]  <prefix>:{P}:held
+-- KEYS[6]  <prefix>:uncertain:{T}:t:<tenant>  KEYS[7]  <prefix>:uncertain:{T}
+--          (the uncertain index's shards of the permit: lib.lua)
 -- ARGV[1]  now (ms; "" = Redis's clock)  ARGV[2]  idempotency key
 -- ARGV[3]  attempt id (16 bytes)   ARGV[4]  reason (non-empty)
 -- ARGV[5]  the caller's tenant     ARGV[6]  the caller's agent key id (""
@@ -44,6 +46,9 @@ if a.state == RESERVED then
   -- Its members move: they must be where it is.
   if not open_has(KEYS, hold, a, key) then
     return OPEN_SET_DISAGREES
+  end
+  if not index_ready(KEYS) then
+    return INDEX_OF_ANOTHER_TYPE
   end
   -- Uncertain from now on, or since its lease ended if that was earlier:
   -- it never moves later in the listing order.

@@ -7,6 +7,8 @@
 -- KEYS[1]  <prefix>:{P}:permit     KEYS[2]  <prefix>:{P}:attempts
 -- KEYS[3]  <prefix>:{P}:open       KEYS[4]  <prefix>:{P}:dup
 -- KEYS[5]  <prefix>:{P}:held
+-- KEYS[6]  <prefix>:uncertain:{T}:t:<tenant>  KEYS[7]  <prefix>:uncertain:{T}
+--          (the uncertain index's shards of the permit: lib.lua)
 -- ARGV[1]  now (ms; "" = Redis's clock)  ARGV[2]  idempotency key
 -- ARGV[3]  attempt id, 16 bytes (for Resolve, "" settles whatever attempt
 --          the key holds; required by the service with NotSent)
@@ -108,6 +110,9 @@ end
 -- counted; and the guard's pointer, a key.
 if not open_has(KEYS, hold, a, key) then
   return OPEN_SET_DISAGREES
+end
+if not index_ready(KEYS) then
+  return INDEX_OF_ANOTHER_TYPE
 end
 if redis.call('ZCARD', KEYS[3]) ~= open or reserved < a.cost or calls < 1 then
   return {'ERR', 'STORE_UNAVAILABLE', 'permit counters disagree with its open attempts'}

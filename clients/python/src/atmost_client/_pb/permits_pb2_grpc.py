@@ -103,9 +103,10 @@ class PermitsServicer(object):
 
     def ListUncertain(self, request, context):
         """Attempts whose outcome is unknown, including RESERVED attempts whose
-        lease has passed. An empty permit_id lists across all permits, permit
-        by permit in (expires_at, permit_id) order; under one permit, by
-        uncertain_since, then idempotency_key.
+        lease has passed. An empty permit_id lists across all permits of the
+        caller's tenant, oldest first: by uncertain_since, then permit_id, then
+        idempotency_key; under one permit, by uncertain_since, then
+        idempotency_key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
