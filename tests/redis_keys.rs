@@ -762,6 +762,111 @@ async fn an_indexed_attempt_of_a_permit_that_is_gone_is_unavailable() {
     assert_eq!(census_count(&store, T0 + 2).await, 1);
 }
 
+/// The cross-permit listing reads the index and then the attempts, two
+/// readings of Redis's clock: an attempt listed as past its lease on the
+/// first is left out, not refused, if the second (the clock stepped back)
+/// finds it within its lease. Here the second reading is passed in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_listed_before_a_clock_step_back_is_left_out_not_refused() {
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(5));
+    let mut conn = redis.connect().await;
+    use atmost::store::Store as _;
+    let p = store
+        .create_permit(tenant_permit(8, "acme", T0, T0 + HOUR_MS))
+        .await
+        .expect("create");
+    open_attempt(&store, &p, "k", T0).await;
+    let lease = T0 + 1_000;
+    crate::support::load_library(&mut conn).await;
+    let function = atmost::store::redis::function_name("uncertain_attempts").expect("the script");
+    let id = &p.permit_id;
+    let prefix = &redis.prefix;
+    for (now, listed) in [(lease, 1), (lease - 1, 0)] {
+        let packed: Vec<u8> = redis::cmd("FCALL")
+            .arg(function)
+            .arg(4)
+            .arg(format!("{prefix}:{{{id}}}:permit"))
+            .arg(format!("{prefix}:{{{id}}}:attempts"))
+            .arg(format!("{prefix}:{{{id}}}:open"))
+            .arg(format!("{prefix}:uncertain:{{0}}:t:acme"))
+            .arg(now.to_string())
+            .arg("acme")
+            .arg("")
+            .arg(format!("{lease:015}:k"))
+            .query_async(&mut conn)
+            .await
+            .expect("FCALL");
+        let reply = atmost::store::redis::unpack_reply(&packed).expect("a reply");
+        assert_eq!(reply.len(), 1 + listed, "at {now}: {reply:?}");
+    }
+}
+
+/// Figures another replica published "after" now (Redis's clock stepped
+/// back since) while it holds the turn are not read as just counted: this
+/// replica counts afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn census_figures_from_after_now_are_counted_afresh() {
+    use atmost::store::Store as _;
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(5));
+    let mut conn = redis.connect().await;
+    let now = T0 + 10_000;
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{}:census:{{c}}", redis.prefix))
+        .arg("uncertain")
+        .arg("99")
+        .arg("oldest")
+        .arg("0")
+        .arg("at")
+        .arg((now + 60_000).to_string())
+        .arg("until")
+        .arg((now + 5_000).to_string())
+        .arg("by")
+        .arg("another replica")
+        .query_async(&mut conn)
+        .await
+        .expect("HSET");
+    let figures = store
+        .census(now, std::time::Duration::from_secs(10))
+        .await
+        .expect("census");
+    assert_eq!((figures.uncertain, figures.age_ms), (0, 0), "{figures:?}");
+}
+
+/// An open attempt missing from its permit's open set while the index
+/// still names it (a partial restore, a hand ZREM): UNAVAILABLE, never a
+/// silent gap in the cross-permit listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_indexed_attempt_missing_from_the_open_set_is_unavailable() {
+    use atmost::store::Store as _;
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(5));
+    let mut conn = redis.connect().await;
+    let p = store
+        .create_permit(tenant_permit(9, "acme", T0, T0 + HOUR_MS))
+        .await
+        .expect("create");
+    open_attempt(&store, &p, "k", T0).await;
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{}:{{{}}}:open", redis.prefix, p.permit_id))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    match store
+        .list_uncertain(&scope_of("acme"), None, None, 10, T0 + 2_000)
+        .await
+    {
+        Err(atmost::domain::Error::StoreUnavailable(why)) => {
+            assert!(why.contains("open set disagrees"), "{why}");
+        }
+        other => panic!("an indexed attempt left out: {other:?}"),
+    }
+}
+
 /// On a Cluster the uncertain index is sharded by slot: every permit is
 /// placed in one of its 64 slots (so its scripts write its shard), a
 /// listing across permits merges the shards in order and finds every

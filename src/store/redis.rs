@@ -171,16 +171,25 @@ fn open_member(at: Millis, key: &str) -> String {
     format!("{at:015}:{key}")
 }
 
+/// A task of a cross-permit listing, joined: a panic goes on unwinding (a
+/// bug, not a store that did not answer); a task cancelled is UNAVAILABLE.
+fn joined<T>(task: Result<T, tokio::task::JoinError>) -> Result<T, Error> {
+    task.map_err(|e| match e.try_into_panic() {
+        Ok(panic) => std::panic::resume_unwind(panic),
+        Err(_) => Error::StoreUnavailable("a listing task was cancelled".into()),
+    })
+}
+
 /// (at, permit id, key) of a member of the uncertain index,
-/// "<at, 15 digits>:<permit id>:<key>" (lib.lua: index_member).
+/// "<at, 15 digits>:<permit id>:<key>" (lib.lua: index_member; a permit id
+/// holds no ':', a key may).
 fn parse_uncertain_member(member: &str) -> Result<(Millis, String, String), Error> {
     let bad = || malformed(format!("uncertain index member {member:?}"));
     let (at, rest) = member.split_at_checked(15).ok_or_else(bad)?;
     let rest = rest.strip_prefix(':').ok_or_else(bad)?;
-    let (id, key) = rest.split_at_checked(36).ok_or_else(bad)?;
-    let key = key
-        .strip_prefix(':')
-        .filter(|k| !k.is_empty())
+    let (id, key) = rest
+        .split_once(':')
+        .filter(|(id, key)| !id.is_empty() && !key.is_empty())
         .ok_or_else(bad)?;
     if !at.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad());
@@ -341,15 +350,7 @@ impl RedisStore {
     /// atmost's keys have braces only around their tag (prefixes may not
     /// hold them, tenants are `[A-Za-z0-9._-]`, permit ids UUIDs).
     fn sync_key(&self, key: &[u8]) -> Vec<u8> {
-        let tag = key
-            .iter()
-            .position(|b| *b == b'{')
-            .and_then(|open| {
-                let rest = &key[open + 1..];
-                let close = rest.iter().position(|b| *b == b'}')?;
-                (close > 0).then(|| &rest[..close])
-            })
-            .unwrap_or(key);
+        let tag = shards::hash_tag(key);
         let mut sync = format!("{}:sync:{{", self.prefix).into_bytes();
         sync.extend_from_slice(tag);
         sync.push(b'}');
@@ -845,7 +846,7 @@ impl Store for RedisStore {
         }
         let mut members = Vec::new();
         while let Some(read) = shard_reads.join_next().await {
-            members.extend(read.map_err(|e| Error::StoreUnavailable(e.to_string()))??);
+            members.extend(joined(read)??);
         }
         members.sort_unstable();
         members.truncate(limit);
@@ -909,7 +910,7 @@ impl Store for RedisStore {
             }
             let mut found = vec![Vec::new(); batch.len()];
             while let Some(done) = reads.join_next().await {
-                let (i, one) = done.map_err(|e| Error::StoreUnavailable(e.to_string()))?;
+                let (i, one) = joined(done)?;
                 found[i] = match one {
                     // Gone since it was listed, with nothing of it in the
                     // index any more (uncertain_attempts.lua checks).
@@ -1008,14 +1009,18 @@ impl Store for RedisStore {
         let read_at = f.int()?;
         if verdict == "FIGURES" {
             let (uncertain, oldest_age_ms, at) = (f.count()?, f.int()?, f.int()?);
-            if at > 0 {
+            // (Figures from after `read_at`, the clock having stepped back
+            // while another replica holds the turn, are counted afresh:
+            // their age is not known.)
+            if at > 0 && at <= read_at {
                 return Ok(CensusFigures {
                     uncertain,
                     oldest_age_ms,
-                    age_ms: (read_at - at).max(0),
+                    age_ms: read_at - at,
                 });
             }
-            // None published yet, and another replica counts: count too.
+            // None published yet (or none readable), and another replica
+            // counts: count too.
         } else if verdict != "COUNT" {
             return Err(malformed(format!("census verdict {verdict:?}")));
         }

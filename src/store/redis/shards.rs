@@ -19,18 +19,22 @@ const SLOTS: u16 = 16384;
 /// shards, spread over the slot space as Cluster spreads slots over nodes.
 const SPACING: u16 = 256;
 
-/// The Cluster slot of `key` (CRC16 of its hash tag, or of the whole key).
-pub(super) fn slot(key: &[u8]) -> u16 {
-    let tag = key
-        .iter()
+/// What Cluster hashes of `key`: its hash tag (between the first `{` and
+/// the next `}`, if not empty), or the whole key.
+pub(super) fn hash_tag(key: &[u8]) -> &[u8] {
+    key.iter()
         .position(|b| *b == b'{')
         .and_then(|open| {
             let rest = &key[open + 1..];
             let close = rest.iter().position(|b| *b == b'}')?;
             (close > 0).then(|| &rest[..close])
         })
-        .unwrap_or(key);
-    crc16::State::<crc16::XMODEM>::calculate(tag) % SLOTS
+        .unwrap_or(key)
+}
+
+/// The Cluster slot of `key` (CRC16 of its hash tag).
+pub(super) fn slot(key: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % SLOTS
 }
 
 /// A hash tag in every slot: `TAGS[s]` (a short hex number) hashes to

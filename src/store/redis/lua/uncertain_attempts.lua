@@ -16,9 +16,11 @@
 -- (not the caller's to see; or gone, with none of the members in the
 -- index any more: settled and forgotten since they were listed), or
 -- {"ERR", "STORE_UNAVAILABLE", why} when the index still names an attempt
--- of a permit that is gone, a member still in the open set is not an
--- uncertain attempt's place, or its record cannot be read: an open attempt
--- is never skipped.
+-- of a permit that is gone or one missing from the open set, a member
+-- still in the open set is not an uncertain attempt's place, or its record
+-- cannot be read: an open attempt is never skipped. A member uncertain
+-- only after `now` (listed on a clock that has since stepped back) is
+-- left out: not uncertain on this reading.
 -- Example: ARGV={"","acme","","001767225590000:order-42"} -> {"OK", {<attempt>}}
 
 local now = clock(ARGV[1])
@@ -37,12 +39,25 @@ end
 local out = {'OK'}
 for i = 4, #ARGV do
   local member = ARGV[i]
+  local at, key = string.match(member, '^(%d+):(.+)$')
+  if not at then
+    return OPEN_SET_DISAGREES
+  end
+  at = tonumber(at)
   if redis.call('ZSCORE', KEYS[3], member) then
-    local a, key = uncertain_member(KEYS[2], member, nil, now)
-    if not a then
-      return OPEN_SET_DISAGREES
+    -- Listed on another reading of the clock: past `now` (the clock
+    -- stepped back), it is not uncertain yet on this one.
+    if at <= now then
+      local a = uncertain_member(KEYS[2], member, nil, now)
+      if not a then
+        return OPEN_SET_DISAGREES
+      end
+      out[#out + 1] = attempt_reply(a, key, now)
     end
-    out[#out + 1] = attempt_reply(a, key, now)
+  elseif redis.call('ZSCORE', KEYS[4], index_member(KEYS, at, key)) then
+    -- Settled since it was listed: gone from both. Still in the index
+    -- but not in the open set: the records disagree.
+    return OPEN_SET_DISAGREES
   end
 end
 return out
