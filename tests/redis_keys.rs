@@ -464,6 +464,37 @@ async fn open_attempt(
         .attempt_id
 }
 
+/// Opens key `key` under the permit at `now` ([`open_attempt`]) and marks
+/// it UNCERTAIN at `marked`: the attempt as marked.
+async fn uncertain_attempt(
+    store: &atmost::store::redis::RedisStore,
+    permit: &atmost::domain::Permit,
+    key: &str,
+    now: atmost::domain::Millis,
+    marked: atmost::domain::Millis,
+) -> atmost::domain::Attempt {
+    use atmost::store::Store as _;
+    let cmd = atmost::domain::MarkUncertainCmd {
+        permit_id: permit.permit_id.clone(),
+        idempotency_key: key.into(),
+        attempt_id: open_attempt(store, permit, key, now).await,
+        reason: "lost".into(),
+    };
+    store
+        .mark_uncertain(&scope_of(&permit.tenant), &cmd, marked)
+        .await
+        .expect("mark")
+}
+
+/// A connection to the shared test Cluster at `urls`.
+async fn cluster_conn(urls: &str) -> redis::cluster_async::ClusterConnection {
+    redis::cluster::ClusterClient::new(urls.split(',').collect::<Vec<_>>())
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("connect to the Cluster")
+}
+
 /// The tenants index as Redis holds it: (tenant, token) per member, in
 /// order.
 async fn tenants_index(
@@ -636,11 +667,7 @@ async fn the_tenants_index_shrinks_with_the_last_permit_on_a_cluster() {
     let urls = tokio::task::block_in_place(shared_cluster);
     let prefix = format!("t{}", uuid::Uuid::now_v7().simple());
     let store = cluster_store(urls, &prefix, std::time::Duration::from_secs(5));
-    let mut conn = redis::cluster::ClusterClient::new(urls.split(',').collect::<Vec<_>>())
-        .expect("cluster client")
-        .get_async_connection()
-        .await
-        .expect("connect to the Cluster");
+    let mut conn = cluster_conn(urls).await;
     the_tenants_index_shrinks_with_the_last_permit(store, &mut conn, &prefix).await;
 }
 
@@ -652,7 +679,6 @@ async fn the_tenants_index_shrinks_with_the_last_permit_on_a_cluster() {
 /// of this test's own). A walk over every permit ran 300.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cross_permit_listing_and_the_census_read_only_what_is_uncertain() {
-    use atmost::domain::MarkUncertainCmd;
     use atmost::store::Store as _;
     let _machine = shared().await;
     let redis = Redis::start_owned();
@@ -665,21 +691,11 @@ async fn a_cross_permit_listing_and_the_census_read_only_what_is_uncertain() {
             .create_permit(tenant_permit(1_000 + n, "acme", T0, T0 + HOUR_MS))
             .await
             .expect("create");
-        if n % 3 == 0 || n % 100 == 1 {
-            let id = open_attempt(&store, &p, "k", T0).await;
-            if n % 100 == 1 {
-                let cmd = MarkUncertainCmd {
-                    permit_id: p.permit_id.clone(),
-                    idempotency_key: "k".into(),
-                    attempt_id: id,
-                    reason: "lost".into(),
-                };
-                store
-                    .mark_uncertain(&scope, &cmd, T0 + 10)
-                    .await
-                    .expect("mark");
-                uncertain.push(p.permit_id);
-            }
+        if n % 100 == 1 {
+            uncertain_attempt(&store, &p, "k", T0, T0 + 10).await;
+            uncertain.push(p.permit_id);
+        } else if n % 3 == 0 {
+            open_attempt(&store, &p, "k", T0).await;
         }
     }
     let fcalls = |conn: &mut redis::aio::MultiplexedConnection| {
@@ -725,7 +741,6 @@ async fn a_cross_permit_listing_and_the_census_read_only_what_is_uncertain() {
 /// it), never a silent gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_indexed_attempt_of_a_permit_that_is_gone_is_unavailable() {
-    use atmost::domain::MarkUncertainCmd;
     use atmost::store::Store as _;
     let _machine = shared().await;
     let redis = Redis::start();
@@ -736,17 +751,7 @@ async fn an_indexed_attempt_of_a_permit_that_is_gone_is_unavailable() {
         .create_permit(tenant_permit(7, "acme", T0, T0 + HOUR_MS))
         .await
         .expect("create");
-    let id = open_attempt(&store, &p, "k", T0).await;
-    let cmd = MarkUncertainCmd {
-        permit_id: p.permit_id.clone(),
-        idempotency_key: "k".into(),
-        attempt_id: id,
-        reason: "lost".into(),
-    };
-    store
-        .mark_uncertain(&scope, &cmd, T0 + 1)
-        .await
-        .expect("mark");
+    uncertain_attempt(&store, &p, "k", T0, T0 + 1).await;
     let _: () = redis::cmd("DEL")
         .arg(format!("{}:{{{}}}:permit", redis.prefix, p.permit_id))
         .arg(format!("{}:{{{}}}:attempts", redis.prefix, p.permit_id))
@@ -877,17 +882,12 @@ async fn an_indexed_attempt_missing_from_the_open_set_is_unavailable() {
 /// permit has stays PERMIT_NOT_FOUND.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_uncertain_index_is_sharded_by_slot_on_a_cluster() {
-    use atmost::domain::MarkUncertainCmd;
     use atmost::store::Store as _;
     let _machine = shared().await;
     let urls = tokio::task::block_in_place(shared_cluster);
     let prefix = format!("u{}", uuid::Uuid::now_v7().simple());
     let store = cluster_store(urls, &prefix, std::time::Duration::from_secs(5));
-    let mut conn = redis::cluster::ClusterClient::new(urls.split(',').collect::<Vec<_>>())
-        .expect("cluster client")
-        .get_async_connection()
-        .await
-        .expect("connect to the Cluster");
+    let mut conn = cluster_conn(urls).await;
     let scope = scope_of("acme");
     // Cluster's slot of a permit's keys (their hash tag, the id).
     let slot = |id: &str| crc16::State::<crc16::XMODEM>::calculate(id.as_bytes()) % 16384;
@@ -899,17 +899,7 @@ async fn the_uncertain_index_is_sharded_by_slot_on_a_cluster() {
             .await
             .expect("create");
         slots.insert(slot(&p.permit_id));
-        let id = open_attempt(&store, &p, "k", T0 + n as i64).await;
-        let cmd = MarkUncertainCmd {
-            permit_id: p.permit_id.clone(),
-            idempotency_key: "k".into(),
-            attempt_id: id,
-            reason: "lost".into(),
-        };
-        let a = store
-            .mark_uncertain(&scope, &cmd, T0 + 100 + n as i64)
-            .await
-            .expect("mark");
+        let a = uncertain_attempt(&store, &p, "k", T0 + n as i64, T0 + 100 + n as i64).await;
         marked.push((a.uncertain_since, p.permit_id.clone()));
     }
     assert!(slots.len() > 8, "24 permits in {} slots", slots.len());

@@ -918,16 +918,11 @@ impl Store for RedisStore {
                     other => other?,
                 };
             }
+            // In the runs' order, each run's in its members': the merged
+            // order.
             attempts.extend(found.into_iter().flatten());
             read = batch.last().map(|(_, _, last)| *last);
         }
-        attempts.sort_unstable_by(|a, b| {
-            (a.uncertain_since, &a.permit_id, &a.idempotency_key).cmp(&(
-                b.uncertain_since,
-                &b.permit_id,
-                &b.idempotency_key,
-            ))
-        });
         Ok(Page { attempts, next })
     }
 
