@@ -19,7 +19,7 @@ pub use attempt::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Quota, Reason, Violation};
-pub use ledger::Ledger;
+pub use ledger::{Ledger, OpenChange};
 pub use permit::{
     DuplicateGuard, GuardMode, MAX_AGENTS, Permit, PermitSpec, PermitStatus, PermitView, Scope,
     UncertainPolicy, Usage,

@@ -64,6 +64,19 @@ pub struct Ledger {
     /// ([`Record::reserved_by`] is an index here; index 0 is "", dev mode).
     /// A permit sees the few keys of its tenant's agents.
     holders: Vec<Arc<str>>,
+    /// How the last operation moved an attempt in `open`, for a store that
+    /// mirrors the open set in an index of its own
+    /// ([`Ledger::take_open_change`]).
+    open_change: OpenChange,
+}
+
+/// How one operation moved an attempt in the open set: the entry it left
+/// and the one it took, each (when it is or became uncertain, key). An
+/// operation changes at most one attempt; a later one overwrites this.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenChange {
+    pub removed: Option<(Millis, Arc<str>)>,
+    pub added: Option<(Millis, Arc<str>)>,
 }
 
 /// One attempt as the ledger keeps it: the permit and the key are the
@@ -217,6 +230,7 @@ impl Ledger {
             last_settled_at: 0,
             bytes: 0,
             holders: vec![Arc::from("")],
+            open_change: OpenChange::default(),
         }
         .with_permit_bytes()
     }
@@ -283,14 +297,11 @@ impl Ledger {
         !self.open.is_empty()
     }
 
-    /// The attempt under `key`'s place in the open set while it is RESERVED
-    /// or UNCERTAIN: when it is (or became) uncertain, and the key as the
-    /// ledger holds it (shared, not copied).
-    pub fn open_entry(&self, key: &str) -> Option<(Millis, Arc<str>)> {
-        self.attempts
-            .get_key_value(key)
-            .filter(|(_, r)| matches!(r.state, AttemptState::Reserved | AttemptState::Uncertain))
-            .map(|(k, r)| (r.open_at(), k.clone()))
+    /// How the last operation moved an attempt in the open set (nothing
+    /// once taken): the memory store keeps its cross-permit index in step
+    /// with it, without looking the attempt up again.
+    pub fn take_open_change(&mut self) -> OpenChange {
+        std::mem::take(&mut self.open_change)
     }
 
     /// When the permit and its attempts are forgotten (the ledger is gone
@@ -741,6 +752,7 @@ impl Ledger {
 
     fn open_insert(&mut self, at: Millis, tool: usize, key: &Key) {
         self.open.insert((at, key.clone()));
+        self.open_change.added = Some((at, key.clone()));
         if let Some(held) = self.held.get_mut(tool) {
             held.insert((at, key.clone()));
         }
@@ -749,6 +761,7 @@ impl Ledger {
     fn open_remove(&mut self, at: Millis, tool: usize, key: &Key) {
         let entry = (at, key.clone());
         self.open.remove(&entry);
+        self.open_change.removed = Some(entry.clone());
         if let Some(held) = self.held.get_mut(tool) {
             held.remove(&entry);
         }

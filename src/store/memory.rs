@@ -92,15 +92,14 @@ impl MemoryStore {
     }
 
     /// Runs `f` on the permit's ledger at `now`, keeping the forget set
-    /// and the open index in step with it (`f` changes at most the attempt
-    /// under `key`). A permit past its retention is forgotten here, at the
-    /// same instant the Redis store's keys expire; one outside the caller's
-    /// scope answers as if it did not exist.
+    /// and the open index in step with it (the ledger says how `f` moved
+    /// an attempt in its open set). A permit past its retention is
+    /// forgotten here, at the same instant the Redis store's keys expire;
+    /// one outside the caller's scope answers as if it did not exist.
     fn with_ledger<T>(
         &self,
         scope: &Scope,
         permit_id: &str,
-        key: Option<&str>,
         now: Millis,
         f: impl FnOnce(&mut Ledger, Option<u64>) -> Result<T, Error>,
     ) -> Result<T, Error> {
@@ -134,11 +133,9 @@ impl MemoryStore {
         if !ledger.permit().visible_to(scope) {
             return Err(not_found());
         }
-        let was_open = key.and_then(|k| ledger.open_entry(k));
         let bytes = ledger.approx_bytes();
         let out = f(ledger, full);
         inner.bytes = inner.bytes - bytes + ledger.approx_bytes();
-        let is_open = key.and_then(|k| ledger.open_entry(k));
         let after = self.place(ledger);
         if after != before {
             if let Some(at) = before {
@@ -148,25 +145,26 @@ impl MemoryStore {
                 inner.forget.insert((at, id.clone()));
             }
         }
-        if is_open != was_open {
-            let tenant = ledger.permit().tenant.as_str();
-            if let Some((at, key)) = was_open
-                && let Some(set) = inner.open.get_mut(tenant)
-            {
-                set.remove(&(at, id.clone(), key));
-                if set.is_empty() {
-                    inner.open.remove(tenant);
-                }
+        // The cross-permit index follows the ledger's open set: the entry
+        // its operation removed, then the one it added.
+        let change = ledger.take_open_change();
+        let tenant = ledger.permit().tenant.as_str();
+        if let Some((at, key)) = change.removed
+            && let Some(set) = inner.open.get_mut(tenant)
+        {
+            set.remove(&(at, id.clone(), key));
+            if set.is_empty() {
+                inner.open.remove(tenant);
             }
-            if let Some((at, key)) = is_open {
-                match inner.open.get_mut(tenant) {
-                    Some(set) => {
-                        set.insert((at, id, key));
-                    }
-                    None => {
-                        let set = BTreeSet::from([(at, id, key)]);
-                        inner.open.insert(Arc::from(tenant), set);
-                    }
+        }
+        if let Some((at, key)) = change.added {
+            match inner.open.get_mut(tenant) {
+                Some(set) => {
+                    set.insert((at, id, key));
+                }
+                None => {
+                    let set = BTreeSet::from([(at, id, key)]);
+                    inner.open.insert(Arc::from(tenant), set);
                 }
             }
         }
@@ -240,7 +238,7 @@ impl Store for MemoryStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<PermitView, Error> {
-        self.with_ledger(scope, permit_id, None, now, |l, _| Ok(l.view()))
+        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.view()))
     }
 
     async fn revoke_permit(
@@ -249,7 +247,7 @@ impl Store for MemoryStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<Permit, Error> {
-        self.with_ledger(scope, permit_id, None, now, |l, _| Ok(l.revoke()))
+        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.revoke()))
     }
 
     async fn get_attempt(
@@ -258,7 +256,7 @@ impl Store for MemoryStore {
         cmd: &GetAttemptCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        self.with_ledger(scope, &cmd.permit_id, None, now, |l, _| {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
             l.get_attempt(&cmd.idempotency_key, now)
         })
     }
@@ -270,13 +268,9 @@ impl Store for MemoryStore {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        self.with_ledger(
-            scope,
-            &cmd.permit_id,
-            Some(&cmd.idempotency_key),
-            now,
-            |l, full| l.authorize(scope, cmd, now, attempt_id, &self.quotas, full),
-        )
+        self.with_ledger(scope, &cmd.permit_id, now, |l, full| {
+            l.authorize(scope, cmd, now, attempt_id, &self.quotas, full)
+        })
     }
 
     async fn commit(
@@ -286,13 +280,9 @@ impl Store for MemoryStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(
-            scope,
-            &cmd.permit_id,
-            Some(&cmd.idempotency_key),
-            now,
-            |l, _| l.commit(scope, cmd, now, receipt_id),
-        )
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+            l.commit(scope, cmd, now, receipt_id)
+        })
     }
 
     async fn mark_uncertain(
@@ -301,13 +291,9 @@ impl Store for MemoryStore {
         cmd: &MarkUncertainCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        self.with_ledger(
-            scope,
-            &cmd.permit_id,
-            Some(&cmd.idempotency_key),
-            now,
-            |l, _| l.mark_uncertain(scope, cmd, now),
-        )
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+            l.mark_uncertain(scope, cmd, now)
+        })
     }
 
     async fn resolve(
@@ -317,13 +303,9 @@ impl Store for MemoryStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(
-            scope,
-            &cmd.permit_id,
-            Some(&cmd.idempotency_key),
-            now,
-            |l, _| l.resolve(cmd, now, receipt_id),
-        )
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+            l.resolve(cmd, now, receipt_id)
+        })
     }
 
     async fn list_uncertain(
@@ -336,7 +318,7 @@ impl Store for MemoryStore {
     ) -> Result<Page, Error> {
         if let Some(id) = permit_id {
             let after = after.and_then(|c| c.attempt_in(id));
-            let attempts = self.with_ledger(scope, id, None, now, |l, _| {
+            let attempts = self.with_ledger(scope, id, now, |l, _| {
                 Ok(l.uncertain_after(after, limit, now))
             })?;
             return Ok(full_page(attempts, limit));

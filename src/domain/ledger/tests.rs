@@ -194,6 +194,26 @@ impl Bench {
                 "refused with {e:?}, yet the ledger changed"
             );
         }
+        // The open change says exactly how the open set moved (the memory
+        // store's cross-permit index follows it): applied to the set
+        // before, it gives the set after.
+        let change = self.ledger.take_open_change();
+        let mut mirrored = before.open.clone();
+        if let Some((at, key)) = &change.removed {
+            let entry = (*at, key.to_string());
+            assert!(mirrored.contains(&entry), "removed {entry:?}, not open");
+            mirrored.retain(|e| *e != entry);
+        }
+        if let Some((at, key)) = &change.added {
+            mirrored.push((*at, key.to_string()));
+            mirrored.sort();
+        }
+        assert_eq!(
+            mirrored,
+            entries(&self.ledger.open),
+            "the open change {change:?} is not how the open set moved"
+        );
+        assert_eq!(self.ledger.take_open_change(), OpenChange::default());
         result
     }
 
