@@ -64,15 +64,15 @@ pub struct Ledger {
     /// ([`Record::reserved_by`] is an index here; index 0 is "", dev mode).
     /// A permit sees the few keys of its tenant's agents.
     holders: Vec<Arc<str>>,
-    /// How the last operation moved an attempt in `open`, for a store that
-    /// mirrors the open set in an index of its own
-    /// ([`Ledger::take_open_change`]).
+    /// How `open` moved since it was last taken, for a store that mirrors
+    /// the open set in an index of its own ([`Ledger::take_open_change`]).
     open_change: OpenChange,
 }
 
 /// How one operation moved an attempt in the open set: the entry it left
 /// and the one it took, each (when it is or became uncertain, key). An
-/// operation changes at most one attempt; a later one overwrites this.
+/// operation moves at most one attempt, so this is exact only when taken
+/// after every operation: two operations' changes would merge.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OpenChange {
     pub removed: Option<(Millis, Arc<str>)>,
@@ -297,9 +297,10 @@ impl Ledger {
         !self.open.is_empty()
     }
 
-    /// How the last operation moved an attempt in the open set (nothing
-    /// once taken): the memory store keeps its cross-permit index in step
-    /// with it, without looking the attempt up again.
+    /// How the open set moved since this was last taken (nothing once
+    /// taken): the memory store takes it after every operation and keeps
+    /// its cross-permit index in step with it, without looking the attempt
+    /// up again.
     pub fn take_open_change(&mut self) -> OpenChange {
         std::mem::take(&mut self.open_change)
     }

@@ -92,10 +92,11 @@ impl MemoryStore {
     }
 
     /// Runs `f` on the permit's ledger at `now`, keeping the forget set
-    /// and the open index in step with it (the ledger says how `f` moved
-    /// an attempt in its open set). A permit past its retention is
-    /// forgotten here, at the same instant the Redis store's keys expire;
-    /// one outside the caller's scope answers as if it did not exist.
+    /// and the open index in step with it: `f` runs at most one ledger
+    /// operation that changes state, and the ledger says how that moved an
+    /// attempt in its open set. A permit past its retention is forgotten
+    /// here, at the same instant the Redis store's keys expire; one outside
+    /// the caller's scope answers as if it did not exist.
     fn with_ledger<T>(
         &self,
         scope: &Scope,
