@@ -38,6 +38,7 @@ pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod domain;
+pub mod http;
 pub mod receipts;
 pub mod server;
 pub mod store;

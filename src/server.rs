@@ -12,7 +12,7 @@ use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
 use crate::telemetry::{RpcLayer, Telemetry};
-use crate::transport::{Limits, MessageLimit, Track};
+use crate::transport::{Limits, MessageLimit, RequestTimeout, Track};
 use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use std::future::Future;
@@ -358,7 +358,12 @@ pub async fn run(
         ),
         None => (None, None),
     };
+    let http_edge = Arc::new(crate::http::Edge::new(limits));
     let serve = builder
+        // Outermost: an HTTP/JSON request becomes its RPC's gRPC request
+        // here, and takes every layer below as a gRPC call does.
+        .layer(crate::http::HttpLayer::new(http_edge))
+        .layer(RequestTimeout(limits.request_timeout))
         .layer(RpcLayer::new(&telemetry))
         .layer(Track)
         .layer(AuthLayer::new(app.auth.clone()))

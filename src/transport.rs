@@ -112,7 +112,9 @@ impl Limits {
             .http2_keepalive_interval(Some(self.keepalive_interval))
             .http2_keepalive_timeout(Some(self.keepalive_timeout))
             .max_connection_age(self.max_connection_age)
-            .timeout(self.request_timeout)
+            // The request timeout is RequestTimeout's, below the HTTP/JSON
+            // edge; HTTP/1.1 is served for that edge (gRPC is HTTP/2 only).
+            .accept_http1(true)
             .http2_max_pending_accept_reset_streams(Some(self.max_pending_accept_reset_streams))
             .http2_max_local_error_reset_streams(Some(self.max_local_error_reset_streams))
     }
@@ -344,6 +346,61 @@ impl Connected for Conn {
             tcp: self.io.connect_info(),
             activity: self.activity.clone(),
         }
+    }
+}
+
+// === the request timeout ===
+
+/// The request timeout ([`Limits::request_timeout`]): an RPC whose handler
+/// has not answered within it is cut off with CANCELLED "Timeout expired",
+/// as tonic's own server timeout answers. It is a layer here, inside the
+/// HTTP/JSON edge ([`crate::http`]) rather than around it as tonic's is,
+/// so that edge answers a timed-out JSON request in JSON. (tonic still
+/// applies a gRPC caller's own `grpc-timeout`.)
+#[derive(Debug, Clone, Copy)]
+pub struct RequestTimeout(pub Duration);
+
+impl<S> tower::Layer<S> for RequestTimeout {
+    type Service = TimedOut<S>;
+
+    fn layer(&self, inner: S) -> TimedOut<S> {
+        TimedOut {
+            inner,
+            timeout: self.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TimedOut<S> {
+    inner: S,
+    timeout: Duration,
+}
+
+type Timed<F, E> = futures_util::future::Map<
+    tokio::time::Timeout<F>,
+    fn(
+        Result<Result<http::Response<tonic::body::Body>, E>, tokio::time::error::Elapsed>,
+    ) -> Result<http::Response<tonic::body::Body>, E>,
+>;
+
+impl<S, B> tower::Service<http::Request<B>> for TimedOut<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Timed<S::Future, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        use futures_util::FutureExt as _;
+        tokio::time::timeout(self.timeout, self.inner.call(request)).map(|answered| {
+            answered.unwrap_or_else(|_| Ok(tonic::Status::cancelled("Timeout expired").into_http()))
+        })
     }
 }
 

@@ -11,24 +11,29 @@ import { test } from "node:test";
 import { PROTO_DIR } from "../src/index.js";
 import { PACKAGE_DIR, REPO_ROOT } from "./support.js";
 
+/** The folders of the repo's proto/ that scripts/sync-proto.mjs copies. */
+const SYNCED_DIRS = ["atmost/v1", "google/api", "google/rpc"];
+
 test("the package loads its protos from its own proto/", () => {
   assert.equal(PROTO_DIR, join(PACKAGE_DIR, "proto"));
 });
 
-test("proto/atmost/v1 is the repo's proto/atmost/v1: no drift (npm run sync-proto)", () => {
-  const repo = join(REPO_ROOT, "proto", "atmost", "v1");
-  const ours = join(PACKAGE_DIR, "proto", "atmost", "v1");
-  const names = (dir: string) => readdirSync(dir).filter((n) => n.endsWith(".proto")).sort();
-  const repoNames = names(repo);
-  assert.ok(repoNames.length > 0, `no .proto files in ${repo}`);
-  assert.deepEqual(names(ours), repoNames, "the same files");
-  for (const name of repoNames) {
-    assert.ok(
-      readFileSync(join(ours, name)).equals(readFileSync(join(repo, name))),
-      `${name} differs from the repo's: run npm run sync-proto`,
-    );
-  }
-});
+for (const dir of SYNCED_DIRS) {
+  test(`proto/${dir} is the repo's proto/${dir}: no drift (npm run sync-proto)`, () => {
+    const repo = join(REPO_ROOT, "proto", dir);
+    const ours = join(PACKAGE_DIR, "proto", dir);
+    const names = (d: string) => readdirSync(d).filter((n) => n.endsWith(".proto")).sort();
+    const repoNames = names(repo);
+    assert.ok(repoNames.length > 0, `no .proto files in ${repo}`);
+    assert.deepEqual(names(ours), repoNames, "the same files");
+    for (const name of repoNames) {
+      assert.ok(
+        readFileSync(join(ours, name)).equals(readFileSync(join(repo, name))),
+        `${dir}/${name} differs from the repo's: run npm run sync-proto`,
+      );
+    }
+  });
+}
 
 test("the vendored google/rpc protos keep googleapis' license header", () => {
   for (const name of ["status.proto", "error_details.proto"]) {

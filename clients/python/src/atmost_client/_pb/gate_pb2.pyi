@@ -1,6 +1,7 @@
 import datetime
 
 from atmost_client._pb import types_pb2 as _types_pb2
+from google.api import annotations_pb2 as _annotations_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor

@@ -24,35 +24,48 @@ _sym_db = _symbol_database.Default()
 
 from atmost_client._pb import gate_pb2 as atmost_dot_v1_dot_gate__pb2
 from atmost_client._pb import types_pb2 as atmost_dot_v1_dot_types__pb2
+from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61tmost/v1/permits.proto\x12\tatmost.v1\x1a\x14\x61tmost/v1/gate.proto\x1a\x15\x61tmost/v1/types.proto\"8\n\x13\x43reatePermitRequest\x12!\n\x06permit\x18\x01 \x01(\x0b\x32\x11.atmost.v1.Permit\"%\n\x10GetPermitRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\"\xbe\x01\n\x11GetPermitResponse\x12!\n\x06permit\x18\x01 \x01(\x0b\x32\x11.atmost.v1.Permit\x12\x1f\n\x05usage\x18\x02 \x03(\x0b\x32\x10.atmost.v1.Usage\x12\x18\n\x10\x62udget_committed\x18\x03 \x01(\x03\x12\x17\n\x0f\x62udget_reserved\x18\x04 \x01(\x03\x12\x1d\n\x10\x62udget_remaining\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_budget_remaining\"?\n\x11GetAttemptRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"9\n\x12GetAttemptResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt\"(\n\x13RevokePermitRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\"P\n\x14ListUncertainRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"V\n\x15ListUncertainResponse\x12$\n\x08\x61ttempts\x18\x01 \x03(\x0b\x32\x12.atmost.v1.Attempt\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xd3\x01\n\x0eResolveRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12)\n\tsucceeded\x18\x03 \x01(\x0b\x32\x14.atmost.v1.SucceededH\x00\x12#\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32\x11.atmost.v1.FailedH\x00\x12&\n\x08not_sent\x18\x05 \x01(\x0b\x32\x12.atmost.v1.NotSentH\x00\x12\x12\n\nattempt_id\x18\x06 \x01(\tB\t\n\x07outcome\"W\n\x0fResolveResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.atmost.v1.Usage2\xb8\x03\n\x07Permits\x12\x41\n\x0c\x43reatePermit\x12\x1e.atmost.v1.CreatePermitRequest\x1a\x11.atmost.v1.Permit\x12\x46\n\tGetPermit\x12\x1b.atmost.v1.GetPermitRequest\x1a\x1c.atmost.v1.GetPermitResponse\x12I\n\nGetAttempt\x12\x1c.atmost.v1.GetAttemptRequest\x1a\x1d.atmost.v1.GetAttemptResponse\x12\x41\n\x0cRevokePermit\x12\x1e.atmost.v1.RevokePermitRequest\x1a\x11.atmost.v1.Permit\x12R\n\rListUncertain\x12\x1f.atmost.v1.ListUncertainRequest\x1a .atmost.v1.ListUncertainResponse\x12@\n\x07Resolve\x12\x19.atmost.v1.ResolveRequest\x1a\x1a.atmost.v1.ResolveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61tmost/v1/permits.proto\x12\tatmost.v1\x1a\x14\x61tmost/v1/gate.proto\x1a\x15\x61tmost/v1/types.proto\x1a\x1cgoogle/api/annotations.proto\"8\n\x13\x43reatePermitRequest\x12!\n\x06permit\x18\x01 \x01(\x0b\x32\x11.atmost.v1.Permit\"%\n\x10GetPermitRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\"\xbe\x01\n\x11GetPermitResponse\x12!\n\x06permit\x18\x01 \x01(\x0b\x32\x11.atmost.v1.Permit\x12\x1f\n\x05usage\x18\x02 \x03(\x0b\x32\x10.atmost.v1.Usage\x12\x18\n\x10\x62udget_committed\x18\x03 \x01(\x03\x12\x17\n\x0f\x62udget_reserved\x18\x04 \x01(\x03\x12\x1d\n\x10\x62udget_remaining\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_budget_remaining\"?\n\x11GetAttemptRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"9\n\x12GetAttemptResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt\"(\n\x13RevokePermitRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\"P\n\x14ListUncertainRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"V\n\x15ListUncertainResponse\x12$\n\x08\x61ttempts\x18\x01 \x03(\x0b\x32\x12.atmost.v1.Attempt\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xd3\x01\n\x0eResolveRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12)\n\tsucceeded\x18\x03 \x01(\x0b\x32\x14.atmost.v1.SucceededH\x00\x12#\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32\x11.atmost.v1.FailedH\x00\x12&\n\x08not_sent\x18\x05 \x01(\x0b\x32\x12.atmost.v1.NotSentH\x00\x12\x12\n\nattempt_id\x18\x06 \x01(\tB\t\n\x07outcome\"W\n\x0fResolveResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.atmost.v1.Usage2\xe3\x05\n\x07Permits\x12^\n\x0c\x43reatePermit\x12\x1e.atmost.v1.CreatePermitRequest\x1a\x11.atmost.v1.Permit\"\x1b\x82\xd3\xe4\x93\x02\x15\"\x0b/v1/permits:\x06permit\x12g\n\tGetPermit\x12\x1b.atmost.v1.GetPermitRequest\x1a\x1c.atmost.v1.GetPermitResponse\"\x1f\x82\xd3\xe4\x93\x02\x19\x12\x17/v1/permits/{permit_id}\x12\x85\x01\n\nGetAttempt\x12\x1c.atmost.v1.GetAttemptRequest\x1a\x1d.atmost.v1.GetAttemptResponse\":\x82\xd3\xe4\x93\x02\x34\x12\x32/v1/permits/{permit_id}/attempts/{idempotency_key}\x12l\n\x0cRevokePermit\x12\x1e.atmost.v1.RevokePermitRequest\x1a\x11.atmost.v1.Permit\")\x82\xd3\xe4\x93\x02#\"\x1e/v1/permits/{permit_id}:revoke:\x01*\x12\x8e\x01\n\rListUncertain\x12\x1f.atmost.v1.ListUncertainRequest\x1a .atmost.v1.ListUncertainResponse\":\x82\xd3\xe4\x93\x02\x34\x12\r/v1/uncertainZ#\x12!/v1/permits/{permit_id}/uncertain\x12\x87\x01\n\x07Resolve\x12\x19.atmost.v1.ResolveRequest\x1a\x1a.atmost.v1.ResolveResponse\"E\x82\xd3\xe4\x93\x02?\":/v1/permits/{permit_id}/attempts/{idempotency_key}:resolve:\x01*b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'atmost.v1.permits_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CREATEPERMITREQUEST']._serialized_start=83
-  _globals['_CREATEPERMITREQUEST']._serialized_end=139
-  _globals['_GETPERMITREQUEST']._serialized_start=141
-  _globals['_GETPERMITREQUEST']._serialized_end=178
-  _globals['_GETPERMITRESPONSE']._serialized_start=181
-  _globals['_GETPERMITRESPONSE']._serialized_end=371
-  _globals['_GETATTEMPTREQUEST']._serialized_start=373
-  _globals['_GETATTEMPTREQUEST']._serialized_end=436
-  _globals['_GETATTEMPTRESPONSE']._serialized_start=438
-  _globals['_GETATTEMPTRESPONSE']._serialized_end=495
-  _globals['_REVOKEPERMITREQUEST']._serialized_start=497
-  _globals['_REVOKEPERMITREQUEST']._serialized_end=537
-  _globals['_LISTUNCERTAINREQUEST']._serialized_start=539
-  _globals['_LISTUNCERTAINREQUEST']._serialized_end=619
-  _globals['_LISTUNCERTAINRESPONSE']._serialized_start=621
-  _globals['_LISTUNCERTAINRESPONSE']._serialized_end=707
-  _globals['_RESOLVEREQUEST']._serialized_start=710
-  _globals['_RESOLVEREQUEST']._serialized_end=921
-  _globals['_RESOLVERESPONSE']._serialized_start=923
-  _globals['_RESOLVERESPONSE']._serialized_end=1010
-  _globals['_PERMITS']._serialized_start=1013
-  _globals['_PERMITS']._serialized_end=1453
+  _globals['_PERMITS'].methods_by_name['CreatePermit']._loaded_options = None
+  _globals['_PERMITS'].methods_by_name['CreatePermit']._serialized_options = b'\202\323\344\223\002\025\"\013/v1/permits:\006permit'
+  _globals['_PERMITS'].methods_by_name['GetPermit']._loaded_options = None
+  _globals['_PERMITS'].methods_by_name['GetPermit']._serialized_options = b'\202\323\344\223\002\031\022\027/v1/permits/{permit_id}'
+  _globals['_PERMITS'].methods_by_name['GetAttempt']._loaded_options = None
+  _globals['_PERMITS'].methods_by_name['GetAttempt']._serialized_options = b'\202\323\344\223\0024\0222/v1/permits/{permit_id}/attempts/{idempotency_key}'
+  _globals['_PERMITS'].methods_by_name['RevokePermit']._loaded_options = None
+  _globals['_PERMITS'].methods_by_name['RevokePermit']._serialized_options = b'\202\323\344\223\002#\"\036/v1/permits/{permit_id}:revoke:\001*'
+  _globals['_PERMITS'].methods_by_name['ListUncertain']._loaded_options = None
+  _globals['_PERMITS'].methods_by_name['ListUncertain']._serialized_options = b'\202\323\344\223\0024\022\r/v1/uncertainZ#\022!/v1/permits/{permit_id}/uncertain'
+  _globals['_PERMITS'].methods_by_name['Resolve']._loaded_options = None
+  _globals['_PERMITS'].methods_by_name['Resolve']._serialized_options = b'\202\323\344\223\002?\":/v1/permits/{permit_id}/attempts/{idempotency_key}:resolve:\001*'
+  _globals['_CREATEPERMITREQUEST']._serialized_start=113
+  _globals['_CREATEPERMITREQUEST']._serialized_end=169
+  _globals['_GETPERMITREQUEST']._serialized_start=171
+  _globals['_GETPERMITREQUEST']._serialized_end=208
+  _globals['_GETPERMITRESPONSE']._serialized_start=211
+  _globals['_GETPERMITRESPONSE']._serialized_end=401
+  _globals['_GETATTEMPTREQUEST']._serialized_start=403
+  _globals['_GETATTEMPTREQUEST']._serialized_end=466
+  _globals['_GETATTEMPTRESPONSE']._serialized_start=468
+  _globals['_GETATTEMPTRESPONSE']._serialized_end=525
+  _globals['_REVOKEPERMITREQUEST']._serialized_start=527
+  _globals['_REVOKEPERMITREQUEST']._serialized_end=567
+  _globals['_LISTUNCERTAINREQUEST']._serialized_start=569
+  _globals['_LISTUNCERTAINREQUEST']._serialized_end=649
+  _globals['_LISTUNCERTAINRESPONSE']._serialized_start=651
+  _globals['_LISTUNCERTAINRESPONSE']._serialized_end=737
+  _globals['_RESOLVEREQUEST']._serialized_start=740
+  _globals['_RESOLVEREQUEST']._serialized_end=951
+  _globals['_RESOLVERESPONSE']._serialized_start=953
+  _globals['_RESOLVERESPONSE']._serialized_end=1040
+  _globals['_PERMITS']._serialized_start=1043
+  _globals['_PERMITS']._serialized_end=1782
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,6 @@
 from atmost_client._pb import gate_pb2 as _gate_pb2
 from atmost_client._pb import types_pb2 as _types_pb2
+from google.api import annotations_pb2 as _annotations_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

@@ -22,21 +22,24 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61tmost/v1/receipts.proto\x12\tatmost.v1\"\x17\n\x15GetSigningKeysRequest\"=\n\x16GetSigningKeysResponse\x12#\n\x04keys\x18\x01 \x03(\x0b\x32\x15.atmost.v1.SigningKey\"T\n\nSigningKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\x12\x0f\n\x07\x63urrent\x18\x04 \x01(\x08\x32\x61\n\x08Receipts\x12U\n\x0eGetSigningKeys\x12 .atmost.v1.GetSigningKeysRequest\x1a!.atmost.v1.GetSigningKeysResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61tmost/v1/receipts.proto\x12\tatmost.v1\x1a\x1cgoogle/api/annotations.proto\"\x17\n\x15GetSigningKeysRequest\"=\n\x16GetSigningKeysResponse\x12#\n\x04keys\x18\x01 \x03(\x0b\x32\x15.atmost.v1.SigningKey\"T\n\nSigningKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\x12\x0f\n\x07\x63urrent\x18\x04 \x01(\x08\x32z\n\x08Receipts\x12n\n\x0eGetSigningKeys\x12 .atmost.v1.GetSigningKeysRequest\x1a!.atmost.v1.GetSigningKeysResponse\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/signingKeysb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'atmost.v1.receipts_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETSIGNINGKEYSREQUEST']._serialized_start=39
-  _globals['_GETSIGNINGKEYSREQUEST']._serialized_end=62
-  _globals['_GETSIGNINGKEYSRESPONSE']._serialized_start=64
-  _globals['_GETSIGNINGKEYSRESPONSE']._serialized_end=125
-  _globals['_SIGNINGKEY']._serialized_start=127
-  _globals['_SIGNINGKEY']._serialized_end=211
-  _globals['_RECEIPTS']._serialized_start=213
-  _globals['_RECEIPTS']._serialized_end=310
+  _globals['_RECEIPTS'].methods_by_name['GetSigningKeys']._loaded_options = None
+  _globals['_RECEIPTS'].methods_by_name['GetSigningKeys']._serialized_options = b'\202\323\344\223\002\021\022\017/v1/signingKeys'
+  _globals['_GETSIGNINGKEYSREQUEST']._serialized_start=69
+  _globals['_GETSIGNINGKEYSREQUEST']._serialized_end=92
+  _globals['_GETSIGNINGKEYSRESPONSE']._serialized_start=94
+  _globals['_GETSIGNINGKEYSRESPONSE']._serialized_end=155
+  _globals['_SIGNINGKEY']._serialized_start=157
+  _globals['_SIGNINGKEY']._serialized_end=241
+  _globals['_RECEIPTS']._serialized_start=243
+  _globals['_RECEIPTS']._serialized_end=365
 # @@protoc_insertion_point(module_scope)
