@@ -88,7 +88,7 @@ scripts/receipt_example.sh
 # The clients in other languages, and the MCP proxy with the official
 # Python MCP SDK, each against live atmost servers of its own (each script
 # installs what it needs: pip packages, npm packages).
-for suite in clients/*/test.sh mcp/test.sh; do
+for suite in clients/*/test.sh mcp/test.sh tests/http/test.sh; do
   "$suite" 2>&1 | tee -a "$log"
 done
 # The same scripted situations through the three clients against one

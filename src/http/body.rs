@@ -56,32 +56,49 @@ pub fn transcode(
     }))))
 }
 
-/// The JSON body, up to `limit` bytes; a longer one is MESSAGE_TOO_LARGE,
-/// refused unread when its `Content-Length` says so.
+/// The JSON body, up to `limit` bytes; a longer one is MESSAGE_TOO_LARGE.
+/// Before that answer, what is left of it is read and dropped, up to
+/// [`MAX_DRAINED`] more bytes: over HTTP/1.1 an answer sent while the
+/// client still sends is often lost to the reset that follows. A body
+/// whose `Content-Length` is past even that is refused unread (and a
+/// client that waits for `100 Continue`, as curl does for large bodies,
+/// never sends it).
 async fn collect(
     body: tonic::body::Body,
     limit: usize,
     content_length: Option<u64>,
 ) -> Result<Bytes, Status> {
     let too_large = |size: usize| to_status(Error::MessageTooLarge { limit, size });
-    if let Some(length) = content_length.filter(|&n| n > limit as u64) {
+    let drainable = limit.saturating_add(MAX_DRAINED);
+    if let Some(length) = content_length.filter(|&n| n > drainable as u64) {
         return Err(too_large(usize::try_from(length).unwrap_or(usize::MAX)));
     }
     let mut body = std::pin::pin!(body);
     let mut json = BytesMut::new();
+    let mut size = 0usize;
     while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
         // A body the client broke off (tonic would read a CANCELLED body
         // error as a body complete so far).
         let frame = frame.map_err(|e| to_status(invalid("body", format!("ended early: {e}"))))?;
         if let Ok(data) = frame.into_data() {
-            if json.len() + data.len() > limit {
-                return Err(too_large(json.len() + data.len()));
+            size = size.saturating_add(data.len());
+            if size > drainable {
+                break;
             }
-            json.put(data);
+            if size <= limit {
+                json.put(data);
+            }
         }
+    }
+    if size > limit {
+        return Err(too_large(size));
     }
     Ok(json.freeze())
 }
+
+/// How much of a body past its limit is read, and dropped, before the
+/// answer.
+const MAX_DRAINED: usize = 1024 * 1024;
 
 /// The request message: the body's JSON (into the whole message, or the
 /// one field the route names), then every parameter, each checked against
