@@ -188,9 +188,17 @@ cpu_per_call memory health
 store_scenarios memory
 # This machine's speed drifts between minutes: the memory store's ratio to
 # (b) again, as health and Authorize runs side by side, ROUNDS times.
+# The same Authorize over the HTTP/JSON edge too (h2c, as many
+# connections), in turns: odd rounds gRPC first, even rounds HTTP first.
 for round in $(seq "${ROUNDS:-3}"); do
   bench "memory-round-$round" health
-  bench "memory-round-$round" authorize
+  if [ $((round % 2)) = 1 ]; then
+    bench "memory-round-$round" authorize
+    bench "memory-round-$round" http-authorize
+  else
+    bench "memory-round-$round" http-authorize
+    bench "memory-round-$round" authorize
+  fi
 done
 stop_atmost
 # What the audit trail costs: CPU per Authorize on two fresh servers, one
@@ -201,6 +209,14 @@ stop_atmost
 AUDIT_LOG=off start_atmost --store memory
 cpu_per_call memory-audit-off authorize
 stop_atmost
+# CPU per Authorize over each edge, each on a fresh server (the memory
+# store holds every attempt of a run).
+start_atmost --store memory
+cpu_per_call memory-edge-grpc authorize
+stop_atmost
+start_atmost --store memory
+cpu_per_call memory-edge-http http-authorize
+stop_atmost
 
 fi
 
@@ -209,6 +225,7 @@ echo "== (c) the Redis store"
 start_atmost --store redis --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-prefix bench
 if full; then
 store_scenarios redis
+bench redis http-authorize
 
 echo "== Redis memory per finished attempt (100 000 Authorize + Commit Succeeded, 16-byte results)"
 rcli FLUSHALL >/dev/null

@@ -154,6 +154,24 @@ def ceilings(runs, m, clk_tck):
         if rss is not None:
             note = " (holds every attempt of the run in process memory, by design)" if store == "memory" else ""
             print(f"       peak RSS ({store}): {rss / 1024:.1f} MiB{note}")
+    http_ratios = [find(runs, label, "httpauthorize")["throughput_rps"] / find(runs, label, "authorize")["throughput_rps"]
+                   for label in rounds if find(runs, label, "httpauthorize")]
+    if http_ratios:
+        median = sorted(http_ratios)[len(http_ratios) // 2]
+        print(f"  HTTP/JSON Authorize (h2c, the same connections) / gRPC Authorize, memory store, "
+              f"{len(http_ratios)} interleaved rounds: " + " ".join(f"{x:.0%}" for x in http_ratios)
+              + f" (median {median:.0%})")
+        red_http = find(runs, "redis", "httpauthorize")
+        if red_http and red:
+            print(f"       Redis store: {red_http['throughput_rps']:.0f}/s over HTTP/JSON, "
+                  f"{red_http['throughput_rps'] / red['throughput_rps']:.0%} of gRPC's {red['throughput_rps']:.0f}/s; "
+                  f"p50 {red_http['p50_us']}us p99 {red_http['p99_us']}us (gRPC {red['p50_us']}us, {red['p99_us']}us)")
+        http_cpu = cpu_us("memory-edge-http", "http-authorize")
+        grpc_cpu = cpu_us("memory-edge-grpc", "authorize")
+        if http_cpu is not None and grpc_cpu is not None:
+            print(f"       server CPU per Authorize, memory store, each on a fresh server: {http_cpu:.1f} us "
+                  f"over HTTP/JSON, {grpc_cpu:.1f} us over gRPC ({http_cpu / grpc_cpu:.2f}x, "
+                  f"+{http_cpu - grpc_cpu:.1f} us)")
     with_audit, without = cpu_us("memory-audit-on", "authorize"), cpu_us("memory-audit-off", "authorize")
     if with_audit is not None and without is not None:
         print(f"       the audit trail's cost (memory store, two fresh servers): {with_audit - without:.1f} us "

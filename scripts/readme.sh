@@ -2,21 +2,21 @@
 # The README's commands, run as a newcomer types them. README.md marks the
 # blocks it promises with `<!-- readme-check: NAME -->` on the line before
 # the fence:
-#   quick-start  line 1 must bring up a server that answers gRPC health
-#                SERVING on 127.0.0.1:50051 (it is run as written, in the
+#   quick-start  line 1 must bring up a server that answers HTTP/JSON on
+#                127.0.0.1:50051 (it is run as written, in the
 #                background; on a free port if 50051 is taken, for instance
 #                by line 1 run by hand); line 2 must be the test command, scripts/test.sh
 #                (which runs this check, so it is not run again here);
-#   grpcurl      run as written against that server, with bash -euo
-#                pipefail: every command must succeed, the health check must
-#                say SERVING and the Authorize must answer DECISION_DISPATCH.
+#   curl         run as written against that server, with bash -euo
+#                pipefail: every command must succeed and the Authorize must
+#                answer DECISION_DISPATCH; the same again, 409
+#                IDEMPOTENCY_IN_PROGRESS; with charge-2, 429
+#                PERMIT_MAX_CALLS_EXCEEDED, as the README says.
 #   try-it       run as written in the repository (the release binary the
 #                quick-start built): `atmost demo` against its own server,
 #                which must exit 0 and say every step got the answer the
 #                story expects.
-# Without a grpcurl on PATH, the grpcurl lines run through scripts/grpcurl.py,
-# which speaks gRPC and reflection as grpcurl does (grpcio in a virtualenv
-# under target/). A README edit that breaks a command fails this check.
+# A README edit that breaks a command fails this check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # As a newcomer's shell would have it: no atmost settings in the environment.
@@ -37,10 +37,10 @@ block() {
 }
 
 quick=$(block quick-start)
-examples=$(block grpcurl)
+examples=$(block curl)
 try_it=$(block try-it)
 [ -n "$quick" ] || fail "README.md has no block marked readme-check: quick-start"
-[ -n "$examples" ] || fail "README.md has no block marked readme-check: grpcurl"
+[ -n "$examples" ] || fail "README.md has no block marked readme-check: curl"
 [ -n "$try_it" ] || fail "README.md has no block marked readme-check: try-it"
 # A command, without its trailing comment.
 command_of() { sed -n "$1p" <<<"$quick" | sed -e 's/[[:space:]]*#.*$//' -e 's/[[:space:]]*$//'; }
@@ -73,57 +73,52 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if ! command -v grpcurl >/dev/null 2>&1; then
-  venv=target/readme-venv
-  if ! "$venv/bin/python" -c 'import grpc, grpc_reflection, grpc_status, google.protobuf' 2>/dev/null; then
-    echo "readme: no grpcurl here; installing grpcio for scripts/grpcurl.py into $venv" >&2
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check \
-      'grpcio>=1.60' 'grpcio-reflection>=1.60' 'grpcio-status>=1.60' 'protobuf>=4.25'
-  fi
-  mkdir "$work/bin"
-  printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$PWD/$venv/bin/python" "$PWD/scripts/grpcurl.py" >"$work/bin/grpcurl"
-  chmod +x "$work/bin/grpcurl"
-  export PATH="$work/bin:$PATH"
-fi
+command -v curl >/dev/null 2>&1 || fail "curl is not installed (scripts/test.sh installs it)"
 command -v jq >/dev/null 2>&1 || fail "jq is not installed (scripts/test.sh installs it)"
 
 echo "readme: running '$serve' (the first run builds the release binary)" >&2
 setsid bash -c "$serve" >"$work/serve.log" 2>&1 &
 server_pid=$!
 deadline=$((SECONDS + 1800))
-# The port first (cheap, while the release build runs), then health.
+# The port first (cheap, while the release build runs), then an RPC that
+# needs no permit: the signing keys.
 until (exec 3<>"/dev/tcp/${addr%:*}/${addr##*:}") 2>/dev/null &&
-  grpcurl -plaintext "$addr" grpc.health.v1.Health/Check 2>/dev/null | grep -q '"SERVING"'; do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$addr/v1/signingKeys")" = 200 ]; do
   kill -0 "$server_pid" 2>/dev/null || fail "'$serve' exited: $(tail -n 20 "$work/serve.log")"
   [ "$SECONDS" -lt "$deadline" ] || fail "'$serve' did not serve on $addr within 30 minutes"
   sleep 1
 done
-echo "readme: '$serve' answers health SERVING on $addr" >&2
+echo "readme: '$serve' answers HTTP/JSON on $addr" >&2
 
 if ! output=$(cd "$work" && bash -euo pipefail -c "$examples" 2>&1); then
-  fail "the README's grpcurl examples failed:"$'\n'"$output"
+  fail "the README's curl examples failed:"$'\n'"$output"
 fi
-grep -q '"status": "SERVING"' <<<"$output" || fail "no health SERVING in:"$'\n'"$output"
 grep -q '"decision": "DECISION_DISPATCH"' <<<"$output" || fail "no DISPATCH in:"$'\n'"$output"
-echo "readme: the grpcurl examples ran as written: health SERVING, a permit created, DECISION_DISPATCH" >&2
+echo "readme: the curl examples ran as written: a permit created, DECISION_DISPATCH" >&2
 
 # What the README says follows: the same Authorize again is
 # IDEMPOTENCY_IN_PROGRESS, and with "charge-2" PERMIT_MAX_CALLS_EXCEEDED.
-authorize=$(awk '/^grpcurl .*Gate\/Authorize/ { on = 1 } on { print } on && /^EOF$/ { exit }' <<<"$examples")
-[ -n "$authorize" ] || fail "no Authorize command in the README's grpcurl block"
+# The Authorize: from its curl line to the first line that does not go on.
+authorize=$(awk '/^curl .*attempts:authorize/ { on = 1 } on { print } on && !/\\$/ { exit }' <<<"$examples")
+[ -n "$authorize" ] || fail "no Authorize command in the README's curl block"
+# Its HTTP status too (as `-w` adds it after the body, before jq).
+status_of() { sed 's/^curl -sS /curl -sS -w "\\nhttp %{http_code}\\n" /; s/ | jq \.$//' <<<"$1"; }
 # (Without -e: these two are meant to fail.)
 again="$examples
 echo '--- again'
-$authorize
+$(status_of "$authorize")
 echo '--- charge-2'
-${authorize//charge-1/charge-2}"
+$(status_of "${authorize//charge-1/charge-2}")"
 output=$(cd "$work" && bash -u -c "$again" 2>&1) || true
 sed -n '/^--- again$/,/^--- charge-2$/p' <<<"$output" | grep -q 'IDEMPOTENCY_IN_PROGRESS' ||
   fail "the same Authorize again did not answer IDEMPOTENCY_IN_PROGRESS:"$'\n'"$output"
+sed -n '/^--- again$/,/^--- charge-2$/p' <<<"$output" | grep -qx 'http 409' ||
+  fail "the same Authorize again was not 409:"$'\n'"$output"
 sed -n '/^--- charge-2$/,$p' <<<"$output" | grep -q 'PERMIT_MAX_CALLS_EXCEEDED' ||
   fail "Authorize with charge-2 did not answer PERMIT_MAX_CALLS_EXCEEDED:"$'\n'"$output"
-echo "readme: and as it says, the same key again is IDEMPOTENCY_IN_PROGRESS, charge-2 PERMIT_MAX_CALLS_EXCEEDED" >&2
+sed -n '/^--- charge-2$/,$p' <<<"$output" | grep -qx 'http 429' ||
+  fail "Authorize with charge-2 was not 429:"$'\n'"$output"
+echo "readme: and as it says, the same key again is 409 IDEMPOTENCY_IN_PROGRESS, charge-2 429 PERMIT_MAX_CALLS_EXCEEDED" >&2
 
 # The "Try it" block: the demo plays against a server of its own (the
 # release binary is built by now), whatever runs on 50051.

@@ -1,6 +1,6 @@
 //! Admission: how much store-bound work the server takes on at once.
 //!
-//! Two steps. Before a request's body is read ([`AdmissionLayer`]), a
+//! Two steps. Before a request's body is read ([`crate::api::layers::AdmissionLayer`]), a
 //! request that is already late, or that arrives while a standing queue is
 //! being shed, is refused: refusing the excess there costs little. Once
 //! the request is decoded ([`Admission::admit`], from `api::Ctx::call`), it
@@ -27,13 +27,9 @@
 //!
 //! Health, reflection and the receipt keys are never shed.
 
-use crate::api::status::to_status;
 use crate::domain::Error;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -185,120 +181,11 @@ impl Admission {
 const MIN_SOJOURN: Duration = Duration::from_millis(1);
 
 /// Whether a path is an atmost RPC that reaches the store.
-fn admitted_path(path: &str) -> bool {
+pub(crate) fn admitted_path(path: &str) -> bool {
     path.starts_with("/atmost.v1.Gate/")
         || path.starts_with("/atmost.v1.Permits/")
         || path == "/envoy.service.auth.v3.Authorization/Check"
         || path == "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
-}
-
-/// The tower layer that admits requests to the store-bound services.
-#[derive(Debug, Clone)]
-pub struct AdmissionLayer {
-    admission: Arc<Admission>,
-}
-
-impl AdmissionLayer {
-    pub fn new(admission: Arc<Admission>) -> Self {
-        Self { admission }
-    }
-}
-
-impl<S> tower::Layer<S> for AdmissionLayer {
-    type Service = Admitted<S>;
-
-    fn layer(&self, inner: S) -> Admitted<S> {
-        Admitted {
-            inner,
-            admission: self.admission.clone(),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Admitted<S> {
-    inner: S,
-    admission: Arc<Admission>,
-}
-
-/// The future of a boxed tower service (the admission and auth layers).
-pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-/// Reads what a refused request's body has left, up to [`MAX_DRAINED`] bytes
-/// and [`DRAIN_WAIT`], before it is answered. Answered with its body unread,
-/// HTTP/2 would reset the stream (RST_STREAM NO_ERROR), and h2 counts such
-/// resets against `--h2-max-local-resets`: a client shed a thousand times
-/// on one connection would lose it, every RPC on it with it, to GOAWAY
-/// ENHANCE_YOUR_CALM. A request's body has usually arrived with it.
-async fn drain<B: http_body::Body>(body: B) {
-    let mut body = std::pin::pin!(body);
-    let mut read = 0usize;
-    let _ = tokio::time::timeout(DRAIN_WAIT, async {
-        while read <= MAX_DRAINED {
-            match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-                Some(Ok(frame)) => {
-                    read += frame.data_ref().map_or(0, bytes::Buf::remaining);
-                }
-                _ => return,
-            }
-        }
-    })
-    .await;
-}
-
-/// The answer to a request refused before its service ran (by admission,
-/// or by the auth layer): its error, once its body is [`drain`]ed.
-pub(crate) async fn refuse<B: http_body::Body>(
-    body: B,
-    error: Error,
-) -> http::Response<tonic::body::Body> {
-    drain(body).await;
-    to_status(error).into_http()
-}
-
-/// The most of a shed request's body [`drain`] reads (a valid request is
-/// at most 75 939 bytes), and how long it waits for it.
-const MAX_DRAINED: usize = 128 * 1024;
-const DRAIN_WAIT: Duration = Duration::from_millis(100);
-
-impl<S, B> tower::Service<http::Request<B>> for Admitted<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Send,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        // The service that was polled ready serves this request; a clone
-        // takes its place for the next.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        if !admitted_path(request.uri().path()) {
-            return Box::pin(inner.call(request));
-        }
-        // Called as the connection reads the request; the future below is
-        // first polled when a worker is free for it.
-        let arrived = Instant::now();
-        let admission = self.admission.clone();
-        Box::pin(async move {
-            match admission.precheck(arrived) {
-                Ok(()) => inner.call(request).await,
-                Err(e) => Ok(refuse(request.into_body(), e).await),
-            }
-        })
-    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod envoy;
 #[cfg(test)]
 pub(crate) mod fuzz;
 pub mod gate;
+pub mod layers;
 pub mod permits;
 pub mod receipts;
 pub mod status;

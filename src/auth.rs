@@ -33,14 +33,12 @@
 //! The file is read again on SIGHUP and whenever it changes (the server's file watch: [`Authenticator::refresh`]); a
 //! file that does not parse keeps the keys in force and logs why.
 
-use crate::admission::BoxFuture;
 use crate::domain::{Error, valid_name};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
-use std::task::{Context, Poll};
 use std::time::SystemTime;
 use subtle::ConstantTimeEq;
 
@@ -425,40 +423,8 @@ impl Authenticator {
     }
 }
 
-// === the layer ===
-
-/// Checks every atmost RPC's caller before the service sees it. Without an
-/// [`Authenticator`] (dev mode), lets everything through.
-#[derive(Clone, Default)]
-pub struct AuthLayer {
-    auth: Option<Arc<Authenticator>>,
-}
-
-impl AuthLayer {
-    pub fn new(auth: Option<Arc<Authenticator>>) -> Self {
-        Self { auth }
-    }
-}
-
-impl<S> tower::Layer<S> for AuthLayer {
-    type Service = AuthService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        AuthService {
-            inner,
-            auth: self.auth.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct AuthService<S> {
-    inner: S,
-    auth: Option<Arc<Authenticator>>,
-}
-
 /// The caller of one request, or why it may not call.
-fn check<B>(
+pub(crate) fn check<B>(
     auth: &Authenticator,
     request: &http::Request<B>,
     path: &str,
@@ -489,61 +455,6 @@ fn rpc_name(path: &str) -> String {
     }
     let end = (0..=MAX).rev().find(|&i| name.is_char_boundary(i));
     format!("{}...", &name[..end.unwrap_or(0)])
-}
-
-impl<S, B> tower::Service<http::Request<B>> for AuthService<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Send,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        if let (Some(auth), Some(allowed)) = (&self.auth, allowed_roles(request.uri().path())) {
-            match check(auth, &request, request.uri().path(), allowed) {
-                Ok(identity) => {
-                    request.extensions_mut().insert(identity);
-                }
-                Err(e) => {
-                    // The audit trail's event for a call refused here: the
-                    // key's id when it was known, never the key.
-                    let key_id = match &e {
-                        Error::RoleNotAllowed { key_id, .. } => key_id.as_str(),
-                        _ => "",
-                    };
-                    // Never waiting for room (audit::record_refusal), so
-                    // this connection's task goes on at once.
-                    crate::audit::record_refusal(&crate::audit::Event {
-                        rpc: request.uri().path().rsplit('/').next().unwrap_or_default(),
-                        key_id,
-                        outcome: e.reason().as_str(),
-                        ..crate::audit::Event::default()
-                    });
-                    // After its body is read (crate::admission::refuse).
-                    return Box::pin(async move {
-                        Ok(crate::admission::refuse(request.into_body(), e).await)
-                    });
-                }
-            }
-        }
-        // The service that was polled ready serves this request; a clone
-        // takes its place for the next.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(inner.call(request))
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,10 @@
-//! The operator CLI: `atmost permit`, `atmost uncertain`, `atmost attempt`
-//! and `atmost demo`, in the service's own binary. Every command is a
+//! The binary's commands. [`serve`] runs the service: its flags
+//! ([`serve::flags`]), what it checks before starting anything
+//! ([`serve::prepare`]) and the wiring; [`config`] reads a `--config` file
+//! under the flags and runs `config check`; [`receipt`] verifies offline.
+//!
+//! The rest is the operator CLI: `atmost permit`, `atmost uncertain`,
+//! `atmost attempt` and `atmost demo`. Every command is a
 //! client of a running atmost over gRPC, through `atmost-client`, with the
 //! credentials any client has (an API key, TLS, a client certificate);
 //! nothing here reaches a store. docs/cli.md is the manual.
@@ -34,8 +39,11 @@ macro_rules! errln {
 }
 
 pub mod attempt;
+pub mod config;
 pub mod demo;
 pub mod permit;
+pub mod receipt;
+pub mod serve;
 pub mod show;
 pub mod uncertain;
 

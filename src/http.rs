@@ -19,18 +19,22 @@
 
 mod body;
 pub mod error;
+pub mod openapi;
 pub mod routes;
 
-use crate::admission::BoxFuture;
+use crate::api::layers::{BoxFuture, RequestTimedOut};
+use crate::transport::Serves;
 use bytes::Buf as _;
 use http::{HeaderValue, Method, StatusCode, header};
 use http_body::Body as _;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, Value};
-use routes::{Miss, Routes};
+use routes::{Matched, Miss, Routes};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use tokio::net::TcpListener;
 use tonic::{Code, Status};
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 /// The contract with google.rpc.Status and its details (build.rs).
 const DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("http_descriptor");
@@ -56,6 +60,14 @@ pub struct Edge {
     max_body_bytes: usize,
     max_response_bytes: usize,
     max_header_bytes: usize,
+    /// The OpenAPI document ([`openapi`]), made once.
+    openapi: bytes::Bytes,
+    /// Why a listener that serves gRPC only refuses a JSON request.
+    json_elsewhere: &'static str,
+    /// Dev mode (no keys, loopback only): only a request naming a loopback
+    /// host is answered, so that a web page whose DNS name was rebound to
+    /// this machine cannot call it from the developer's browser.
+    loopback_hosts_only: bool,
 }
 
 impl Edge {
@@ -64,20 +76,185 @@ impl Edge {
     /// limit, headers up to the header list limit.
     pub fn new(limits: &crate::transport::Limits) -> Self {
         let pool = pool();
+        let routes = Routes::of_package(&pool, "atmost.v1")
+            .expect("the contract's routes (a unit test holds them)");
         Self {
-            routes: Routes::of_package(&pool, "atmost.v1")
-                .expect("the contract's routes (a unit test holds them)"),
+            openapi: openapi::document(&routes).into(),
+            routes,
             rpc_status: pool
                 .get_message_by_name("google.rpc.Status")
                 .expect("build.rs compiles google/rpc/status.proto"),
             max_body_bytes: limits.max_request_bytes.saturating_mul(JSON_BODY_FACTOR),
             max_response_bytes: limits.max_response_bytes,
             max_header_bytes: limits.max_header_list_bytes as usize,
+            json_elsewhere: "HTTP/JSON is not served (--http=false)",
+            loopback_hosts_only: false,
         }
     }
 
     pub fn routes(&self) -> &Routes {
         &self.routes
+    }
+}
+
+/// Where the HTTP/JSON edge is served.
+#[derive(Debug, Default)]
+pub enum Place {
+    /// On the gRPC listener, each request told apart by its content type.
+    #[default]
+    Shared,
+    /// On a listener of its own (`--http-listen`); the gRPC listener then
+    /// serves gRPC only, and this one HTTP/JSON only.
+    Own(TcpListener),
+    /// Not at all (`--http=false`).
+    Off,
+}
+
+/// How the HTTP/JSON edge is served: where, and to which browser pages.
+#[derive(Debug, Default)]
+pub struct Serving {
+    pub place: Place,
+    pub cors: Cors,
+    /// Served without keys on purpose (`--insecure-no-auth`): any Host is
+    /// answered. Otherwise, without keys, only a loopback Host is.
+    pub open: bool,
+}
+
+impl Serving {
+    /// The listeners to accept on (the gRPC one first) with what each
+    /// serves, the edge's layer, and the CORS layer if any origin is
+    /// allowed.
+    pub fn into_layers(
+        self,
+        grpc: TcpListener,
+        limits: &crate::transport::Limits,
+        authenticated: bool,
+    ) -> (Vec<(TcpListener, Serves)>, HttpLayer, Option<CorsLayer>) {
+        let mut edge = Edge::new(limits);
+        edge.loopback_hosts_only = !authenticated && !self.open;
+        let listeners = match self.place {
+            Place::Shared => vec![(grpc, Serves::Both)],
+            Place::Own(http) => {
+                edge.json_elsewhere =
+                    "HTTP/JSON is served on its own listener (--http-listen), not on this one";
+                vec![(grpc, Serves::Grpc), (http, Serves::Json)]
+            }
+            Place::Off => vec![(grpc, Serves::Grpc)],
+        };
+        let cors = self.cors.layer(&edge.routes);
+        (listeners, HttpLayer::new(Arc::new(edge)), cors)
+    }
+}
+
+/// The browser origins that may call the HTTP/JSON edge (CORS,
+/// `--http-cors-origins`). Off by default: no CORS header is sent, so a
+/// page of another origin can read no answer, and cannot send a JSON
+/// write at all (its preflight is refused).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Cors {
+    #[default]
+    Off,
+    /// `*`: any page. Credentials (cookies) are never allowed; a page still
+    /// needs an API key.
+    AnyOrigin,
+    /// These origins, each `scheme://host[:port]` as a browser sends it.
+    Origins(Vec<String>),
+}
+
+/// How long a browser may cache a preflight's answer.
+const CORS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl Cors {
+    /// The allowed origins as given: none (off), `*`, or origins, each
+    /// `http://` or `https://`, a host, an optional port, and nothing else.
+    /// Each is kept as a browser serializes it (lower case, without its
+    /// scheme's default port).
+    pub fn parse(origins: &[String]) -> Result<Cors, String> {
+        let origins: Vec<&str> = origins
+            .iter()
+            .map(|o| o.trim())
+            .filter(|o| !o.is_empty())
+            .collect();
+        if origins.is_empty() {
+            return Ok(Cors::Off);
+        }
+        if origins.contains(&"*") {
+            return match origins.len() {
+                1 => Ok(Cors::AnyOrigin),
+                _ => Err("`*` allows every origin: give it alone".into()),
+            };
+        }
+        let mut parsed = Vec::with_capacity(origins.len());
+        for origin in origins {
+            let why = |what: &str| {
+                format!(
+                    "{origin:?} is not an origin ({what}): give scheme://host[:port], e.g. https://console.example.com"
+                )
+            };
+            let uri: http::Uri = origin.parse().map_err(|_| why("not a URL"))?;
+            let default_port = match uri.scheme_str() {
+                Some("https") => 443,
+                Some("http") => 80,
+                _ => return Err(why("the scheme is http or https")),
+            };
+            let authority = uri.authority().ok_or_else(|| why("no host"))?;
+            if authority.as_str().contains('@') {
+                return Err(why("no user name"));
+            }
+            if uri.path_and_query().is_some_and(|p| p.as_str() != "/") || origin.ends_with('/') {
+                return Err(why("no path, not even /"));
+            }
+            let host = authority.host().to_ascii_lowercase();
+            let serialized = match authority.port_u16() {
+                Some(port) if port != default_port => {
+                    format!("{}://{host}:{port}", uri.scheme_str().unwrap_or_default())
+                }
+                _ => format!("{}://{host}", uri.scheme_str().unwrap_or_default()),
+            };
+            if !parsed.contains(&serialized) {
+                parsed.push(serialized);
+            }
+        }
+        Ok(Cors::Origins(parsed))
+    }
+
+    /// The layer that answers preflights and marks answers for the allowed
+    /// origins: the routes' methods, the request headers a caller sends
+    /// (authorization, content-type, Idempotency-Key, traceparent), and
+    /// the answer headers it may read (Retry-After, Idempotent-Replayed).
+    fn layer(&self, routes: &Routes) -> Option<CorsLayer> {
+        let origins = match self {
+            Cors::Off => return None,
+            Cors::AnyOrigin => AllowOrigin::any(),
+            Cors::Origins(origins) => AllowOrigin::list(
+                origins
+                    .iter()
+                    .map(|o| HeaderValue::from_str(o).expect("parse() kept only origins")),
+            ),
+        };
+        let mut methods: Vec<Method> = Vec::new();
+        for route in routes.iter() {
+            if !methods.contains(&route.http_method) {
+                methods.push(route.http_method.clone());
+            }
+        }
+        Some(
+            CorsLayer::new()
+                .allow_origin(origins)
+                .allow_methods(methods)
+                .allow_headers([
+                    header::AUTHORIZATION,
+                    header::CONTENT_TYPE,
+                    header::HeaderName::from_static("idempotency-key"),
+                    header::HeaderName::from_static("traceparent"),
+                    header::HeaderName::from_static("tracestate"),
+                ])
+                .expose_headers([
+                    header::RETRY_AFTER,
+                    header::HeaderName::from_static(REPLAYED),
+                ])
+                .max_age(CORS_MAX_AGE),
+        )
     }
 }
 
@@ -111,12 +288,25 @@ pub struct HttpService<S> {
     edge: Arc<Edge>,
 }
 
-/// Whether a request is gRPC (`application/grpc`, `application/grpc+proto`).
+/// Whether a request is gRPC: `application/grpc`, alone or followed by
+/// `+` (`application/grpc+proto`) or `;` (parameters).
 fn is_grpc<B>(request: &http::Request<B>) -> bool {
     request
         .headers()
         .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+        .and_then(|v| v.as_bytes().strip_prefix(b"application/grpc"))
+        .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';')))
+}
+
+/// The first `grpc-*` header of a request that is not gRPC. Each means
+/// something to tonic, which acts on some outside every layer
+/// (`grpc-timeout` would cut the RPC short with a gRPC answer, an empty
+/// 200 to an HTTP client): over HTTP/JSON they are refused, not passed on.
+fn grpc_header<B>(request: &http::Request<B>) -> Option<&header::HeaderName> {
+    request
+        .headers()
+        .keys()
+        .find(|name| name.as_str().starts_with("grpc-"))
 }
 
 type Request = http::Request<tonic::body::Body>;
@@ -137,8 +327,46 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        if is_grpc(&request) {
-            return futures_util::future::Either::Left(self.inner.call(request));
+        let refusal = match (Serves::of(&request), is_grpc(&request)) {
+            // gRPC is HTTP/2's (its status comes in trailers, and HTTP/1's
+            // header limits are not the ones --max-header-list-bytes sets).
+            (Serves::Both | Serves::Grpc, true) if request.version() != http::Version::HTTP_2 => {
+                Some(self.edge.plain(
+                    StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+                    Code::Unimplemented,
+                    format!("gRPC is served over HTTP/2 only, not {:?}", request.version()),
+                ))
+            }
+            (Serves::Both | Serves::Grpc, true) => {
+                return futures_util::future::Either::Left(self.inner.call(request));
+            }
+            (Serves::Both | Serves::Json, false) => grpc_header(&request).map(|name| {
+                self.edge.plain(
+                    StatusCode::BAD_REQUEST,
+                    Code::InvalidArgument,
+                    format!(
+                        "{name} is a gRPC header: an HTTP/JSON request sends none (the server's --request-timeout bounds it)"
+                    ),
+                )
+            }),
+            // A gRPC caller is told in gRPC, a JSON caller in JSON.
+            (Serves::Json, true) => Some(
+                Status::unimplemented(
+                    "this listener (--http-listen) serves HTTP/JSON only; gRPC is served on --listen",
+                )
+                .into_http(),
+            ),
+            (Serves::Grpc, false) => Some(self.edge.plain(
+                StatusCode::NOT_FOUND,
+                Code::NotFound,
+                self.edge.json_elsewhere.to_string(),
+            )),
+        };
+        if let Some(refusal) = refusal {
+            let body = request.into_body();
+            return futures_util::future::Either::Right(Box::pin(async move {
+                Ok(drained(body, refusal).await)
+            }));
         }
         // The service that was polled ready serves this request; a clone
         // takes its place for the next.
@@ -152,14 +380,47 @@ where
 }
 
 impl Edge {
-    async fn serve<S>(&self, request: Request, mut inner: S) -> Result<Response, S::Error>
-    where
-        S: tower::Service<Request, Response = Response>,
-    {
-        let (parts, body) = request.into_parts();
+    /// The route of a request, or the edge's own answer before any RPC
+    /// (a Host dev mode refuses, the OpenAPI document, no route, headers
+    /// too large, a write that is not JSON).
+    fn early(&self, parts: &http::request::Parts) -> Result<Matched<'_>, Box<Response>> {
+        if self.loopback_hosts_only {
+            // HTTP/2's :authority (or an absolute URI), else Host.
+            let host: Option<String> = match parts.uri.authority() {
+                Some(authority) => Some(authority.host().to_owned()),
+                None => parts
+                    .headers
+                    .get(header::HOST)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<http::uri::Authority>().ok())
+                    .map(|a| a.host().to_owned()),
+            };
+            if !host.as_deref().is_some_and(is_loopback_host) {
+                return Err(Box::new(self.plain(
+                    StatusCode::FORBIDDEN,
+                    Code::PermissionDenied,
+                    format!(
+                        "without --auth-keys (dev mode) HTTP/JSON is answered only for a loopback host (localhost, 127.0.0.1, [::1]), not {:?}: a page whose DNS name was rebound to this machine would send that",
+                        host.as_deref().unwrap_or("none")
+                    ),
+                )));
+            }
+        }
+        if parts.method == Method::GET && parts.uri.path() == openapi::PATH {
+            return Err(Box::new(error::json_response(
+                StatusCode::OK,
+                self.openapi.clone(),
+            )));
+        }
         let matched = match self.routes.find(&parts.method, parts.uri.path()) {
             Ok(matched) => matched,
-            Err(miss) => return Ok(self.unrouted(&parts.method, parts.uri.path(), miss)),
+            Err(miss) => {
+                return Err(Box::new(self.unrouted(
+                    &parts.method,
+                    parts.uri.path(),
+                    miss,
+                )));
+            }
         };
         let header_bytes: usize = parts
             .headers
@@ -167,27 +428,39 @@ impl Edge {
             .map(|(n, v)| n.as_str().len() + v.len() + 32)
             .sum();
         if header_bytes > self.max_header_bytes {
-            return Ok(self.plain(
+            return Err(Box::new(self.plain(
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 Code::ResourceExhausted,
                 format!(
                     "the request's headers are {header_bytes} bytes (HTTP/2's count), more than the {} this server reads",
                     self.max_header_bytes
                 ),
-            ));
+            )));
         }
         // A write says it is JSON: a browser cannot send that to another
         // origin without asking first (CORS), so a page cannot post here.
         if parts.method != Method::GET && !is_json(parts.headers.get(header::CONTENT_TYPE)) {
-            return Ok(self.plain(
+            return Err(Box::new(self.plain(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 Code::InvalidArgument,
                 format!(
                     "{} {} takes a body of content-type application/json",
                     parts.method, matched.route.template
                 ),
-            ));
+            )));
         }
+        Ok(matched)
+    }
+
+    async fn serve<S>(&self, request: Request, mut inner: S) -> Result<Response, S::Error>
+    where
+        S: tower::Service<Request, Response = Response>,
+    {
+        let (parts, body) = request.into_parts();
+        let matched = match self.early(&parts) {
+            Ok(matched) => matched,
+            Err(answer) => return Ok(drained(body, *answer).await),
+        };
         let route = matched.route;
         let read = Arc::new(AtomicBool::new(false));
         let params = body::Params {
@@ -241,6 +514,7 @@ impl Edge {
         read: &AtomicBool,
     ) -> Response {
         let (parts, body) = response.into_parts();
+        let timed_out = parts.extensions.get::<RequestTimedOut>().is_some();
         let outcome = match Status::from_header_map(&parts.headers) {
             // Trailers-only: refused before the handler (auth, admission).
             Some(status) => Err(status),
@@ -257,10 +531,10 @@ impl Edge {
             Ok(message) => return self.success(message, route),
             Err(status) => status,
         };
-        // tonic answers CANCELLED when the request timeout cuts the RPC
-        // (transport::RequestTimeout): the client did not cancel, it would
-        // not be reading. Still reading its body: 408; later: 504.
-        if status.code() == Code::Cancelled {
+        // The request timeout cut the RPC (api::layers::RequestTimeout,
+        // CANCELLED): the client did not cancel, it would not be reading.
+        // Still reading its body: 408; later: 504.
+        if timed_out {
             let (code, message) = if read.load(Ordering::Acquire) {
                 (
                     StatusCode::GATEWAY_TIMEOUT,
@@ -391,10 +665,95 @@ const HOP_AND_BODY: [header::HeaderName; 7] = [
     header::HOST,
 ];
 
+/// `answer`, once what the request's body has left is read (within the
+/// layers' drain bound): answered unread, HTTP/1.1 would close the
+/// connection under a client about to reuse it, HTTP/2 reset the stream.
+async fn drained(body: tonic::body::Body, answer: Response) -> Response {
+    crate::api::layers::drain(body).await;
+    answer
+}
+
+/// `localhost` (or a name under it, which browsers resolve to loopback
+/// themselves), or a loopback address: IPv4 `127.0.0.0/8`, IPv6 `[::1]`.
+fn is_loopback_host(host: &str) -> bool {
+    let lower = host.to_ascii_lowercase();
+    let name = lower.strip_suffix('.').unwrap_or(&lower);
+    if name == "localhost" || name.ends_with(".localhost") {
+        return true;
+    }
+    if let Some(v6) = name.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return v6
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    }
+    name.parse::<std::net::Ipv4Addr>()
+        .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// `application/json`, with parameters (`; charset=utf-8`) or without.
 fn is_json(value: Option<&HeaderValue>) -> bool {
     value
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_grpc, is_loopback_host};
+
+    #[test]
+    fn loopback_hosts_are_loopback_names_and_addresses_only() {
+        for host in [
+            "localhost",
+            "LOCALHOST",
+            "localhost.",
+            "app.localhost",
+            "127.0.0.1",
+            "127.9.9.9",
+            "[::1]",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "localhost.evil.example",
+            "localhostx",
+            "10.0.0.1",
+            "0.0.0.0",
+            "[::ffff:127.0.0.1]",
+            "[::]",
+            "::1",
+            "",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn grpc_is_its_content_type_exactly() {
+        let with = |ct: &str| {
+            let request = http::Request::builder()
+                .header(http::header::CONTENT_TYPE, ct)
+                .body(())
+                .unwrap();
+            is_grpc(&request)
+        };
+        for ct in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc;charset=x",
+        ] {
+            assert!(with(ct), "{ct}");
+        }
+        for ct in [
+            "application/grpc-web",
+            "application/grpcx",
+            "application/json",
+            "text/plain",
+        ] {
+            assert!(!with(ct), "{ct}");
+        }
+        assert!(!is_grpc(&http::Request::new(())));
+    }
 }

@@ -16,21 +16,27 @@
 //! one Authorize through them, and lists what adding an RPC or a store
 //! touches.
 //! - `proto/atmost/v1/`: the wire contract, compiled into [`pb`].
-//! - [`api`]: the tonic services. Decode, call the store, encode, and map
-//!   errors to gRPC status in one place ([`api::status`]); the Envoy front
-//!   doors ([`api::envoy`]: ext_authz, ext_proc) call the Gate's methods.
+//! - [`api`]: the gRPC edge. The tonic services decode, call the store,
+//!   encode, and map errors to gRPC status in one place ([`api::status`]);
+//!   [`api::layers`] puts auth, admission and the limits in front of them;
+//!   the Envoy front doors ([`api::envoy`]: ext_authz, ext_proc) call the
+//!   Gate's methods.
+//! - [`http`]: the HTTP/JSON edge: each JSON request becomes its RPC's
+//!   request in front of the same layers, its answer JSON.
 //! - [`domain`]: the pure model: permits, attempts, the state machine
 //!   ([`domain::Ledger`]), the order of checks, the one error enum.
 //! - [`store`]: one trait, two backends: [`store::memory`] (embedded,
 //!   reference semantics) and [`store::redis`] (one Lua script per
 //!   transition).
-//! - [`server`]: [`run`], which `main` and the tests both call;
-//!   [`transport`]: the limits on what one connection may cost;
-//!   [`admission`]: how much store-bound work is taken on at once.
-//! - [`audit`]: the audit trail's writer (a JSON line per state-changing
-//!   call, off the request path).
-//! - [`telemetry`]: a span per RPC (joined to the caller's trace) and per
-//!   store call, the metric instruments, OTLP and Prometheus export.
+//! - [`server`]: [`run`], which `main` and the tests both call.
+//! - The core, which knows no transport and imports neither edge:
+//!   [`auth`] (keys and roles), [`idempotency`] (the `Idempotency-Key`
+//!   header), [`admission`] (how much store-bound work is
+//!   taken on at once), [`transport`] (the limits on what one connection may
+//!   cost), [`receipts`] (signing), [`audit`] (a JSON line per
+//!   state-changing call, off the request path), [`telemetry`] (a span per
+//!   RPC joined to the caller's trace and per store call, the metric
+//!   instruments, OTLP and Prometheus export).
 
 pub mod admission;
 pub mod api;
@@ -39,6 +45,7 @@ pub mod auth;
 pub mod config;
 pub mod domain;
 pub mod http;
+pub mod idempotency;
 pub mod receipts;
 pub mod server;
 pub mod store;

@@ -2,17 +2,18 @@
 //! limits) and a shutdown future, so `main` and every test start the server
 //! the same way.
 
-use crate::admission::{Admission, AdmissionLayer};
+use crate::admission::Admission;
 use crate::api::envoy::{self, ext_authz::ExtAuthzService, ext_proc::ExtProcService};
+use crate::api::layers::{AdmissionLayer, AuthLayer, MessageLimit, RequestTimeout};
 use crate::api::{
     self, Ctx, gate::GateService, permits::PermitsService, receipts::ReceiptsService,
 };
-use crate::auth::{AuthLayer, Authenticator};
+use crate::auth::Authenticator;
 use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
 use crate::telemetry::{RpcLayer, Telemetry};
-use crate::transport::{Limits, MessageLimit, RequestTimeout, Track};
+use crate::transport::{Limits, Track};
 use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use std::future::Future;
@@ -57,6 +58,8 @@ pub struct App {
     /// Where `GET /metrics` is served (`--metrics-listen`).
     metrics_listener: Option<TcpListener>,
     census_interval: Duration,
+    /// Whether the HTTP/JSON edge is served, and where.
+    http: crate::http::Serving,
 }
 
 /// Most sweep batches run back to back before the sweeper sleeps again.
@@ -92,6 +95,7 @@ impl App {
             telemetry: Telemetry::off(),
             metrics_listener: None,
             census_interval: DEFAULT_CENSUS_INTERVAL,
+            http: crate::http::Serving::default(),
         }
     }
 
@@ -114,6 +118,13 @@ impl App {
     /// telemetry must have been built with Prometheus on.
     pub fn with_metrics_listener(mut self, listener: TcpListener) -> Self {
         self.metrics_listener = Some(listener);
+        self
+    }
+
+    /// Where and how the HTTP/JSON edge is served: on `run`'s listener
+    /// beside gRPC by default, on a listener of its own, or not at all.
+    pub fn with_http(mut self, http: crate::http::Serving) -> Self {
+        self.http = http;
         self
     }
 
@@ -358,11 +369,15 @@ pub async fn run(
         ),
         None => (None, None),
     };
-    let http_edge = Arc::new(crate::http::Edge::new(limits));
+    let (listeners, http_layer, cors) = app.http.into_layers(listener, limits, app.auth.is_some());
     let serve = builder
-        // Outermost: an HTTP/JSON request becomes its RPC's gRPC request
-        // here, and takes every layer below as a gRPC call does.
-        .layer(crate::http::HttpLayer::new(http_edge))
+        // Outermost: a browser's preflight is answered, and its answers
+        // marked, for the origins --http-cors-origins allows (none unless
+        // given).
+        .layer(tower::util::option_layer(cors))
+        // An HTTP/JSON request becomes its RPC's gRPC request here, and
+        // takes every layer below as a gRPC call does.
+        .layer(http_layer)
         .layer(RequestTimeout(limits.request_timeout))
         .layer(RpcLayer::new(&telemetry))
         .layer(Track)
@@ -387,7 +402,7 @@ pub async fn run(
         )))
         .add_optional_service(ext_authz)
         .add_optional_service(ext_proc)
-        .serve_with_incoming_shutdown(limits.incoming(listener), stop.clone().cancelled_owned());
+        .serve_with_incoming_shutdown(limits.incoming(listeners), stop.clone().cancelled_owned());
     tokio::pin!(serve);
 
     // When the shutdown grace ends, once it has begun.

@@ -65,10 +65,17 @@ async fn bench_runs_every_scenario_against_the_real_server() {
     let json = std::env::temp_dir().join(format!("atmost-bench-{}.jsonl", uuid::Uuid::now_v7()));
     let target = format!("http://{}", server.addr());
     // Every scenario closed-loop, then authorize open-loop (the pacer).
-    let runs = ["health", "authorize", "cycle", "replay", "contended"]
-        .map(|s| (s, None))
-        .into_iter()
-        .chain([("authorize", Some("100"))]);
+    let runs = [
+        "health",
+        "authorize",
+        "http-authorize",
+        "cycle",
+        "replay",
+        "contended",
+    ]
+    .map(|s| (s, None))
+    .into_iter()
+    .chain([("authorize", Some("100"))]);
     for (scenario, rate) in runs {
         let mut argv = vec![
             "atmost-bench",
@@ -93,7 +100,7 @@ async fn bench_runs_every_scenario_against_the_real_server() {
             .unwrap_or_else(|e| panic!("{scenario}: {e}"));
     }
     let rows = take_rows(&json);
-    assert_eq!(rows.len(), 6);
+    assert_eq!(rows.len(), 7);
     for row in rows {
         assert!(row["requests"].as_u64().unwrap_or(0) > 0, "{row}");
         assert_eq!(row["errors"].as_u64(), Some(0), "{row}");
@@ -185,41 +192,44 @@ async fn a_bench_run_that_did_not_take_its_path_fails() {
     let _machine = shared().await;
     let server = spawn_atmost(&["--max-open-attempts", "1"]);
     let target = format!("http://{}", server.addr());
-    let run = |allow: &'static str| {
-        let target = target.clone();
-        async move {
-            let mut argv = vec![
-                "atmost-bench",
-                "--target",
-                &target,
-                "--scenario",
-                "authorize",
-                "--requests",
-                "20",
-                "--concurrency",
-                "2",
-                "--permits",
-                "2",
-            ];
-            if !allow.is_empty() {
-                argv.extend(["--allow-errors", allow]);
+    // Over gRPC and over the HTTP/JSON edge alike.
+    for scenario in ["authorize", "http-authorize"] {
+        let run = |allow: &'static str| {
+            let target = target.clone();
+            async move {
+                let mut argv = vec![
+                    "atmost-bench",
+                    "--target",
+                    &target,
+                    "--scenario",
+                    scenario,
+                    "--requests",
+                    "20",
+                    "--concurrency",
+                    "2",
+                    "--permits",
+                    "2",
+                ];
+                if !allow.is_empty() {
+                    argv.extend(["--allow-errors", allow]);
+                }
+                atmost_bench::generate(atmost_bench::Args::parse_from(argv)).await
             }
-            atmost_bench::generate(atmost_bench::Args::parse_from(argv)).await
-        }
-    };
-    let failed = run("").await.expect_err("refusals are not DISPATCHes");
-    assert!(
-        failed.to_string().contains("QUOTA_OPEN_ATTEMPTS"),
-        "{failed}"
-    );
-    let failed = run("OVERLOADED").await.expect_err("not the error allowed");
-    assert!(
-        failed.to_string().contains("QUOTA_OPEN_ATTEMPTS"),
-        "{failed}"
-    );
-    run("OVERLOADED,QUOTA_OPEN_ATTEMPTS")
-        .await
-        .expect("every error allowed");
+        };
+        let failed = run("").await.expect_err("refusals are not DISPATCHes");
+        assert!(
+            failed.to_string().contains("QUOTA_OPEN_ATTEMPTS"),
+            "{scenario}: {failed}"
+        );
+        let failed = run("OVERLOADED").await.expect_err("not the error allowed");
+        assert!(
+            failed.to_string().contains("QUOTA_OPEN_ATTEMPTS"),
+            "{scenario}: {failed}"
+        );
+        run("OVERLOADED,QUOTA_OPEN_ATTEMPTS")
+            .await
+            .expect("every error allowed");
+    }
 }
 
 /// The ListUncertain scale measurement (docs/performance.md, "ListUncertain

@@ -198,45 +198,16 @@ fn text(value: &[u8]) -> String {
     String::from_utf8_lossy(value).into_owned()
 }
 
-/// An `Idempotency-Key` value: the IETF draft makes it a structured-field
-/// string (RFC 8941: `"abc"`, with `\"` and `\\` escapes, printable ASCII);
-/// a bare token is taken as it is. A value that opens a string must be one
-/// whole string: `"a", "b"` is two keys a gateway joined (Envoy's
-/// `headers` map joins repeated headers with commas), never the key
-/// `a", "b`.
+/// An `Idempotency-Key` value ([`crate::idempotency::header_key`]), which
+/// the doors forward to the tool in a header: that cannot carry edge
+/// spaces (HTTP/1.1 trims them, HTTP/2 refuses them), so its Commit would
+/// name another key.
 fn idempotency_key(value: &[u8]) -> Result<String, &'static str> {
-    let value = text(value);
-    let trimmed = value.trim();
-    let Some(rest) = trimmed.strip_prefix('"') else {
-        return Ok(trimmed.to_owned());
-    };
-    let mut out = String::with_capacity(rest.len());
-    let mut chars = rest.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next() {
-                Some(escaped @ ('"' | '\\')) => out.push(escaped),
-                _ => return Err("a structured-field string may escape only \" and \\"),
-            },
-            // A header cannot carry edge spaces to the tool (HTTP/1.1
-            // trims them, HTTP/2 refuses them): its Commit would name
-            // another key.
-            '"' if chars.as_str().is_empty() && out.trim() != out => {
-                return Err(
-                    "a key with leading or trailing spaces cannot be forwarded in a header",
-                );
-            }
-            '"' if chars.as_str().is_empty() => return Ok(out),
-            '"' => {
-                return Err(
-                    "more after the structured-field string's closing quote (parameters, or two idempotency keys joined into one header): one string only",
-                );
-            }
-            ' '..='~' => out.push(c),
-            _ => return Err("a structured-field string holds printable ASCII only"),
-        }
+    let key = crate::idempotency::header_key(value)?;
+    if key.trim() != key {
+        return Err("a key with leading or trailing spaces cannot be forwarded in a header");
     }
-    Err("a structured-field string without its closing quote")
+    Ok(key)
 }
 
 /// SHA-256 of the method, the path (with its query) and the body, each

@@ -1,7 +1,9 @@
 //! The request: a JSON body, the path's variables, the query and the
 //! `Idempotency-Key` header, made into the RPC's request message when the
-//! service reads its body, so that authentication and admission have
-//! refused what they refuse before any of it is parsed (as for gRPC).
+//! service reads its body: authentication and admission decide before it is
+//! read, as for gRPC. (A refusal then drains the body, as it drains a gRPC
+//! one: for up to 100 ms, which reads and parses a body of up to the
+//! JSON body limit.)
 //!
 //! Every problem is the domain's INVALID_REQUEST (or MESSAGE_TOO_LARGE),
 //! answered by the RPC as if its own decoding had found it: counted,
@@ -158,9 +160,8 @@ fn message(
     }
     if !params.idempotency_keys.is_empty() {
         let key = match params.idempotency_keys.as_slice() {
-            [one] => {
-                idempotency_key(one.as_bytes()).map_err(|why| invalid("Idempotency-Key", why))?
-            }
+            [one] => crate::idempotency::header_key(one.as_bytes())
+                .map_err(|why| invalid("Idempotency-Key", why))?,
             _ => return Err(invalid("Idempotency-Key", "given more than once")),
         };
         let target = input.get_field_by_name("idempotency_key").ok_or_else(|| {
@@ -244,42 +245,6 @@ fn scalar(field: &FieldDescriptor, text: &str) -> Result<Value, String> {
     })
 }
 
-/// The `Idempotency-Key` header's key: an RFC 8941 String (`"k-1"`, as the
-/// IETF httpapi draft defines the header), or, as many clients send it, the
-/// bare key (visible ASCII without quotes). The domain then checks it as
-/// any key.
-pub fn idempotency_key(value: &[u8]) -> Result<String, String> {
-    let value = value.trim_ascii();
-    let Some(quoted) = value.strip_prefix(b"\"") else {
-        return if !value.is_empty() && value.iter().all(|b| b.is_ascii_graphic() && *b != b'"') {
-            Ok(String::from_utf8_lossy(value).into_owned())
-        } else {
-            Err("is not a structured-field string (\"...\") nor a bare key of visible ASCII".into())
-        };
-    };
-    // RFC 8941 4.2.5: printable ASCII; \ escapes only " and \.
-    let mut key = String::new();
-    let mut bytes = quoted.iter();
-    while let Some(&b) = bytes.next() {
-        match b {
-            b'\\' => match bytes.next() {
-                Some(&c @ (b'"' | b'\\')) => key.push(c as char),
-                _ => return Err("escapes something other than \" or \\".into()),
-            },
-            b'"' => {
-                return if bytes.as_slice().is_empty() {
-                    Ok(key)
-                } else {
-                    Err("has something after its closing quote (parameters are not taken)".into())
-                };
-            }
-            0x20..=0x7e => key.push(b as char),
-            _ => return Err("holds a character a structured-field string cannot".into()),
-        }
-    }
-    Err("has no closing quote".into())
-}
-
 /// A gRPC message frame: uncompressed, its length, the message.
 fn frame(message: &DynamicMessage) -> Bytes {
     let len = message.encoded_len();
@@ -313,40 +278,5 @@ impl http_body::Body for Once {
 
     fn is_end_stream(&self) -> bool {
         self.0.is_none()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::idempotency_key;
-
-    #[test]
-    fn the_idempotency_key_header_is_an_sf_string_or_a_bare_key() {
-        assert_eq!(idempotency_key(br#""k-1""#).unwrap(), "k-1");
-        assert_eq!(
-            idempotency_key(br#" "a \"b\" \\c" "#).unwrap(),
-            r#"a "b" \c"#
-        );
-        assert_eq!(idempotency_key(b"8e03978e-40d5").unwrap(), "8e03978e-40d5");
-        assert_eq!(
-            idempotency_key(br#""""#).unwrap(),
-            "",
-            "the domain refuses it"
-        );
-        for bad in [
-            &br#""k"#[..],
-            br#""k";a=1"#,
-            br#""k\n""#,
-            b"\"k\xc3\xa9\"",
-            b"a b",
-            b"",
-            br#"a"b"#,
-        ] {
-            assert!(
-                idempotency_key(bad).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
     }
 }

@@ -92,9 +92,12 @@ pub fn respond(
 }
 
 /// A JSON answer.
-pub fn json_response(code: StatusCode, body: Vec<u8>) -> http::Response<tonic::body::Body> {
+pub fn json_response(
+    code: StatusCode,
+    body: impl Into<Bytes>,
+) -> http::Response<tonic::body::Body> {
     let mut response = http::Response::new(tonic::body::Body::new(http_body_util::Full::new(
-        Bytes::from(body),
+        body.into(),
     )));
     *response.status_mut() = code;
     response.headers_mut().insert(

@@ -135,6 +135,14 @@ impl Routes {
 }
 
 impl Route {
+    /// The fields the path's variables set, in the template's order.
+    pub fn path_fields(&self) -> impl Iterator<Item = &FieldDescriptor> {
+        self.segments.iter().filter_map(|s| match s {
+            Segment::Field(f) => Some(f),
+            Segment::Literal(_) => None,
+        })
+    }
+
     fn of(rpc: &MethodDescriptor, rule: &prost_reflect::DynamicMessage) -> Result<Self, String> {
         let text = |name: &str| match rule.get_field_by_name(name).as_deref() {
             Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),

@@ -52,6 +52,8 @@ struct Envoy {
     first: bool,
     /// What the filter is configured with (ProtocolConfiguration).
     protocol: Option<ProtocolConfiguration>,
+    /// The connection's PINGs ([`Envoy::delivered`]).
+    pings: h2::PingPong,
 }
 
 /// Envoy's ProcessingMode for atmost: bodies BUFFERED both ways.
@@ -85,7 +87,10 @@ impl Envoy {
         protocol: Option<ProtocolConfiguration>,
     ) -> Self {
         let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let (mut connection, driver) = h2::client::handshake(tcp).await.expect("HTTP/2");
+        let (mut connection, mut driver) = h2::client::handshake(tcp).await.expect("HTTP/2");
+        let pings = driver
+            .ping_pong()
+            .expect("the connection's PINGs, taken once");
         tokio::spawn(driver);
         let mut request = http::Request::builder()
             .method("POST")
@@ -116,6 +121,21 @@ impl Envoy {
             addr,
             first: true,
             protocol,
+            pings,
+        }
+    }
+
+    /// Returns once the server's HTTP/2 connection has taken in what this
+    /// stream sent so far (within its flow-control window): frames are
+    /// read in order, and a PING sent after them is answered after. Two
+    /// PINGs, since a PING may leave in the same write as frames queued
+    /// before it, ahead of them; the second leaves after that write.
+    async fn delivered(&mut self) {
+        for _ in 0..2 {
+            tokio::time::timeout(PATIENCE, self.pings.ping(h2::Ping::opaque()))
+                .await
+                .expect("a PING answered within the patience")
+                .expect("a PING answered");
         }
     }
 
@@ -1332,6 +1352,9 @@ async fn a_read_error_while_redis_holds_the_authorize_fails_the_stream() {
         _redis,
     } = held_at_redis("held").await;
     envoy.send(request_body(&vec![b'x'; 200 * 1024]), false);
+    // The oversized message's length prefix is at the server before Redis
+    // answers: the stream is watched first when the DISPATCH comes.
+    envoy.delivered().await;
     proxy.set_mode(proxy::Mode::Pass);
     envoy.ended_too_large().await;
     let a = until_state(&h, &permit, "held", AttemptState::Released).await;

@@ -43,30 +43,48 @@ def atmost_bin() -> str:
 class Server:
     """One `atmost serve` process."""
 
-    def __init__(self, args: List[str], tmp: pathlib.Path) -> None:
+    def __init__(self, args: List[str], tmp: pathlib.Path, listen: str = "127.0.0.1:0") -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ATMOST_")}
         env["ATMOST_AUDIT_LOG"] = "off"
         self.stderr_path = tmp / f"atmost-{secrets.token_hex(4)}.stderr"
         self._stderr = open(self.stderr_path, "wb")
         self.process = subprocess.Popen(
-            [atmost_bin(), "serve", "--listen", "127.0.0.1:0", *args],
+            [atmost_bin(), "serve", "--listen", listen, *args],
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             stdin=subprocess.DEVNULL,
             env=env,
         )
         lines: "queue.Queue[bytes]" = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.process.stdout.readline()), daemon=True).start()
-        try:
-            line = lines.get(timeout=START_TIMEOUT).decode("utf-8", "replace").strip()
-        except queue.Empty:
-            line = ""
-        prefix = "atmost listening on "
-        if not line.startswith(prefix):
+
+        def read() -> None:
+            for line in iter(self.process.stdout.readline, b""):
+                lines.put(line)
+                if line.startswith(b"atmost listening on "):
+                    return
+            lines.put(b"")
+
+        threading.Thread(target=read, daemon=True).start()
+        #: What stdout said before the last start-up line, as
+        #: {"http": ADDR, "metrics": ADDR}.
+        self.also: Dict[str, str] = {}
+        give_up = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, give_up - time.monotonic())).decode("utf-8", "replace").strip()
+            except queue.Empty:
+                line = ""
+            if line.startswith("atmost listening on "):
+                break
+            words = line.split(" ")
+            if len(words) == 4 and words[0] == "atmost" and words[2] == "on":
+                self.also[words[1]] = words[3]
+                continue
             self.stop()
             raise RuntimeError(f"atmost did not start (stdout {line!r}): {self.stderr()}")
-        self.address = line[len(prefix) :]
+        self.address = line[len("atmost listening on ") :]
         self.url = f"http://{self.address}"
+        self.http_url = f"http://{self.also['http']}" if "http" in self.also else self.url
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")[-4000:]

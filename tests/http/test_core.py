@@ -7,7 +7,7 @@ import secrets
 
 import httpx
 
-from conftest import Api, b64, quote, reason
+from conftest import Api, b64, quote, reason, tomorrow
 
 
 def key() -> str:
@@ -51,6 +51,37 @@ def test_the_idempotency_key_header_names_the_key(api: Api) -> None:
     r = api.post(path, body)
     assert r.status_code == 400 and reason(r) == "INVALID_REQUEST", r.text
     assert api.usage(permit)["usage"][0].get("callsMade", "0") == "1"
+
+
+def test_the_idempotency_key_header_bare_repeated_or_where_no_key_is(api: Api) -> None:
+    permit = api.permit(maxCallsPerTool={"charge": 5})
+    body = {"tool": "charge", "requestFingerprint": b64(b"r")}
+    path = f"/v1/permits/{permit}/attempts:authorize"
+    # Bare, as many clients send it: the key.
+    k = key()
+    r = api.post(path, body, headers={"idempotency-key": k})
+    assert r.status_code == 200 and r.json()["attempt"]["idempotencyKey"] == k, r.text
+    attempt = r.json()["attempt"]["attemptId"]
+    # Two headers, a bad escape, parameters: 400, nothing reserved.
+    for headers in [
+        [("idempotency-key", '"a"'), ("idempotency-key", '"b"')],
+        [("idempotency-key", r'"a\x"')],
+        [("idempotency-key", '"a";x=1')],
+        [("idempotency-key", '"a", "b"')],
+    ]:
+        r = api.http.post(path, json=body, headers=[("content-type", "application/json"), *headers])
+        assert r.status_code == 400 and reason(r) == "INVALID_REQUEST", (headers, r.text)
+        assert "Idempotency-Key" in r.text, r.text
+    # An RPC without a key refuses the header.
+    r = api.post("/v1/permits", {"tools": ["charge"], "expiresAt": tomorrow()}, headers={"idempotency-key": '"k"'})
+    assert r.status_code == 400 and reason(r) == "INVALID_REQUEST", r.text
+    # One whose path names the key: the header must say the same.
+    commit = f"/v1/permits/{permit}/attempts/{quote(k)}:commit"
+    r = api.post(commit, {"attemptId": attempt, "notSent": {}}, headers={"idempotency-key": '"another"'})
+    assert r.status_code == 400 and reason(r) == "INVALID_REQUEST", r.text
+    r = api.post(commit, {"attemptId": attempt, "notSent": {}}, headers={"idempotency-key": f'"{k}"'})
+    assert r.status_code == 200, r.text
+    assert api.usage(permit)["usage"][0].get("callsMade", "0") == "0"
 
 
 def test_a_key_reused_with_another_request_is_422(api: Api) -> None:
@@ -159,6 +190,8 @@ def test_the_holder_token_redelivers_a_lost_dispatch(api: Api) -> None:
     assert again.json()["decision"] == "DECISION_DISPATCH"
     assert again.json()["redelivered"] is True
     assert again.json()["attempt"]["attemptId"] == first["attempt"]["attemptId"]
+    # A redelivered DISPATCH is not a replay: the holder may send.
+    assert "idempotent-replayed" not in again.headers
     other = api.authorize(permit, k, holderToken=b64(b"holder-2"))
     assert other.status_code == 409 and reason(other) == "IDEMPOTENCY_IN_PROGRESS"
     assert api.usage(permit)["usage"][0].get("callsMade", "0") == "1"

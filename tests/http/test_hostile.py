@@ -90,7 +90,7 @@ def test_a_body_too_large_is_413_read_or_unread(quick: Api) -> None:
 def test_a_slow_body_is_cut_by_the_request_timeout(quick: Api) -> None:
     permit = quick.permit()
     head = (
-        f"POST /v1/permits/{permit}/attempts:authorize HTTP/1.1\r\nhost: x\r\n"
+        f"POST /v1/permits/{permit}/attempts:authorize HTTP/1.1\r\nhost: 127.0.0.1\r\n"
         "content-type: application/json\r\ncontent-length: 200\r\n\r\n{"
     ).encode()
     started = time.monotonic()
@@ -104,7 +104,7 @@ def test_ten_thousand_headers_are_refused(quick: Api) -> None:
     permit = quick.permit()
     headers = "".join(f"x-h{i}: v\r\n" for i in range(10_000))
     request = (
-        f"GET /v1/permits/{permit} HTTP/1.1\r\nhost: x\r\n{headers}\r\n"
+        f"GET /v1/permits/{permit} HTTP/1.1\r\nhost: 127.0.0.1\r\n{headers}\r\n"
     ).encode()
     answer = raw(quick.server, request)
     assert status_of(answer) == 431, answer[:300]
@@ -130,3 +130,56 @@ def test_routing_and_content_type(quick: Api) -> None:
     r = quick.http.request("GET", f"/v1/permits/{permit}", content=b'{"permitId":"x"}')
     assert r.status_code == 400 and reason(r) == "INVALID_REQUEST"
     assert quick.usage(permit)["permit"]["status"] == "PERMIT_STATUS_ACTIVE"
+
+
+def test_grpc_headers_are_refused_and_grpc_is_http2_only(quick: Api) -> None:
+    permit = quick.permit()
+    path = f"/v1/permits/{permit}/attempts:authorize"
+    body = {"tool": "charge", "idempotencyKey": "k-grpc", "requestFingerprint": b64(b"r")}
+    # tonic would act on these outside every layer: a 1 ns grpc-timeout
+    # would answer an empty 200 to a call that may have reserved.
+    for name, value in [("grpc-timeout", "1n"), ("grpc-encoding", "gzip"), ("grpc-accept-encoding", "gzip")]:
+        r = quick.post(path, body, headers={name: value})
+        assert r.status_code == 400, (name, r.status_code, r.text)
+        assert name in r.json()["error"]["message"], r.text
+    # gRPC over HTTP/1.1: refused, not half-served.
+    r = quick.http.post("/atmost.v1.Gate/Authorize", content=b"\0\0\0\0\0", headers={"content-type": "application/grpc"})
+    assert r.status_code == 505, (r.status_code, r.text)
+    # A content type that only starts like gRPC's is not gRPC: a JSON write
+    # must say application/json.
+    r = quick.http.post(path, json=body, headers={"content-type": "application/grpc-web"})
+    assert r.status_code == 415, (r.status_code, r.text)
+    assert quick.usage(permit)["usage"][0].get("callsMade", "0") == "0"
+
+
+def test_path_tricks_find_no_rpc(quick: Api) -> None:
+    permit = quick.permit()
+    for method, path in [
+        ("GET", f"//v1/permits/{permit}"),
+        ("GET", f"/V1/permits/{permit}"),
+        ("GET", f"/v1%2Fpermits/{permit}"),
+        ("GET", f"/v1/permits/{permit}/"),
+        ("GET", f"/v1/permits/x/../{permit}"),
+        ("GET", f"/v1/./permits/{permit}"),
+        ("POST", "/v1/permits/"),
+        ("GET", f"/v1/permits/{permit}/attempts"),
+        ("GET", "/atmost.v1.Permits/GetPermit"),
+        ("POST", "/grpc.health.v1.Health/Check"),
+    ]:
+        request = f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}".encode()
+        answer = raw(quick.server, request)
+        assert status_of(answer) in (404, 405), (method, path, answer[:300])
+
+
+def test_dev_mode_answers_only_a_loopback_host(quick: Api) -> None:
+    """No keys on loopback: a page whose DNS name was rebound to this
+    machine sends its own name as Host, and is refused."""
+    for host in ["localhost", "127.0.0.1", "[::1]", "app.localhost"]:
+        r = quick.get("/v1/signingKeys", headers={"host": f"{host}:1234"})
+        assert r.status_code == 200, (host, r.text)
+    for host in ["evil.example", "evil.example:50051", "10.0.0.1", "localhost.evil.example"]:
+        r = quick.post("/v1/permits", {"tools": ["t"], "expiresAt": "2030-01-01T00:00:00Z"}, headers={"host": host})
+        assert r.status_code == 403, (host, r.text)
+        assert "loopback" in r.json()["error"]["message"], r.text
+    r = quick.http.get("/v1/signingKeys", headers={"host": ""})
+    assert r.status_code in (400, 403), r.text

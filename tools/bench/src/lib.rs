@@ -27,6 +27,8 @@ pub mod ceiling;
 pub mod cross_scale;
 pub mod list_scale;
 
+mod http_json;
+
 use atmost_client::{Client, NewPermit, pb};
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
@@ -49,6 +51,9 @@ pub enum Scenario {
     Contended,
     /// grpc.health.v1 Check: the transport's ceiling, no store.
     Health,
+    /// Authorize as `authorize`, over the HTTP/JSON edge: a JSON POST on
+    /// HTTP/2 (h2c), as many connections, each answer read as JSON.
+    HttpAuthorize,
 }
 
 #[derive(Parser, Debug)]
@@ -106,6 +111,8 @@ pub struct Args {
 struct Plan {
     scenario: Scenario,
     clients: Vec<Client>,
+    /// The HTTP/JSON edge's connections (http-authorize).
+    http: Vec<http_json::Connection>,
     permits: Vec<String>,
     /// Keys that already succeeded, for the replay scenario.
     replay_keys: Vec<(usize, String)>,
@@ -152,6 +159,15 @@ async fn one(plan: &Plan, n: u64) -> Result<(), String> {
                     })
                     .await
                     .map_err(rpc)?;
+            }
+        }
+        Scenario::HttpAuthorize => {
+            let permit = &plan.permits[n as usize % plan.permits.len()];
+            let key = format!("{}-{n}", plan.run);
+            let connection = &plan.http[n as usize % plan.http.len()];
+            let decision = connection.authorize(permit, &key, &fingerprint(n)).await?;
+            if decision != "DECISION_DISPATCH" {
+                return Err("NOT_DISPATCH".into());
             }
         }
         Scenario::Replay => {
@@ -406,9 +422,16 @@ pub async fn generate(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Scenario::Contended => create_permits(&clients[0], 1, Some(1_000_000_000)).await,
         _ => create_permits(&clients[0], args.permits.max(1), None).await,
     };
+    let mut http = Vec::new();
+    if let Scenario::HttpAuthorize = scenario {
+        for _ in 0..args.connections.max(1) {
+            http.push(http_json::Connection::open(&args.target).await?);
+        }
+    }
     let mut plan = Plan {
         scenario,
         clients: clients.clone(),
+        http,
         permits,
         replay_keys: Vec::new(),
         run: run.clone(),

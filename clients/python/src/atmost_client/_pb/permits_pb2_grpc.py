@@ -78,7 +78,8 @@ class PermitsServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def GetPermit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A permit and its usage per tool: calls made and budget left.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
