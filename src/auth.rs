@@ -368,14 +368,8 @@ impl Authenticator {
 /// The SAN URIs and DNS names of the client certificate the TLS handshake
 /// verified (against `--tls-client-ca`); none without one.
 fn peer_sans<B>(request: &http::Request<B>) -> Vec<String> {
-    use crate::transport::ConnInfo;
-    use tonic::transport::server::TlsConnectInfo;
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
-    let Some(certs) = request
-        .extensions()
-        .get::<TlsConnectInfo<ConnInfo>>()
-        .and_then(|info| info.peer_certs())
-    else {
+    let Some(certs) = crate::transport::peer_certs(request) else {
         return Vec::new();
     };
     let Some(Ok((_, cert))) = certs.first().map(|der| X509Certificate::from_der(der)) else {

@@ -60,8 +60,9 @@ pub struct Edge {
     max_body_bytes: usize,
     max_response_bytes: usize,
     max_header_bytes: usize,
-    /// The OpenAPI document ([`openapi`]), made once.
-    openapi: bytes::Bytes,
+    /// The OpenAPI document ([`openapi`]), made once; `None` with
+    /// `--reflection=false`, which hides the API's shape.
+    openapi: Option<bytes::Bytes>,
     /// Why a listener that serves gRPC only refuses a JSON request.
     json_elsewhere: &'static str,
     /// Dev mode (no keys, loopback only): only a request naming a loopback
@@ -79,7 +80,7 @@ impl Edge {
         let routes = Routes::of_package(&pool, "atmost.v1")
             .expect("the contract's routes (a unit test holds them)");
         Self {
-            openapi: openapi::document(&routes).into(),
+            openapi: Some(openapi::document(&routes).into()),
             routes,
             rpc_status: pool
                 .get_message_by_name("google.rpc.Status")
@@ -123,15 +124,20 @@ pub struct Serving {
 impl Serving {
     /// The listeners to accept on (the gRPC one first) with what each
     /// serves, the edge's layer, and the CORS layer if any origin is
-    /// allowed.
+    /// allowed. The OpenAPI document is served if `described` (as server
+    /// reflection is).
     pub fn into_layers(
         self,
         grpc: TcpListener,
         limits: &crate::transport::Limits,
         authenticated: bool,
+        described: bool,
     ) -> (Vec<(TcpListener, Serves)>, HttpLayer, Option<CorsLayer>) {
         let mut edge = Edge::new(limits);
         edge.loopback_hosts_only = !authenticated && !self.open;
+        if !described {
+            edge.openapi = None;
+        }
         let listeners = match self.place {
             Place::Shared => vec![(grpc, Serves::Both)],
             Place::Own(http) => {
@@ -379,6 +385,52 @@ where
     }
 }
 
+/// The edge's inner half, the innermost layer: marks a transcoded request
+/// as having reached its service, past authentication and admission, with
+/// its caller. Only then is its JSON made into the request message
+/// ([`body::Passage`]): a request refused or shed before costs what a gRPC
+/// one costs, not a parse.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReachedLayer;
+
+impl<S> tower::Layer<S> for ReachedLayer {
+    type Service = Reached<S>;
+
+    fn layer(&self, inner: S) -> Reached<S> {
+        Reached { inner }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Reached<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Reached<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> S::Future {
+        if let Some(passage) = request.extensions().get::<Arc<body::Passage>>() {
+            passage.reached(
+                request
+                    .extensions()
+                    .get::<Arc<crate::auth::Identity>>()
+                    .cloned(),
+            );
+        }
+        self.inner.call(request)
+    }
+}
+
 impl Edge {
     /// The route of a request, or the edge's own answer before any RPC
     /// (a Host dev mode refuses, the OpenAPI document, no route, headers
@@ -407,10 +459,14 @@ impl Edge {
             }
         }
         if parts.method == Method::GET && parts.uri.path() == openapi::PATH {
-            return Err(Box::new(error::json_response(
-                StatusCode::OK,
-                self.openapi.clone(),
-            )));
+            return Err(Box::new(match &self.openapi {
+                Some(document) => error::json_response(StatusCode::OK, document.clone()),
+                None => self.plain(
+                    StatusCode::NOT_FOUND,
+                    Code::NotFound,
+                    "the OpenAPI document is not served here (--reflection=false)".into(),
+                ),
+            }));
         }
         let matched = match self.routes.find(&parts.method, parts.uri.path()) {
             Ok(matched) => matched,
@@ -477,13 +533,22 @@ impl Edge {
                 .get(header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok()?.parse().ok()),
         };
+        let passage = Arc::new(body::Passage::default());
+        let rpc = route.rpc.name();
         let grpc_body = body::transcode(
             body,
-            route.rpc.input(),
-            route.body.clone(),
-            params,
-            self.max_body_bytes,
-            read.clone(),
+            body::Transcode {
+                input: route.rpc.input(),
+                field: route.body.clone(),
+                params,
+                limit: self.max_body_bytes,
+                read: read.clone(),
+                passage: passage.clone(),
+                audited: crate::api::audit::AUDITED
+                    .iter()
+                    .find(|name| **name == rpc)
+                    .copied(),
+            },
         );
         let mut grpc = http::Request::new(grpc_body);
         *grpc.method_mut() = Method::POST;
@@ -491,6 +556,7 @@ impl Edge {
             .expect("a gRPC path is a valid URI");
         *grpc.version_mut() = http::Version::HTTP_2;
         *grpc.extensions_mut() = parts.extensions;
+        grpc.extensions_mut().insert(passage);
         let headers = grpc.headers_mut();
         for (name, value) in &parts.headers {
             if !HOP_AND_BODY.contains(name) {
@@ -564,9 +630,10 @@ impl Edge {
                 frame.map_err(|e| Status::internal(format!("the RPC's answer broke off: {e}")))?;
             match frame.into_data() {
                 Ok(chunk) => {
+                    // As tonic answers a gRPC caller (it checks first).
                     if data.len() + chunk.len() > self.max_response_bytes + 5 {
-                        return Err(Status::resource_exhausted(
-                            "the answer is larger than the response limit",
+                        return Err(Status::out_of_range(
+                            "the answer is larger than the response limit (--max-response-bytes)",
                         ));
                     }
                     data.extend_from_slice(&chunk);

@@ -13,7 +13,7 @@ use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
 use crate::telemetry::{RpcLayer, Telemetry};
-use crate::transport::{Limits, Track};
+use crate::transport::{Limits, Serves, Track};
 use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use std::future::Future;
@@ -49,7 +49,7 @@ pub struct App {
     auth: Option<Arc<Authenticator>>,
     auth_reload_interval: Duration,
     reflection: bool,
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    tls: Option<crate::transport::Tls>,
     receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
     limits: Limits,
     /// The Envoy front doors' mapping; `None`: they are not served.
@@ -147,8 +147,9 @@ impl App {
         self
     }
 
-    /// Serves over TLS (and mTLS, when the config names a client CA).
-    pub fn with_tls(mut self, tls: tonic::transport::ServerTlsConfig) -> Self {
+    /// Serves over TLS (and mTLS, when it names a client CA), on every
+    /// listener.
+    pub fn with_tls(mut self, tls: crate::transport::Tls) -> Self {
         self.tls = Some(tls);
         self
     }
@@ -166,8 +167,9 @@ impl App {
         self
     }
 
-    /// Serves server reflection (on by default; unauthenticated, so turn it
-    /// off where the service's shape is not for everyone to read).
+    /// Serves server reflection and the HTTP/JSON edge's OpenAPI document
+    /// (on by default; unauthenticated, so turn it off where the service's
+    /// shape is not for everyone to read).
     pub fn with_reflection(mut self, on: bool) -> Self {
         self.reflection = on;
         self
@@ -331,10 +333,6 @@ pub async fn run(
     ));
 
     let limits = &app.limits;
-    let mut builder = limits.server();
-    if let Some(tls) = app.tls {
-        builder = builder.tls_config(limits.tls(tls))?;
-    }
     // Every service decodes and encodes messages up to the limits only. A
     // request message past its limit is refused first by MessageLimit
     // (below), with atmost's reason; tonic's own check stays behind it.
@@ -369,8 +367,12 @@ pub async fn run(
         ),
         None => (None, None),
     };
-    let (listeners, http_layer, cors) = app.http.into_layers(listener, limits, app.auth.is_some());
-    let serve = builder
+    let (listeners, http_layer, cors) =
+        app.http
+            .into_layers(listener, limits, app.auth.is_some(), app.reflection);
+    let http1 = listeners.iter().any(|(_, serves)| *serves != Serves::Grpc);
+    let serve = limits
+        .server(http1)
         // Outermost: a browser's preflight is answered, and its answers
         // marked, for the origins --http-cors-origins allows (none unless
         // given).
@@ -383,9 +385,12 @@ pub async fn run(
         .layer(Track)
         .layer(AuthLayer::new(app.auth.clone()))
         .layer(AdmissionLayer::new(admission))
-        // Innermost: it acts on the body as the services read it, after
-        // auth and admission have refused what they refuse unread.
+        // It acts on the body as the services read it, after auth and
+        // admission have refused what they refuse unread.
         .layer(MessageLimit::new(limits.max_request_bytes))
+        // Innermost: an HTTP/JSON request got this far, so its JSON may
+        // now be parsed.
+        .layer(crate::http::ReachedLayer)
         .add_service(sized!(health_service))
         .add_optional_service(reflection_v1.map(|s| sized!(s)))
         .add_optional_service(reflection_v1alpha.map(|s| sized!(s)))
@@ -402,7 +407,10 @@ pub async fn run(
         )))
         .add_optional_service(ext_authz)
         .add_optional_service(ext_proc)
-        .serve_with_incoming_shutdown(limits.incoming(listeners), stop.clone().cancelled_owned());
+        .serve_with_incoming_shutdown(
+            limits.incoming(listeners, app.tls),
+            stop.clone().cancelled_owned(),
+        );
     tokio::pin!(serve);
 
     // When the shutdown grace ends, once it has begun.

@@ -14,7 +14,12 @@
 //!   grace, when set, replaces the GOAWAY instead of following it).
 //!
 //! Each accepted socket becomes a [`Conn`], which enforces the deadlines on
-//! its reads; [`Track`] counts the RPCs open on each connection.
+//! its reads, and over TLS ([`tls`]) the stream on top of it; [`Track`]
+//! counts the RPCs open on each connection.
+
+mod tls;
+
+pub use tls::Tls;
 
 use std::io;
 use std::pin::Pin;
@@ -26,6 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 
@@ -54,9 +60,10 @@ pub struct Limits {
     /// over replicas; closed `max_connection_age_grace` later.
     pub max_connection_age: Duration,
     pub max_connection_age_grace: Duration,
-    /// The TLS handshake (over TLS) or the HTTP/2 preface (in plaintext)
-    /// must arrive within this. [`Conn`] sits under TLS and counts the
-    /// preface on the bytes it reads, so over TLS it is the handshake's.
+    /// The TLS handshake (over TLS) or the HTTP/2 preface (in plaintext;
+    /// over HTTP/1.1, the request's first 24 bytes) must arrive within
+    /// this. [`Conn`] sits under TLS and counts the preface on the bytes it
+    /// reads, so over TLS it is the handshake's.
     pub handshake_timeout: Duration,
     /// One RPC's handler, body reading included, may take this long
     /// (tonic answers CANCELLED past it).
@@ -104,8 +111,10 @@ impl Limits {
         max_local_error_reset_streams: 1024,
     };
 
-    /// tonic's server with these limits applied (the rest is [`Conn`]'s).
-    pub fn server(&self) -> tonic::transport::Server {
+    /// tonic's server with these limits applied (the rest is [`Conn`]'s),
+    /// taking HTTP/1.1 connections too if `http1` (for the HTTP/JSON edge;
+    /// gRPC is HTTP/2 only).
+    pub fn server(&self, http1: bool) -> tonic::transport::Server {
         tonic::transport::Server::builder()
             .max_concurrent_streams(self.max_concurrent_streams)
             .http2_max_header_list_size(self.max_header_list_bytes)
@@ -113,25 +122,36 @@ impl Limits {
             .http2_keepalive_timeout(Some(self.keepalive_timeout))
             .max_connection_age(self.max_connection_age)
             // The request timeout is RequestTimeout's, below the HTTP/JSON
-            // edge; HTTP/1.1 is served for that edge (gRPC is HTTP/2 only).
-            .accept_http1(true)
+            // edge.
+            .accept_http1(http1)
             .http2_max_pending_accept_reset_streams(Some(self.max_pending_accept_reset_streams))
             .http2_max_local_error_reset_streams(Some(self.max_local_error_reset_streams))
     }
 
-    /// The TLS config with the handshake timeout applied.
-    pub fn tls(&self, tls: tonic::transport::ServerTlsConfig) -> tonic::transport::ServerTlsConfig {
-        tls.timeout(self.handshake_timeout)
-    }
-
     /// The connections the listeners accept, each a [`Conn`] under these
-    /// limits that knows what its listener [`Serves`]; past
+    /// limits that knows what its listener [`Serves`], over `tls` if given
+    /// (once its handshake is done, within the handshake timeout); past
     /// `max_connections` (all listeners together), a new one is closed at
     /// once.
     pub fn incoming(
         &self,
         listeners: Vec<(TcpListener, Serves)>,
-    ) -> impl Stream<Item = io::Result<Conn>> + use<> {
+        tls: Option<Tls>,
+    ) -> impl Stream<Item = io::Result<Io>> + use<> {
+        let accepted = self.accepted(listeners);
+        match tls {
+            None => futures_util::future::Either::Left(accepted.map(|conn| conn.map(Io::Plain))),
+            Some(tls) => futures_util::future::Either::Right(
+                tls.accept(accepted, self.handshake_timeout)
+                    .map(|conn| conn.map(Io::Tls)),
+            ),
+        }
+    }
+
+    fn accepted(
+        &self,
+        listeners: Vec<(TcpListener, Serves)>,
+    ) -> impl Stream<Item = io::Result<Conn>> + Send + use<> {
         let slots = Arc::new(Semaphore::new(self.max_connections.max(1)));
         let limits = Arc::new(self.clone());
         let refused = Arc::new(Refusals::default());
@@ -238,12 +258,15 @@ impl Drop for OpenRpc {
     }
 }
 
-/// What tonic puts in every request's extensions for a [`Conn`].
+/// What tonic puts in every request's extensions for a connection.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     pub tcp: TcpConnectInfo,
     activity: Arc<Activity>,
     serves: Serves,
+    /// Over TLS, the client's certificate chain if it sent one, verified
+    /// against the client CA (`--tls-client-ca`).
+    peer_certs: Option<Arc<[CertificateDer<'static>]>>,
 }
 
 /// One accepted connection under the [`Limits`]: it holds a connection
@@ -372,14 +395,89 @@ impl AsyncWrite for Conn {
     }
 }
 
-impl Connected for Conn {
-    type ConnectInfo = ConnInfo;
-
-    fn connect_info(&self) -> ConnInfo {
+impl Conn {
+    fn info(&self, peer_certs: Option<Arc<[CertificateDer<'static>]>>) -> ConnInfo {
         ConnInfo {
             tcp: self.io.connect_info(),
             activity: self.activity.clone(),
             serves: self.serves,
+            peer_certs,
+        }
+    }
+}
+
+/// A connection as served: in plaintext, or over TLS.
+pub enum Io {
+    Plain(Conn),
+    Tls(tls::TlsConn),
+}
+
+impl Connected for Io {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        match self {
+            Io::Plain(conn) => conn.info(None),
+            Io::Tls(stream) => stream.get_ref().0.info(tls::peer_certs(stream)),
+        }
+    }
+}
+
+/// Each of [`Io`]'s methods, on the connection it is.
+macro_rules! on_io {
+    ($self:ident, $io:ident => $call:expr) => {
+        match $self.get_mut() {
+            Io::Plain($io) => {
+                let $io = Pin::new($io);
+                $call
+            }
+            Io::Tls($io) => {
+                let $io = Pin::new(&mut **$io);
+                $call
+            }
+        }
+    };
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        on_io!(self, io => io.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        on_io!(self, io => io.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        on_io!(self, io => io.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        on_io!(self, io => io.poll_shutdown(cx))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        on_io!(self, io => io.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(io) => io.is_write_vectored(),
+            Io::Tls(io) => io.is_write_vectored(),
         }
     }
 }
@@ -404,13 +502,16 @@ pub struct Tracked<S> {
     inner: S,
 }
 
-/// The connection's info, whether it came in plain or over TLS.
+/// The connection's info (none for a request that did not come through
+/// [`Limits::incoming`]).
 fn conn_info<B>(request: &http::Request<B>) -> Option<&ConnInfo> {
-    let ext = request.extensions();
-    ext.get::<ConnInfo>().or_else(|| {
-        ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
-            .map(|tls| tls.get_ref())
-    })
+    request.extensions().get::<ConnInfo>()
+}
+
+/// The client certificate chain of `request`'s connection, if it came over
+/// TLS with one, verified against `--tls-client-ca`.
+pub fn peer_certs<B>(request: &http::Request<B>) -> Option<&[CertificateDer<'static>]> {
+    conn_info(request)?.peer_certs.as_deref()
 }
 
 /// The connection's activity.

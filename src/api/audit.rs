@@ -55,12 +55,29 @@ fn clean(value: &str) -> String {
     out
 }
 
+/// The RPCs that write an event: their handlers each open an [`Audit`],
+/// and the HTTP/JSON edge one for a request it could not make into theirs.
+pub const AUDITED: [&str; 6] = [
+    "Authorize",
+    "Commit",
+    "MarkUncertain",
+    "CreatePermit",
+    "RevokePermit",
+    "Resolve",
+];
+
 impl Audit {
     pub fn of<T>(rpc: &'static str, request: &tonic::Request<T>) -> Self {
+        Self::by(rpc, request.extensions().get::<Arc<Identity>>().cloned())
+    }
+
+    /// The event of `rpc` called by `caller` (`None`: dev mode).
+    pub fn by(rpc: &'static str, caller: Option<Arc<Identity>>) -> Self {
+        debug_assert!(AUDITED.contains(&rpc), "{rpc} is not in AUDITED");
         Self {
             rpc,
             enabled: crate::audit::enabled(),
-            caller: request.extensions().get::<Arc<Identity>>().cloned(),
+            caller,
             about: None,
         }
     }

@@ -1,16 +1,19 @@
 //! The request: a JSON body, the path's variables, the query and the
 //! `Idempotency-Key` header, made into the RPC's request message when the
-//! service reads its body: authentication and admission decide before it is
-//! read, as for gRPC. (A refusal then drains the body, as it drains a gRPC
-//! one: for up to 100 ms, which reads and parses a body of up to the
-//! JSON body limit.)
+//! service reads its body, and only then: authentication and admission
+//! decide before, as for gRPC, and a request they refuse has what is left
+//! of its body read and dropped unparsed ([`Passage`]), as a gRPC one has.
 //!
 //! Every problem is the domain's INVALID_REQUEST (or MESSAGE_TOO_LARGE),
-//! answered by the RPC as if its own decoding had found it: counted,
-//! traced and audited like any refusal, and nothing is changed.
+//! answered by the RPC as if its own decoding had found it: counted and
+//! traced like any refusal, and nothing is changed. A request of a
+//! state-changing RPC that does not make its message is written to the
+//! audit trail too, as the handler would have written its refusal.
 
 use super::routes::BodyField;
+use crate::api::audit::Audit;
 use crate::api::status::to_status;
+use crate::auth::Identity;
 use crate::domain::{Error, invalid};
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body::{Body as _, Frame};
@@ -20,8 +23,8 @@ use prost_reflect::{
 };
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use tonic::Status;
 
@@ -38,23 +41,69 @@ pub struct Params {
     pub content_length: Option<u64>,
 }
 
+/// Set by the edge's inner half ([`super::ReachedLayer`]) when a
+/// transcoded request has passed every layer to its service, with its
+/// caller (`None` in dev mode). Until then its body is not made into a
+/// message.
+#[derive(Debug, Default)]
+pub struct Passage(OnceLock<Option<Arc<Identity>>>);
+
+impl Passage {
+    pub(super) fn reached(&self, caller: Option<Arc<Identity>>) {
+        let _ = self.0.set(caller);
+    }
+}
+
+/// How the request's gRPC body is made.
+pub struct Transcode {
+    pub input: MessageDescriptor,
+    pub field: BodyField,
+    pub params: Params,
+    /// The JSON body's largest size.
+    pub limit: usize,
+    /// Set once the whole JSON body has arrived.
+    pub read: Arc<AtomicBool>,
+    pub passage: Arc<Passage>,
+    /// The RPC's name if it writes an audit event
+    /// ([`crate::api::audit::AUDITED`]).
+    pub audited: Option<&'static str>,
+}
+
 /// The request's gRPC body: one message, made from the HTTP request's JSON
-/// body (read up to `limit` bytes) and `params`, as a data frame; or the
-/// status that refuses it, as the body's error (tonic answers with it).
-/// `read` is set once the whole JSON body has arrived.
-pub fn transcode(
-    body: tonic::body::Body,
-    input: MessageDescriptor,
-    field: BodyField,
-    params: Params,
-    limit: usize,
-    read: Arc<AtomicBool>,
-) -> tonic::body::Body {
+/// body and its parameters, as a data frame; or the status that refuses
+/// it, as the body's error (tonic answers with it). Empty if the request
+/// never reached its service: whoever refused it answers.
+pub fn transcode(body: tonic::body::Body, how: Transcode) -> tonic::body::Body {
     tonic::body::Body::new(Once(Some(Box::pin(async move {
-        let json = collect(body, limit, params.content_length).await?;
-        read.store(true, Ordering::Release);
-        let message = message(input, &field, &json, &params).map_err(to_status)?;
-        Ok(frame(&message))
+        let Some(caller) = how.passage.0.get().cloned() else {
+            crate::api::layers::drain(body).await;
+            return Ok(None);
+        };
+        let json = collect(body, how.limit, how.params.content_length).await?;
+        how.read.store(true, Ordering::Release);
+        match message(how.input, &how.field, &json, &how.params) {
+            Ok(message) => Ok(Some(frame(&message))),
+            Err(e) => {
+                if let Some(rpc) = how.audited {
+                    let var = |name: &str| {
+                        how.params
+                            .vars
+                            .iter()
+                            .find(|(f, _)| f.name() == name)
+                            .and_then(|(_, v)| v.as_deref().ok())
+                            .unwrap_or_default()
+                    };
+                    Audit::by(rpc, caller).record(
+                        var("permit_id"),
+                        "",
+                        var("idempotency_key"),
+                        e.reason().as_str(),
+                        "",
+                    );
+                }
+                Err(to_status(e))
+            }
+        }
     }))))
 }
 
@@ -237,9 +286,12 @@ fn scalar(field: &FieldDescriptor, text: &str) -> Result<Value, String> {
             text.parse()
                 .map_err(|_| number("an unsigned 64-bit integer"))?,
         ),
+        // By name, or by number as proto3 JSON also reads an enum.
         Kind::Enum(e) => match e.get_value_by_name(text) {
             Some(v) => Value::EnumNumber(v.number()),
-            None => return Err(format!("is not one of {}'s names: {text:?}", e.name())),
+            None => Value::EnumNumber(text.parse().map_err(|_| {
+                format!("is not one of {}'s names or a number: {text:?}", e.name())
+            })?),
         },
         _ => return Err("cannot be given as text".into()),
     })
@@ -255,9 +307,10 @@ fn frame(message: &DynamicMessage) -> Bytes {
     buf.freeze()
 }
 
-type Pending = Pin<Box<dyn Future<Output = Result<Bytes, Status>> + Send>>;
+type Pending = Pin<Box<dyn Future<Output = Result<Option<Bytes>, Status>> + Send>>;
 
-/// A body of one data frame, or one error, computed when first polled.
+/// A body of at most one data frame, or one error, computed when first
+/// polled.
 struct Once(Option<Pending>);
 
 impl http_body::Body for Once {
@@ -273,10 +326,86 @@ impl http_body::Body for Once {
         };
         let result = std::task::ready!(pending.as_mut().poll(cx));
         self.0 = None;
-        Poll::Ready(Some(result.map(Frame::data)))
+        Poll::Ready(result.transpose().map(|r| r.map(Frame::data)))
     }
 
     fn is_end_stream(&self) -> bool {
         self.0.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+
+    fn authorize(json: &'static str, passage: Arc<Passage>) -> tonic::body::Body {
+        let input = crate::http::pool()
+            .get_message_by_name("atmost.v1.AuthorizeRequest")
+            .unwrap();
+        transcode(
+            tonic::body::Body::new(http_body_util::Full::new(Bytes::from_static(
+                json.as_bytes(),
+            ))),
+            Transcode {
+                input,
+                field: BodyField::All,
+                params: Params::default(),
+                limit: 1024,
+                read: Arc::default(),
+                passage,
+                audited: Some("Authorize"),
+            },
+        )
+    }
+
+    /// A query parameter reads as its field's proto3 JSON string would:
+    /// an enum by name or by number.
+    #[test]
+    fn a_parameter_reads_as_its_json_string() {
+        let permit = crate::http::pool()
+            .get_message_by_name("atmost.v1.Permit")
+            .unwrap();
+        let policy = permit.get_field_by_name("uncertain_policy").unwrap();
+        let by_name = scalar(&policy, "UNCERTAIN_POLICY_HOLD_TOOL").unwrap();
+        assert!(
+            matches!(by_name, Value::EnumNumber(n) if n > 0),
+            "{by_name:?}"
+        );
+        assert_eq!(
+            scalar(&policy, &by_name.as_enum_number().unwrap().to_string()).unwrap(),
+            by_name
+        );
+        let why = scalar(&policy, "HOLD").unwrap_err();
+        assert!(why.contains("names or a number"), "{why}");
+        let subject = permit.get_field_by_name("subject").unwrap();
+        assert_eq!(scalar(&subject, "7").unwrap(), Value::String("7".into()));
+    }
+
+    /// A request refused before its service (auth, admission) has its
+    /// body drained, never parsed: what it sent does not matter.
+    #[tokio::test]
+    async fn a_request_that_never_reached_its_service_is_not_parsed() {
+        let body = authorize("{not json", Arc::default());
+        let collected = body.collect().await.expect("drained, no error");
+        assert!(collected.to_bytes().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_request_that_reached_its_service_is_parsed() {
+        let passage = Arc::new(Passage::default());
+        passage.reached(None);
+        let refused = authorize("{not json", passage.clone())
+            .collect()
+            .await
+            .expect_err("not JSON");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        let frame = authorize(r#"{"tool": "charge", "cost": "7"}"#, passage)
+            .collect()
+            .await
+            .expect("a message")
+            .to_bytes();
+        let message = crate::pb::AuthorizeRequest::decode(&frame[5..]).unwrap();
+        assert_eq!((message.tool.as_str(), message.cost), ("charge", 7));
     }
 }

@@ -43,9 +43,12 @@ def atmost_bin() -> str:
 class Server:
     """One `atmost serve` process."""
 
-    def __init__(self, args: List[str], tmp: pathlib.Path, listen: str = "127.0.0.1:0") -> None:
+    def __init__(self, args: List[str], tmp: pathlib.Path, listen: str = "127.0.0.1:0",
+                 env: Optional[Dict[str, str]] = None) -> None:
+        settings = env or {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("ATMOST_")}
         env["ATMOST_AUDIT_LOG"] = "off"
+        env.update(settings)
         self.stderr_path = tmp / f"atmost-{secrets.token_hex(4)}.stderr"
         self._stderr = open(self.stderr_path, "wb")
         self.process = subprocess.Popen(

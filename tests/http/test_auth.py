@@ -3,7 +3,14 @@ layer."""
 
 from __future__ import annotations
 
-from conftest import Api, Keys, Server, b64, reason, tomorrow
+import json
+import pathlib
+import time
+from typing import Dict, List
+
+import httpx
+
+from conftest import JSON, Api, Keys, Server, b64, reason, tomorrow
 
 
 def test_keys_roles_and_tenants(auth_server: Server, keys: Keys) -> None:
@@ -42,3 +49,59 @@ def test_keys_roles_and_tenants(auth_server: Server, keys: Keys) -> None:
     assert admin.get(f"/v1/permits/{permit}/attempts/k1").json()["attempt"]["state"] == "ATTEMPT_STATE_UNCERTAIN"
     for api in (anonymous, wrong, admin, agent, operator, other):
         api.close()
+
+
+
+def audit_lines(path: pathlib.Path, until, within: float = 30.0) -> List[Dict[str, str]]:
+    """The audit trail's lines once `until(lines)` holds (the writer
+    writes within tens of milliseconds; the bound is a guard, not a
+    measurement)."""
+    give_up = time.monotonic() + within
+    while True:
+        lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        if until(lines) or time.monotonic() > give_up:
+            return lines
+        time.sleep(0.05)
+
+
+def test_a_request_that_does_not_make_its_message_is_audited(keys: Keys, tmp_path: pathlib.Path) -> None:
+    """As the handler writes its own refusals: a state-changing RPC whose
+    JSON does not make its request is written, with its caller; a read is
+    not; a request refused before its service is written once, by the
+    layer that refused it, its body never parsed."""
+    (tmp_path / "keys.toml").write_text(keys.toml())
+    trail = tmp_path / "audit.jsonl"
+    server = Server(["--auth-keys", str(tmp_path / "keys.toml"), "--audit-log", str(trail)], tmp_path)
+    try:
+        admin = Api(server, keys.bearer("admin"))
+        agent = Api(server, keys.bearer("agent"))
+        permit = admin.permit()
+        # A read with a bad query: refused, not audited.
+        r = agent.get(f"/v1/permits/{permit}?nope=1")
+        assert r.status_code == 400 and reason(r) == "INVALID_REQUEST", r.text
+        # No key and a body that is not JSON: the auth layer's refusal.
+        r = httpx.post(f"{server.url}/v1/permits/{permit}/attempts:authorize", content=b"{not json",
+                       headers=JSON, timeout=30)
+        assert r.status_code == 401 and reason(r) == "UNAUTHENTICATED", r.text
+        # An unknown field, and a header contradicting the body.
+        r = agent.authorize(permit, "k1", bogus=1)
+        assert r.status_code == 400 and reason(r) == "INVALID_REQUEST", r.text
+        r = agent.authorize(permit, "k2", headers={"idempotency-key": '"k3"'})
+        assert r.status_code == 400 and reason(r) == "INVALID_REQUEST", r.text
+
+        lines = audit_lines(trail, lambda lines: len(lines) >= 4)
+        assert [(l["rpc"], l["outcome"]) for l in lines] == [
+            ("CreatePermit", "CREATED"),
+            ("Authorize", "UNAUTHENTICATED"),
+            ("Authorize", "INVALID_REQUEST"),
+            ("Authorize", "INVALID_REQUEST"),
+        ], lines
+        for line in lines[2:]:
+            assert (line["key_id"], line["tenant"], line["permit_id"]) == ("http-agent", "t1", permit), line
+        # Nothing was reserved.
+        usage = admin.usage(permit)["usage"][0]
+        assert usage.get("callsMade", "0") == "0", usage
+        for api in (admin, agent):
+            api.close()
+    finally:
+        server.stop()

@@ -81,9 +81,14 @@ def test_http_listen_gives_each_edge_its_own_port(server) -> None:
 
 
 def test_http_false_serves_grpc_alone(server) -> None:
+    """gRPC and nothing else, as before there was a JSON edge: HTTP/2
+    only, and a JSON request over it told where it stands."""
     s = server("--http=false")
     assert grpc_health(s.address).status == health_pb2.HealthCheckResponse.SERVING
-    r = create_permit(s.url)
+    with pytest.raises(httpx.RemoteProtocolError):
+        create_permit(s.url)
+    with httpx.Client(http1=False, http2=True) as h2:
+        r = h2.post(f"{s.url}/v1/permits", json=PERMIT, headers=JSON, timeout=30)
     assert r.status_code == 404, r.text
     assert "--http=false" in r.json()["error"]["message"]
 
@@ -194,5 +199,27 @@ def test_an_open_grpc_listener_leaves_a_loopback_json_edge_checked(tmp_path: pat
         port = s.address.rsplit(":", 1)[1]
         r = httpx.get(f"http://127.0.0.1:{port}/v1/signingKeys", headers={"host": "atmost.internal.example"}, timeout=30)
         assert r.status_code == 200, r.text
+    finally:
+        s.stop()
+
+
+def test_reflection_false_hides_the_openapi_document_too(server) -> None:
+    s = server()
+    assert httpx.get(f"{s.url}/v1/openapi.json", timeout=30).status_code == 200
+    s = server("--reflection=false")
+    r = httpx.get(f"{s.url}/v1/openapi.json", timeout=30)
+    assert r.status_code == 404 and "--reflection=false" in r.json()["error"]["message"], r.text
+    # The API itself is served as ever.
+    assert create_permit(s.url).status_code == 200
+
+
+def test_an_empty_cors_setting_is_none(tmp_path: pathlib.Path) -> None:
+    """As a deployment template leaves it: ATMOST_HTTP_CORS_ORIGINS="" is
+    no CORS, not an origin given (which would need --auth-keys)."""
+    s = Server([], tmp_path, env={"ATMOST_HTTP_CORS_ORIGINS": ""})
+    try:
+        origin = {"origin": "https://console.example.com"}
+        r = httpx.options(f"{s.url}/v1/permits", headers={**origin, **PREFLIGHT}, timeout=30)
+        assert "access-control-allow-origin" not in r.headers, r.headers
     finally:
         s.stop()

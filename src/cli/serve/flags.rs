@@ -159,8 +159,9 @@ pub struct ServeArgs {
     /// still verify: the previous keys of a rotation.
     #[arg(long, env = "ATMOST_RECEIPT_VERIFY_KEYS", value_name = "FILE")]
     pub receipt_verify_keys: Option<std::path::PathBuf>,
-    /// Serve gRPC server reflection (unauthenticated: it shows the
-    /// service's shape, no data). `--reflection=false` turns it off.
+    /// Serve gRPC server reflection and the HTTP/JSON edge's OpenAPI
+    /// document, /v1/openapi.json (unauthenticated: they show the
+    /// service's shape, no data). `--reflection=false` turns both off.
     #[arg(long, env = "ATMOST_REFLECTION", default_value_t = true, action = clap::ArgAction::Set)]
     pub reflection: bool,
     /// Serve the Envoy front doors on this port: ext_authz

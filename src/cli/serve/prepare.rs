@@ -14,7 +14,7 @@ pub struct Prepared {
     pub quotas: atmost::domain::Quotas,
     /// With `--store redis`: how to reach it, checked.
     pub redis: Option<RedisConfig>,
-    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    pub tls: Option<atmost::transport::Tls>,
     pub receipts: Option<atmost::receipts::ReceiptSigner>,
     pub auth: Option<Authenticator>,
     /// The Envoy front doors' mapping; `None`: not served.
@@ -69,22 +69,24 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
     if !args.http && args.http_listen.is_some() {
         return Err("--http-listen is for the HTTP/JSON edge, which --http=false turns off".into());
     }
-    if !args.http && !args.http_cors_origins.is_empty() {
-        return Err(
-            "--http-cors-origins is for the HTTP/JSON edge, which --http=false turns off".into(),
-        );
-    }
     if args.http_listen == Some(args.listen) && args.listen.port() != 0 {
         return Err(format!(
             "--http-listen {} is --listen's address: give it another port, or leave it out to serve HTTP/JSON on --listen",
             args.listen
         ));
     }
+    // (An empty value, as a template leaves ATMOST_HTTP_CORS_ORIGINS, is
+    // none.)
     let cors = atmost::http::Cors::parse(&args.http_cors_origins)
         .map_err(|e| format!("--http-cors-origins: {e}"))?;
+    if !args.http && cors != atmost::http::Cors::Off {
+        return Err(
+            "--http-cors-origins is for the HTTP/JSON edge, which --http=false turns off".into(),
+        );
+    }
     // Without keys a page of an allowed origin could call every RPC from
     // any visitor's browser: CORS is for a service that asks for a key.
-    if args.auth_keys.is_none() && !args.http_cors_origins.is_empty() {
+    if args.auth_keys.is_none() && cors != atmost::http::Cors::Off {
         return Err(
             "--http-cors-origins needs --auth-keys: without keys, a page of an allowed origin could call every RPC from its visitors' browsers".into(),
         );
@@ -114,22 +116,15 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
-            let mut tls = tonic::transport::ServerTlsConfig::new().identity(
-                tonic::transport::Identity::from_pem(
-                    read("tls-cert", cert)?,
-                    read("tls-key", key)?,
-                ),
-            );
-            if let Some(ca) = &args.tls_client_ca {
-                // A client without a certificate may still present a key.
-                tls = tls
-                    .client_ca_root(tonic::transport::Certificate::from_pem(read(
-                        "tls-client-ca",
-                        ca,
-                    )?))
-                    .client_auth_optional(true);
-            }
-            Some(tls)
+            let ca = match &args.tls_client_ca {
+                Some(ca) => Some(read("tls-client-ca", ca)?),
+                None => None,
+            };
+            Some(atmost::transport::Tls::from_pem(
+                &read("tls-cert", cert)?,
+                &read("tls-key", key)?,
+                ca.as_deref(),
+            )?)
         }
         _ => None,
     };
