@@ -84,6 +84,14 @@ def test_a_body_too_large_is_413_read_or_unread(quick: Api) -> None:
     # Chunked, no Content-Length: cut once the limit is passed.
     r = quick.http.post(path, content=iter([big[i : i + 65536] for i in range(0, len(big), 65536)]), headers=JSON)
     assert r.status_code == 413 and reason(r) == "MESSAGE_TOO_LARGE", r.text
+    # A Content-Length past the limit and the 1 MiB drained after it:
+    # refused unread (the body is never sent, the answer comes anyway).
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        "content-length: 10000000\r\n\r\n"
+    ).encode()
+    answer = raw(quick.server, head)
+    assert status_of(answer) == 413 and b"MESSAGE_TOO_LARGE" in answer, answer[:300]
     assert quick.usage(permit)["usage"][0].get("callsMade", "0") == "0"
 
 
