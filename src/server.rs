@@ -13,7 +13,7 @@ use crate::domain::{Clock, SystemClock};
 use crate::pb::{self, gate_server::GateServer, permits_server::PermitsServer};
 use crate::store::{Backend, Store};
 use crate::telemetry::{RpcLayer, Telemetry};
-use crate::transport::{Limits, Serves, Track};
+use crate::transport::{Limits, Track};
 use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use std::future::Future;
@@ -370,7 +370,7 @@ pub async fn run(
     let (listeners, http_layer, cors) =
         app.http
             .into_layers(listener, limits, app.auth.is_some(), app.reflection);
-    let http1 = listeners.iter().any(|(_, serves)| *serves != Serves::Grpc);
+    let http1 = crate::transport::http1(&listeners);
     let serve = limits
         .server(http1)
         // Outermost: a browser's preflight is answered, and its answers

@@ -138,11 +138,12 @@ impl Limits {
         listeners: Vec<(TcpListener, Serves)>,
         tls: Option<Tls>,
     ) -> impl Stream<Item = io::Result<Io>> + use<> {
+        let http1 = http1(&listeners);
         let accepted = self.accepted(listeners);
         match tls {
             None => futures_util::future::Either::Left(accepted.map(|conn| conn.map(Io::Plain))),
             Some(tls) => futures_util::future::Either::Right(
-                tls.accept(accepted, self.handshake_timeout)
+                tls.accept(accepted, self.handshake_timeout, http1)
                     .map(|conn| conn.map(Io::Tls)),
             ),
         }
@@ -187,6 +188,14 @@ pub enum Serves {
     Grpc,
     /// HTTP/JSON only.
     Json,
+}
+
+/// Whether HTTP/1.1 is served on `listeners`: where HTTP/JSON is, on any
+/// of them (gRPC is HTTP/2's), so that an HTTP/1.1 caller on a gRPC-only
+/// listener is told where JSON is served. Without it (`--http=false`) the
+/// service is HTTP/2 only, as it was before the HTTP/JSON edge.
+pub fn http1(listeners: &[(TcpListener, Serves)]) -> bool {
+    listeners.iter().any(|(_, serves)| *serves != Serves::Grpc)
 }
 
 impl Serves {
@@ -277,8 +286,13 @@ pub struct Conn {
     _slot: OwnedSemaphorePermit,
     limits: Arc<Limits>,
     accepted: Instant,
-    /// Bytes read so far, up to the preface's length.
+    /// Bytes of the HTTP preface read so far, up to its length.
     preface_read: u64,
+    /// Over TLS, the preface is counted on the bytes the TLS stream
+    /// decrypts, not on these ([`Conn::count_preface`]): the ClientHello
+    /// alone would pass for it, and a client silent after its handshake
+    /// would hold its slot until the idle timeout.
+    preface_decrypted: bool,
     activity: Arc<Activity>,
     timer: Pin<Box<Sleep>>,
     serves: Serves,
@@ -296,6 +310,7 @@ impl Conn {
             limits,
             accepted,
             preface_read: 0,
+            preface_decrypted: false,
             activity,
             timer: Box::pin(tokio::time::sleep_until(first)),
             serves,
@@ -352,16 +367,26 @@ impl AsyncRead for Conn {
         self.poll_deadlines(cx)?;
         let before = buf.filled().len();
         ready!(Pin::new(&mut self.io).poll_read(cx, buf))?;
-        let read = (buf.filled().len() - before) as u64;
+        if !self.preface_decrypted {
+            self.count_preface(buf.filled().len() - before)?;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Conn {
+    /// `read` more bytes of the peer's HTTP (its HTTP/2 preface, or an
+    /// HTTP/1.1 request's first bytes): once the preface's length has
+    /// come, the idle timeout applies instead of the handshake deadline.
+    fn count_preface(&mut self, read: usize) -> io::Result<()> {
         if self.preface_read < PREFACE_LEN {
-            self.preface_read = (self.preface_read + read).min(PREFACE_LEN);
+            self.preface_read = (self.preface_read + read as u64).min(PREFACE_LEN);
             if self.preface_read == PREFACE_LEN {
-                // Handshake done: from now on the idle timeout applies.
                 let next = self.next_deadline(Instant::now())?;
                 self.timer.as_mut().reset(next);
             }
         }
-        Poll::Ready(Ok(()))
+        Ok(())
     }
 }
 
@@ -445,7 +470,19 @@ impl AsyncRead for Io {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        on_io!(self, io => io.poll_read(cx, buf))
+        match self.get_mut() {
+            Io::Plain(conn) => Pin::new(conn).poll_read(cx, buf),
+            Io::Tls(stream) => {
+                let before = buf.filled().len();
+                ready!(Pin::new(&mut **stream).poll_read(cx, buf))?;
+                // What TLS decrypted is the preface's.
+                stream
+                    .get_mut()
+                    .0
+                    .count_preface(buf.filled().len() - before)?;
+                Poll::Ready(Ok(()))
+            }
+        }
     }
 }
 

@@ -76,30 +76,19 @@ pub struct Transcode {
 pub fn transcode(body: tonic::body::Body, how: Transcode) -> tonic::body::Body {
     tonic::body::Body::new(Once(Some(Box::pin(async move {
         let Some(caller) = how.passage.0.get().cloned() else {
-            crate::api::layers::drain(body).await;
+            // Read and dropped as a body refused for its size would be, so
+            // that an HTTP/1.1 client hears the refusal.
+            let _ = collect(body, how.limit, how.params.content_length, false).await;
             return Ok(None);
         };
-        let json = collect(body, how.limit, how.params.content_length).await?;
+        let json = collect(body, how.limit, how.params.content_length, true).await?;
         how.read.store(true, Ordering::Release);
         match message(how.input, &how.field, &json, &how.params) {
             Ok(message) => Ok(Some(frame(&message))),
             Err(e) => {
                 if let Some(rpc) = how.audited {
-                    let var = |name: &str| {
-                        how.params
-                            .vars
-                            .iter()
-                            .find(|(f, _)| f.name() == name)
-                            .and_then(|(_, v)| v.as_deref().ok())
-                            .unwrap_or_default()
-                    };
-                    Audit::by(rpc, caller).record(
-                        var("permit_id"),
-                        "",
-                        var("idempotency_key"),
-                        e.reason().as_str(),
-                        "",
-                    );
+                    let (permit_id, tool, key) = about(&how.params, &json);
+                    Audit::by(rpc, caller).record(&permit_id, &tool, &key, e.reason().as_str(), "");
                 }
                 Err(to_status(e))
             }
@@ -107,17 +96,55 @@ pub fn transcode(body: tonic::body::Body, how: Transcode) -> tonic::body::Body {
     }))))
 }
 
-/// The JSON body, up to `limit` bytes; a longer one is MESSAGE_TOO_LARGE.
-/// Before that answer, what is left of it is read and dropped, up to
-/// [`MAX_DRAINED`] more bytes: over HTTP/1.1 an answer sent while the
-/// client still sends is often lost to the reset that follows. A body
-/// whose `Content-Length` is past even that is refused unread (and a
-/// client that waits for `100 Continue`, as curl does for large bodies,
+/// What a request that did not make its message is about, as far as it
+/// says, for its audit event: the permit, the tool and the idempotency
+/// key, from the path, the `Idempotency-Key` header or a body that is at
+/// least JSON (the handler's event names the same).
+fn about(params: &Params, json: &[u8]) -> (String, String, String) {
+    let var = |name: &str| {
+        params
+            .vars
+            .iter()
+            .find(|(f, _)| f.name() == name)
+            .and_then(|(_, v)| v.as_deref().ok())
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    let body: Option<serde_json::Map<String, serde_json::Value>> =
+        serde_json::from_slice(json).ok();
+    let field = |json_name: &str, name: &str| {
+        let body = body.as_ref()?;
+        body.get(json_name)
+            .or_else(|| body.get(name))?
+            .as_str()
+            .map(str::to_owned)
+    };
+    let header = match params.idempotency_keys.as_slice() {
+        [one] => crate::idempotency::header_key(one.as_bytes()).ok(),
+        _ => None,
+    };
+    (
+        var("permit_id").unwrap_or_default(),
+        field("tool", "tool").unwrap_or_default(),
+        var("idempotency_key")
+            .or(header)
+            .or_else(|| field("idempotencyKey", "idempotency_key"))
+            .unwrap_or_default(),
+    )
+}
+
+/// The JSON body, up to `limit` bytes (kept if `keep`); a longer one is
+/// MESSAGE_TOO_LARGE. Before that answer, what is left of it is read and
+/// dropped, up to [`MAX_DRAINED`] more bytes: over HTTP/1.1 an answer sent
+/// while the client still sends is often lost to the reset that follows.
+/// A body whose `Content-Length` is past even that is refused unread (and
+/// a client that waits for `100 Continue`, as curl does for large bodies,
 /// never sends it).
 async fn collect(
     body: tonic::body::Body,
     limit: usize,
     content_length: Option<u64>,
+    keep: bool,
 ) -> Result<Bytes, Status> {
     let too_large = |size: usize| to_status(Error::MessageTooLarge { limit, size });
     let drainable = limit.saturating_add(MAX_DRAINED);
@@ -136,7 +163,7 @@ async fn collect(
             if size > drainable {
                 break;
             }
-            if size <= limit {
+            if keep && size <= limit {
                 json.put(data);
             }
         }

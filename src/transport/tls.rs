@@ -2,12 +2,13 @@
 //! server offers only `h2` in ALPN, so a client that offers only
 //! `http/1.1` (most HTTP/1.1 clients over TLS: Python's requests, Node's
 //! fetch, `curl --http1.1`) would fail the handshake before the HTTP/JSON
-//! edge could answer it. Each listener offers what it serves: `h2`, and
-//! `http/1.1` where HTTP/JSON is served. The handshakes run beside the
-//! accept loop, each within the handshake timeout, so a slow one delays
-//! no other connection.
+//! edge could answer it. The listeners offer `h2`, and `http/1.1` too
+//! while HTTP/JSON is served (so that an HTTP/1.1 client on a gRPC-only
+//! listener hears where JSON is served, as it would in plaintext). The
+//! handshakes run beside the accept loop, each within the handshake
+//! timeout, so a slow one delays no other connection.
 
-use super::{Conn, Serves};
+use super::Conn;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,9 +24,9 @@ use tokio_stream::{Stream, StreamExt};
 /// API key), and one the CA did not sign fails the handshake.
 #[derive(Clone)]
 pub struct Tls {
-    /// ALPN `h2` only: a listener that serves gRPC alone.
+    /// ALPN `h2` only: gRPC alone is served (`--http=false`).
     h2: Arc<ServerConfig>,
-    /// ALPN `h2` and `http/1.1`: a listener that serves HTTP/JSON.
+    /// ALPN `h2` and `http/1.1`: HTTP/JSON is served.
     h2_and_http1: Arc<ServerConfig>,
 }
 
@@ -54,16 +55,17 @@ impl Tls {
         let builder = match client_ca {
             None => builder.with_no_client_auth(),
             Some(ca) => {
+                let certs = CertificateDer::pem_slice_iter(ca)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| format!("--tls-client-ca: not PEM certificates: {e}"))?;
+                // As tonic read it: a bundle's certificates that cannot be
+                // trust anchors are passed over, as long as one can.
                 let mut roots = RootCertStore::empty();
-                for cert in CertificateDer::pem_slice_iter(ca) {
-                    let cert =
-                        cert.map_err(|e| format!("--tls-client-ca: not PEM certificates: {e}"))?;
-                    roots
-                        .add(cert)
-                        .map_err(|e| format!("--tls-client-ca: {e}"))?;
-                }
+                let (_, unusable) = roots.add_parsable_certificates(certs);
                 if roots.is_empty() {
-                    return Err("--tls-client-ca: no certificate in it".into());
+                    return Err(format!(
+                        "--tls-client-ca: no CA certificate in it ({unusable} that cannot be one)"
+                    ));
                 }
                 let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
                     .allow_unauthenticated()
@@ -84,40 +86,38 @@ impl Tls {
         })
     }
 
-    fn acceptor(&self, serves: Serves) -> tokio_rustls::TlsAcceptor {
-        match serves {
-            Serves::Grpc => self.h2.clone(),
-            Serves::Both | Serves::Json => self.h2_and_http1.clone(),
-        }
-        .into()
-    }
-
     /// The connections of `accepted` once each has finished its TLS
-    /// handshake within `timeout`; one that fails or does not finish in
-    /// time is closed (and logged at DEBUG), nothing else waits for it.
+    /// handshake within `timeout`, offering `http/1.1` too if `http1`; one
+    /// that fails or does not finish in time is closed (and logged at
+    /// DEBUG), nothing else waits for it. The HTTP preface is then counted
+    /// on what the handshake decrypts (`Conn::count_preface`).
     pub(super) fn accept(
         self,
         accepted: impl Stream<Item = io::Result<Conn>> + Send + 'static,
         timeout: Duration,
+        http1: bool,
     ) -> impl Stream<Item = io::Result<TlsConn>> + Send + 'static {
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(if http1 { self.h2_and_http1 } else { self.h2 });
         let accepted = Box::pin(accepted);
-        let state = (accepted, JoinSet::new(), self);
+        let state = (accepted, JoinSet::new(), acceptor);
         futures_util::stream::unfold(
             state,
-            move |(mut accepted, mut handshakes, tls)| async move {
+            move |(mut accepted, mut handshakes, acceptor)| async move {
                 loop {
                     tokio::select! {
                         next = accepted.next() => match next {
                             None => return None,
-                            Some(Err(e)) => return Some((Err(e), (accepted, handshakes, tls))),
-                            Some(Ok(conn)) => {
-                                let acceptor = tls.acceptor(conn.serves);
-                                handshakes.spawn(tokio::time::timeout(timeout, acceptor.accept(conn)));
+                            Some(Err(e)) => return Some((Err(e), (accepted, handshakes, acceptor))),
+                            Some(Ok(mut conn)) => {
+                                conn.preface_decrypted = true;
+                                let handshake = acceptor.accept(conn);
+                                handshakes.spawn(tokio::time::timeout(timeout, handshake));
                             }
                         },
                         Some(done) = handshakes.join_next() => match done {
                             Ok(Ok(Ok(stream))) => {
-                                return Some((Ok(Box::new(stream)), (accepted, handshakes, tls)));
+                                return Some((Ok(Box::new(stream)), (accepted, handshakes, acceptor)));
                             }
                             Ok(Ok(Err(e))) => tracing::debug!(error = %e, "TLS handshake failed"),
                             Ok(Err(_)) => tracing::debug!("TLS handshake timed out"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import socket
 import time
 from typing import Dict, List
 
@@ -86,8 +87,10 @@ def test_a_request_that_does_not_make_its_message_is_audited(keys: Keys, tmp_pat
         # An unknown field, and a header contradicting the body.
         r = agent.authorize(permit, "k1", bogus=1)
         assert r.status_code == 400 and reason(r) == "INVALID_REQUEST", r.text
-        r = agent.authorize(permit, "k2", headers={"idempotency-key": '"k3"'})
+        body = {"tool": "charge", "idempotencyKey": "k2", "requestFingerprint": b64(b"req")}
+        r = agent.post(f"/v1/permits/{permit}/attempts:authorize", body, headers={"idempotency-key": '"k3"'})
         assert r.status_code == 400 and reason(r) == "INVALID_REQUEST", r.text
+        assert "two different values" in r.json()["error"]["message"], r.text
 
         lines = audit_lines(trail, lambda lines: len(lines) >= 4)
         assert [(l["rpc"], l["outcome"]) for l in lines] == [
@@ -96,8 +99,10 @@ def test_a_request_that_does_not_make_its_message_is_audited(keys: Keys, tmp_pat
             ("Authorize", "INVALID_REQUEST"),
             ("Authorize", "INVALID_REQUEST"),
         ], lines
-        for line in lines[2:]:
+        # Who, and about what, as the handler's own refusal would say.
+        for line, key in zip(lines[2:], ["k1", "k3"]):
             assert (line["key_id"], line["tenant"], line["permit_id"]) == ("http-agent", "t1", permit), line
+            assert (line["tool"], line["idempotency_key"]) == ("charge", key), line
         # Nothing was reserved.
         usage = admin.usage(permit)["usage"][0]
         assert usage.get("callsMade", "0") == "0", usage
@@ -105,3 +110,28 @@ def test_a_request_that_does_not_make_its_message_is_audited(keys: Keys, tmp_pat
             api.close()
     finally:
         server.stop()
+
+
+def test_a_refused_request_has_its_body_read_and_keeps_its_connection(auth_server: Server) -> None:
+    """A body the auth layer refuses is read, unparsed, up to what a body
+    refused for its size is: the client hears the refusal and its
+    HTTP/1.1 connection goes on (a body left unread would close it)."""
+    # Past the 128 KiB any refused gRPC body is drained, within the JSON
+    # body limit (512 KiB).
+    big = json.dumps({"tool": "x" * (200 * 1024)}).encode()
+    host, port = auth_server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        reader = s.makefile("rb")
+        for _ in range(3):
+            s.sendall(
+                b"POST /v1/permits HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(big)}\r\n\r\n".encode() + big
+            )
+            status = reader.readline()
+            assert status.startswith(b"HTTP/1.1 401"), status
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+                assert not line.lower().startswith(b"connection: close"), line
+            assert b"UNAUTHENTICATED" in reader.read(length)

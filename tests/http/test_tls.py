@@ -121,19 +121,57 @@ def alpn(address: str, tls: Tls, offered: list) -> str:
             return conn.selected_alpn_protocol()
 
 
-def test_each_listener_offers_what_it_serves(tls_server: Server, tls: Tls) -> None:
-    # The JSON listener: both; the gRPC-only one: h2 alone, so an HTTP/1.1
-    # client fails there at the handshake rather than on a 505.
-    assert alpn(tls_server.also["http"], tls, ["http/1.1"]) == "http/1.1"
-    assert alpn(tls_server.also["http"], tls, ["h2", "http/1.1"]) == "h2"
-    assert alpn(tls_server.address, tls, ["h2", "http/1.1"]) == "h2"
-    with pytest.raises(ssl.SSLError, match="NO_APPLICATION_PROTOCOL|no application protocol"):
-        alpn(tls_server.address, tls, ["http/1.1"])
+def test_alpn_offers_http1_while_json_is_served(tls_server: Server, tls: Tls, tmp_path: pathlib.Path,
+                                                keys: Keys) -> None:
+    # Both listeners offer both while JSON is served: an HTTP/1.1 client on
+    # the gRPC-only one hears where JSON is, as it would in plaintext.
+    for address in (tls_server.also["http"], tls_server.address):
+        assert alpn(address, tls, ["http/1.1"]) == "http/1.1"
+        assert alpn(address, tls, ["h2", "http/1.1"]) == "h2"
+    with httpx.Client(base_url=f"https://{tls_server.address}", verify=context(tls), timeout=30,
+                      headers=keys.bearer("admin")) as h1:
+        r = h1.get("/v1/signingKeys")
+        assert r.status_code == 404 and "--http-listen" in r.json()["error"]["message"], r.text
     # gRPC over TLS as ever (Google's client).
+    assert grpc_health(tls_server.address, tls) == health_pb2.HealthCheckResponse.SERVING
+    # --http=false: h2 alone, as before the JSON edge.
+    grpc_only = Server([*tls.args(), "--http=false"], tmp_path)
+    try:
+        assert alpn(grpc_only.address, tls, ["h2", "http/1.1"]) == "h2"
+        with pytest.raises(ssl.SSLError, match="NO_APPLICATION_PROTOCOL|no application protocol"):
+            alpn(grpc_only.address, tls, ["http/1.1"])
+        assert grpc_health(grpc_only.address, tls) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        grpc_only.stop()
+
+
+def grpc_health(address: str, tls: Tls) -> int:
     credentials = grpc.ssl_channel_credentials(root_certificates=tls.ca_pem.read_bytes())
-    with grpc.secure_channel(tls_server.address, credentials) as channel:
-        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30).status
-    assert status == health_pb2.HealthCheckResponse.SERVING
+    with grpc.secure_channel(address, credentials) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30).status
+
+
+def test_a_client_silent_after_its_handshake_is_closed(tls: Tls, tmp_path: pathlib.Path) -> None:
+    """The handshake timeout covers the TLS handshake and then the HTTP
+    preface, counted on what TLS decrypts: the ClientHello's bytes do not
+    pass for it, so a client that says nothing once it is through holds
+    its connection slot for the handshake timeout, not the idle timeout."""
+    server = Server([*tls.args(), "--handshake-timeout", "300ms", "--idle-timeout", "1h"], tmp_path)
+    try:
+        host, port = server.address.rsplit(":", 1)
+        ctx = context(tls)
+        ctx.set_alpn_protocols(["h2"])
+        with socket.create_connection((host, int(port)), timeout=60) as raw:
+            with ctx.wrap_socket(raw, server_hostname=host) as conn:
+                # Closed by the server long before this read's guard: an EOF
+                # (b"") or a reset, never the timeout.
+                try:
+                    got = conn.recv(1024)
+                except (ConnectionResetError, ssl.SSLError):
+                    got = b""
+                assert got == b"", got
+    finally:
+        server.stop()
 
 
 def test_both_edges_on_one_tls_listener(tls: Tls, tmp_path: pathlib.Path, keys: Keys) -> None:
@@ -143,9 +181,6 @@ def test_both_edges_on_one_tls_listener(tls: Tls, tmp_path: pathlib.Path, keys: 
                           headers=keys.bearer("admin")) as h1:
             r = h1.get("/v1/signingKeys")
             assert r.status_code == 200 and r.http_version == "HTTP/1.1", r.text
-        credentials = grpc.ssl_channel_credentials(root_certificates=tls.ca_pem.read_bytes())
-        with grpc.secure_channel(server.address, credentials) as channel:
-            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30).status
-        assert status == health_pb2.HealthCheckResponse.SERVING
+        assert grpc_health(server.address, tls) == health_pb2.HealthCheckResponse.SERVING
     finally:
         server.stop()

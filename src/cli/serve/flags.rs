@@ -241,7 +241,8 @@ pub struct ServeArgs {
     /// closed (0s to 1h).
     #[arg(long, env = "ATMOST_MAX_CONNECTION_AGE_GRACE", default_value = "30s", value_parser = shutdown_grace)]
     pub max_connection_age_grace: Duration,
-    /// The HTTP/2 preface (plaintext) or the TLS handshake must arrive within this
+    /// The TLS handshake, if any, and then the HTTP/2 preface (an HTTP/1.1
+    /// request's first bytes) must arrive within this
     /// (100ms to 60s).
     #[arg(long, env = "ATMOST_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = handshake_timeout)]
     pub handshake_timeout: Duration,
