@@ -369,9 +369,11 @@ where
             )),
         };
         if let Some(refusal) = refusal {
+            let length = content_length(request.headers());
             let body = request.into_body();
+            let edge = self.edge.clone();
             return futures_util::future::Either::Right(Box::pin(async move {
-                Ok(drained(body, refusal).await)
+                Ok(edge.drained(body, length, refusal).await)
             }));
         }
         // The service that was polled ready serves this request; a clone
@@ -513,9 +515,10 @@ impl Edge {
         S: tower::Service<Request, Response = Response>,
     {
         let (parts, body) = request.into_parts();
+        let length = content_length(&parts.headers);
         let matched = match self.early(&parts) {
             Ok(matched) => matched,
-            Err(answer) => return Ok(drained(body, *answer).await),
+            Err(answer) => return Ok(self.drained(body, length, *answer).await),
         };
         let route = matched.route;
         let read = Arc::new(AtomicBool::new(false));
@@ -528,10 +531,7 @@ impl Edge {
                 .iter()
                 .cloned()
                 .collect(),
-            content_length: parts
-                .headers
-                .get(header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok()?.parse().ok()),
+            content_length: length,
         };
         let passage = Arc::new(body::Passage::default());
         let rpc = route.rpc.name();
@@ -556,7 +556,7 @@ impl Edge {
             .expect("a gRPC path is a valid URI");
         *grpc.version_mut() = http::Version::HTTP_2;
         *grpc.extensions_mut() = parts.extensions;
-        grpc.extensions_mut().insert(passage);
+        grpc.extensions_mut().insert(passage.clone());
         let headers = grpc.headers_mut();
         for (name, value) in &parts.headers {
             if !HOP_AND_BODY.contains(name) {
@@ -569,6 +569,10 @@ impl Edge {
         );
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
         let response = inner.call(grpc).await?;
+        // Refused before its service (auth, admission): its body, unread.
+        if let Some(unread) = passage.take_unread() {
+            body::drain(unread, self.max_body_bytes, length).await;
+        }
         Ok(self.answer(response, route, &read).await)
     }
 
@@ -732,12 +736,27 @@ const HOP_AND_BODY: [header::HeaderName; 7] = [
     header::HOST,
 ];
 
-/// `answer`, once what the request's body has left is read (within the
-/// layers' drain bound): answered unread, HTTP/1.1 would close the
-/// connection under a client about to reuse it, HTTP/2 reset the stream.
-async fn drained(body: tonic::body::Body, answer: Response) -> Response {
-    crate::api::layers::drain(body).await;
-    answer
+impl Edge {
+    /// `answer`, once what the request's body has left is read
+    /// ([`body::drain`]): answered unread, HTTP/1.1 would close the
+    /// connection under a client about to reuse it, HTTP/2 reset the
+    /// stream.
+    async fn drained(
+        &self,
+        body: tonic::body::Body,
+        content_length: Option<u64>,
+        answer: Response,
+    ) -> Response {
+        body::drain(body, self.max_body_bytes, content_length).await;
+        answer
+    }
+}
+
+/// A request's `Content-Length`, if it sent one that reads.
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok())
 }
 
 /// `localhost` (or a name under it, which browsers resolve to loopback

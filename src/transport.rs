@@ -4,8 +4,10 @@
 //!
 //! - a cap on open connections ([`Limits::max_connections`]): past it, a
 //!   new connection is closed as soon as it is accepted;
-//! - a handshake deadline: a connection that has not sent the HTTP/2
-//!   preface within [`Limits::handshake_timeout`] is closed;
+//! - a handshake deadline: a connection that has not finished its TLS
+//!   handshake, if any, and sent the HTTP/2 preface (or an HTTP/1.1
+//!   request's first bytes) within [`Limits::handshake_timeout`] is
+//!   closed;
 //! - an idle timeout: a connection with no RPC open for
 //!   [`Limits::idle_timeout`] is closed (keepalive PINGs do not count);
 //! - a hard end to a connection's life: tonic sends GOAWAY at
@@ -60,10 +62,10 @@ pub struct Limits {
     /// over replicas; closed `max_connection_age_grace` later.
     pub max_connection_age: Duration,
     pub max_connection_age_grace: Duration,
-    /// The TLS handshake (over TLS) or the HTTP/2 preface (in plaintext;
-    /// over HTTP/1.1, the request's first 24 bytes) must arrive within
-    /// this. [`Conn`] sits under TLS and counts the preface on the bytes it
-    /// reads, so over TLS it is the handshake's.
+    /// The TLS handshake, if any, and then the HTTP/2 preface (over
+    /// HTTP/1.1, the request's first 24 bytes) must arrive within this,
+    /// counted from the accept. [`Conn`] sits under TLS; over TLS the
+    /// preface is counted on what TLS decrypts.
     pub handshake_timeout: Duration,
     /// One RPC's handler, body reading included, may take this long
     /// (tonic answers CANCELLED past it).

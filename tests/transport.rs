@@ -787,8 +787,7 @@ fn largest_valid_permit() -> pb::Permit {
 }
 
 /// Over TLS, a handshake that stalls after its first bytes (past the
-/// preface's length, so only the TLS deadline can cut it) is closed at
-/// --handshake-timeout.
+/// preface's length in raw bytes) is closed at --handshake-timeout.
 async fn a_stalled_tls_handshake_is_closed(kind: Kind) {
     let pki = Pki::new();
     let (cert, key) = pki.issue(&["localhost"]);

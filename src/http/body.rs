@@ -1,8 +1,9 @@
 //! The request: a JSON body, the path's variables, the query and the
 //! `Idempotency-Key` header, made into the RPC's request message when the
 //! service reads its body, and only then: authentication and admission
-//! decide before, as for gRPC, and a request they refuse has what is left
-//! of its body read and dropped unparsed ([`Passage`]), as a gRPC one has.
+//! decide before, as for gRPC, and a request they refuse is never parsed;
+//! its body goes back to the edge ([`Passage`]), which reads and drops it
+//! before answering ([`drain`]).
 //!
 //! Every problem is the domain's INVALID_REQUEST (or MESSAGE_TOO_LARGE),
 //! answered by the RPC as if its own decoding had found it: counted and
@@ -41,18 +42,43 @@ pub struct Params {
     pub content_length: Option<u64>,
 }
 
-/// Set by the edge's inner half ([`super::ReachedLayer`]) when a
-/// transcoded request has passed every layer to its service, with its
-/// caller (`None` in dev mode). Until then its body is not made into a
-/// message.
+/// Between the edge's two halves, for one transcoded request: set by the
+/// inner half ([`super::ReachedLayer`]) once the request has passed every
+/// layer to its service, with its caller (`None` in dev mode). Until then
+/// its body is not made into a message: a layer that refuses the request
+/// (auth, admission) finds the body empty, and the JSON goes back here,
+/// unread, for the edge to [`drain`].
 #[derive(Debug, Default)]
-pub struct Passage(OnceLock<Option<Arc<Identity>>>);
+pub struct Passage {
+    caller: OnceLock<Option<Arc<Identity>>>,
+    unread: std::sync::Mutex<Option<tonic::body::Body>>,
+}
 
 impl Passage {
     pub(super) fn reached(&self, caller: Option<Arc<Identity>>) {
-        let _ = self.0.set(caller);
+        let _ = self.caller.set(caller);
+    }
+
+    /// The body of a request refused before its service, if it was.
+    pub(super) fn take_unread(&self) -> Option<tonic::body::Body> {
+        self.unread.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
+
+/// Reads what is left of a JSON body no RPC will read, and drops it, as
+/// far as [`collect`] reads a body refused for its size (the JSON limit
+/// and [`MAX_DRAINED`] more, or nothing past that by its
+/// `Content-Length`) and for at most [`DRAIN_WAIT`]: over HTTP/1.1 an
+/// answer sent with the body unread closes the connection, or is lost to
+/// the reset.
+pub async fn drain(body: tonic::body::Body, limit: usize, content_length: Option<u64>) {
+    let _ = tokio::time::timeout(DRAIN_WAIT, collect(body, limit, content_length, false)).await;
+}
+
+/// The longest [`drain`] reads: long enough for a client that has sent its
+/// whole body to be read on a busy machine, short enough that a client
+/// that trickles cannot keep a refused request open.
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How the request's gRPC body is made.
 pub struct Transcode {
@@ -75,19 +101,17 @@ pub struct Transcode {
 /// never reached its service: whoever refused it answers.
 pub fn transcode(body: tonic::body::Body, how: Transcode) -> tonic::body::Body {
     tonic::body::Body::new(Once(Some(Box::pin(async move {
-        let Some(caller) = how.passage.0.get().cloned() else {
-            // Read and dropped as a body refused for its size would be, so
-            // that an HTTP/1.1 client hears the refusal.
-            let _ = collect(body, how.limit, how.params.content_length, false).await;
+        let Some(caller) = how.passage.caller.get().cloned() else {
+            *how.passage.unread.lock().unwrap_or_else(|e| e.into_inner()) = Some(body);
             return Ok(None);
         };
         let json = collect(body, how.limit, how.params.content_length, true).await?;
         how.read.store(true, Ordering::Release);
-        match message(how.input, &how.field, &json, &how.params) {
+        match message(how.input.clone(), &how.field, &json, &how.params) {
             Ok(message) => Ok(Some(frame(&message))),
             Err(e) => {
                 if let Some(rpc) = how.audited {
-                    let (permit_id, tool, key) = about(&how.params, &json);
+                    let (permit_id, tool, key) = about(&how, &json);
                     Audit::by(rpc, caller).record(&permit_id, &tool, &key, e.reason().as_str(), "");
                 }
                 Err(to_status(e))
@@ -97,12 +121,22 @@ pub fn transcode(body: tonic::body::Body, how: Transcode) -> tonic::body::Body {
 }
 
 /// What a request that did not make its message is about, as far as it
-/// says, for its audit event: the permit, the tool and the idempotency
-/// key, from the path, the `Idempotency-Key` header or a body that is at
-/// least JSON (the handler's event names the same).
-fn about(params: &Params, json: &[u8]) -> (String, String, String) {
+/// says, for its audit event: the permit, and the tool and idempotency key
+/// if its RPC's request has them (as the handler's event would name
+/// them), from the path, the `Idempotency-Key` header, or a body that is
+/// the whole request and at least a JSON object.
+fn about(how: &Transcode, json: &[u8]) -> (String, String, String) {
+    /// The two fields of a body, whatever else it holds (skipped unread).
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Named {
+        tool: Option<serde_json::Value>,
+        #[serde(rename = "idempotencyKey")]
+        key: Option<serde_json::Value>,
+        idempotency_key: Option<serde_json::Value>,
+    }
     let var = |name: &str| {
-        params
+        how.params
             .vars
             .iter()
             .find(|(f, _)| f.name() == name)
@@ -110,26 +144,33 @@ fn about(params: &Params, json: &[u8]) -> (String, String, String) {
             .filter(|v| !v.is_empty())
             .map(str::to_owned)
     };
-    let body: Option<serde_json::Map<String, serde_json::Value>> =
-        serde_json::from_slice(json).ok();
-    let field = |json_name: &str, name: &str| {
-        let body = body.as_ref()?;
-        body.get(json_name)
-            .or_else(|| body.get(name))?
-            .as_str()
-            .map(str::to_owned)
+    let named: Named = match how.field {
+        BodyField::All => serde_json::from_slice(json).unwrap_or_default(),
+        _ => Named::default(),
     };
-    let header = match params.idempotency_keys.as_slice() {
-        [one] => crate::idempotency::header_key(one.as_bytes()).ok(),
+    let text = |v: Option<serde_json::Value>| match v {
+        Some(serde_json::Value::String(s)) => Some(s),
         _ => None,
+    };
+    let has = |name: &str| how.input.get_field_by_name(name).is_some();
+    let tool = match has("tool") {
+        true => text(named.tool),
+        false => None,
+    };
+    let key = match has("idempotency_key") {
+        true => var("idempotency_key")
+            .or_else(|| match how.params.idempotency_keys.as_slice() {
+                [one] => crate::idempotency::header_key(one.as_bytes()).ok(),
+                _ => None,
+            })
+            .or_else(|| text(named.key))
+            .or_else(|| text(named.idempotency_key)),
+        false => None,
     };
     (
         var("permit_id").unwrap_or_default(),
-        field("tool", "tool").unwrap_or_default(),
-        var("idempotency_key")
-            .or(header)
-            .or_else(|| field("idempotencyKey", "idempotency_key"))
-            .unwrap_or_default(),
+        tool.unwrap_or_default(),
+        key.unwrap_or_default(),
     )
 }
 
@@ -413,9 +454,14 @@ mod tests {
     /// body drained, never parsed: what it sent does not matter.
     #[tokio::test]
     async fn a_request_that_never_reached_its_service_is_not_parsed() {
-        let body = authorize("{not json", Arc::default());
-        let collected = body.collect().await.expect("drained, no error");
+        let passage = Arc::new(Passage::default());
+        let body = authorize("{not json", passage.clone());
+        let collected = body.collect().await.expect("empty, no error");
         assert!(collected.to_bytes().is_empty());
+        // Its JSON, unread, for the edge to drain.
+        let unread = passage.take_unread().expect("handed back");
+        let json = unread.collect().await.unwrap().to_bytes();
+        assert_eq!(&json[..], b"{not json");
     }
 
     #[tokio::test]
