@@ -12,7 +12,7 @@
 #                answer DECISION_DISPATCH; the same again, 409
 #                IDEMPOTENCY_IN_PROGRESS; with charge-2, 429
 #                PERMIT_MAX_CALLS_EXCEEDED, as the README says.
-#   try-it       run as written in the repository (the release binary the
+#   try-it       run as written in the repository (the binary the
 #                quick-start built): `atmost demo` against its own server,
 #                which must exit 0 and say every step got the answer the
 #                story expects.
@@ -76,11 +76,11 @@ trap cleanup EXIT
 command -v curl >/dev/null 2>&1 || fail "curl is not installed (scripts/test.sh installs it)"
 command -v jq >/dev/null 2>&1 || fail "jq is not installed (scripts/test.sh installs it)"
 
-echo "readme: running '$serve' (the first run builds the release binary)" >&2
+echo "readme: running '$serve' (the first run builds the binary)" >&2
 setsid bash -c "$serve" >"$work/serve.log" 2>&1 &
 server_pid=$!
 deadline=$((SECONDS + 1800))
-# The port first (cheap, while the release build runs), then an RPC that
+# The port first (cheap, while the build runs), then an RPC that
 # needs no permit: the signing keys.
 until (exec 3<>"/dev/tcp/${addr%:*}/${addr##*:}") 2>/dev/null &&
   [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$addr/v1/signingKeys")" = 200 ]; do
@@ -121,7 +121,7 @@ sed -n '/^--- charge-2$/,$p' <<<"$output" | grep -qx 'http 429' ||
 echo "readme: and as it says, the same key again is 409 IDEMPOTENCY_IN_PROGRESS, charge-2 429 PERMIT_MAX_CALLS_EXCEEDED" >&2
 
 # The "Try it" block: the demo plays against a server of its own (the
-# release binary is built by now), whatever runs on 50051.
+# binary is built by now), whatever runs on 50051.
 if ! output=$(bash -euo pipefail -c "$try_it" 2>&1); then
   fail "the README's try-it block failed:"$'\n'"$output"
 fi

@@ -85,12 +85,32 @@ cargo test --locked --workspace --doc 2>&1 | tee -a "$log"
 scripts/readme.sh
 # The Python example that verifies a live receipt with `cryptography`.
 scripts/receipt_example.sh
-# The clients in other languages, and the MCP proxy with the official
-# Python MCP SDK, each against live atmost servers of its own (each script
-# installs what it needs: pip packages, npm packages).
-for suite in clients/*/test.sh mcp/test.sh tests/http/test.sh; do
-  "$suite" 2>&1 | tee -a "$log"
+# The clients in other languages, the MCP proxy with the official Python
+# MCP SDK, and the HTTP/JSON edge through httpx, each against live atmost
+# servers of its own (each script installs what it needs: pip packages,
+# npm packages). In two lanes side by side, one per core: each suite waits
+# mostly on its servers and its installs. Each lane's output is printed
+# whole once both are done; a failed suite fails the run then.
+lanes=("mcp/test.sh" "$(echo clients/*/test.sh) tests/http/test.sh")
+pids=()
+outs=()
+for lane in "${lanes[@]}"; do
+  out=$(mktemp)
+  outs+=("$out")
+  # shellcheck disable=SC2086 # a lane is a list of scripts
+  (set -e; for suite in $lane; do "$suite"; done) >"$out" 2>&1 &
+  pids+=($!)
 done
+failed_lanes=0
+for i in "${!lanes[@]}"; do
+  wait "${pids[$i]}" || failed_lanes=$((failed_lanes + 1))
+  tee -a "$log" <"${outs[$i]}"
+  rm -f "${outs[$i]}"
+done
+if [ "$failed_lanes" -gt 0 ]; then
+  echo "test.sh: a suite of the clients, the MCP proxy or the HTTP/JSON edge failed (above)" >&2
+  exit 1
+fi
 # The same scripted situations through the three clients against one
 # atmost per store, compared with the contract and with each other (on the
 # virtualenv and the build the clients' suites just made).
