@@ -68,6 +68,11 @@ trap 'rm -f "$log"' EXIT
 # (The protocol's model check prints the states each search explored:
 # "atmost-model: ...".)
 cargo test --locked --workspace --all-targets "$@" 2>&1 | tee "$log"
+# The README's commands as written. Its `cargo run` builds the server with
+# the root package's features alone (the workspace's add the model
+# checker's and the tests'), into target/debug/atmost: before the build
+# below, which puts the workspace's back there without compiling again.
+scripts/readme.sh
 # The suites below run the binaries built with the test run's features
 # (this build only adds the ones no Rust test runs, atmost-mcp's): each
 # suite's own `cargo build -p ...` would build them again with -p's
@@ -82,7 +87,6 @@ if [ $# -eq 0 ]; then
 fi
 # The examples in the docs (the client's), compiled and run.
 cargo test --locked --workspace --doc 2>&1 | tee -a "$log"
-scripts/readme.sh
 # The Python example that verifies a live receipt with `cryptography`.
 scripts/receipt_example.sh
 # The clients in other languages, the MCP proxy with the official Python
@@ -90,22 +94,39 @@ scripts/receipt_example.sh
 # servers of its own (each script installs what it needs: pip packages,
 # npm packages). In two lanes side by side, one per core: each suite waits
 # mostly on its servers and its installs. Each lane's output is printed
-# whole once both are done; a failed suite fails the run then.
+# whole as the lane ends (a lane's suites stop at the first that fails);
+# on an early exit (Ctrl-C, a CI timeout) the lanes are stopped and what
+# they printed so far is shown.
 lanes=("mcp/test.sh" "$(echo clients/*/test.sh) tests/http/test.sh")
-pids=()
-outs=()
+declare -A out_of=()
+lanes_done() {
+  local pid
+  for pid in "${!out_of[@]}"; do
+    kill -- -"$pid" 2>/dev/null || true
+    echo "test.sh: a lane stopped early; its output so far:" >&2
+    cat "${out_of[$pid]}" >&2
+    rm -f "${out_of[$pid]}"
+  done
+  rm -f "$log"
+}
+trap lanes_done EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 for lane in "${lanes[@]}"; do
   out=$(mktemp)
-  outs+=("$out")
+  # Its own process group (setsid), so that it can be stopped whole.
   # shellcheck disable=SC2086 # a lane is a list of scripts
-  (set -e; for suite in $lane; do "$suite"; done) >"$out" 2>&1 &
-  pids+=($!)
+  setsid -w bash -c 'set -e; for suite in $0; do "$suite"; done' "$lane" >"$out" 2>&1 &
+  out_of[$!]=$out
 done
 failed_lanes=0
-for i in "${!lanes[@]}"; do
-  wait "${pids[$i]}" || failed_lanes=$((failed_lanes + 1))
-  tee -a "$log" <"${outs[$i]}"
-  rm -f "${outs[$i]}"
+while [ ${#out_of[@]} -gt 0 ]; do
+  status=0
+  wait -n -p ended "${!out_of[@]}" || status=$?
+  [ "$status" -eq 0 ] || failed_lanes=$((failed_lanes + 1))
+  tee -a "$log" <"${out_of[$ended]}"
+  rm -f "${out_of[$ended]}"
+  unset "out_of[$ended]"
 done
 if [ "$failed_lanes" -gt 0 ]; then
   echo "test.sh: a suite of the clients, the MCP proxy or the HTTP/JSON edge failed (above)" >&2

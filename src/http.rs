@@ -369,11 +369,11 @@ where
             )),
         };
         if let Some(refusal) = refusal {
-            let length = content_length(request.headers());
+            let leftover = Leftover::of(request.version(), request.headers());
             let body = request.into_body();
             let edge = self.edge.clone();
             return futures_util::future::Either::Right(Box::pin(async move {
-                Ok(edge.drained(body, length, refusal).await)
+                Ok(edge.drained(body, leftover, refusal).await)
             }));
         }
         // The service that was polled ready serves this request; a clone
@@ -390,8 +390,7 @@ where
 /// The edge's inner half, the innermost layer: marks a transcoded request
 /// as having reached its service, past authentication and admission, with
 /// its caller. Only then is its JSON made into the request message
-/// ([`body::Passage`]): a request refused or shed before costs what a gRPC
-/// one costs, not a parse.
+/// ([`body::Passage`]): a request refused or shed before is never parsed.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReachedLayer;
 
@@ -515,10 +514,10 @@ impl Edge {
         S: tower::Service<Request, Response = Response>,
     {
         let (parts, body) = request.into_parts();
-        let length = content_length(&parts.headers);
+        let leftover = Leftover::of(parts.version, &parts.headers);
         let matched = match self.early(&parts) {
             Ok(matched) => matched,
-            Err(answer) => return Ok(self.drained(body, length, *answer).await),
+            Err(answer) => return Ok(self.drained(body, leftover, *answer).await),
         };
         let route = matched.route;
         let read = Arc::new(AtomicBool::new(false));
@@ -531,7 +530,7 @@ impl Edge {
                 .iter()
                 .cloned()
                 .collect(),
-            content_length: length,
+            content_length: leftover.content_length,
         };
         let passage = Arc::new(body::Passage::default());
         let rpc = route.rpc.name();
@@ -571,7 +570,7 @@ impl Edge {
         let response = inner.call(grpc).await?;
         // Refused before its service (auth, admission): its body, unread.
         if let Some(unread) = passage.take_unread() {
-            body::drain(unread, self.max_body_bytes, length).await;
+            self.drain(unread, leftover).await;
         }
         Ok(self.answer(response, route, &read).await)
     }
@@ -738,17 +737,51 @@ const HOP_AND_BODY: [header::HeaderName; 7] = [
 
 impl Edge {
     /// `answer`, once what the request's body has left is read
-    /// ([`body::drain`]): answered unread, HTTP/1.1 would close the
-    /// connection under a client about to reuse it, HTTP/2 reset the
-    /// stream.
+    /// ([`Edge::drain`]).
     async fn drained(
         &self,
         body: tonic::body::Body,
-        content_length: Option<u64>,
+        leftover: Leftover,
         answer: Response,
     ) -> Response {
-        body::drain(body, self.max_body_bytes, content_length).await;
+        self.drain(body, leftover).await;
         answer
+    }
+
+    /// Reads what a refused request's body has left, as its HTTP version
+    /// needs. HTTP/1.1: as far as a body refused for its size is read
+    /// ([`body::drain`]), or the answer closes the connection under a
+    /// client about to reuse it; none of it while the client waits for
+    /// `100 Continue` (reading would invite the upload). HTTP/2: as a
+    /// refused gRPC request's ([`crate::api::layers::drain`]), so that
+    /// refusals do not add up to resets that cost the connection.
+    async fn drain(&self, body: tonic::body::Body, leftover: Leftover) {
+        match leftover.version {
+            http::Version::HTTP_2 => crate::api::layers::drain(body).await,
+            _ if leftover.expects_continue => {}
+            _ => body::drain(body, self.max_body_bytes, leftover.content_length).await,
+        }
+    }
+}
+
+/// What [`Edge::drain`] needs of a request once its body is apart.
+#[derive(Debug, Clone, Copy)]
+struct Leftover {
+    version: http::Version,
+    /// `Expect: 100-continue`: the client sends its body only if asked.
+    expects_continue: bool,
+    content_length: Option<u64>,
+}
+
+impl Leftover {
+    fn of(version: http::Version, headers: &http::HeaderMap) -> Self {
+        Self {
+            version,
+            expects_continue: headers
+                .get(header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
+            content_length: content_length(headers),
+        }
     }
 }
 

@@ -144,8 +144,10 @@ fn about(how: &Transcode, json: &[u8]) -> (String, String, String) {
             .filter(|v| !v.is_empty())
             .map(str::to_owned)
     };
+    // (serde would read a JSON array as the struct's fields in order.)
+    let object = json.trim_ascii_start().first() == Some(&b'{');
     let named: Named = match how.field {
-        BodyField::All => serde_json::from_slice(json).unwrap_or_default(),
+        BodyField::All if object => serde_json::from_slice(json).unwrap_or_default(),
         _ => Named::default(),
     };
     let text = |v: Option<serde_json::Value>| match v {
@@ -425,6 +427,41 @@ mod tests {
                 audited: Some("Authorize"),
             },
         )
+    }
+
+    fn how(rpc_input: &str) -> Transcode {
+        Transcode {
+            input: crate::http::pool().get_message_by_name(rpc_input).unwrap(),
+            field: BodyField::All,
+            params: Params::default(),
+            limit: 1024,
+            read: Arc::default(),
+            passage: Arc::default(),
+            audited: None,
+        }
+    }
+
+    /// A body that did not make its message names, for its audit event,
+    /// only what its RPC's request has, and only from a JSON object.
+    #[test]
+    fn a_failed_body_names_what_its_request_has() {
+        let authorize = how("atmost.v1.AuthorizeRequest");
+        let named = |how: &Transcode, json: &str| {
+            let (_, tool, key) = about(how, json.as_bytes());
+            (tool, key)
+        };
+        let object = r#" {"tool": "charge", "idempotencyKey": "k1", "cost": "x"}"#;
+        assert_eq!(named(&authorize, object), ("charge".into(), "k1".into()));
+        let snake = r#"{"tool": "charge", "idempotency_key": "k1", "cost": "x"}"#;
+        assert_eq!(named(&authorize, snake), ("charge".into(), "k1".into()));
+        // An array is no request: serde would read it as the fields in order.
+        assert_eq!(
+            named(&authorize, r#"["charge", "k1"]"#),
+            (String::new(), String::new())
+        );
+        // Commit's request has a key but no tool.
+        let commit = how("atmost.v1.CommitRequest");
+        assert_eq!(named(&commit, object), (String::new(), "k1".into()));
     }
 
     /// A query parameter reads as its field's proto3 JSON string would:

@@ -135,3 +135,17 @@ def test_a_refused_request_has_its_body_read_and_keeps_its_connection(auth_serve
                     length = int(line.split(b":")[1])
                 assert not line.lower().startswith(b"connection: close"), line
             assert b"UNAUTHENTICATED" in reader.read(length)
+
+
+def test_a_refused_request_waiting_for_100_continue_is_not_asked_for_its_body(auth_server: Server) -> None:
+    """A client that waits for `100 Continue` before sending (curl does
+    for large bodies) hears the refusal first: draining its body would ask
+    for an upload that is thrown away."""
+    host, port = auth_server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(
+            b"POST /v1/permits HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"expect: 100-continue\r\ncontent-length: 300000\r\n\r\n"
+        )
+        status = s.makefile("rb").readline()
+        assert status.startswith(b"HTTP/1.1 401"), status
