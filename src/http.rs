@@ -369,6 +369,15 @@ where
             )),
         };
         if let Some(refusal) = refusal {
+            // tonic's own timeout runs around this service: with a
+            // `grpc-timeout` the refusal must be ready when first polled,
+            // before that timeout is (else a 1 ns one answers an empty 200
+            // while the body is still read). Its body goes unread.
+            if request.headers().contains_key("grpc-timeout") {
+                return futures_util::future::Either::Right(Box::pin(std::future::ready(Ok(
+                    refusal,
+                ))));
+            }
             let leftover = Leftover::of(request.version(), request.headers());
             let body = request.into_body();
             let edge = self.edge.clone();

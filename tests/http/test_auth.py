@@ -10,6 +10,7 @@ import time
 from typing import Dict, List
 
 import httpx
+import pytest
 
 from conftest import JSON, Api, Keys, Server, b64, reason, tomorrow
 
@@ -135,6 +136,40 @@ def test_a_refused_request_has_its_body_read_and_keeps_its_connection(auth_serve
                     length = int(line.split(b":")[1])
                 assert not line.lower().startswith(b"connection: close"), line
             assert b"UNAUTHENTICATED" in reader.read(length)
+
+
+
+@pytest.mark.parametrize(
+    "path, content_type, status",
+    [
+        # No route: the edge's own 404.
+        ("/v1/nope", "application/json", b"404"),
+        # A route, and a body that is not JSON: the edge's own 415.
+        ("/v1/permits", "text/plain", b"415"),
+    ],
+)
+def test_the_edges_own_refusals_read_the_body_and_keep_the_connection(
+    auth_server: Server, path: str, content_type: str, status: bytes
+) -> None:
+    """A request the edge refuses itself, before any layer, has its body
+    read as the auth layer's refusals do: its HTTP/1.1 connection goes on."""
+    big = json.dumps({"tool": "x" * (200 * 1024)}).encode()
+    host, port = auth_server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        reader = s.makefile("rb")
+        for _ in range(3):
+            s.sendall(
+                f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: {content_type}\r\n".encode()
+                + f"content-length: {len(big)}\r\n\r\n".encode() + big
+            )
+            line = reader.readline()
+            assert line.startswith(b"HTTP/1.1 " + status), line
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+                assert not line.lower().startswith(b"connection: close"), line
+            reader.read(length)
 
 
 def test_a_refused_request_waiting_for_100_continue_is_not_asked_for_its_body(auth_server: Server) -> None:

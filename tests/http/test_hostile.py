@@ -160,6 +160,24 @@ def test_grpc_headers_are_refused_and_grpc_is_http2_only(quick: Api) -> None:
     assert quick.usage(permit)["usage"][0].get("callsMade", "0") == "0"
 
 
+def test_a_grpc_timeout_is_refused_before_it_can_run_out(quick: Api) -> None:
+    """tonic's own timeout runs around the edge: a JSON request with a
+    1 ns grpc-timeout whose body is still on its way is refused (400) at
+    once, not answered by that timeout with an empty 200."""
+    permit = quick.permit()
+    body = json.dumps({"tool": "charge", "idempotencyKey": "k-slow", "requestFingerprint": b64(b"r")}).encode()
+    host, port = quick.server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(
+            f"POST /v1/permits/{permit}/attempts:authorize HTTP/1.1\r\nhost: 127.0.0.1\r\n".encode()
+            + f"content-type: application/json\r\ngrpc-timeout: 1n\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+            + body[:5]
+        )
+        status = s.makefile("rb").readline()
+    assert status.startswith(b"HTTP/1.1 400"), status
+    assert quick.usage(permit)["usage"][0].get("callsMade", "0") == "0"
+
+
 def test_path_tricks_find_no_rpc(quick: Api) -> None:
     permit = quick.permit()
     for method, path in [
