@@ -113,30 +113,40 @@ def test_a_request_that_does_not_make_its_message_is_audited(keys: Keys, tmp_pat
         server.stop()
 
 
-def test_a_refused_request_has_its_body_read_and_keeps_its_connection(auth_server: Server) -> None:
-    """A body the auth layer refuses is read, unparsed, up to what a body
-    refused for its size is: the client hears the refusal and its
-    HTTP/1.1 connection goes on (a body left unread would close it)."""
+def refused_three_times_on_one_connection(
+    server: Server, path: str, content_type: str, status: bytes
+) -> List[bytes]:
+    """POSTs a 200 KiB body to `path` three times on one HTTP/1.1
+    connection, each answered `status` without closing it; the bodies."""
     # Past the 128 KiB any refused gRPC body is drained, within the JSON
     # body limit (512 KiB).
     big = json.dumps({"tool": "x" * (200 * 1024)}).encode()
-    host, port = auth_server.address.rsplit(":", 1)
+    host, port = server.address.rsplit(":", 1)
+    bodies = []
     with socket.create_connection((host, int(port)), timeout=30) as s:
         reader = s.makefile("rb")
         for _ in range(3):
             s.sendall(
-                b"POST /v1/permits HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: {content_type}\r\n".encode()
                 + f"content-length: {len(big)}\r\n\r\n".encode() + big
             )
-            status = reader.readline()
-            assert status.startswith(b"HTTP/1.1 401"), status
+            line = reader.readline()
+            assert line.startswith(b"HTTP/1.1 " + status), line
             length = 0
             while (line := reader.readline()) not in (b"\r\n", b""):
                 if line.lower().startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
                 assert not line.lower().startswith(b"connection: close"), line
-            assert b"UNAUTHENTICATED" in reader.read(length)
+            bodies.append(reader.read(length))
+    return bodies
 
+
+def test_a_refused_request_has_its_body_read_and_keeps_its_connection(auth_server: Server) -> None:
+    """A body the auth layer refuses is read, unparsed, up to what a body
+    refused for its size is: the client hears the refusal and its
+    HTTP/1.1 connection goes on (a body left unread would close it)."""
+    for body in refused_three_times_on_one_connection(auth_server, "/v1/permits", "application/json", b"401"):
+        assert b"UNAUTHENTICATED" in body
 
 
 @pytest.mark.parametrize(
@@ -153,24 +163,7 @@ def test_the_edges_own_refusals_read_the_body_and_keep_the_connection(
 ) -> None:
     """A request the edge refuses itself, before any layer, has its body
     read as the auth layer's refusals do: its HTTP/1.1 connection goes on."""
-    big = json.dumps({"tool": "x" * (200 * 1024)}).encode()
-    host, port = auth_server.address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        reader = s.makefile("rb")
-        for _ in range(3):
-            s.sendall(
-                f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: {content_type}\r\n".encode()
-                + f"content-length: {len(big)}\r\n\r\n".encode() + big
-            )
-            line = reader.readline()
-            assert line.startswith(b"HTTP/1.1 " + status), line
-            length = 0
-            while (line := reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-                assert not line.lower().startswith(b"connection: close"), line
-            reader.read(length)
-
+    refused_three_times_on_one_connection(auth_server, path, content_type, status)
 
 def test_a_refused_request_waiting_for_100_continue_is_not_asked_for_its_body(auth_server: Server) -> None:
     """A client that waits for `100 Continue` before sending (curl does
