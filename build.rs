@@ -13,6 +13,7 @@ const PROTOS: &[&str] = &[
     "proto/atmost/v1/gate.proto",
     "proto/atmost/v1/permits.proto",
     "proto/atmost/v1/receipts.proto",
+    "proto/atmost/v1/approvals.proto",
 ];
 
 /// What the HTTP/JSON edge writes its errors as, beside the contract.

@@ -5,6 +5,7 @@
 //! clock, and encodes the answer. Errors become gRPC statuses only in
 //! [`status`] (and HTTP answers, from the same table, in [`envoy`]).
 
+pub mod approvals;
 pub mod audit;
 pub mod convert;
 pub mod envoy;
@@ -38,6 +39,9 @@ pub struct Ctx {
     pub admission: Arc<crate::admission::Admission>,
     /// Signs the receipts answers carry; `None`: unsigned.
     pub receipts: Option<Arc<crate::receipts::ReceiptSigner>>,
+    /// The bounds on an approval rule's wait (--approval-wait-default,
+    /// --approval-wait-max).
+    pub approval_waits: crate::domain::ApprovalWaits,
 }
 
 impl Ctx {
@@ -97,7 +101,10 @@ pub fn scope_of<T>(request: &tonic::Request<T>, unlimited: &[Role]) -> Scope {
 
 /// [`scope_of`] for an RPC no `agents` list limits.
 pub fn tenant_of<T>(request: &tonic::Request<T>) -> Scope {
-    scope_of(request, &[Role::Agent, Role::Operator, Role::Admin])
+    scope_of(
+        request,
+        &[Role::Agent, Role::Operator, Role::Approver, Role::Admin],
+    )
 }
 
 /// When the caller stops waiting: the moment its request reached the

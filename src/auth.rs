@@ -51,6 +51,10 @@ pub enum Role {
     Agent,
     /// Reconcilers: GetPermit, GetAttempt, ListUncertain, Resolve.
     Operator,
+    /// People who decide the calls a permit holds for approval:
+    /// ListApprovals, Approve, Deny, GetPermit, GetAttempt. Never given to
+    /// an agent's key: an agent must not approve calls.
+    Approver,
     /// Everything, including CreatePermit and RevokePermit.
     Admin,
 }
@@ -60,12 +64,13 @@ impl Role {
         match self {
             Role::Agent => "agent",
             Role::Operator => "operator",
+            Role::Approver => "approver",
             Role::Admin => "admin",
         }
     }
 
     fn parse(name: &str) -> Option<Role> {
-        [Role::Agent, Role::Operator, Role::Admin]
+        [Role::Agent, Role::Operator, Role::Approver, Role::Admin]
             .into_iter()
             .find(|r| r.as_str() == name)
     }
@@ -85,7 +90,7 @@ const OPEN_SERVICES: &[&str] = &[
 /// open services. Any other path, including one of a service added later,
 /// is an admin's: the table fails closed.
 pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
-    use Role::{Admin, Agent, Operator};
+    use Role::{Admin, Agent, Approver, Operator};
     if OPEN_SERVICES
         .iter()
         .any(|open| path.starts_with(open) && (open.ends_with('/') || path == *open))
@@ -103,8 +108,11 @@ pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
     }
     Some(match path.strip_prefix("/atmost.v1.") {
         Some("Gate/Authorize" | "Gate/Commit" | "Gate/MarkUncertain") => &[Agent, Admin],
-        Some("Permits/GetPermit" | "Permits/GetAttempt") => &[Agent, Operator, Admin],
+        Some("Permits/GetPermit" | "Permits/GetAttempt") => &[Agent, Operator, Approver, Admin],
         Some("Permits/ListUncertain" | "Permits/Resolve") => &[Operator, Admin],
+        Some("Approvals/ListApprovals" | "Approvals/Approve" | "Approvals/Deny") => {
+            &[Approver, Admin]
+        }
         _ => &[Admin],
     })
 }
@@ -177,10 +185,16 @@ fn identity(
     let roles = roles
         .iter()
         .map(|r| {
-            Role::parse(r)
-                .ok_or_else(|| format!("{at}: unknown role {r:?} (agent, operator or admin)"))
+            Role::parse(r).ok_or_else(|| {
+                format!("{at}: unknown role {r:?} (agent, operator, approver or admin)")
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    if roles.contains(&Role::Agent) && roles.contains(&Role::Approver) {
+        return Err(format!(
+            "{at}: a key may not be both agent and approver: an agent never approves calls"
+        ));
+    }
     Ok(Arc::new(Identity {
         key_id: id,
         tenant,

@@ -14,15 +14,16 @@ mod permit;
 mod quota;
 
 pub use attempt::{
-    Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, GetAttemptCmd,
-    MarkUncertainCmd, Outcome, Receipt, ResolveCmd, Settled, validate_permit_id,
+    APPROVAL_EXPIRED, APPROVAL_UNCLAIMED, Approval, ApproveCmd, Attempt, AttemptState,
+    AuthorizeCmd, Authorized, CommitCmd, DENIED, Decision, DenyCmd, GetAttemptCmd, MAX_SUMMARY_LEN,
+    MarkUncertainCmd, Outcome, PERMIT_REVOKED, Receipt, ResolveCmd, Settled, validate_permit_id,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Quota, Reason, Violation};
 pub use ledger::{Ledger, OpenChange};
 pub use permit::{
-    DuplicateGuard, GuardMode, MAX_AGENTS, Permit, PermitSpec, PermitStatus, PermitView, Scope,
-    UncertainPolicy, Usage,
+    ApprovalRule, ApprovalRuleSpec, ApprovalWaits, DuplicateGuard, GuardMode, MAX_AGENTS, Permit,
+    PermitSpec, PermitStatus, PermitView, Scope, UncertainPolicy, Usage,
 };
 pub use quota::Quotas;
 

@@ -472,6 +472,7 @@ mod tests {
             uncertain_since: 0,
             duplicate_of: None,
             reserved_by: String::new(),
+            approval: None,
         };
         (attempt, receipt)
     }

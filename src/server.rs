@@ -6,7 +6,8 @@ use crate::admission::Admission;
 use crate::api::envoy::{self, ext_authz::ExtAuthzService, ext_proc::ExtProcService};
 use crate::api::layers::{AdmissionLayer, AuthLayer, MessageLimit, RequestTimeout};
 use crate::api::{
-    self, Ctx, gate::GateService, permits::PermitsService, receipts::ReceiptsService,
+    self, Ctx, approvals::ApprovalsService, gate::GateService, permits::PermitsService,
+    receipts::ReceiptsService,
 };
 use crate::auth::Authenticator;
 use crate::domain::{Clock, SystemClock};
@@ -60,6 +61,7 @@ pub struct App {
     census_interval: Duration,
     /// Whether the HTTP/JSON edge is served, and where.
     http: crate::http::Serving,
+    approval_waits: crate::domain::ApprovalWaits,
 }
 
 /// Most sweep batches run back to back before the sweeper sleeps again.
@@ -96,7 +98,15 @@ impl App {
             metrics_listener: None,
             census_interval: DEFAULT_CENSUS_INTERVAL,
             http: crate::http::Serving::default(),
+            approval_waits: crate::domain::ApprovalWaits::DEFAULT,
         }
+    }
+
+    /// The default and the longest wait of a permit's approval rules
+    /// (--approval-wait-default, --approval-wait-max).
+    pub fn with_approval_waits(mut self, waits: crate::domain::ApprovalWaits) -> Self {
+        self.approval_waits = waits;
+        self
     }
 
     /// Serves the Envoy front doors (ext_authz and ext_proc) with this
@@ -257,6 +267,7 @@ pub async fn run(
         clock: app.clock.clone(),
         store_timeout: app.store_timeout,
         receipts: app.receipts.clone(),
+        approval_waits: app.approval_waits,
     };
     let (reporter, health_service) = tonic_health::server::health_reporter();
     // Reflection in both versions: grpc.reflection.v1, and v1alpha for the
@@ -400,6 +411,12 @@ pub async fn run(
         ))
         .add_service(tonic::service::interceptor::InterceptedService::new(
             sized!(PermitsServer::new(PermitsService::new(ctx.clone()))),
+            api::stamp,
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            sized!(pb::approvals_server::ApprovalsServer::new(
+                ApprovalsService::new(ctx.clone())
+            )),
             api::stamp,
         ))
         .add_service(sized!(pb::receipts_server::ReceiptsServer::new(

@@ -17,36 +17,44 @@ pub mod memory;
 pub mod redis;
 
 use crate::domain::{
-    Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, GetAttemptCmd, MarkUncertainCmd, Millis,
-    Permit, PermitView, ResolveCmd, Scope, Settled,
+    ApproveCmd, Attempt, AuthorizeCmd, Authorized, CommitCmd, DenyCmd, Error, GetAttemptCmd,
+    MarkUncertainCmd, Millis, Permit, PermitView, ResolveCmd, Scope, Settled,
 };
 use std::future::Future;
 
-/// A position in ListUncertain's order: the last attempt listed. Across
-/// permits, attempts are in (uncertain_since, permit_id, idempotency_key)
-/// order, oldest first; under one permit, in (uncertain_since,
-/// idempotency_key) order.
+/// A position in a listing's order: the last attempt listed. Across
+/// permits, attempts are in (at, permit_id, idempotency_key) order, oldest
+/// first; under one permit, in (at, idempotency_key) order. `at` is when
+/// the attempt became uncertain for ListUncertain, and when it was
+/// requested (created_at) for ListApprovals.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
-    pub uncertain_since: Millis,
+    pub at: Millis,
     pub permit_id: String,
     pub idempotency_key: String,
 }
 
 impl Cursor {
-    /// After this attempt.
+    /// After this uncertain attempt (ListUncertain).
     pub fn after(attempt: &Attempt) -> Self {
         Self {
-            uncertain_since: attempt.uncertain_since,
+            at: attempt.uncertain_since,
             permit_id: attempt.permit_id.clone(),
             idempotency_key: attempt.idempotency_key.clone(),
         }
     }
 
+    /// After this attempt awaiting approval (ListApprovals).
+    pub fn after_request(attempt: &Attempt) -> Self {
+        Self {
+            at: attempt.created_at,
+            ..Self::after(attempt)
+        }
+    }
+
     /// The attempt to continue after, when the cursor is inside `permit_id`.
     pub fn attempt_in(&self, permit_id: &str) -> Option<(Millis, &str)> {
-        (self.permit_id == permit_id)
-            .then_some((self.uncertain_since, self.idempotency_key.as_str()))
+        (self.permit_id == permit_id).then_some((self.at, self.idempotency_key.as_str()))
     }
 }
 
@@ -143,6 +151,32 @@ pub trait Store: Send + Sync + 'static {
     /// number of permits: both stores keep an index of open attempts by
     /// when they are (or become) uncertain.
     fn list_uncertain(
+        &self,
+        scope: &Scope,
+        permit_id: Option<&str>,
+        after: Option<&Cursor>,
+        limit: usize,
+        now: Millis,
+    ) -> impl Future<Output = Result<Page, Error>> + Send;
+    /// Approves a call awaiting approval as the scope's key
+    /// ([`crate::domain::Ledger::approve`]).
+    fn approve(
+        &self,
+        scope: &Scope,
+        cmd: &ApproveCmd,
+        now: Millis,
+    ) -> impl Future<Output = Result<Attempt, Error>> + Send;
+    /// Denies a pending call ([`crate::domain::Ledger::deny`]).
+    fn deny(
+        &self,
+        scope: &Scope,
+        cmd: &DenyCmd,
+        now: Millis,
+    ) -> impl Future<Output = Result<Settled, Error>> + Send;
+    /// Attempts AWAITING_APPROVAL at `now` after `after`, in (created_at,
+    /// permit_id, idempotency_key) order, under one permit or across the
+    /// scope's tenant, at most `limit`.
+    fn list_approvals(
         &self,
         scope: &Scope,
         permit_id: Option<&str>,
@@ -260,6 +294,27 @@ impl Store for Backend {
         now: Millis,
     ) -> Result<Page, Error> {
         delegate!(self, "list_uncertain", s => s.list_uncertain(scope, permit_id, after, limit, now))
+    }
+    async fn approve(
+        &self,
+        scope: &Scope,
+        cmd: &ApproveCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
+        delegate!(self, "approve", s => s.approve(scope, cmd, now))
+    }
+    async fn deny(&self, scope: &Scope, cmd: &DenyCmd, now: Millis) -> Result<Settled, Error> {
+        delegate!(self, "deny", s => s.deny(scope, cmd, now))
+    }
+    async fn list_approvals(
+        &self,
+        scope: &Scope,
+        permit_id: Option<&str>,
+        after: Option<&Cursor>,
+        limit: usize,
+        now: Millis,
+    ) -> Result<Page, Error> {
+        delegate!(self, "list_approvals", s => s.list_approvals(scope, permit_id, after, limit, now))
     }
     async fn sweep(&self, now: Millis) -> Result<usize, Error> {
         delegate!(self, "sweep", s => s.sweep(now))

@@ -75,6 +75,7 @@ fn authorize(permit: &str, tool: &str, key: &str, fp: &[u8], cost: i64) -> pb::A
         request_fingerprint: fp.to_vec(),
         cost,
         holder_token: Vec::new(),
+        ..Default::default()
     }
 }
 

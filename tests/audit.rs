@@ -49,6 +49,7 @@ fn authorize(permit_id: &str, key: &str) -> pb::AuthorizeRequest {
         request_fingerprint: vec![7; 32],
         cost: 0,
         holder_token: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -102,6 +102,7 @@ fn authorize_request(permit_id: &str, key: &str) -> pb::AuthorizeRequest {
         request_fingerprint: b"fp".to_vec(),
         cost: 0,
         holder_token: Vec::new(),
+        ..Default::default()
     }
 }
 

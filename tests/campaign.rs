@@ -279,6 +279,7 @@ fn authorize_rows(f: &Fixture) -> Vec<Row> {
         request_fingerprint: b"fp-campaign".to_vec(),
         cost: 1,
         holder_token: Vec::new(),
+        ..Default::default()
     };
     let with = |edit: &dyn Fn(&mut pb::AuthorizeRequest)| {
         let mut r = base.clone();
@@ -367,6 +368,7 @@ fn authorize_rows(f: &Fixture) -> Vec<Row> {
                 request_fingerprint: vec![1; MID],
                 cost: -1,
                 holder_token: vec![2; MID],
+                ..Default::default()
             },
             Invalid("holder_token"),
         ),
@@ -1819,6 +1821,7 @@ async fn set_up(h: &Harness) -> Fixture {
         request_fingerprint: format!("fp-{key}").into_bytes(),
         cost,
         holder_token: Vec::new(),
+        ..Default::default()
     };
     let dispatch = |r: pb::AuthorizeRequest| async move {
         let answer = h.client.authorize(r).await.expect("authorize");

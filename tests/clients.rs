@@ -1304,12 +1304,15 @@ fn backend(kind: Kind) -> (Backend, Option<Redis>) {
 /// CreatePermit would) so a server started later serves it.
 async fn seed_permit(store: &Backend, cap: u64) -> String {
     let now = atmost_client::now_ms();
-    let spec = atmost::api::convert::permit_spec(Some(atmost::pb::Permit {
-        tools: vec![TOOL.into()],
-        max_calls_per_tool: [(TOOL.to_owned(), cap)].into(),
-        expires_at: Some(atmost_client::timestamp(now + 3_600_000)),
-        ..Default::default()
-    }))
+    let spec = atmost::api::convert::permit_spec(
+        Some(atmost::pb::Permit {
+            tools: vec![TOOL.into()],
+            max_calls_per_tool: [(TOOL.to_owned(), cap)].into(),
+            expires_at: Some(atmost_client::timestamp(now + 3_600_000)),
+            ..Default::default()
+        }),
+        Default::default(),
+    )
     .expect("a valid permit");
     let permit = spec
         .into_permit(atmost::domain::new_id(now), now, "")

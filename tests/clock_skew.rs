@@ -92,6 +92,7 @@ fn authorize(permit_id: &str, key: &str) -> pb::AuthorizeRequest {
         request_fingerprint: key.as_bytes().to_vec(),
         cost: 10,
         holder_token: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -60,6 +60,7 @@ fn authorize_request(permit_id: &str, key: &str, cost: i64) -> pb::AuthorizeRequ
         request_fingerprint: key.as_bytes().to_vec(),
         cost,
         holder_token: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -243,6 +243,7 @@ fn permit_of(index: usize, c: &PermitConfig, dev: bool) -> Permit {
         } else {
             Vec::new()
         },
+        approval_per_tool: Default::default(),
     }
 }
 
@@ -552,6 +553,7 @@ async fn run_case(
                         0 => Vec::new(),
                         n => format!("holder-{n}").into_bytes(),
                     },
+                    approval_summary: String::new(),
                 };
                 let id = fresh(now);
                 let a = model

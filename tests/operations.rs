@@ -171,6 +171,7 @@ async fn sigterm_exits_zero() {
             request_fingerprint: b"fp".to_vec(),
             cost: 0,
             holder_token: Vec::new(),
+            ..Default::default()
         })
         .await;
     expect_error(r, Code::NotFound, "PERMIT_NOT_FOUND");

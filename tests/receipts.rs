@@ -113,6 +113,7 @@ async fn receipts_are_signed_and_verify_offline_with_the_published_keys() {
         request_fingerprint: b"the canonical request".to_vec(),
         cost: 250,
         holder_token: Vec::new(),
+        ..Default::default()
     };
     let a = client
         .authorize(request.clone())
@@ -244,6 +245,7 @@ async fn receipts_are_signed_and_verify_offline_with_the_published_keys() {
         request_fingerprint: b"the canonical request".to_vec(),
         cost: 250,
         holder_token: Vec::new(),
+        ..Default::default()
     });
     let resigned = replay
         .await
@@ -335,6 +337,7 @@ async fn a_receipt_signs_the_tenant_of_its_permit() {
             request_fingerprint: b"the canonical request".to_vec(),
             cost: 5,
             holder_token: Vec::new(),
+            ..Default::default()
         };
         // Commit, then a REPLAY and GetAttempt of the same key.
         let a = client

@@ -785,6 +785,7 @@ fn permit(id: &str) -> Permit {
         created_at: T0,
         tenant: "acme".into(),
         agents: vec!["a1".into()],
+        approval_per_tool: Default::default(),
     }
 }
 
@@ -838,6 +839,7 @@ fn authorize_cmd(permit_id: &str, key: &str, fp: &[u8]) -> AuthorizeCmd {
         request_fingerprint: fp.to_vec(),
         cost: 1,
         holder_token: format!("token-{key}").into_bytes(),
+        approval_summary: String::new(),
     }
 }
 
@@ -970,6 +972,7 @@ async fn call(
         Decision::Dispatch if r.redelivered => "REDELIVERED".to_owned(),
         Decision::Dispatch => "DISPATCH".to_owned(),
         Decision::Replay => "REPLAY".to_owned(),
+        Decision::AwaitApproval => "AWAIT_APPROVAL".to_owned(),
     };
     fn ok<T>(_: T) -> String {
         "OK".to_owned()

@@ -424,6 +424,7 @@ fn tenant_permit(
         created_at,
         tenant: tenant.into(),
         agents: Vec::new(),
+        approval_per_tool: Default::default(),
     }
 }
 
@@ -450,6 +451,7 @@ async fn open_attempt(
         request_fingerprint: vec![1],
         cost: 0,
         holder_token: Vec::new(),
+        approval_summary: String::new(),
     };
     store
         .authorize(
@@ -954,6 +956,7 @@ async fn the_uncertain_index_is_sharded_by_slot_on_a_cluster() {
         request_fingerprint: vec![1],
         cost: 0,
         holder_token: Vec::new(),
+        approval_summary: String::new(),
     };
     match store
         .authorize(&scope, &cmd, now, atmost::domain::new_id(now))

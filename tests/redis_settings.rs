@@ -331,6 +331,7 @@ async fn a_policy_that_turns_unreadable_stops_service_until_readable() {
                 request_fingerprint: b"fp".to_vec(),
                 cost: 0,
                 holder_token: Vec::new(),
+                ..Default::default()
             })
             .await;
         let (_, error) = expect_error(refused, Code::Unavailable, "STORE_UNAVAILABLE");
@@ -572,6 +573,7 @@ async fn tls_to_redis_as_an_acl_user_with_only_what_atmost_needs() {
         request_fingerprint: b"fp".to_vec(),
         cost: 0,
         holder_token: Vec::new(),
+        ..Default::default()
     };
     let a = client
         .authorize(request.clone())
@@ -722,6 +724,7 @@ async fn the_readmes_acl_is_all_atmost_needs_in_each_durability_mode() {
             request_fingerprint: b"fp".to_vec(),
             cost: 0,
             holder_token: Vec::new(),
+            ..Default::default()
         };
         let a = client.authorize(request("k1")).await.expect("authorize");
         assert_eq!(a.decision(), Decision::Dispatch, "{durability}");

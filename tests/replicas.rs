@@ -37,6 +37,7 @@ async fn sixty_four_keys_through_two_replicas_dispatch_exactly_the_cap() {
                     request_fingerprint: format!("request-{i}").into_bytes(),
                     cost: 10,
                     holder_token: Vec::new(),
+                    ..Default::default()
                 })
                 .await
         }));

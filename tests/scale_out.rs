@@ -539,6 +539,7 @@ async fn a_failover_loses_an_unreplicated_write_and_only_replica_durability_neve
                 request_fingerprint: b"fp".to_vec(),
                 cost: 1,
                 holder_token: b"the one call".to_vec(),
+                ..Default::default()
             })
         };
         let first = call().await;
@@ -666,6 +667,7 @@ async fn a_lost_reply_on_a_cluster_is_unavailable_and_never_resent() {
         request_fingerprint: b"fp".to_vec(),
         cost: 1,
         holder_token: b"holder".to_vec(),
+        ..Default::default()
     };
     // The node has the library loaded (a missing function's answer lost
     // would prove nothing).
@@ -768,6 +770,7 @@ async fn a_redelivery_is_acknowledged_only_once_a_replica_has_the_reservation() 
         request_fingerprint: b"fp".to_vec(),
         cost: 1,
         holder_token: b"holder".to_vec(),
+        ..Default::default()
     };
     let pid = redis_pid(replica.port());
     signal(&pid, "-STOP");

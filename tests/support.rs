@@ -179,6 +179,7 @@ pub async fn authorize_new_key(client: &Client, permit_id: String) -> pb::Author
             request_fingerprint: b"fp".to_vec(),
             cost: 0,
             holder_token: Vec::new(),
+            ..Default::default()
         })
         .await
         .expect("authorize")
@@ -376,6 +377,7 @@ impl Harness {
                 request_fingerprint: fingerprint.to_vec(),
                 cost,
                 holder_token: Vec::new(),
+                ..Default::default()
             })
             .await
     }

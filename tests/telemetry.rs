@@ -203,6 +203,7 @@ async fn spans_join_the_callers_trace(redis: Option<Redis>) {
         request_fingerprint: FINGERPRINT.to_vec(),
         cost: 0,
         holder_token: HOLDER_TOKEN.to_vec(),
+        ..Default::default()
     };
     let dispatched = gate
         .authorize(traced(authorize.clone(), &traceparent))
@@ -444,6 +445,7 @@ fn authorize(permit_id: &str, key: &str, fingerprint: &[u8]) -> pb::AuthorizeReq
         request_fingerprint: fingerprint.to_vec(),
         cost: 0,
         holder_token: Vec::new(),
+        ..Default::default()
     }
 }
 

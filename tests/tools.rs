@@ -171,6 +171,7 @@ async fn the_redis_ceiling_runs_the_stores_own_calls() {
         request_fingerprint: vec![1; 32],
         cost: 1,
         holder_token: Vec::new(),
+        approval_summary: String::new(),
     };
     let now = atmost_client::now_ms();
     let packed: Vec<u8> = store

@@ -587,6 +587,7 @@ impl Client {
                 .unwrap_or_default(),
             cost: call.cost,
             holder_token,
+            ..Default::default()
         };
         // Before the first try: any reservation a try of this call made is
         // younger.

@@ -57,13 +57,15 @@ fn clean(value: &str) -> String {
 
 /// The RPCs that write an event: their handlers each open an [`Audit`],
 /// and the HTTP/JSON edge one for a request it could not make into theirs.
-pub const AUDITED: [&str; 6] = [
+pub const AUDITED: [&str; 8] = [
     "Authorize",
     "Commit",
     "MarkUncertain",
     "CreatePermit",
     "RevokePermit",
     "Resolve",
+    "Approve",
+    "Deny",
 ];
 
 impl Audit {

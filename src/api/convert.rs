@@ -4,8 +4,9 @@
 //! out of range) as an INVALID_REQUEST field violation.
 
 use crate::domain::{
-    self, AttemptState, AuthorizeCmd, CommitCmd, Error, GetAttemptCmd, GuardMode, MarkUncertainCmd,
-    Millis, Outcome, PermitSpec, PermitStatus, ResolveCmd, UncertainPolicy, invalid,
+    self, ApprovalRuleSpec, ApprovalWaits, ApproveCmd, AttemptState, AuthorizeCmd, CommitCmd,
+    DenyCmd, Error, GetAttemptCmd, GuardMode, MarkUncertainCmd, Millis, Outcome, PermitSpec,
+    PermitStatus, ResolveCmd, UncertainPolicy, invalid,
 };
 use crate::pb;
 use crate::receipts::{Encoding, ReceiptKeys};
@@ -57,6 +58,36 @@ pub fn authorize_cmd(r: pb::AuthorizeRequest) -> AuthorizeCmd {
         request_fingerprint: r.request_fingerprint,
         cost: r.cost,
         holder_token: r.holder_token,
+        approval_summary: r.approval_summary,
+    }
+}
+
+/// How long an Authorize may wait for an approval's decision.
+pub const MAX_APPROVAL_WAIT_MS: Millis = 60_000;
+
+/// AuthorizeRequest.wait: 0 (absent) to 60 s.
+pub fn approval_wait(r: &pb::AuthorizeRequest) -> Result<Millis, Error> {
+    let Some(wait) = &r.wait else { return Ok(0) };
+    match millis_of_duration(wait, "wait") {
+        Ok(ms) if ms <= MAX_APPROVAL_WAIT_MS => Ok(ms),
+        _ => Err(invalid("wait", "must be within 0..=60 s")),
+    }
+}
+
+pub fn approve_cmd(r: pb::ApproveRequest) -> ApproveCmd {
+    ApproveCmd {
+        permit_id: r.permit_id,
+        idempotency_key: r.idempotency_key,
+        attempt_id: r.attempt_id,
+    }
+}
+
+pub fn deny_cmd(r: pb::DenyRequest) -> DenyCmd {
+    DenyCmd {
+        permit_id: r.permit_id,
+        idempotency_key: r.idempotency_key,
+        attempt_id: r.attempt_id,
+        reason: r.reason,
     }
 }
 
@@ -129,7 +160,9 @@ pub fn resolve_cmd(r: pb::ResolveRequest) -> Result<ResolveCmd, Error> {
     })
 }
 
-pub fn permit_spec(p: Option<pb::Permit>) -> Result<PermitSpec, Error> {
+/// A permit as CreatePermit asks for it; `waits` are the server's bounds on
+/// an approval's wait.
+pub fn permit_spec(p: Option<pb::Permit>, waits: ApprovalWaits) -> Result<PermitSpec, Error> {
     let p = p.ok_or_else(|| invalid("permit", "is required"))?;
     let guard = p.duplicate_guard.unwrap_or_default();
     let guard_mode = match pb::DuplicateGuardMode::try_from(guard.mode) {
@@ -170,6 +203,24 @@ pub fn permit_spec(p: Option<pb::Permit>) -> Result<PermitSpec, Error> {
             .map(|d| millis_of_duration(d, "permit.duplicate_guard.window"))
             .transpose()?,
         agents: p.agents,
+        approval_per_tool: p
+            .approval_per_tool
+            .into_iter()
+            .map(|(tool, rule)| {
+                let wait_ms = rule
+                    .wait
+                    .as_ref()
+                    .map(|d| millis_of_duration(d, "permit.approval_per_tool"))
+                    .transpose()?;
+                let spec = ApprovalRuleSpec {
+                    cost_at_least: rule.cost_at_least,
+                    wait_ms,
+                    approvers: rule.approvers,
+                };
+                Ok((tool, spec))
+            })
+            .collect::<Result<_, Error>>()?,
+        approval_waits: waits,
         server_fields_set: !p.tenant.is_empty()
             || p.status != pb::PermitStatus::Unspecified as i32
             || p.created_at.is_some(),
@@ -188,10 +239,7 @@ pub fn permit_spec(p: Option<pb::Permit>) -> Result<PermitSpec, Error> {
 
 pub fn page_token(c: &Cursor) -> String {
     use std::fmt::Write;
-    let text = format!(
-        "2{:015}{}{}",
-        c.uncertain_since, c.permit_id, c.idempotency_key
-    );
+    let text = format!("2{:015}{}{}", c.at, c.permit_id, c.idempotency_key);
     let mut token = String::with_capacity(2 * text.len());
     for b in text.bytes() {
         let _ = write!(token, "{b:02x}");
@@ -245,7 +293,7 @@ pub fn cursor(token: &str) -> Result<Cursor, Error> {
         return Err(bad());
     }
     Ok(Cursor {
-        uncertain_since,
+        at: uncertain_since,
         permit_id,
         idempotency_key: key.to_owned(),
     })
@@ -260,6 +308,21 @@ fn state(s: AttemptState) -> pb::AttemptState {
         AttemptState::Failed => pb::AttemptState::Failed,
         AttemptState::Uncertain => pb::AttemptState::Uncertain,
         AttemptState::Released => pb::AttemptState::Released,
+        AttemptState::AwaitingApproval => pb::AttemptState::AwaitingApproval,
+        AttemptState::Denied => pb::AttemptState::Denied,
+        AttemptState::Approved => pb::AttemptState::Approved,
+    }
+}
+
+fn approval(a: domain::Approval) -> pb::Approval {
+    pb::Approval {
+        summary: a.summary,
+        expires_at: Some(timestamp(a.expires_at)),
+        approvers_needed: a.approvers_needed,
+        approved_by: a.approved_by,
+        decided_by: a.decided_by,
+        decided_at: (a.decided_at > 0).then(|| timestamp(a.decided_at)),
+        denial_reason: a.denial_reason,
     }
 }
 
@@ -288,7 +351,9 @@ pub fn attempt(a: domain::Attempt, tenant: &str, keys: Option<&ReceiptKeys>) -> 
         state: state(a.state) as i32,
         cost: a.cost,
         created_at: Some(timestamp(a.created_at)),
-        lease_expires_at: Some(timestamp(a.lease_expires_at)),
+        // None for a call that was never dispatched (awaiting approval, or
+        // denied).
+        lease_expires_at: (a.lease_expires_at > 0).then(|| timestamp(a.lease_expires_at)),
         receipt: a.receipt.map(|r| pb::Receipt {
             receipt_id: r.receipt_id,
             result: r.result,
@@ -303,6 +368,7 @@ pub fn attempt(a: domain::Attempt, tenant: &str, keys: Option<&ReceiptKeys>) -> 
         uncertain_reason: a.uncertain_reason,
         uncertain_since: (a.uncertain_since > 0).then(|| timestamp(a.uncertain_since)),
         reserved_by: a.reserved_by,
+        approval: a.approval.map(approval),
     }
 }
 
@@ -340,6 +406,18 @@ pub fn permit(p: domain::Permit) -> pb::Permit {
         created_at: Some(timestamp(p.created_at)),
         tenant: p.tenant,
         agents: p.agents,
+        approval_per_tool: p
+            .approval_per_tool
+            .into_iter()
+            .map(|(tool, rule)| {
+                let rule = pb::ApprovalRule {
+                    cost_at_least: rule.cost_at_least,
+                    wait: Some(duration(rule.wait_ms)),
+                    approvers: rule.approvers,
+                };
+                (tool, rule)
+            })
+            .collect(),
         uncertain_policy: match p.uncertain_policy {
             UncertainPolicy::Count => pb::UncertainPolicy::Count,
             UncertainPolicy::HoldTool => pb::UncertainPolicy::HoldTool,
@@ -362,7 +440,7 @@ mod tests {
         let permit_id = "0190a6e0-0000-7000-8000-000000000001".to_owned();
         for (at, key) in [(1_767_225_600_000, "order-42 (retry)"), (0, "k")] {
             let c = Cursor {
-                uncertain_since: at,
+                at,
                 permit_id: permit_id.clone(),
                 idempotency_key: key.to_owned(),
             };

@@ -74,6 +74,11 @@ pub mod reasons {
     pub const REPLAY_FAILED: &str = "REPLAY_FAILED";
     /// The key's call was sent and its outcome is unknown.
     pub const REPLAY_UNCERTAIN: &str = "REPLAY_UNCERTAIN";
+    /// The key's call waits for a person's approval: 202, retry the same
+    /// request (same Idempotency-Key) after Retry-After.
+    pub const AWAITING_APPROVAL: &str = "AWAITING_APPROVAL";
+    /// The key's call was denied (or its approval lapsed): never sent.
+    pub const REPLAY_DENIED: &str = "REPLAY_DENIED";
     /// Envoy's configuration does not give what the mapping needs (the
     /// body, say): the gateway operator's to fix, not the client's.
     pub const GATEWAY_MISCONFIGURED: &str = "GATEWAY_MISCONFIGURED";
@@ -378,6 +383,7 @@ impl Mapping {
                     request_fingerprint: fp,
                     cost,
                     holder_token: Vec::new(),
+                    ..Default::default()
                 })
             }
             _ => Err(Unmapped::Invalid(read.violations)),
@@ -416,7 +422,8 @@ pub fn http_status(error: &Error) -> u16 {
         | Reason::PermitExpired
         | Reason::ToolNotInScope
         | Reason::RoleNotAllowed
-        | Reason::AttemptHolderMismatch => 403,
+        | Reason::AttemptHolderMismatch
+        | Reason::ApproverIsRequester => 403,
         Reason::MaxCallsExceeded
         | Reason::BudgetExceeded
         | Reason::QuotaPermitLifetime
@@ -575,9 +582,27 @@ impl Reply {
                     "failure_reason": attempt.failure_reason,
                 })),
             ),
+            S::Denied => {
+                let approval = attempt.approval.unwrap_or_default();
+                Self::new(
+                    403,
+                    reasons::REPLAY_DENIED,
+                    json(serde_json::json!({
+                        "reason": reasons::REPLAY_DENIED,
+                        "message": "this idempotency key's call was denied approval (or its approval lapsed); it was never sent and is not asked again",
+                        "denial_reason": approval.denial_reason,
+                        "decided_by": approval.decided_by,
+                    })),
+                )
+            }
             // UNCERTAIN, and (never from a REPLAY) anything else: no
             // outcome to give, and nothing is sent.
-            S::Uncertain | S::Reserved | S::Released | S::Unspecified => Self::new(
+            S::Uncertain
+            | S::Reserved
+            | S::Released
+            | S::AwaitingApproval
+            | S::Approved
+            | S::Unspecified => Self::new(
                 409,
                 reasons::REPLAY_UNCERTAIN,
                 json(serde_json::json!({
@@ -593,6 +618,40 @@ impl Reply {
         }
         reply
     }
+
+    /// A call awaiting approval: 202 Accepted, nothing sent; the client
+    /// retries the same request with the same Idempotency-Key after
+    /// Retry-After (at most 10 s, never past the request's deadline), and
+    /// is forwarded once the call is approved.
+    fn awaiting(r: &pb::AuthorizeResponse) -> Self {
+        let remaining = r
+            .approval_remaining
+            .map(|d| std::time::Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
+            .unwrap_or_default();
+        let approval = r
+            .attempt
+            .as_ref()
+            .and_then(|a| a.approval.clone())
+            .unwrap_or_default();
+        crate::telemetry::note_reason(reasons::AWAITING_APPROVAL);
+        let mut reply = Self::new(
+            202,
+            reasons::AWAITING_APPROVAL,
+            json(serde_json::json!({
+                "reason": reasons::AWAITING_APPROVAL,
+                "message": "this call waits for a person's approval and was not sent; send the same request with the same Idempotency-Key again after Retry-After",
+                "approval_expires_at": approval.expires_at.map(|t| super::status::rfc3339(t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)),
+                "approvers_needed": approval.approvers_needed,
+                "approvals": approval.approved_by.len(),
+            })),
+        );
+        let retry = remaining.clamp(
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(10),
+        );
+        reply.headers.push(("retry-after", retry_after_secs(retry)));
+        reply
+    }
 }
 
 impl Answer {
@@ -604,6 +663,13 @@ impl Answer {
                 let attempt = r.attempt.unwrap_or_default();
                 match decision {
                     pb::Decision::Dispatch => Answer::Forward(Box::new(attempt)),
+                    pb::Decision::AwaitApproval => {
+                        let r = pb::AuthorizeResponse {
+                            attempt: Some(attempt),
+                            ..r
+                        };
+                        Answer::Respond(Reply::awaiting(&r))
+                    }
                     pb::Decision::Replay | pb::Decision::Unspecified => {
                         Answer::Respond(Reply::replay(attempt))
                     }

@@ -152,7 +152,7 @@ fn refused(error: Error) -> Result<(), TestCaseError> {
 const TENANT: &str = "tenant-1";
 
 fn create_permit(r: pb::CreatePermitRequest, now: Millis) -> Result<Permit, Error> {
-    convert::permit_spec(r.permit)
+    convert::permit_spec(r.permit, Default::default())
         .and_then(|spec| spec.into_permit(domain::new_id(now), now, TENANT))
 }
 
@@ -300,7 +300,7 @@ fn check_permit_id(permit_id: &str) -> Result<Accepted, TestCaseError> {
 }
 
 fn check_list(r: pb::ListUncertainRequest) -> Result<Accepted, TestCaseError> {
-    let (permit_id, after, limit) = match list_args(&r) {
+    let (permit_id, after, limit) = match list_args(&r.permit_id, r.page_size, &r.page_token) {
         Ok(args) => args,
         Err(e) => return refused(e).map(|()| false),
     };
@@ -318,7 +318,7 @@ fn check_list(r: pb::ListUncertainRequest) -> Result<Accepted, TestCaseError> {
 /// A cursor [`convert::cursor`] accepted.
 fn cursor_ok(c: &Cursor) -> Result<(), TestCaseError> {
     prop_assert!(is_uuid(&c.permit_id));
-    prop_assert!((0..=999_999_999_999_999).contains(&c.uncertain_since));
+    prop_assert!((0..=999_999_999_999_999).contains(&c.at));
     prop_assert!(is_key(&c.idempotency_key), "{:?}", c.idempotency_key);
     Ok(())
 }
@@ -792,6 +792,7 @@ fn permit() -> BoxedStrategy<Option<pb::Permit>> {
                 uncertain_policy: pick.next(policy, bad_policy),
                 tenant: pick.next(String::new(), tenant),
                 agents: pick.next(agents, bad_agents),
+                approval_per_tool: Default::default(),
             };
             pick.next(Some(permit), None)
         })
@@ -831,6 +832,7 @@ fn authorize_request() -> BoxedStrategy<pb::AuthorizeRequest> {
                 request_fingerprint: pick.next(p.3, h.3),
                 cost: pick.next(p.4, h.4),
                 holder_token: pick.next(p.5, h.5),
+                ..Default::default()
             }
         })
         .boxed()
@@ -982,7 +984,7 @@ fn a_cursor() -> BoxedStrategy<Cursor> {
         ],
     )
         .prop_map(|(uncertain_since, id, key)| Cursor {
-            uncertain_since,
+            at: uncertain_since,
             permit_id: uuid::Uuid::from_u128(id).hyphenated().to_string(),
             idempotency_key: key,
         })

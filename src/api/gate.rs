@@ -91,6 +91,7 @@ impl GateService {
                     (Decision::Dispatch, false) => "DISPATCH",
                     (Decision::Dispatch, true) => "REDELIVERED",
                     (Decision::Replay, _) => "REPLAY",
+                    (Decision::AwaitApproval, _) => "AWAIT_APPROVAL",
                 },
                 a.attempt.attempt_id.as_str(),
             ),
@@ -120,6 +121,7 @@ impl GateService {
             decision: match authorized.decision {
                 Decision::Dispatch => pb::Decision::Dispatch,
                 Decision::Replay => pb::Decision::Replay,
+                Decision::AwaitApproval => pb::Decision::AwaitApproval,
             } as i32,
             attempt: Some(convert::attempt(
                 authorized.attempt,
@@ -131,6 +133,8 @@ impl GateService {
             redelivered: authorized.redelivered,
             lease_remaining: (authorized.decision == Decision::Dispatch)
                 .then(|| convert::duration(authorized.lease_remaining_ms.max(0))),
+            approval_remaining: (authorized.decision == Decision::AwaitApproval)
+                .then(|| convert::duration(authorized.approval_remaining_ms.max(0))),
         })
     }
 

@@ -36,16 +36,17 @@ impl Permits for PermitsService {
         audit.about("", "", "");
         let scope = tenant_of(&request);
         let now = self.ctx.clock.now();
-        let result = match convert::permit_spec(request.into_inner().permit)
-            .and_then(|spec| spec.into_permit(new_id(now), now, &scope.tenant))
-        {
-            Ok(permit) => {
-                self.ctx
-                    .call(deadline, self.ctx.store.create_permit(permit))
-                    .await
-            }
-            Err(e) => Err(e),
-        };
+        let result =
+            match convert::permit_spec(request.into_inner().permit, self.ctx.approval_waits)
+                .and_then(|spec| spec.into_permit(new_id(now), now, &scope.tenant))
+            {
+                Ok(permit) => {
+                    self.ctx
+                        .call(deadline, self.ctx.store.create_permit(permit))
+                        .await
+                }
+                Err(e) => Err(e),
+            };
         match &result {
             Ok(p) => audit.record(&p.permit_id, "", "", "CREATED", ""),
             Err(e) => audit.record("", "", "", e.reason().as_str(), ""),
@@ -65,7 +66,7 @@ impl Permits for PermitsService {
         request: Request<pb::GetPermitRequest>,
     ) -> Result<Response<pb::GetPermitResponse>, Status> {
         let deadline = Deadline::of(&request);
-        let scope = scope_of(&request, &[Role::Admin, Role::Operator]);
+        let scope = scope_of(&request, &[Role::Admin, Role::Operator, Role::Approver]);
         let id = validate_permit_id(&request.into_inner().permit_id).map_err(to_status)?;
         crate::telemetry::note_permit(&id);
         let view = self
@@ -92,8 +93,9 @@ impl Permits for PermitsService {
         let deadline = Deadline::of(&request);
         // As GetPermit: an agent key sees only the permits that name it
         // (or name no agent); operators and admins are not limited.
-        let scope = scope_of(&request, &[Role::Admin, Role::Operator]);
+        let scope = scope_of(&request, &[Role::Admin, Role::Operator, Role::Approver]);
         let reconciler = reconciles(&request);
+        let approves = has_role(&request, Role::Approver);
         let mut cmd = convert::get_attempt_cmd(request.into_inner());
         cmd.validate().map_err(to_status)?;
         crate::telemetry::note_permit(&cmd.permit_id);
@@ -115,9 +117,15 @@ impl Permits for PermitsService {
         // So a RESERVED attempt's is never read back, and an UNCERTAIN
         // one's only by those who may Resolve it anyway (as ListUncertain
         // shows it them). A settled attempt's id can settle nothing more.
+        // A pending call's id is for those who may approve it (the
+        // listing shows it them): once approved and claimed, it is the
+        // reservation's fencing token.
         match attempt.state {
             AttemptState::Reserved => attempt.attempt_id.clear(),
             AttemptState::Uncertain if !reconciler => attempt.attempt_id.clear(),
+            AttemptState::AwaitingApproval | AttemptState::Approved if !approves => {
+                attempt.attempt_id.clear()
+            }
             _ => {}
         }
         Ok(Response::new(pb::GetAttemptResponse {
@@ -167,7 +175,8 @@ impl Permits for PermitsService {
         let deadline = Deadline::of(&request);
         let scope = tenant_of(&request);
         let r = request.into_inner();
-        let (permit_id, after, limit) = list_args(&r).map_err(to_status)?;
+        let (permit_id, after, limit) =
+            list_args(&r.permit_id, r.page_size, &r.page_token).map_err(to_status)?;
         crate::telemetry::note_permit(permit_id.as_deref().unwrap_or_default());
         let now = self.ctx.clock.now();
         let page = self
@@ -250,32 +259,39 @@ impl Permits for PermitsService {
 /// Resolve): a key with the operator or admin role, or any caller in dev
 /// mode, where no key is checked and every caller may call every RPC.
 fn reconciles<T>(request: &Request<T>) -> bool {
+    has_role(request, Role::Operator)
+}
+
+/// Whether the caller has `role` or is an admin; any caller in dev mode.
+fn has_role<T>(request: &Request<T>, role: Role) -> bool {
     match request.extensions().get::<Arc<Identity>>() {
-        Some(caller) => caller
-            .roles
-            .iter()
-            .any(|r| matches!(r, Role::Operator | Role::Admin)),
+        Some(caller) => caller.roles.iter().any(|r| *r == role || *r == Role::Admin),
         None => true,
     }
 }
 
 type ListArgs = (Option<String>, Option<crate::store::Cursor>, usize);
 
-pub(super) fn list_args(r: &pb::ListUncertainRequest) -> Result<ListArgs, Error> {
-    let permit_id = if r.permit_id.is_empty() {
+/// A listing's permit (none: across the tenant), cursor and page size.
+pub(super) fn list_args(
+    permit_id: &str,
+    page_size: u32,
+    page_token: &str,
+) -> Result<ListArgs, Error> {
+    let permit_id = if permit_id.is_empty() {
         None
     } else {
-        Some(validate_permit_id(&r.permit_id)?)
+        Some(validate_permit_id(permit_id)?)
     };
-    let limit = match r.page_size as usize {
+    let limit = match page_size as usize {
         0 => DEFAULT_PAGE_SIZE,
         n if n <= MAX_PAGE_SIZE => n,
         _ => return Err(invalid("page_size", "at most 1000")),
     };
-    let after = if r.page_token.is_empty() {
+    let after = if page_token.is_empty() {
         None
     } else {
-        let cursor = convert::cursor(&r.page_token)?;
+        let cursor = convert::cursor(page_token)?;
         if permit_id.as_ref().is_some_and(|p| *p != cursor.permit_id) {
             return Err(invalid(
                 "page_token",

@@ -116,7 +116,8 @@ pub fn code_and_metadata(error: &Error) -> (Code, Vec<(&'static str, String)>) {
             Code::FailedPrecondition,
             vec![("idempotency_key", idempotency_key.clone())],
         ),
-        Error::AttemptHolderMismatch { idempotency_key } => (
+        Error::AttemptHolderMismatch { idempotency_key }
+        | Error::ApproverIsRequester { idempotency_key } => (
             Code::PermissionDenied,
             vec![("idempotency_key", idempotency_key.clone())],
         ),

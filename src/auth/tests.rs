@@ -104,13 +104,23 @@ fn a_broken_file_names_the_entry_and_why() {
 
 #[test]
 fn every_rpc_names_its_roles() {
-    use Role::{Admin, Agent, Operator};
+    use Role::{Admin, Agent, Approver, Operator};
     for (path, roles) in [
         ("/atmost.v1.Gate/Authorize", &[Agent, Admin][..]),
         ("/atmost.v1.Gate/Commit", &[Agent, Admin]),
         ("/atmost.v1.Gate/MarkUncertain", &[Agent, Admin]),
-        ("/atmost.v1.Permits/GetPermit", &[Agent, Operator, Admin]),
-        ("/atmost.v1.Permits/GetAttempt", &[Agent, Operator, Admin]),
+        (
+            "/atmost.v1.Permits/GetPermit",
+            &[Agent, Operator, Approver, Admin],
+        ),
+        (
+            "/atmost.v1.Permits/GetAttempt",
+            &[Agent, Operator, Approver, Admin],
+        ),
+        ("/atmost.v1.Approvals/ListApprovals", &[Approver, Admin]),
+        ("/atmost.v1.Approvals/Approve", &[Approver, Admin]),
+        ("/atmost.v1.Approvals/Deny", &[Approver, Admin]),
+        ("/atmost.v1.Approvals/SomethingNew", &[Admin]),
         ("/atmost.v1.Permits/ListUncertain", &[Operator, Admin]),
         ("/atmost.v1.Permits/Resolve", &[Operator, Admin]),
         ("/atmost.v1.Permits/CreatePermit", &[Admin]),

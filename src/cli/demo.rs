@@ -102,6 +102,7 @@ async fn story(client: &Client, t: &mut Teller) -> Result<(), Failure> {
         request_fingerprint: fingerprint.clone(),
         cost: COST,
         holder_token: Vec::new(),
+        ..Default::default()
     };
 
     t.says(

@@ -126,6 +126,10 @@ async fn serve(
         .with_envoy(envoy)
         .with_telemetry(telemetry)
         .with_census_interval(args.uncertain_census_interval)
+        .with_approval_waits(atmost::domain::ApprovalWaits {
+            default_ms: args.approval_wait_default.as_millis() as i64,
+            max_ms: args.approval_wait_max.as_millis() as i64,
+        })
         .with_limits(atmost::transport::Limits {
             max_connections: args.max_connections,
             max_concurrent_streams: args.max_concurrent_streams,

@@ -13,7 +13,15 @@ use super::{
 ///    │  ╲───Commit Failed─────▶ FAILED      (cost released, slot kept)
 ///    │   ╲──Commit NotSent────▶ RELEASED    (slot and cost returned, key free again)
 ///    └──MarkUncertain / lease passes──▶ UNCERTAIN ──Commit or Resolve──▶ SUCCEEDED | FAILED
+///
+/// A call that needs approval (the permit's approval rule) starts earlier:
+///
+/// AWAITING_APPROVAL ──Approve (1 or 2)──▶ APPROVED ──requester's Authorize──▶ RESERVED
+///    └──Deny / deadline passes──▶ DENIED ◀──Deny / deadline passes──┘
 /// ```
+///
+/// AWAITING_APPROVAL and APPROVED hold the slot and the cost like RESERVED;
+/// DENIED returns both, like RELEASED, but keeps the key (it replays).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttemptState {
     Reserved,
@@ -21,6 +29,9 @@ pub enum AttemptState {
     Failed,
     Uncertain,
     Released,
+    AwaitingApproval,
+    Denied,
+    Approved,
 }
 
 impl AttemptState {
@@ -37,8 +48,37 @@ impl AttemptState {
             Self::Failed => "FAILED",
             Self::Uncertain => "UNCERTAIN",
             Self::Released => "RELEASED",
+            Self::AwaitingApproval => "AWAITING_APPROVAL",
+            Self::Denied => "DENIED",
+            Self::Approved => "APPROVED",
         }
     }
+
+    /// AWAITING_APPROVAL and APPROVED: slot and cost held, nothing may be
+    /// sent yet, and the state lapses into DENIED at a deadline.
+    pub fn is_pending(self) -> bool {
+        matches!(self, Self::AwaitingApproval | Self::Approved)
+    }
+}
+
+/// A call's request for approval and its outcome, as the attempt carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Approval {
+    /// The caller's description of the call (its claim, not checked).
+    pub summary: String,
+    /// When a pending request lapses: its deadline while AWAITING_APPROVAL,
+    /// its claim deadline while APPROVED.
+    pub expires_at: Millis,
+    /// 1 or 2.
+    pub approvers_needed: u32,
+    /// Key ids, in order.
+    pub approved_by: Vec<String>,
+    /// Who denied it or completed its approval ("" before, and in dev mode).
+    pub decided_by: String,
+    /// When it was decided (0: not yet). For a lapse, the deadline.
+    pub decided_at: Millis,
+    /// Set once DENIED.
+    pub denial_reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -79,35 +119,71 @@ pub struct Attempt {
     /// mode): only that key (or an admin) may Commit or MarkUncertain it,
     /// and is told its attempt_id while it is open ([`super::Scope::holds`]).
     pub reserved_by: String,
+    /// Set for a call that needed approval.
+    pub approval: Option<Approval>,
 }
 
 impl Attempt {
     /// The state every reader sees at `now`: a RESERVED attempt whose lease
     /// has passed *is* UNCERTAIN, with no background job needed.
     pub fn observed_state(&self, now: Millis) -> AttemptState {
-        observe(self.state, self.lease_expires_at, now)
+        let deadline = match &self.approval {
+            Some(a) if self.state.is_pending() => a.expires_at,
+            _ => self.lease_expires_at,
+        };
+        observe(self.state, deadline, now)
     }
 
     /// The attempt as readers see it at `now` (see [`Attempt::observed_state`]).
     pub fn into_observed(mut self, now: Millis) -> Attempt {
-        if self.state != self.observed_state(now) {
-            self.state = AttemptState::Uncertain;
+        let observed = self.observed_state(now);
+        if self.state == observed {
+            return self;
+        }
+        if observed == AttemptState::Uncertain {
             self.uncertain_reason = LEASE_EXPIRED.to_owned();
             self.uncertain_since = self.lease_expires_at;
+        } else if let Some(approval) = &mut self.approval {
+            approval.denial_reason = lapse_reason(self.state).to_owned();
+            approval.decided_at = approval.expires_at;
+            approval.decided_by.clear();
         }
+        self.state = observed;
         self
     }
 }
 
-/// The state of an attempt stored as `state` with its lease ending at
-/// `lease_expires_at`, as readers see it at `now`.
-pub(super) fn observe(state: AttemptState, lease_expires_at: Millis, now: Millis) -> AttemptState {
-    if state == AttemptState::Reserved && now >= lease_expires_at {
-        AttemptState::Uncertain
-    } else {
-        state
+/// Why a pending attempt in `state` reads DENIED once its deadline passed.
+pub(super) fn lapse_reason(state: AttemptState) -> &'static str {
+    match state {
+        AttemptState::Approved => APPROVAL_UNCLAIMED,
+        _ => APPROVAL_EXPIRED,
     }
 }
+
+/// The state of an attempt stored as `state` whose deadline (its lease's
+/// end, or a pending approval's) is `deadline`, as readers see it at
+/// `now`: a RESERVED one past it is UNCERTAIN, a pending one DENIED.
+pub(super) fn observe(state: AttemptState, deadline: Millis, now: Millis) -> AttemptState {
+    match state {
+        AttemptState::Reserved if now >= deadline => AttemptState::Uncertain,
+        AttemptState::AwaitingApproval | AttemptState::Approved if now >= deadline => {
+            AttemptState::Denied
+        }
+        state => state,
+    }
+}
+
+/// The denial reason of a request nobody decided before its deadline.
+pub const APPROVAL_EXPIRED: &str = "approval_expired";
+/// The denial reason of an approved call its requester did not claim in time.
+pub const APPROVAL_UNCLAIMED: &str = "approval_unclaimed";
+/// The denial reason of a pending request when its permit is revoked.
+pub const PERMIT_REVOKED: &str = "permit_revoked";
+/// The denial reason Deny records when it is given none.
+pub const DENIED: &str = "denied";
+/// Longest approval summary, in bytes.
+pub const MAX_SUMMARY_LEN: usize = 1024;
 
 /// Ask to reserve a slot and `cost` for one idempotency key before dispatch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +198,9 @@ pub struct AuthorizeCmd {
     /// and token while the attempt is RESERVED within its lease is answered
     /// DISPATCH again ([`Authorized::redelivered`]), reserving nothing more.
     pub holder_token: Vec<u8>,
+    /// For a call that needs approval: the caller's description of it,
+    /// stored when the approval is first requested (ignored otherwise).
+    pub approval_summary: String,
 }
 
 /// What a caller reports after dispatching (or not).
@@ -160,6 +239,23 @@ pub struct GetAttemptCmd {
     pub idempotency_key: String,
 }
 
+/// An approver approves one pending call, named by its attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApproveCmd {
+    pub permit_id: String,
+    pub idempotency_key: String,
+    pub attempt_id: String,
+}
+
+/// An approver denies one pending call, with a reason for the requester.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenyCmd {
+    pub permit_id: String,
+    pub idempotency_key: String,
+    pub attempt_id: String,
+    pub reason: String,
+}
+
 /// An operator settles an UNCERTAIN attempt after reconciling with the tool.
 /// `NotSent` means the operator verified that the call never took effect:
 /// the slot and the cost come back, which a holder's NotSent cannot do once
@@ -180,6 +276,8 @@ pub enum Decision {
     Dispatch,
     /// The key's existing outcome; nothing may be sent.
     Replay,
+    /// The call waits for a person's approval: nothing may be sent yet.
+    AwaitApproval,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,6 +293,9 @@ pub struct Authorized {
     /// (the whole lease for a fresh reservation, less for a redelivery);
     /// 0 for a REPLAY. A caller sends only within it.
     pub lease_remaining_ms: Millis,
+    /// For AWAIT_APPROVAL, how long until the request lapses at the
+    /// store's `now`; 0 otherwise.
+    pub approval_remaining_ms: Millis,
 }
 
 /// The answer of Commit and Resolve.
@@ -284,6 +385,40 @@ impl AuthorizeCmd {
             self.holder_token.len() <= MAX_HOLDER_TOKEN_LEN,
             "holder_token",
             format!("at most {MAX_HOLDER_TOKEN_LEN} bytes"),
+        );
+        v.check(
+            self.approval_summary.len() <= MAX_SUMMARY_LEN,
+            "approval_summary",
+            format!("at most {MAX_SUMMARY_LEN} bytes"),
+        );
+        v.into_result()
+    }
+}
+
+impl ApproveCmd {
+    pub fn validate(&mut self) -> Result<(), Error> {
+        let mut v = Violations::default();
+        check_permit_id(&mut v, &mut self.permit_id);
+        check_key(&mut v, &self.idempotency_key);
+        check_attempt_id(&mut v, &mut self.attempt_id);
+        v.into_result()
+    }
+}
+
+impl DenyCmd {
+    /// Also fills in the default reason, so every store records the same.
+    pub fn validate(&mut self) -> Result<(), Error> {
+        if self.reason.is_empty() {
+            self.reason = DENIED.to_owned();
+        }
+        let mut v = Violations::default();
+        check_permit_id(&mut v, &mut self.permit_id);
+        check_key(&mut v, &self.idempotency_key);
+        check_attempt_id(&mut v, &mut self.attempt_id);
+        v.check(
+            self.reason.len() <= MAX_TEXT_LEN,
+            "reason",
+            format!("at most {MAX_TEXT_LEN} bytes"),
         );
         v.into_result()
     }

@@ -70,6 +70,11 @@ pub enum Error {
         "the attempt of key {idempotency_key:?} was reserved by another key: only that key may settle it (an operator resolves it)"
     )]
     AttemptHolderMismatch { idempotency_key: String },
+    /// Approve by the key that requested the call.
+    #[error(
+        "the call of key {idempotency_key:?} was requested by this key: nobody approves their own request"
+    )]
+    ApproverIsRequester { idempotency_key: String },
     #[error("invalid request: {}", describe(.0))]
     InvalidRequest(Vec<Violation>),
     #[error("store unavailable: {0}")]
@@ -229,6 +234,7 @@ reasons! {
     /// Refused by the transport: no store returns it.
     MessageTooLarge = "MESSAGE_TOO_LARGE",
     AttemptHolderMismatch = "ATTEMPT_HOLDER_MISMATCH",
+    ApproverIsRequester = "APPROVER_IS_REQUESTER",
 }
 
 impl Error {
@@ -248,6 +254,7 @@ impl Error {
             Error::AttemptMismatch { .. } => Reason::AttemptMismatch,
             Error::StateConflict { .. } => Reason::StateConflict,
             Error::AttemptHolderMismatch { .. } => Reason::AttemptHolderMismatch,
+            Error::ApproverIsRequester { .. } => Reason::ApproverIsRequester,
             Error::InvalidRequest(_) => Reason::InvalidRequest,
             Error::StoreUnavailable(_) => Reason::StoreUnavailable,
             Error::Overloaded { .. } => Reason::Overloaded,

@@ -5,9 +5,12 @@
 //! `store/redis/lua/*.lua` implement these same functions step for step.
 
 use super::{
-    Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GuardMode,
-    MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, PermitView, Quota, Quotas,
-    Receipt, ResolveCmd, Scope, Settled, UncertainPolicy, Usage, attempt::observe, invalid,
+    Approval, ApproveCmd, Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision,
+    DenyCmd, Error, GuardMode, MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, PERMIT_REVOKED,
+    Permit, PermitStatus, PermitView, Quota, Quotas, Receipt, ResolveCmd, Scope, Settled,
+    UncertainPolicy, Usage,
+    attempt::{lapse_reason, observe},
+    invalid,
 };
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -67,6 +70,17 @@ pub struct Ledger {
     /// How `open` moved since it was last taken, for a store that mirrors
     /// the open set in an index of its own ([`Ledger::take_open_change`]).
     open_change: OpenChange,
+    /// The attempts AWAITING_APPROVAL or APPROVED, by (deadline, key):
+    /// those whose deadline is past are DENIED for every reader, and the
+    /// next transition writes it ([`Ledger::lapse`]), returning their slots
+    /// and costs, so no background job is needed.
+    pending: BTreeSet<(Millis, Key)>,
+    /// The attempts AWAITING_APPROVAL, by (created_at, key): ListApprovals'
+    /// order.
+    awaiting: BTreeSet<(Millis, Key)>,
+    /// How `awaiting` moved since it was last taken
+    /// ([`Ledger::take_awaiting_change`]): (added, created_at, key), in order.
+    awaiting_change: Vec<(bool, Millis, Key)>,
 }
 
 /// How one operation moved an attempt in the open set: the entry it left
@@ -111,6 +125,9 @@ struct Detail {
     /// When a marked UNCERTAIN attempt became uncertain: the earlier of its
     /// lease's end and the MarkUncertain.
     uncertain_since: Millis,
+    /// A call that needed approval: its request and outcome. Its
+    /// `expires_at` is the record's `lease_expires_at` while pending.
+    approval: Option<Approval>,
 }
 
 impl Record {
@@ -132,6 +149,10 @@ impl Record {
 
     fn holder_token(&self) -> &[u8] {
         self.detail.as_ref().map_or(&[], |d| &d.holder_token)
+    }
+
+    fn approval(&self) -> Option<&Approval> {
+        self.detail.as_ref().and_then(|d| d.approval.as_ref())
     }
 
     /// Its place in the open set while RESERVED or UNCERTAIN: when it is
@@ -167,7 +188,7 @@ impl Ledger {
         &BTreeMap<Key, Record>,
         (&BTreeSet<(Millis, Key)>, &[BTreeSet<(Millis, Key)>]),
         Vec<(&u64, &Key)>,
-        (Millis, &[Arc<str>]),
+        (Millis, &[Arc<str>], &BTreeSet<(Millis, Key)>),
     ) {
         let mut dup: Vec<_> = self.dup_index.iter().collect();
         dup.sort();
@@ -181,7 +202,7 @@ impl Ledger {
             &self.attempts,
             (&self.open, &self.held),
             dup,
-            (self.last_settled_at, &self.holders),
+            (self.last_settled_at, &self.holders, &self.pending),
         )
     }
 }
@@ -231,6 +252,9 @@ impl Ledger {
             bytes: 0,
             holders: vec![Arc::from("")],
             open_change: OpenChange::default(),
+            pending: BTreeSet::new(),
+            awaiting: BTreeSet::new(),
+            awaiting_change: Vec::new(),
         }
         .with_permit_bytes()
     }
@@ -263,20 +287,200 @@ impl Ledger {
         &self.permit
     }
 
-    pub fn revoke(&mut self) -> Permit {
+    /// Stops new keys; a call still awaiting approval (or approved and
+    /// not yet claimed) is denied ("permit_revoked"): nothing was sent for
+    /// it, and a revoked permit sends nothing new.
+    pub fn revoke(&mut self, now: Millis) -> Permit {
+        self.lapse(now);
         self.permit.status = PermitStatus::Revoked;
+        while let Some((_, key)) = self.pending.first().cloned() {
+            self.deny_pending(&key, PERMIT_REVOKED, "", now);
+        }
         self.permit.clone()
     }
 
-    pub fn view(&self) -> PermitView {
+    pub fn view(&self, now: Millis) -> PermitView {
+        // Pending calls past their deadline are DENIED for every reader,
+        // written or not: their slots and costs are not held.
+        let mut calls = self.calls.clone();
+        let mut reserved = self.reserved;
+        for (_, key) in self.pending.range(..(now + 1, Key::from(""))) {
+            let record = &self.attempts[key];
+            calls[usize::from(record.tool)] -= 1;
+            reserved -= record.cost;
+        }
+        let remaining = self.permit.budget.map(|b| b - self.committed - reserved);
         PermitView {
             permit: self.permit.clone(),
             usage: (0..self.permit.tools.len())
-                .map(|t| self.usage(t))
+                .map(|t| Usage {
+                    calls_made: calls[t],
+                    budget_remaining: remaining,
+                    ..self.usage(t)
+                })
                 .collect(),
             budget_committed: self.committed,
-            budget_reserved: self.reserved,
+            budget_reserved: reserved,
         }
+    }
+
+    /// Writes what every reader already sees: each pending call whose
+    /// deadline is past `now` is DENIED, its slot and cost returned. Run
+    /// first by every transition, so their checks and usage count only
+    /// what is held at `now`. Changes nothing any reader can tell.
+    fn lapse(&mut self, now: Millis) {
+        while let Some((deadline, key)) = self.pending.first().cloned()
+            && deadline <= now
+        {
+            let state = self.attempts[&key].state;
+            self.deny_pending(&key, lapse_reason(state), "", deadline);
+        }
+    }
+
+    /// A pending call (AWAITING_APPROVAL or APPROVED) -> DENIED at `at`,
+    /// by `by` for `reason`: its slot and cost come back.
+    fn deny_pending(&mut self, key: &Key, reason: &str, by: &str, at: Millis) {
+        let record = self.attempts.get_mut(key).expect("pending attempts exist");
+        let (deadline, created_at, was) =
+            (record.lease_expires_at, record.created_at, record.state);
+        record.state = AttemptState::Denied;
+        self.calls[usize::from(record.tool)] -= 1;
+        self.reserved -= record.cost;
+        self.bytes += reason.len() + by.len();
+        let approval = record
+            .detail()
+            .approval
+            .as_mut()
+            .expect("a pending attempt has an approval");
+        approval.denial_reason = reason.to_owned();
+        approval.decided_by = by.to_owned();
+        approval.decided_at = at;
+        self.pending.remove(&(deadline, key.clone()));
+        if was == AttemptState::AwaitingApproval {
+            self.awaiting_remove(created_at, key);
+        }
+    }
+
+    fn awaiting_remove(&mut self, created_at: Millis, key: &Key) {
+        self.awaiting.remove(&(created_at, key.clone()));
+        self.awaiting_change.push((false, created_at, key.clone()));
+    }
+
+    /// The attempts AWAITING_APPROVAL (some may have lapsed), by
+    /// (created_at, key).
+    pub fn awaiting(&self) -> impl Iterator<Item = &(Millis, Arc<str>)> {
+        self.awaiting.iter()
+    }
+
+    /// How the AWAITING_APPROVAL set moved since this was last taken
+    /// (added or removed, created_at, key), in order: the memory store
+    /// keeps its tenant's ListApprovals index in step with it.
+    pub fn take_awaiting_change(&mut self) -> Vec<(bool, Millis, Arc<str>)> {
+        std::mem::take(&mut self.awaiting_change)
+    }
+
+    /// Attempts AWAITING_APPROVAL at `now`, in (created_at, key) order
+    /// after `after`, at most `limit` of them.
+    pub fn awaiting_after(
+        &self,
+        after: Option<(Millis, &str)>,
+        limit: usize,
+        now: Millis,
+    ) -> Vec<Attempt> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let start = after.map_or(Unbounded, |(at, key)| Excluded((at, Key::from(key))));
+        self.awaiting
+            .range((start, Unbounded))
+            .map(|(_, key)| self.attempt_at(key, now))
+            .filter(|a| a.state == AttemptState::AwaitingApproval)
+            .take(limit)
+            .collect()
+    }
+
+    /// Approve one pending call: an approval by a key that has not
+    /// approved it yet, and did not request it; the last one the rule
+    /// needs makes it APPROVED, for its requester to claim (its next
+    /// same-key Authorize is the DISPATCH) within a lease from now, or by
+    /// the request's own deadline if that is later.
+    pub fn approve(
+        &mut self,
+        scope: &Scope,
+        cmd: &ApproveCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
+        self.lapse(now);
+        let record = self.holder_attempt(&cmd.idempotency_key, &cmd.attempt_id)?;
+        let state = record.observed_state(now);
+        let Some(approval) = record.approval() else {
+            return Err(Error::StateConflict { state });
+        };
+        let me = scope.key_id.as_str();
+        // In dev mode (no keys) every caller is "": nobody could approve.
+        if !me.is_empty() && me == &*self.holders[record.reserved_by as usize] {
+            return Err(Error::ApproverIsRequester {
+                idempotency_key: cmd.idempotency_key.clone(),
+            });
+        }
+        let repeat = approval.approved_by.iter().any(|k| k == me);
+        if repeat && state != AttemptState::Denied {
+            // Recorded already (and whatever followed): answered as it is.
+            return Ok(self.attempt_at(&cmd.idempotency_key, now));
+        }
+        if state != AttemptState::AwaitingApproval {
+            return Err(Error::StateConflict { state });
+        }
+        let (key, record) = self
+            .attempts
+            .get_key_value(cmd.idempotency_key.as_str())
+            .expect("checked");
+        let key = key.clone();
+        let (deadline, created_at) = (record.lease_expires_at, record.created_at);
+        let claim_by = (now + self.permit.lease_ms)
+            .max(deadline)
+            .min(self.permit.expires_at.max(deadline));
+        self.bytes += me.len() + 24;
+        let record = self.attempts.get_mut(&key).expect("checked");
+        let approval = record.detail().approval.as_mut().expect("checked");
+        approval.approved_by.push(me.to_owned());
+        if approval.approved_by.len() >= approval.approvers_needed as usize {
+            approval.decided_by = me.to_owned();
+            approval.decided_at = now;
+            approval.expires_at = claim_by;
+            record.state = AttemptState::Approved;
+            record.lease_expires_at = claim_by;
+            self.pending.remove(&(deadline, key.clone()));
+            self.pending.insert((claim_by, key.clone()));
+            self.awaiting_remove(created_at, &key);
+        }
+        Ok(self.attempt_at(&key, now))
+    }
+
+    /// Deny one pending call: DENIED, its slot and cost come back, and its
+    /// key replays the denial. The same denial again answers the same.
+    pub fn deny(&mut self, scope: &Scope, cmd: &DenyCmd, now: Millis) -> Result<Settled, Error> {
+        self.lapse(now);
+        let (key, record) = self
+            .attempts
+            .get_key_value(cmd.idempotency_key.as_str())
+            .map(|(k, r)| (k.clone(), r))
+            .ok_or_else(|| Error::AttemptNotFound {
+                idempotency_key: cmd.idempotency_key.clone(),
+            })?;
+        self.holder_attempt(&cmd.idempotency_key, &cmd.attempt_id)?;
+        match record.state {
+            AttemptState::AwaitingApproval | AttemptState::Approved => {
+                self.deny_pending(&key, &cmd.reason, &scope.key_id, now);
+            }
+            AttemptState::Denied
+                if record.approval().map(|a| a.denial_reason.as_str())
+                    == Some(cmd.reason.as_str()) => {}
+            _ => {
+                return Err(Error::StateConflict {
+                    state: record.observed_state(now),
+                });
+            }
+        }
+        Ok(self.settled(&key, now))
     }
 
     /// Usage of the tool at index `tool` of the permit's tools.
@@ -361,6 +565,43 @@ impl Ledger {
                 });
             }
             let holds = scope.holds(&self.holders[existing.reserved_by as usize]);
+            match existing.observed_state(now) {
+                AttemptState::AwaitingApproval => {
+                    let mut attempt = self.attempt_view(key, existing, now);
+                    if !holds {
+                        attempt.attempt_id.clear();
+                    }
+                    return Ok(Authorized {
+                        decision: Decision::AwaitApproval,
+                        usage: self.usage(usize::from(existing.tool)),
+                        attempt,
+                        duplicate_of: None,
+                        redelivered: false,
+                        lease_remaining_ms: 0,
+                        approval_remaining_ms: existing.lease_expires_at - now,
+                    });
+                }
+                AttemptState::Approved => {
+                    if holds {
+                        let key = key.clone();
+                        return Ok(self.claim(&key, cmd, now));
+                    }
+                    // Someone else's approved call: it waits for its
+                    // requester to claim it.
+                    let mut attempt = self.attempt_view(key, existing, now);
+                    attempt.attempt_id.clear();
+                    return Ok(Authorized {
+                        decision: Decision::AwaitApproval,
+                        usage: self.usage(usize::from(existing.tool)),
+                        attempt,
+                        duplicate_of: None,
+                        redelivered: false,
+                        lease_remaining_ms: 0,
+                        approval_remaining_ms: existing.lease_expires_at - now,
+                    });
+                }
+                _ => {}
+            }
             if existing.observed_state(now) == AttemptState::Reserved {
                 // The same holder, whose DISPATCH answer was lost, gets it
                 // again: the same attempt, nothing more reserved.
@@ -376,6 +617,7 @@ impl Ledger {
                         duplicate_of: existing.duplicate_of.as_ref().map(|k| k.to_string()),
                         redelivered: true,
                         lease_remaining_ms: existing.lease_expires_at - now,
+                        approval_remaining_ms: 0,
                     });
                 }
                 return Err(Error::InProgress {
@@ -397,9 +639,12 @@ impl Ledger {
                 duplicate_of: None,
                 redelivered: false,
                 lease_remaining_ms: 0,
+                approval_remaining_ms: 0,
             });
         }
 
+        // Calls whose approval lapsed return their slots before any check.
+        self.lapse(now);
         let permit = &self.permit;
         if permit.status == PermitStatus::Revoked {
             return Err(Error::PermitRevoked {
@@ -463,7 +708,7 @@ impl Ledger {
         }
         // Last, the quotas: a released key re-reserved is no new record.
         quotas.check_attempts(
-            self.open.len(),
+            self.open.len() + self.pending.len(),
             self.attempts.len(),
             !self.attempts.contains_key(cmd.idempotency_key.as_str()),
         )?;
@@ -472,32 +717,58 @@ impl Ledger {
             return Err(super::quota::exceeded(Quota::StoreFull, limit));
         }
 
-        // Everything checked: reserve and record in one step.
+        // Everything checked: reserve and record in one step. A call the
+        // permit's approval rule holds reserves the same, but waits.
         let lease_ms = permit.lease_ms;
+        let approval = permit
+            .approval_for(&cmd.tool, cmd.cost)
+            .map(|rule| Approval {
+                summary: cmd.approval_summary.clone(),
+                expires_at: (now + rule.wait_ms).min(permit.expires_at),
+                approvers_needed: rule.approvers,
+                ..Approval::default()
+            });
         let reserved_by = self.holder_index(&scope.key_id);
         let key: Key = Arc::from(cmd.idempotency_key.as_str());
-        let record = Record {
-            attempt_id: attempt_id.into_boxed_str(),
-            fingerprint: cmd.request_fingerprint.as_slice().into(),
-            cost: cmd.cost,
-            created_at: now,
-            lease_expires_at: now + lease_ms,
-            tool: u16::try_from(tool).expect("at most MAX_TOOLS tools"),
-            state: AttemptState::Reserved,
-            reserved_by,
+        let detail = match &approval {
+            Some(approval) => Some(Box::new(Detail {
+                approval: Some(approval.clone()),
+                ..Detail::default()
+            })),
             // Only an attempt with a holder token pays for a Detail now.
-            detail: (!cmd.holder_token.is_empty()).then(|| {
+            None => (!cmd.holder_token.is_empty()).then(|| {
                 Box::new(Detail {
                     holder_token: cmd.holder_token.as_slice().into(),
                     ..Detail::default()
                 })
             }),
+        };
+        let record = Record {
+            attempt_id: attempt_id.into_boxed_str(),
+            fingerprint: cmd.request_fingerprint.as_slice().into(),
+            cost: cmd.cost,
+            created_at: now,
+            lease_expires_at: approval.as_ref().map_or(now + lease_ms, |a| a.expires_at),
+            tool: u16::try_from(tool).expect("at most MAX_TOOLS tools"),
+            state: match approval {
+                Some(_) => AttemptState::AwaitingApproval,
+                None => AttemptState::Reserved,
+            },
+            reserved_by,
+            detail,
             duplicate_of: duplicate_of.clone(),
         };
         if let Some(hash) = dup_hash {
             self.dup_index.insert(hash, key.clone());
         }
-        self.open_insert(record.lease_expires_at, tool, &key);
+        if let Some(approval) = &approval {
+            self.pending.insert((approval.expires_at, key.clone()));
+            self.awaiting.insert((now, key.clone()));
+            self.awaiting_change.push((true, now, key.clone()));
+            self.bytes += approval.summary.len() + 64;
+        } else {
+            self.open_insert(record.lease_expires_at, tool, &key);
+        }
         self.calls[tool] += 1;
         self.reserved += cmd.cost;
         let attempt = self.attempt_view(&key, &record, now);
@@ -508,14 +779,45 @@ impl Ledger {
             // A released key re-reserved: its record is replaced.
             self.bytes -= ATTEMPT_BYTES + 2 * key_len + released.fingerprint.len();
         }
+        let awaiting = approval.map(|a| a.expires_at - now);
         Ok(Authorized {
-            decision: Decision::Dispatch,
+            decision: match awaiting {
+                Some(_) => Decision::AwaitApproval,
+                None => Decision::Dispatch,
+            },
             usage: self.usage(tool),
             attempt,
             duplicate_of: duplicate_of.map(|k| k.to_string()),
             redelivered: false,
-            lease_remaining_ms: lease_ms,
+            lease_remaining_ms: if awaiting.is_some() { 0 } else { lease_ms },
+            approval_remaining_ms: awaiting.unwrap_or(0),
         })
+    }
+
+    /// The requester claims its APPROVED call: it turns RESERVED with a
+    /// fresh lease from now, held by this call's holder token, and this is
+    /// its one DISPATCH (a lost answer is redelivered by the token, as for
+    /// any reservation).
+    fn claim(&mut self, key: &Key, cmd: &AuthorizeCmd, now: Millis) -> Authorized {
+        let lease_ms = self.permit.lease_ms;
+        let record = self.attempts.get_mut(key).expect("checked");
+        let (deadline, tool) = (record.lease_expires_at, usize::from(record.tool));
+        record.state = AttemptState::Reserved;
+        record.lease_expires_at = now + lease_ms;
+        record.detail().holder_token = cmd.holder_token.as_slice().into();
+        self.bytes += cmd.holder_token.len();
+        self.pending.remove(&(deadline, key.clone()));
+        self.open_insert(now + lease_ms, tool, key);
+        let record = &self.attempts[key];
+        Authorized {
+            decision: Decision::Dispatch,
+            usage: self.usage(tool),
+            attempt: self.attempt_view(key, record, now),
+            duplicate_of: record.duplicate_of.as_ref().map(|k| k.to_string()),
+            redelivered: false,
+            lease_remaining_ms: lease_ms,
+            approval_remaining_ms: 0,
+        }
     }
 
     pub fn commit(
@@ -525,6 +827,7 @@ impl Ledger {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
+        self.lapse(now);
         self.held_attempt(scope, &cmd.idempotency_key, &cmd.attempt_id)?;
         self.settle(
             &cmd.idempotency_key,
@@ -541,6 +844,7 @@ impl Ledger {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
+        self.lapse(now);
         if cmd.attempt_id.is_empty() {
             self.attempt(&cmd.idempotency_key)?;
         } else {
@@ -569,10 +873,10 @@ impl Ledger {
         cmd: &MarkUncertainCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        let state = self
-            .held_attempt(scope, &cmd.idempotency_key, &cmd.attempt_id)?
-            .state;
-        match state {
+        self.lapse(now);
+        let record = self.held_attempt(scope, &cmd.idempotency_key, &cmd.attempt_id)?;
+        let observed = record.observed_state(now);
+        match record.state {
             AttemptState::Reserved => {
                 let (key, record) = self
                     .attempts
@@ -598,7 +902,7 @@ impl Ledger {
                 Ok(self.attempt_at(&cmd.idempotency_key, now))
             }
             AttemptState::Uncertain => Ok(self.attempt_at(&cmd.idempotency_key, now)),
-            state => Err(Error::StateConflict { state }),
+            _ => Err(Error::StateConflict { state: observed }),
         }
     }
 
@@ -794,7 +1098,11 @@ impl Ledger {
             cost: record.cost,
             state: record.state,
             created_at: record.created_at,
-            lease_expires_at: record.lease_expires_at,
+            // A pending or denied call has no lease: it was never sent.
+            lease_expires_at: match record.state {
+                AttemptState::AwaitingApproval | AttemptState::Approved | AttemptState::Denied => 0,
+                _ => record.lease_expires_at,
+            },
             receipt: record.receipt().cloned(),
             failure_reason: record.failure_reason().to_owned(),
             uncertain_reason: detail
@@ -806,6 +1114,7 @@ impl Ledger {
             },
             duplicate_of: record.duplicate_of.as_ref().map(|k| k.to_string()),
             reserved_by: self.holders[record.reserved_by as usize].to_string(),
+            approval: detail.and_then(|d| d.approval.clone()),
         }
         .into_observed(now)
     }
@@ -831,7 +1140,10 @@ impl Ledger {
         let earlier = self.attempts.get(&**key)?;
         let live = usize::from(earlier.tool) == tool
             && *earlier.fingerprint == *fingerprint
-            && earlier.state != AttemptState::Released
+            && !matches!(
+                earlier.observed_state(now),
+                AttemptState::Released | AttemptState::Denied
+            )
             && now - earlier.created_at < self.permit.duplicate_guard.window_ms;
         live.then(|| key.clone())
     }

@@ -57,9 +57,68 @@ pub struct Permit {
     pub tenant: String,
     /// Agent key ids that may use it; empty: any agent of the tenant.
     pub agents: Vec<String>,
+    /// Tools whose calls need a person's approval, by tool name.
+    pub approval_per_tool: BTreeMap<String, ApprovalRule>,
+}
+
+/// When a tool's calls need approval, how long they may wait for it, and
+/// how many distinct approvers they need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ApprovalRule {
+    /// `None`: every call; `Some(c)`: calls costing at least `c`.
+    pub cost_at_least: Option<i64>,
+    pub wait_ms: Millis,
+    /// 1 or 2.
+    pub approvers: u32,
+}
+
+impl ApprovalRule {
+    pub fn applies_to(&self, cost: i64) -> bool {
+        self.cost_at_least.is_none_or(|at_least| cost >= at_least)
+    }
+}
+
+/// An approval rule as a client asks for it: the wait and the approvers
+/// may be left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApprovalRuleSpec {
+    pub cost_at_least: Option<i64>,
+    pub wait_ms: Option<Millis>,
+    /// 0 means 1.
+    pub approvers: u32,
+}
+
+/// The server's bounds on an approval's wait (--approval-wait-default,
+/// --approval-wait-max).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApprovalWaits {
+    pub default_ms: Millis,
+    pub max_ms: Millis,
+}
+
+impl ApprovalWaits {
+    /// 15 minutes by default, at most 7 days.
+    pub const DEFAULT: Self = Self {
+        default_ms: 15 * 60_000,
+        max_ms: MAX_DURATION_MS,
+    };
+}
+
+impl Default for ApprovalWaits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
 }
 
 impl Permit {
+    /// The approval rule that holds a call of the tool at `tool` costing
+    /// `cost`, if any.
+    pub fn approval_for(&self, tool: &str, cost: i64) -> Option<&ApprovalRule> {
+        self.approval_per_tool
+            .get(tool)
+            .filter(|rule| rule.applies_to(cost))
+    }
+
     /// Whether a caller in `scope` may see and use this permit; if not, it
     /// answers exactly as if the permit did not exist.
     pub fn visible_to(&self, scope: &Scope) -> bool {
@@ -129,6 +188,9 @@ pub struct PermitSpec {
     pub guard_window_ms: Option<Millis>,
     pub uncertain_policy: Option<UncertainPolicy>,
     pub agents: Vec<String>,
+    pub approval_per_tool: BTreeMap<String, ApprovalRuleSpec>,
+    /// The server's bounds on an approval's wait.
+    pub approval_waits: ApprovalWaits,
     /// Set when the client supplied a status or a creation time: both are
     /// the server's to set.
     pub server_fields_set: bool,
@@ -236,6 +298,48 @@ impl PermitSpec {
             "permit.duplicate_guard.window",
             "must be positive and at most 7 days",
         );
+        let mut approval_per_tool = BTreeMap::new();
+        let waits = self.approval_waits;
+        for (tool, rule) in &self.approval_per_tool {
+            let field = "permit.approval_per_tool";
+            v.check_with(seen.contains(tool.as_str()), field, || {
+                format!("{} has an approval rule but is not in tools", shown(tool))
+            });
+            if let Some(cost) = rule.cost_at_least {
+                v.check_with((0..=MAX_AMOUNT).contains(&cost), field, || {
+                    format!(
+                        "the cost_at_least of {} must be within 0..={MAX_AMOUNT}",
+                        shown(tool)
+                    )
+                });
+            }
+            let wait_ms = rule.wait_ms.unwrap_or(waits.default_ms);
+            v.check_with((1000..=waits.max_ms).contains(&wait_ms), field, || {
+                format!(
+                    "the wait of {} must be at least 1 s and at most {} s (--approval-wait-max)",
+                    shown(tool),
+                    waits.max_ms / 1000
+                )
+            });
+            let approvers = rule.approvers.max(1);
+            v.check_with(approvers <= 2, field, || {
+                format!("the approvers of {} must be 1 or 2", shown(tool))
+            });
+            v.check_with(approvers == 1 || !tenant.is_empty(), field, || {
+                format!(
+                    "the four-eyes rule of {} needs keys (--auth-keys): without them every caller is the same",
+                    shown(tool)
+                )
+            });
+            approval_per_tool.insert(
+                tool.clone(),
+                ApprovalRule {
+                    cost_at_least: rule.cost_at_least,
+                    wait_ms,
+                    approvers,
+                },
+            );
+        }
         v.into_result()?;
         Ok(Permit {
             permit_id,
@@ -255,6 +359,7 @@ impl PermitSpec {
             created_at: now,
             tenant: tenant.to_owned(),
             agents: self.agents,
+            approval_per_tool,
         })
     }
 }

@@ -105,6 +105,7 @@ fn attempt(state: AttemptState, lease_expires_at: Millis) -> Attempt {
         uncertain_since: 0,
         duplicate_of: None,
         reserved_by: String::new(),
+        approval: None,
     }
 }
 
@@ -178,4 +179,89 @@ fn an_echoed_value_is_48_escaped_characters_at_most() {
         assert!(escaped.chars().count() <= 48, "{echoed}");
         assert!(echoed.ends_with(&format!("... ({} bytes)", value.len())));
     }
+}
+
+#[test]
+fn approval_rules_are_validated_with_the_permit() {
+    use crate::domain::{ApprovalRuleSpec, ApprovalWaits};
+    let spec = |rules: Vec<(&str, ApprovalRuleSpec)>| PermitSpec {
+        tools: vec!["pay".into(), "refund".into()],
+        expires_at: Some(10_000_000),
+        approval_per_tool: rules.into_iter().map(|(t, r)| (t.to_owned(), r)).collect(),
+        approval_waits: ApprovalWaits {
+            default_ms: 60_000,
+            max_ms: 3_600_000,
+        },
+        ..PermitSpec::default()
+    };
+    // Defaults: the server's wait, one approver.
+    let permit = spec(vec![("pay", ApprovalRuleSpec::default())])
+        .into_permit("id".into(), 0, "acme")
+        .expect("valid");
+    let rule = permit.approval_per_tool["pay"];
+    assert_eq!(
+        (rule.cost_at_least, rule.wait_ms, rule.approvers),
+        (None, 60_000, 1)
+    );
+    assert!(permit.approval_for("pay", 0).is_some());
+    assert!(permit.approval_for("refund", 0).is_none());
+    let threshold = ApprovalRuleSpec {
+        cost_at_least: Some(100),
+        ..Default::default()
+    };
+    let permit = spec(vec![("pay", threshold)])
+        .into_permit("id".into(), 0, "acme")
+        .expect("valid");
+    assert!(permit.approval_for("pay", 99).is_none());
+    assert!(permit.approval_for("pay", 100).is_some());
+    // Each bad rule is named, all at once, and nothing is built.
+    let bad = |rule: ApprovalRuleSpec, tool: &str, tenant: &str| {
+        let Err(Error::InvalidRequest(v)) =
+            spec(vec![(tool, rule)]).into_permit("id".into(), 0, tenant)
+        else {
+            panic!("{rule:?} on {tool} accepted");
+        };
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].field, "permit.approval_per_tool");
+        v[0].description.clone()
+    };
+    let d = bad(ApprovalRuleSpec::default(), "other", "acme");
+    assert!(d.contains("not in tools"), "{d}");
+    let d = bad(
+        ApprovalRuleSpec {
+            cost_at_least: Some(-1),
+            ..Default::default()
+        },
+        "pay",
+        "acme",
+    );
+    assert!(d.contains("cost_at_least"), "{d}");
+    for wait_ms in [999, 3_600_001] {
+        let rule = ApprovalRuleSpec {
+            wait_ms: Some(wait_ms),
+            ..Default::default()
+        };
+        let d = bad(rule, "pay", "acme");
+        assert!(d.contains("--approval-wait-max"), "{d}");
+    }
+    let d = bad(
+        ApprovalRuleSpec {
+            approvers: 3,
+            ..Default::default()
+        },
+        "pay",
+        "acme",
+    );
+    assert!(d.contains("1 or 2"), "{d}");
+    let four_eyes = ApprovalRuleSpec {
+        approvers: 2,
+        ..Default::default()
+    };
+    let d = bad(four_eyes, "pay", "");
+    assert!(d.contains("needs keys"), "{d}");
+    assert!(
+        spec(vec![("pay", four_eyes)])
+            .into_permit("id".into(), 0, "acme")
+            .is_ok()
+    );
 }

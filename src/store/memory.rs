@@ -4,8 +4,9 @@
 
 use super::{CensusFigures, Cursor, Page, Store};
 use crate::domain::{
-    Attempt, AuthorizeCmd, Authorized, CommitCmd, Error, GetAttemptCmd, Ledger, MarkUncertainCmd,
-    Millis, Permit, PermitView, Quota, Quotas, ResolveCmd, Scope, Settled,
+    ApproveCmd, Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, DenyCmd, Error,
+    GetAttemptCmd, Ledger, MarkUncertainCmd, Millis, Permit, PermitView, Quota, Quotas, ResolveCmd,
+    Scope, Settled,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
@@ -44,6 +45,11 @@ struct Inner {
     /// are the range up to `now`, so the cross-permit listing and the
     /// census cost what they count.
     open: BTreeMap<Arc<str>, BTreeSet<OpenEntry>>,
+    /// Every attempt AWAITING_APPROVAL, by tenant, in ListApprovals'
+    /// order: (created_at, permit, key). One whose request lapsed stays
+    /// until its ledger writes the lapse (or is forgotten); the listing
+    /// skips it.
+    awaiting: BTreeMap<Arc<str>, BTreeSet<OpenEntry>>,
     /// Every permit with nothing open, by when it is forgotten
     /// ([`Ledger::forget_at`]).
     forget: BTreeSet<Entry>,
@@ -146,28 +152,19 @@ impl MemoryStore {
                 inner.forget.insert((at, id.clone()));
             }
         }
-        // The cross-permit index follows the ledger's open set: the entry
-        // its operation removed, then the one it added.
+        // The cross-permit indexes follow the ledger's sets: for the open
+        // set, the entry its operation removed, then the one it added.
         let change = ledger.take_open_change();
+        let awaiting = ledger.take_awaiting_change();
         let tenant = ledger.permit().tenant.as_str();
-        if let Some((at, key)) = change.removed
-            && let Some(set) = inner.open.get_mut(tenant)
-        {
-            set.remove(&(at, id.clone(), key));
-            if set.is_empty() {
-                inner.open.remove(tenant);
-            }
+        if let Some((at, key)) = change.removed {
+            index_move(&mut inner.open, tenant, false, (at, id.clone(), key));
         }
         if let Some((at, key)) = change.added {
-            match inner.open.get_mut(tenant) {
-                Some(set) => {
-                    set.insert((at, id, key));
-                }
-                None => {
-                    let set = BTreeSet::from([(at, id, key)]);
-                    inner.open.insert(Arc::from(tenant), set);
-                }
-            }
+            index_move(&mut inner.open, tenant, true, (at, id.clone(), key));
+        }
+        for (added, at, key) in awaiting {
+            index_move(&mut inner.awaiting, tenant, added, (at, id.clone(), key));
         }
         out
     }
@@ -178,11 +175,41 @@ impl MemoryStore {
     }
 }
 
+/// Adds an entry to (or removes one from) a tenant's set of a per-tenant
+/// index; a tenant leaves the index with its last entry.
+fn index_move(
+    index: &mut BTreeMap<Arc<str>, BTreeSet<OpenEntry>>,
+    tenant: &str,
+    added: bool,
+    entry: OpenEntry,
+) {
+    if added {
+        match index.get_mut(tenant) {
+            Some(set) => {
+                set.insert(entry);
+            }
+            None => {
+                index.insert(Arc::from(tenant), BTreeSet::from([entry]));
+            }
+        }
+    } else if let Some(set) = index.get_mut(tenant) {
+        set.remove(&entry);
+        if set.is_empty() {
+            index.remove(tenant);
+        }
+    }
+}
+
 impl Inner {
     /// Drops a forgotten ledger's share of the accounting.
     fn forgotten(&mut self, ledger: &Ledger, id: &Arc<str>) {
         self.bytes -= ledger.approx_bytes();
         let permit = ledger.permit();
+        // Requests that lapsed unwritten leave the approvals index with it.
+        for (at, key) in ledger.awaiting() {
+            let entry = (*at, id.clone(), key.clone());
+            index_move(&mut self.awaiting, &permit.tenant, false, entry);
+        }
         if let Some(live) = self.live.get_mut(permit.tenant.as_str()) {
             live.remove(&(permit.expires_at, id.clone()));
             if live.is_empty() {
@@ -239,7 +266,7 @@ impl Store for MemoryStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<PermitView, Error> {
-        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.view()))
+        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.view(now)))
     }
 
     async fn revoke_permit(
@@ -248,7 +275,7 @@ impl Store for MemoryStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<Permit, Error> {
-        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.revoke()))
+        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.revoke(now)))
     }
 
     async fn get_attempt(
@@ -322,7 +349,7 @@ impl Store for MemoryStore {
             let attempts = self.with_ledger(scope, id, now, |l, _| {
                 Ok(l.uncertain_after(after, limit, now))
             })?;
-            return Ok(full_page(attempts, limit));
+            return Ok(full_page(attempts, limit, Cursor::after));
         }
 
         // Across permits: the tenant's open index, up to `now`.
@@ -333,7 +360,7 @@ impl Store for MemoryStore {
         };
         let start = match after {
             Some(c) => Bound::Excluded((
-                c.uncertain_since,
+                c.at,
                 Arc::from(c.permit_id.as_str()),
                 Arc::from(c.idempotency_key.as_str()),
             )),
@@ -352,10 +379,76 @@ impl Store for MemoryStore {
             let attempt = ledger.get_attempt(key, now)?;
             page.attempts.push(attempt);
             if page.attempts.len() == limit {
-                return Ok(full_page(page.attempts, limit));
+                return Ok(full_page(page.attempts, limit, Cursor::after));
             }
         }
         Ok(page)
+    }
+
+    async fn approve(
+        &self,
+        scope: &Scope,
+        cmd: &ApproveCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+            l.approve(scope, cmd, now)
+        })
+    }
+
+    async fn deny(&self, scope: &Scope, cmd: &DenyCmd, now: Millis) -> Result<Settled, Error> {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _| l.deny(scope, cmd, now))
+    }
+
+    async fn list_approvals(
+        &self,
+        scope: &Scope,
+        permit_id: Option<&str>,
+        after: Option<&Cursor>,
+        limit: usize,
+        now: Millis,
+    ) -> Result<Page, Error> {
+        if let Some(id) = permit_id {
+            let after = after.and_then(|c| c.attempt_in(id));
+            let attempts = self.with_ledger(scope, id, now, |l, _| {
+                Ok(l.awaiting_after(after, limit, now))
+            })?;
+            return Ok(full_page(attempts, limit, Cursor::after_request));
+        }
+        // Across permits: the tenant's approvals index, skipping requests
+        // that lapsed (written at their ledger's next transition).
+        let inner = self.lock();
+        let mut attempts = Vec::new();
+        let Some(awaiting) = inner.awaiting.get(scope.tenant.as_str()) else {
+            return Ok(Page::default());
+        };
+        let start = match after {
+            Some(c) => Bound::Excluded((
+                c.at,
+                Arc::from(c.permit_id.as_str()),
+                Arc::from(c.idempotency_key.as_str()),
+            )),
+            None => Bound::Unbounded,
+        };
+        for (_, id, key) in awaiting.range((start, Bound::Unbounded)) {
+            let ledger = inner.ledgers.get(id).ok_or_else(|| {
+                Error::StoreUnavailable(format!(
+                    "permit {id} is listed as awaiting but has no ledger"
+                ))
+            })?;
+            if !ledger.permit().visible_to(scope) {
+                continue;
+            }
+            let attempt = ledger.get_attempt(key, now)?;
+            if attempt.state != AttemptState::AwaitingApproval {
+                continue;
+            }
+            attempts.push(attempt);
+            if attempts.len() == limit {
+                break;
+            }
+        }
+        Ok(full_page(attempts, limit, Cursor::after_request))
     }
 
     async fn sweep(&self, now: Millis) -> Result<usize, Error> {
@@ -400,12 +493,17 @@ impl Store for MemoryStore {
     }
 }
 
-/// A page of attempts; a full one continues after its last.
-pub(super) fn full_page(attempts: Vec<Attempt>, limit: usize) -> Page {
+/// A page of attempts; a full one continues after its last, at the
+/// position `cursor` gives it.
+pub(super) fn full_page(
+    attempts: Vec<Attempt>,
+    limit: usize,
+    cursor: fn(&Attempt) -> Cursor,
+) -> Page {
     let next = (attempts.len() == limit)
         .then(|| attempts.last())
         .flatten()
-        .map(Cursor::after);
+        .map(cursor);
     Page { attempts, next }
 }
 
@@ -436,6 +534,7 @@ mod tests {
             created_at: T0,
             tenant: String::new(),
             agents: Vec::new(),
+            approval_per_tool: Default::default(),
         }
     }
 
@@ -461,6 +560,7 @@ mod tests {
             request_fingerprint: vec![1],
             cost: 0,
             holder_token: Vec::new(),
+            approval_summary: String::new(),
         };
         store
             .authorize(&Scope::default(), &cmd, T0, new_id(T0))

@@ -626,6 +626,7 @@ fn read_authorized(cmd: &AuthorizeCmd, reply: Vec<Value>) -> Result<Authorized, 
         duplicate_of,
         redelivered,
         lease_remaining_ms,
+        approval_remaining_ms: 0,
     })
 }
 
@@ -634,6 +635,13 @@ fn read_authorized(cmd: &AuthorizeCmd, reply: Vec<Value>) -> Result<Authorized, 
 impl Store for RedisStore {
     async fn create_permit(&self, mut permit: Permit) -> Result<Permit, Error> {
         self.quotas.check_lifetime(&permit, permit.created_at)?;
+        // TODO(issue 27): approval rules on the Redis store.
+        if !permit.approval_per_tool.is_empty() {
+            return Err(crate::domain::invalid(
+                "permit.approval_per_tool",
+                "approval rules are not served by the Redis store yet",
+            ));
+        }
         // On a Cluster, an id in a slot of the uncertain index's placed
         // shards (one in 256 ids: a few microseconds of drawing).
         while !self.shards.place(&permit.permit_id) {
@@ -812,18 +820,14 @@ impl Store for RedisStore {
         if let Some(id) = permit_id {
             let after = after.and_then(|c| c.attempt_in(id));
             let listed = self.list_one(scope, id, after, limit, now).await?;
-            return Ok(full_page(listed, limit));
+            return Ok(full_page(listed, limit, Cursor::after));
         }
         // Across permits: the tenant's uncertain index, every shard (one
         // outside a Cluster) read at once, merged in order.
         use tracing::Instrument as _;
         let started = std::time::Instant::now();
-        let after_member = after.map(|c| {
-            format!(
-                "{:015}:{}:{}",
-                c.uncertain_since, c.permit_id, c.idempotency_key
-            )
-        });
+        let after_member =
+            after.map(|c| format!("{:015}:{}:{}", c.at, c.permit_id, c.idempotency_key));
         let mut shard_reads = tokio::task::JoinSet::new();
         for tag in self.shards.placed() {
             let mut inv = Lua::ListIndex.prepare_invoke();
@@ -855,7 +859,7 @@ impl Store for RedisStore {
             .then(|| members.last())
             .flatten()
             .map(|(at, id, key)| Cursor {
-                uncertain_since: *at,
+                at: *at,
                 permit_id: id.clone(),
                 idempotency_key: key.clone(),
             });
@@ -883,7 +887,7 @@ impl Store for RedisStore {
             {
                 let (at, id, key) = &members[last];
                 next = Some(Cursor {
-                    uncertain_since: *at,
+                    at: *at,
                     permit_id: id.clone(),
                     idempotency_key: key.clone(),
                 });
@@ -943,6 +947,64 @@ impl Store for RedisStore {
     /// (`create_permit`). A tenant with a live permit stays in the tenants
     /// index whatever the interleaving, and one whose removal fails halfway
     /// merely stays too.
+    // TODO(issue 27): no permit on the Redis store has an approval rule
+    // yet (create_permit refuses them), so no attempt awaits approval.
+    async fn approve(
+        &self,
+        scope: &Scope,
+        cmd: &crate::domain::ApproveCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
+        let attempt = self
+            .get_attempt(
+                scope,
+                &GetAttemptCmd {
+                    permit_id: cmd.permit_id.clone(),
+                    idempotency_key: cmd.idempotency_key.clone(),
+                },
+                now,
+            )
+            .await?;
+        Err(Error::StateConflict {
+            state: attempt.state,
+        })
+    }
+
+    async fn deny(
+        &self,
+        scope: &Scope,
+        cmd: &crate::domain::DenyCmd,
+        now: Millis,
+    ) -> Result<Settled, Error> {
+        let attempt = self
+            .get_attempt(
+                scope,
+                &GetAttemptCmd {
+                    permit_id: cmd.permit_id.clone(),
+                    idempotency_key: cmd.idempotency_key.clone(),
+                },
+                now,
+            )
+            .await?;
+        Err(Error::StateConflict {
+            state: attempt.state,
+        })
+    }
+
+    async fn list_approvals(
+        &self,
+        scope: &Scope,
+        permit_id: Option<&str>,
+        _after: Option<&Cursor>,
+        _limit: usize,
+        now: Millis,
+    ) -> Result<Page, Error> {
+        if let Some(id) = permit_id {
+            self.get_permit(scope, id, now).await?;
+        }
+        Ok(Page::default())
+    }
+
     async fn sweep(&self, now: Millis) -> Result<usize, Error> {
         let mut conn = self.conn().await?;
         let after = self

@@ -57,6 +57,17 @@ const METHODS: &[(&str, &str, &str)] = &[
     ),
     ("/atmost.v1.Permits/Resolve", "atmost.v1.Permits", "Resolve"),
     (
+        "/atmost.v1.Approvals/ListApprovals",
+        "atmost.v1.Approvals",
+        "ListApprovals",
+    ),
+    (
+        "/atmost.v1.Approvals/Approve",
+        "atmost.v1.Approvals",
+        "Approve",
+    ),
+    ("/atmost.v1.Approvals/Deny", "atmost.v1.Approvals", "Deny"),
+    (
         "/atmost.v1.Receipts/GetSigningKeys",
         "atmost.v1.Receipts",
         "GetSigningKeys",

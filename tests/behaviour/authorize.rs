@@ -379,6 +379,7 @@ async fn a_request_past_its_deadline_changes_nothing(h: Harness) {
         request_fingerprint: b"fp".to_vec(),
         cost: 1,
         holder_token: Vec::new(),
+        ..Default::default()
     };
     const AUTHORIZE: &str = "/atmost.v1.Gate/Authorize";
     refused_late(
@@ -425,6 +426,7 @@ async fn the_same_holder_token_recovers_a_lost_dispatch(h: Harness) {
         request_fingerprint: b"fp".to_vec(),
         cost: 10,
         holder_token: token.to_vec(),
+        ..Default::default()
     };
     let first = h
         .client

@@ -39,6 +39,7 @@ fn request(permit: &str, key: &str, fingerprint: &[u8]) -> pb::AuthorizeRequest 
         request_fingerprint: fingerprint.to_vec(),
         cost: 1,
         holder_token: Vec::new(),
+        ..Default::default()
     }
 }
 

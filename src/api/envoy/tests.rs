@@ -589,6 +589,9 @@ fn error_of(reason: Reason) -> Error {
         Reason::KeyReused => Error::KeyReused {
             idempotency_key: key(),
         },
+        Reason::ApproverIsRequester => Error::ApproverIsRequester {
+            idempotency_key: key(),
+        },
         Reason::InProgress => Error::InProgress {
             idempotency_key: key(),
             lease_expires_at: 0,
@@ -654,7 +657,8 @@ fn every_reason_has_its_http_status() {
         | Reason::PermitRevoked
         | Reason::PermitExpired
         | Reason::ToolNotInScope
-        | Reason::AttemptHolderMismatch => 403,
+        | Reason::AttemptHolderMismatch
+        | Reason::ApproverIsRequester => 403,
         Reason::MaxCallsExceeded | Reason::BudgetExceeded => 429,
         Reason::KeyReused => 422,
         Reason::InProgress => 409,
@@ -707,6 +711,8 @@ const NOT_ANSWERED_OVER_HTTP: &[Reason] = &[
     Reason::AttemptMismatch,
     Reason::AttemptHolderMismatch,
     Reason::StateConflict,
+    // Approve's, never Authorize's.
+    Reason::ApproverIsRequester,
     // The authentication layer refuses the gateway's gRPC call itself
     // (docs/gateways.md, "Authentication"): Envoy answers, not atmost.
     Reason::Unauthenticated,
@@ -796,6 +802,25 @@ fn answered_status(name: &str) -> Option<u16> {
         reasons::REPLAY_SUCCEEDED => replay(pb::AttemptState::Succeeded),
         reasons::REPLAY_FAILED => replay(pb::AttemptState::Failed),
         reasons::REPLAY_UNCERTAIN => replay(pb::AttemptState::Uncertain),
+        reasons::REPLAY_DENIED => replay(pb::AttemptState::Denied),
+        reasons::AWAITING_APPROVAL => {
+            let answer = Answer::of(Ok(pb::AuthorizeResponse {
+                decision: pb::Decision::AwaitApproval as i32,
+                attempt: Some(pb::Attempt::default()),
+                approval_remaining: Some(prost_types::Duration {
+                    seconds: 600,
+                    nanos: 0,
+                }),
+                ..Default::default()
+            }));
+            let Answer::Respond(reply) = answer else {
+                panic!("a call awaiting approval is never forwarded: {answer:?}");
+            };
+            assert_eq!(reply.reason, name);
+            let retry = reply.headers.iter().find(|(h, _)| *h == "retry-after");
+            assert_eq!(retry.map(|(_, v)| v.as_str()), Some("10"), "{reply:?}");
+            Some(reply.status)
+        }
         reasons::GATEWAY_MISCONFIGURED => {
             Some(Reply::unmapped(Unmapped::Misconfigured("no body".into())).status)
         }
@@ -848,6 +873,8 @@ fn the_answers_table_in_the_docs_is_what_the_code_answers() {
             reasons::REPLAY_SUCCEEDED,
             reasons::REPLAY_FAILED,
             reasons::REPLAY_UNCERTAIN,
+            reasons::REPLAY_DENIED,
+            reasons::AWAITING_APPROVAL,
             reasons::GATEWAY_MISCONFIGURED,
             reasons::PATH_NOT_CANONICAL,
         ]);

@@ -291,6 +291,14 @@ pub struct ServeArgs {
     /// interval; 1s to 1h).
     #[arg(long, env = "ATMOST_UNCERTAIN_CENSUS_INTERVAL", default_value = "10s", value_parser = census_interval)]
     pub uncertain_census_interval: Duration,
+    /// How long a call a permit's approval rule holds waits for a person
+    /// when the rule gives no wait (1s to 7d, at most
+    /// --approval-wait-max).
+    #[arg(long, env = "ATMOST_APPROVAL_WAIT_DEFAULT", default_value = "15m", value_parser = approval_wait)]
+    pub approval_wait_default: Duration,
+    /// The longest wait an approval rule may give (1s to 7d).
+    #[arg(long, env = "ATMOST_APPROVAL_WAIT_MAX", default_value = "7d", value_parser = approval_wait)]
+    pub approval_wait_max: Duration,
     /// Log format (logs go to stderr; filter with RUST_LOG). Text has
     /// colours only when stderr is a terminal.
     #[arg(long, env = "ATMOST_LOG_FORMAT", value_enum, default_value = "text")]
@@ -394,6 +402,14 @@ fn handshake_timeout(text: &str) -> Result<Duration, String> {
 
 fn request_timeout(text: &str) -> Result<Duration, String> {
     bounded(text, Duration::from_millis(10), Duration::from_secs(3600))
+}
+
+fn approval_wait(text: &str) -> Result<Duration, String> {
+    bounded(
+        text,
+        Duration::from_secs(1),
+        Duration::from_secs(7 * 24 * 3600),
+    )
 }
 
 fn census_interval(text: &str) -> Result<Duration, String> {

@@ -36,6 +36,12 @@ pub fn prepare(args: &ServeArgs) -> Result<Prepared, String> {
     };
     // The OTEL_* variables: one atmost cannot honour stops it here too.
     atmost::telemetry::Plan::from_env(|name| std::env::var(name).ok())?;
+    if args.approval_wait_default > args.approval_wait_max {
+        return Err(format!(
+            "--approval-wait-default ({:?}) is longer than --approval-wait-max ({:?})",
+            args.approval_wait_default, args.approval_wait_max
+        ));
+    }
     needs(
         args.tls_cert.is_some() && args.tls_key.is_none(),
         "tls-cert",

@@ -37,6 +37,7 @@ fn permit() -> Permit {
         created_at: T0,
         tenant: String::new(),
         agents: Vec::new(),
+        approval_per_tool: BTreeMap::new(),
     }
 }
 
@@ -85,7 +86,7 @@ fn entries(set: &BTreeSet<(Millis, Key)>) -> Vec<(Millis, String)> {
 
 fn snapshot(ledger: &Ledger) -> Snapshot {
     Snapshot {
-        view: ledger.view(),
+        view: ledger.view(0),
         // Seen at the dawn of time, no lease has passed: the stored state.
         attempts: ledger
             .attempts
@@ -186,14 +187,42 @@ impl Bench {
         command: impl FnOnce(&mut Ledger, Millis) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let before = snapshot(&self.ledger);
+        let awaiting_before = entries(&self.ledger.awaiting);
+        // With calls pending, those whose approval lapses by `now` read
+        // DENIED before the command as after it: a refused command may
+        // write that (Ledger::lapse), and nothing else.
+        let lapsed = (!self.ledger.pending.is_empty()).then(|| {
+            let mut ledger = self.ledger.clone();
+            ledger.lapse(self.now);
+            ledger.take_awaiting_change();
+            snapshot(&ledger)
+        });
         let result = command(&mut self.ledger, self.now);
         if let Err(e) = &result {
             assert_eq!(
                 snapshot(&self.ledger),
-                before,
+                lapsed.unwrap_or_else(|| before.clone()),
                 "refused with {e:?}, yet the ledger changed"
             );
         }
+        // The awaiting change says how the awaiting set moved (the memory
+        // store's approvals index follows it).
+        let mut mirrored = awaiting_before;
+        for (added, at, key) in self.ledger.take_awaiting_change() {
+            let entry = (at, key.to_string());
+            if added {
+                mirrored.push(entry);
+                mirrored.sort();
+            } else {
+                assert!(mirrored.contains(&entry), "removed {entry:?}, not awaiting");
+                mirrored.retain(|e| *e != entry);
+            }
+        }
+        assert_eq!(
+            mirrored,
+            entries(&self.ledger.awaiting),
+            "the awaiting change"
+        );
         // The open change says exactly how the open set moved (the memory
         // store's cross-permit index follows it): applied to the set
         // before, it gives the set after.
@@ -243,6 +272,7 @@ impl Bench {
             request_fingerprint: fp.as_bytes().to_vec(),
             cost,
             holder_token: token.as_bytes().to_vec(),
+            approval_summary: String::new(),
         };
         let id = self.fresh("attempt");
         let caller = self.caller.clone();
@@ -317,12 +347,12 @@ impl Bench {
 
     /// (committed, reserved)
     fn budget(&self) -> (i64, i64) {
-        let v = self.ledger.view();
+        let v = self.ledger.view(self.now);
         (v.budget_committed, v.budget_reserved)
     }
 
     fn usage(&self, tool: &str) -> Usage {
-        let v = self.ledger.view();
+        let v = self.ledger.view(self.now);
         v.usage
             .into_iter()
             .find(|u| u.tool == tool)
@@ -470,7 +500,7 @@ fn a_used_key_with_another_tool_fingerprint_or_cost_is_key_reused() {
 #[test]
 fn revoked_is_checked_before_expired() {
     let mut b = Bench::new();
-    b.ledger.revoke();
+    b.ledger.revoke(b.now);
     b.at(T0 + LIFETIME);
     assert_eq!(
         b.authorize("nope", "k", "fp", 0),
@@ -612,8 +642,8 @@ fn an_existing_key_is_answered_before_any_permit_check() {
         expired_at: T0 + LIFETIME,
     };
     answered(&mut b, expired);
-    b.ledger.revoke();
-    let revoked = b.ledger.revoke();
+    b.ledger.revoke(b.now);
+    let revoked = b.ledger.revoke(b.now);
     assert_eq!(
         revoked.status,
         PermitStatus::Revoked,
@@ -1692,7 +1722,7 @@ mod property {
         seen: &Seen,
         verified_not_sent: Option<&str>,
     ) {
-        let view = ledger.view();
+        let view = ledger.view(then);
         for (i, usage) in view.usage.iter().enumerate() {
             if let Some(cap) = usage.calls_limit {
                 assert!(usage.calls_made <= cap, "{usage:?} over its cap");
@@ -1755,10 +1785,13 @@ mod property {
                 .get(&was.idempotency_key)
                 .expect("a key never disappears");
             match was.state {
-                AttemptState::Reserved | AttemptState::Uncertain => {
+                AttemptState::Reserved
+                | AttemptState::Uncertain
+                | AttemptState::AwaitingApproval
+                | AttemptState::Approved => {
                     assert_eq!(is.attempt_id, was.attempt_id, "an open attempt disappeared");
                 }
-                AttemptState::Succeeded | AttemptState::Failed => {
+                AttemptState::Succeeded | AttemptState::Failed | AttemptState::Denied => {
                     assert_eq!(is, was, "a settled attempt changed");
                 }
                 AttemptState::Released => {}
@@ -1834,7 +1867,7 @@ mod property {
                     }
                 }
                 Step::Revoke => {
-                    b.ledger.revoke();
+                    b.ledger.revoke(b.now);
                 }
                 &Step::Advance(ms) => b.advance(ms),
             }
@@ -1856,5 +1889,444 @@ mod property {
         ) {
             run(permit, &steps);
         }
+    }
+}
+
+/// Human approval: calls a permit's approval rule holds.
+mod approval {
+    use super::*;
+    use crate::domain::{
+        APPROVAL_EXPIRED, APPROVAL_UNCLAIMED, ApprovalRule, ApproveCmd, DENIED, DenyCmd,
+        PERMIT_REVOKED,
+    };
+
+    const WAIT: Millis = 600_000;
+
+    /// "t" needs one approval for calls of cost 100 or more, "u" two
+    /// (four eyes) for every call; "t" capped at `cap`, a budget of 1000.
+    fn bench(cap_t: u64) -> Bench {
+        let mut b = Bench::with(|p| {
+            cap(p, "t", cap_t);
+            p.budget = Some(1000);
+            p.tenant = "acme".into();
+            p.approval_per_tool.insert(
+                "t".into(),
+                ApprovalRule {
+                    cost_at_least: Some(100),
+                    wait_ms: WAIT,
+                    approvers: 1,
+                },
+            );
+            p.approval_per_tool.insert(
+                "u".into(),
+                ApprovalRule {
+                    cost_at_least: None,
+                    wait_ms: WAIT,
+                    approvers: 2,
+                },
+            );
+        });
+        b.as_agent("agent-1");
+        b
+    }
+
+    impl Bench {
+        fn awaiting(&mut self, tool: &str, key: &str, cost: i64) -> Attempt {
+            let r = self
+                .authorize(tool, key, "fp", cost)
+                .unwrap_or_else(|e| panic!("{key}: {e:?}"));
+            assert_eq!(r.decision, Decision::AwaitApproval, "{key}: {r:?}");
+            assert_eq!(r.attempt.state, AttemptState::AwaitingApproval);
+            assert_eq!(r.lease_remaining_ms, 0);
+            r.attempt
+        }
+
+        /// Runs `f` as approver key `key_id`, then goes back to agent-1.
+        fn as_approver<T>(&mut self, key_id: &str, f: impl FnOnce(&mut Bench) -> T) -> T {
+            self.as_admin(key_id);
+            let out = f(self);
+            self.as_agent("agent-1");
+            out
+        }
+
+        fn approve(&mut self, a: &Attempt) -> Result<Attempt, Error> {
+            let cmd = ApproveCmd {
+                permit_id: self.permit_id(),
+                idempotency_key: a.idempotency_key.clone(),
+                attempt_id: a.attempt_id.clone(),
+            };
+            let caller = self.caller.clone();
+            self.run(|l, now| l.approve(&caller, &cmd, now))
+        }
+
+        fn deny(&mut self, a: &Attempt, reason: &str) -> Result<Settled, Error> {
+            // The default DenyCmd::validate fills in (the test ids are
+            // not UUIDs, which it also checks).
+            let reason = if reason.is_empty() { DENIED } else { reason };
+            let cmd = DenyCmd {
+                permit_id: self.permit_id(),
+                idempotency_key: a.idempotency_key.clone(),
+                attempt_id: a.attempt_id.clone(),
+                reason: reason.into(),
+            };
+            let caller = self.caller.clone();
+            self.run(|l, now| l.deny(&caller, &cmd, now))
+        }
+
+        fn held(&self) -> (u64, i64) {
+            let v = self.ledger.view(self.now);
+            (v.usage[0].calls_made, v.budget_reserved)
+        }
+    }
+
+    #[test]
+    fn a_call_below_the_threshold_dispatches_and_one_at_it_waits_holding_slot_and_cost() {
+        let mut b = bench(5);
+        b.dispatch("t", "cheap", "fp", 99);
+        let a = b.awaiting("t", "dear", 100);
+        assert_eq!(
+            b.held(),
+            (2, 199),
+            "the waiting call holds its slot and cost"
+        );
+        let approval = a.approval.expect("an approval");
+        assert_eq!(approval.expires_at, T0 + WAIT);
+        assert_eq!(approval.approvers_needed, 1);
+        assert_eq!(a.lease_expires_at, 0, "no lease: nothing may be sent");
+        // The same key, later: the same answer, with less time left.
+        b.advance(1_000);
+        let r = b.authorize("t", "dear", "fp", 100).expect("asked again");
+        assert_eq!(r.decision, Decision::AwaitApproval);
+        assert_eq!(r.approval_remaining_ms, WAIT - 1_000);
+        assert_eq!(r.attempt.attempt_id, a.attempt_id);
+        assert_eq!(b.held(), (2, 199), "asking again reserves nothing more");
+        // Another agent asking with the key learns the state, not the id.
+        b.as_agent("agent-2");
+        let r = b
+            .authorize("t", "dear", "fp", 100)
+            .expect("asked by another");
+        assert_eq!(r.decision, Decision::AwaitApproval);
+        assert_eq!(r.attempt.attempt_id, "");
+    }
+
+    #[test]
+    fn approved_the_requester_gets_one_dispatch_and_a_fresh_lease() {
+        let mut b = bench(5);
+        let a = b.awaiting("t", "k", 100);
+        b.advance(5_000);
+        let approved = b.as_approver("alice", |b| b.approve(&a)).expect("approved");
+        assert_eq!(approved.state, AttemptState::Approved);
+        let approval = approved.approval.expect("approval");
+        assert_eq!(approval.approved_by, ["alice"]);
+        assert_eq!(approval.decided_by, "alice");
+        assert_eq!(approval.decided_at, T0 + 5_000);
+        // Another agent cannot claim it.
+        b.as_agent("agent-2");
+        let r = b.authorize("t", "k", "fp", 100).expect("asked by another");
+        assert_eq!(r.decision, Decision::AwaitApproval);
+        b.as_agent("agent-1");
+        b.advance(1_000);
+        let r = b.authorize_as("t", "k", "fp", 100, "tok").expect("claimed");
+        assert_eq!(r.decision, Decision::Dispatch);
+        assert!(!r.redelivered);
+        assert_eq!(r.attempt.state, AttemptState::Reserved);
+        assert_eq!(r.attempt.attempt_id, a.attempt_id);
+        assert_eq!(r.attempt.lease_expires_at, T0 + 6_000 + LEASE);
+        assert_eq!(r.lease_remaining_ms, LEASE);
+        // Exactly once: the same token is a redelivery, anything else waits.
+        let again = b.authorize_as("t", "k", "fp", 100, "tok").expect("again");
+        assert!(again.redelivered);
+        assert_eq!(
+            b.authorize("t", "k", "fp", 100).map(|r| r.decision),
+            Err(Error::InProgress {
+                idempotency_key: "k".into(),
+                lease_expires_at: T0 + 6_000 + LEASE,
+                retry_after_ms: LEASE,
+            })
+        );
+        let done = b
+            .commit(&r.attempt, succeeded("paid", None))
+            .expect("committed");
+        assert_eq!(done.attempt.state, AttemptState::Succeeded);
+        assert_eq!(
+            done.attempt.approval.expect("kept").approved_by,
+            ["alice"],
+            "the receipt's attempt says who approved it"
+        );
+        let replay = b.authorize("t", "k", "fp", 100).expect("replayed");
+        assert_eq!(replay.decision, Decision::Replay);
+    }
+
+    #[test]
+    fn nobody_approves_their_own_call_but_in_dev_mode_anyone_may() {
+        let mut b = bench(5);
+        let a = b.awaiting("t", "k", 100);
+        assert_eq!(
+            b.as_approver("agent-1", |b| b.approve(&a)),
+            Err(Error::ApproverIsRequester {
+                idempotency_key: "k".into()
+            })
+        );
+        // Dev mode: no keys, every caller is "".
+        let mut dev = Bench::with(|p| {
+            p.approval_per_tool.insert(
+                "t".into(),
+                ApprovalRule {
+                    cost_at_least: None,
+                    wait_ms: WAIT,
+                    approvers: 1,
+                },
+            );
+        });
+        let a = dev.authorize("t", "k", "fp", 1).expect("asked").attempt;
+        assert_eq!(
+            dev.approve(&a).expect("approved").state,
+            AttemptState::Approved
+        );
+    }
+
+    #[test]
+    fn four_eyes_needs_two_distinct_approvers() {
+        let mut b = bench(5);
+        let a = b.awaiting("u", "k", 1);
+        let once = b.as_approver("alice", |b| b.approve(&a)).expect("first");
+        assert_eq!(once.state, AttemptState::AwaitingApproval);
+        assert_eq!(
+            once.approval.as_ref().expect("approval").approved_by,
+            ["alice"]
+        );
+        // The same approver again changes nothing.
+        let twice = b.as_approver("alice", |b| b.approve(&a)).expect("repeat");
+        assert_eq!(twice, once);
+        let r = b.authorize("u", "k", "fp", 1).expect("still waiting");
+        assert_eq!(r.decision, Decision::AwaitApproval);
+        let done = b.as_approver("bob", |b| b.approve(&a)).expect("second");
+        assert_eq!(done.state, AttemptState::Approved);
+        let approval = done.approval.clone().expect("approval");
+        assert_eq!(approval.approved_by, ["alice", "bob"]);
+        assert_eq!(approval.decided_by, "bob");
+        // Repeats after completion answer as it is.
+        assert_eq!(b.as_approver("alice", |b| b.approve(&a)), Ok(done.clone()));
+        assert_eq!(
+            b.authorize("u", "k", "fp", 1).expect("claimed").decision,
+            Decision::Dispatch
+        );
+    }
+
+    #[test]
+    fn denied_returns_slot_and_cost_and_the_key_replays_the_denial() {
+        let mut b = bench(1);
+        let a = b.awaiting("t", "k", 100);
+        assert_eq!(b.held(), (1, 100));
+        assert!(matches!(
+            b.authorize("t", "k2", "fp2", 100),
+            Err(Error::MaxCallsExceeded { .. })
+        ));
+        let denied = b
+            .as_approver("alice", |b| b.deny(&a, "too large"))
+            .expect("denied");
+        assert_eq!(denied.attempt.state, AttemptState::Denied);
+        assert_eq!(denied.usage.calls_made, 0);
+        assert_eq!(b.held(), (0, 0), "slot and cost came back");
+        let approval = denied.attempt.approval.clone().expect("approval");
+        assert_eq!(
+            (
+                approval.denial_reason.as_str(),
+                approval.decided_by.as_str()
+            ),
+            ("too large", "alice")
+        );
+        let r = b.authorize("t", "k", "fp", 100).expect("replayed");
+        assert_eq!(r.decision, Decision::Replay);
+        assert_eq!(r.attempt.state, AttemptState::Denied);
+        // The same denial again is the same; another decision conflicts.
+        assert_eq!(
+            b.as_approver("alice", |b| b.deny(&a, "too large"))
+                .map(|s| s.attempt),
+            Ok(denied.attempt.clone())
+        );
+        assert_eq!(
+            b.as_approver("bob", |b| b.deny(&a, "other")),
+            Err(conflict(AttemptState::Denied))
+        );
+        assert_eq!(
+            b.as_approver("bob", |b| b.approve(&a)),
+            Err(conflict(AttemptState::Denied))
+        );
+        // The slot is free for another key.
+        b.awaiting("t", "k2", 100);
+    }
+
+    #[test]
+    fn a_request_past_its_deadline_is_denied_for_every_reader_without_a_write() {
+        let mut b = bench(1);
+        let a = b.awaiting("t", "k", 100);
+        b.at(T0 + WAIT);
+        // Read before any write: DENIED, the slot and the cost free.
+        let read = b.ledger.get_attempt("k", b.now).expect("read");
+        assert_eq!(read.state, AttemptState::Denied);
+        let approval = read.approval.expect("approval");
+        assert_eq!(approval.denial_reason, APPROVAL_EXPIRED);
+        assert_eq!(approval.decided_at, T0 + WAIT);
+        assert_eq!(b.held(), (0, 0));
+        assert_eq!(b.ledger.awaiting_after(None, 10, b.now), []);
+        assert_eq!(
+            b.as_approver("alice", |b| b.approve(&a)),
+            Err(conflict(AttemptState::Denied))
+        );
+        let r = b.authorize("t", "k", "fp", 100).expect("replayed");
+        assert_eq!(r.decision, Decision::Replay);
+        assert_eq!(r.attempt.state, AttemptState::Denied);
+        // The next key takes the slot the lapse returned.
+        b.awaiting("t", "k2", 100);
+        let stored = b.ledger.get_attempt("k", b.now).expect("read");
+        assert_eq!(stored.approval.expect("a").denial_reason, APPROVAL_EXPIRED);
+    }
+
+    #[test]
+    fn an_approval_its_requester_never_claims_lapses_and_returns_its_slot() {
+        let mut b = bench(1);
+        let a = b.awaiting("t", "k", 100);
+        b.advance(WAIT - 1_000);
+        b.as_approver("alice", |b| b.approve(&a)).expect("approved");
+        // Claimable for a lease from the approval (later than the deadline).
+        b.advance(LEASE - 1);
+        assert_eq!(
+            b.ledger.get_attempt("k", b.now).expect("read").state,
+            AttemptState::Approved
+        );
+        b.advance(1);
+        let read = b.ledger.get_attempt("k", b.now).expect("read");
+        assert_eq!(read.state, AttemptState::Denied);
+        assert_eq!(read.approval.expect("a").denial_reason, APPROVAL_UNCLAIMED);
+        assert_eq!(b.held(), (0, 0));
+        let r = b.authorize("t", "k", "fp", 100).expect("replayed");
+        assert_eq!(r.decision, Decision::Replay);
+    }
+
+    #[test]
+    fn pending_calls_never_exceed_the_cap_or_the_budget() {
+        let mut b = bench(5);
+        let mut waiting = 0;
+        for i in 0..50 {
+            match b.authorize("t", &format!("k{i}"), &format!("fp{i}"), 150) {
+                Ok(r) => {
+                    assert_eq!(r.decision, Decision::AwaitApproval);
+                    waiting += 1;
+                }
+                Err(Error::MaxCallsExceeded { .. } | Error::BudgetExceeded { .. }) => {}
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert_eq!(waiting, 5);
+        assert_eq!(b.held(), (5, 750));
+        assert_eq!(b.ledger.awaiting_after(None, 100, b.now).len(), 5);
+    }
+
+    #[test]
+    fn revoking_denies_what_is_pending() {
+        let mut b = bench(5);
+        let a = b.awaiting("t", "k1", 100);
+        let c = b.awaiting("t", "k2", 100);
+        b.as_approver("alice", |b| b.approve(&c)).expect("approved");
+        b.ledger.revoke(b.now);
+        b.ledger.take_awaiting_change();
+        for key in ["k1", "k2"] {
+            let read = b.ledger.get_attempt(key, b.now).expect("read");
+            assert_eq!(read.state, AttemptState::Denied, "{key}");
+            assert_eq!(read.approval.expect("a").denial_reason, PERMIT_REVOKED);
+        }
+        assert_eq!(b.held(), (0, 0));
+        assert_eq!(
+            b.authorize("t", "k2", "fp", 100).map(|r| r.decision),
+            Ok(Decision::Replay),
+            "an approved call is not sent once its permit is revoked"
+        );
+        let _ = a;
+    }
+
+    #[test]
+    fn approve_and_deny_need_the_attempt_id_and_settling_waits_for_the_dispatch() {
+        let mut b = bench(5);
+        let a = b.awaiting("t", "k", 100);
+        let other = Attempt {
+            attempt_id: "attempt-999".into(),
+            ..a.clone()
+        };
+        let mismatch = Err(Error::AttemptMismatch {
+            idempotency_key: "k".into(),
+        });
+        assert_eq!(b.as_approver("alice", |b| b.approve(&other)), mismatch);
+        assert_eq!(
+            b.as_approver("alice", |b| b.deny(&other, ""))
+                .map(|s| s.attempt),
+            mismatch
+        );
+        // Nothing was sent: nothing to commit or mark.
+        assert_eq!(
+            b.commit(&a, Outcome::NotSent),
+            Err(conflict(AttemptState::AwaitingApproval))
+        );
+        assert_eq!(
+            b.mark(&a, "lost"),
+            Err(conflict(AttemptState::AwaitingApproval))
+        );
+        // A call that needed no approval cannot be approved.
+        let plain = b.dispatch("t", "cheap", "fp", 1);
+        assert_eq!(
+            b.as_approver("alice", |b| b.approve(&plain)),
+            Err(conflict(AttemptState::Reserved))
+        );
+    }
+
+    #[test]
+    fn the_duplicate_guard_sees_a_waiting_call_and_forgets_a_denied_one() {
+        let mut b = bench(5);
+        guard(&mut b.ledger.permit, GuardMode::Enforce);
+        let a = b.awaiting("t", "k1", 100);
+        assert!(matches!(
+            b.authorize("t", "k2", "fp", 100),
+            Err(Error::DuplicateSuspected { .. })
+        ));
+        b.as_approver("alice", |b| b.deny(&a, "no"))
+            .expect("denied");
+        b.awaiting("t", "k2", 100);
+    }
+
+    #[test]
+    fn the_listing_is_oldest_first_and_skips_what_lapsed_or_was_decided() {
+        let mut b = bench(10);
+        let k1 = b.awaiting("t", "k1", 100);
+        b.advance(1);
+        b.ledger
+            .permit
+            .approval_per_tool
+            .get_mut("t")
+            .unwrap()
+            .wait_ms = 10;
+        b.awaiting("t", "k2", 100);
+        b.advance(1);
+        b.ledger
+            .permit
+            .approval_per_tool
+            .get_mut("t")
+            .unwrap()
+            .wait_ms = WAIT;
+        b.awaiting("t", "k3", 100);
+        b.advance(1);
+        b.awaiting("t", "k4", 100);
+        b.as_approver("alice", |b| b.approve(&k1))
+            .expect("approved");
+        b.advance(10);
+        let listed = |b: &Bench, after: Option<(Millis, &str)>| {
+            b.ledger
+                .awaiting_after(after, 10, b.now)
+                .into_iter()
+                .map(|a| a.idempotency_key)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(listed(&b, None), ["k3", "k4"]);
+        assert_eq!(listed(&b, Some((T0 + 2, "k3"))), ["k4"]);
+        assert_eq!(b.ledger.awaiting_after(None, 1, b.now).len(), 1);
     }
 }

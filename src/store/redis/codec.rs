@@ -213,6 +213,8 @@ pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitV
             Some(_) => text("agents")?.split('\n').map(str::to_owned).collect(),
             None => Vec::new(),
         },
+        // TODO(issue 27): approval rules on the Redis store.
+        approval_per_tool: Default::default(),
     };
     Ok(PermitView {
         permit,
@@ -268,6 +270,7 @@ mod tests {
             created_at: 1_767_222_000_000,
             tenant: "acme".into(),
             agents: vec!["agent-1".into(), "agent-2".into()],
+            approval_per_tool: Default::default(),
         }
     }
 

@@ -353,6 +353,7 @@ fn permit_hash() -> BoxedStrategy<Value> {
                 created_at: 1_767_222_000_000,
                 tenant: "acme".into(),
                 agents: vec!["agent-1".into()],
+                approval_per_tool: Default::default(),
             }
         });
     // Mostly a number field set to any integer (amounts, times, codes),

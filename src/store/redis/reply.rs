@@ -253,6 +253,7 @@ pub(super) fn decode_attempt(permit_id: &str, values: Vec<Value>) -> Result<Atte
         uncertain_since,
         duplicate_of: None,
         reserved_by,
+        approval: None,
     })
 }
 
@@ -392,6 +393,9 @@ fn script_error(reason: Reason, f: &mut Fields, about: &About) -> Result<Error, 
             idempotency_key: key()?,
         },
         Reason::AttemptHolderMismatch => Error::AttemptHolderMismatch {
+            idempotency_key: key()?,
+        },
+        Reason::ApproverIsRequester => Error::ApproverIsRequester {
             idempotency_key: key()?,
         },
         Reason::StateConflict => Error::StateConflict {

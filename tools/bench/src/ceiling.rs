@@ -151,6 +151,7 @@ fn command(permit_id: &str, run: &str, n: u64) -> AuthorizeCmd {
             .collect(),
         cost: 1,
         holder_token: Vec::new(),
+        approval_summary: String::new(),
     }
 }
 

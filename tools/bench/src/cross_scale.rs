@@ -272,6 +272,7 @@ async fn dispatch<S: Store>(store: &S, permit_id: &str) -> Result<(String, Strin
         request_fingerprint: vec![1],
         cost: 0,
         holder_token: Vec::new(),
+        approval_summary: String::new(),
     };
     let at = now();
     let authorized = store.authorize(&scope(), &cmd, at, new_id(at)).await?;

@@ -231,6 +231,7 @@ fn authorize_request(permit: &str, key: &str, n: u64) -> pb::AuthorizeRequest {
         request_fingerprint: fingerprint,
         cost: 1,
         holder_token: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -184,6 +184,7 @@ async fn fill<S: Store>(
                     request_fingerprint: fingerprint(i),
                     cost: 1,
                     holder_token: Vec::new(),
+                    approval_summary: String::new(),
                 };
                 let now = now();
                 let r = store

@@ -544,6 +544,7 @@ impl Protocol {
             tenant: String::new(),
             // Open to every agent of the tenant: the case of hole 1.
             agents: Vec::new(),
+            approval_per_tool: Default::default(),
         }
     }
 
@@ -585,6 +586,7 @@ impl Protocol {
                     } else {
                         vec![token]
                     },
+                    approval_summary: String::new(),
                 };
                 let id = attempt_id((key, generation));
                 match s
@@ -617,6 +619,9 @@ impl Protocol {
                                 }
                             }
                             (Decision::Dispatch, None) => panic!("a DISPATCH without an id: {a:?}"),
+                            (Decision::AwaitApproval, _) => {
+                                unreachable!("the model's permit has no approval rule")
+                            }
                             (Decision::Replay, attempt) => Reply::Replay {
                                 attempt,
                                 uncertain: a.attempt.state == AttemptState::Uncertain,
@@ -1153,7 +1158,7 @@ impl Model for Protocol {
             Property::always(
                 "reserved plus committed never exceeds the budget",
                 |p: &Protocol, s: &State| {
-                    let v = s.ledger.view();
+                    let v = s.ledger.view(ms(s.now));
                     v.budget_committed + v.budget_reserved <= p.bounds.limit.budget()
                 },
             ),

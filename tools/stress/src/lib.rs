@@ -262,6 +262,7 @@ async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) -> (Vec<KeyHistory>, Vec<Str
                 request_fingerprint: fingerprint.clone(),
                 cost,
                 holder_token: token.clone(),
+                ..Default::default()
             };
             let h = &mut keys[key_index];
             match call(&ctx, &mut rng, client.authorize(request)).await {
@@ -516,6 +517,7 @@ async fn fixed_races(clients: &[Client], expires_at_ms: i64, rounds: usize) -> V
                             },
                             cost: 2,
                             holder_token: Vec::new(),
+                            ..Default::default()
                         })
                         .await
                 }));

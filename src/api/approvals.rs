@@ -1,0 +1,136 @@
+//! `atmost.v1.Approvals`: ListApprovals, Approve, Deny, for the people
+//! (approver or admin keys) who decide the calls a permit holds for them.
+
+use super::{
+    Ctx, Deadline, audit::Audit, convert, permits::list_args, status::to_status, tenant_of,
+};
+use crate::domain::Attempt;
+use crate::pb::{self, approvals_server::Approvals};
+use crate::store::Store;
+use tonic::{Request, Response, Status};
+
+pub struct ApprovalsService {
+    ctx: Ctx,
+}
+
+impl ApprovalsService {
+    pub fn new(ctx: Ctx) -> Self {
+        Self { ctx }
+    }
+
+    fn attempt(&self, a: Attempt, tenant: &str) -> pb::Attempt {
+        convert::attempt(
+            a,
+            tenant,
+            self.ctx.receipts.as_ref().map(|s| s.current()).as_deref(),
+        )
+    }
+}
+
+#[tonic::async_trait]
+impl Approvals for ApprovalsService {
+    async fn list_approvals(
+        &self,
+        request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        let deadline = Deadline::of(&request);
+        let scope = tenant_of(&request);
+        let r = request.into_inner();
+        let (permit_id, after, limit) =
+            list_args(&r.permit_id, r.page_size, &r.page_token).map_err(to_status)?;
+        crate::telemetry::note_permit(permit_id.as_deref().unwrap_or_default());
+        let now = self.ctx.clock.now();
+        let page = self
+            .ctx
+            .call(
+                deadline,
+                self.ctx.store.list_approvals(
+                    &scope,
+                    permit_id.as_deref(),
+                    after.as_ref(),
+                    limit,
+                    now,
+                ),
+            )
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ListApprovalsResponse {
+            attempts: page
+                .attempts
+                .into_iter()
+                .map(|a| self.attempt(a, &scope.tenant))
+                .collect(),
+            next_page_token: page
+                .next
+                .as_ref()
+                .map(convert::page_token)
+                .unwrap_or_default(),
+        }))
+    }
+
+    async fn approve(
+        &self,
+        request: Request<pb::ApproveRequest>,
+    ) -> Result<Response<pb::ApproveResponse>, Status> {
+        let deadline = Deadline::of(&request);
+        let mut audit = Audit::of("Approve", &request);
+        let scope = tenant_of(&request);
+        let mut cmd = convert::approve_cmd(request.into_inner());
+        let (permit_id, key) = (cmd.permit_id.clone(), cmd.idempotency_key.clone());
+        audit.about(&permit_id, "", &key);
+        let now = self.ctx.clock.now();
+        let result = match cmd.validate() {
+            Ok(()) => {
+                self.ctx
+                    .call(deadline, self.ctx.store.approve(&scope, &cmd, now))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        audit.attempt(&permit_id, &key, result.as_ref());
+        let attempt = result.map_err(to_status)?;
+        tracing::info!(
+            permit_id = %attempt.permit_id,
+            idempotency_key = %attempt.idempotency_key.escape_debug(),
+            approver = %scope.key_id,
+            state = attempt.state.as_str(),
+            "call approved"
+        );
+        Ok(Response::new(pb::ApproveResponse {
+            attempt: Some(self.attempt(attempt, &scope.tenant)),
+        }))
+    }
+
+    async fn deny(
+        &self,
+        request: Request<pb::DenyRequest>,
+    ) -> Result<Response<pb::DenyResponse>, Status> {
+        let deadline = Deadline::of(&request);
+        let mut audit = Audit::of("Deny", &request);
+        let scope = tenant_of(&request);
+        let mut cmd = convert::deny_cmd(request.into_inner());
+        let (permit_id, key) = (cmd.permit_id.clone(), cmd.idempotency_key.clone());
+        audit.about(&permit_id, "", &key);
+        let now = self.ctx.clock.now();
+        let result = match cmd.validate() {
+            Ok(()) => {
+                self.ctx
+                    .call(deadline, self.ctx.store.deny(&scope, &cmd, now))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        audit.attempt(&permit_id, &key, result.as_ref().map(|s| &s.attempt));
+        let settled = result.map_err(to_status)?;
+        tracing::info!(
+            permit_id = %settled.attempt.permit_id,
+            idempotency_key = %settled.attempt.idempotency_key.escape_debug(),
+            approver = %scope.key_id,
+            "call denied"
+        );
+        Ok(Response::new(pb::DenyResponse {
+            attempt: Some(self.attempt(settled.attempt, &scope.tenant)),
+            usage: Some(convert::usage(settled.usage)),
+        }))
+    }
+}
