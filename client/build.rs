@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "gate.proto",
         "permits.proto",
         "receipts.proto",
+        "approvals.proto",
     ]
     .map(|f| proto.join("atmost/v1").join(f));
     let fds = protox::compile(files, [&proto])?;

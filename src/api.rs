@@ -42,6 +42,8 @@ pub struct Ctx {
     /// The bounds on an approval rule's wait (--approval-wait-default,
     /// --approval-wait-max).
     pub approval_waits: crate::domain::ApprovalWaits,
+    /// Wakes the Authorize calls waiting for an approval decided here.
+    pub decisions: Arc<approvals::Decisions>,
 }
 
 impl Ctx {
@@ -129,6 +131,11 @@ impl Deadline {
 
     fn passed(self) -> bool {
         self.0.is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// When the caller stops waiting, if it said.
+    pub fn at(self) -> Option<Instant> {
+        self.0
     }
 }
 

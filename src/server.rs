@@ -268,7 +268,9 @@ pub async fn run(
         store_timeout: app.store_timeout,
         receipts: app.receipts.clone(),
         approval_waits: app.approval_waits,
+        decisions: Default::default(),
     };
+    let decisions = ctx.decisions.clone();
     let (reporter, health_service) = tonic_health::server::health_reporter();
     // Reflection in both versions: grpc.reflection.v1, and v1alpha for the
     // clients that still speak only it (grpcurl before 1.8.8, grpcio's
@@ -443,6 +445,9 @@ pub async fn run(
             health_task.abort();
             let _ = (&mut health_task).await;
             set_all(&reporter, services, ServingStatus::NotServing).await;
+            // Calls waiting for an approval answer now: their callers ask
+            // again, elsewhere.
+            decisions.close();
             let interrupt = async move {
                 match drain_interrupt {
                     Some(interrupt) => interrupt.await,

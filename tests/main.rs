@@ -57,9 +57,10 @@
 
 mod support;
 
+mod approval;
 mod attacks;
 mod audit;
-mod auth;
+pub mod auth;
 mod behaviour;
 mod campaign;
 mod cli;

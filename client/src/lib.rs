@@ -78,7 +78,9 @@ pub mod pb {
 /// know (a newer server) reads as [`Reason::Unspecified`].
 pub use pb::ErrorReason as Reason;
 
-use pb::{gate_client::GateClient, permits_client::PermitsClient};
+use pb::{
+    approvals_client::ApprovalsClient, gate_client::GateClient, permits_client::PermitsClient,
+};
 
 /// The `ErrorInfo.domain` of every atmost error.
 pub const DOMAIN: &str = "atmost";
@@ -92,6 +94,7 @@ pub struct Client {
     channel: Channel,
     gate: GateClient<Channel>,
     permits: PermitsClient<Channel>,
+    approvals: ApprovalsClient<Channel>,
     timeout: Option<Duration>,
     /// `Bearer <key>`, sent with every RPC when set.
     authorization: Option<tonic::metadata::AsciiMetadataValue>,
@@ -111,6 +114,7 @@ impl Client {
         Self {
             gate: GateClient::new(channel.clone()),
             permits: PermitsClient::new(channel.clone()),
+            approvals: ApprovalsClient::new(channel.clone()),
             channel,
             timeout: None,
             authorization: None,
@@ -304,6 +308,51 @@ impl Client {
     pub async fn resolve(&self, request: pb::ResolveRequest) -> Result<pb::ResolveResponse, Error> {
         let request = self.request(request);
         answer(self.permits.clone().resolve(request).await)
+    }
+
+    // --- atmost.v1.Approvals ---
+
+    /// One page of calls awaiting approval (`permit_id` empty: across the
+    /// caller's tenant), oldest request first.
+    pub async fn list_approvals(
+        &self,
+        request: pb::ListApprovalsRequest,
+    ) -> Result<pb::ListApprovalsResponse, Error> {
+        let request = self.request(request);
+        answer(self.approvals.clone().list_approvals(request).await)
+    }
+
+    /// Approves one call awaiting approval (an approver's or admin's key,
+    /// never the key that requested it).
+    pub async fn approve(
+        &self,
+        permit_id: &str,
+        idempotency_key: &str,
+        attempt_id: &str,
+    ) -> Result<pb::ApproveResponse, Error> {
+        let request = self.request(pb::ApproveRequest {
+            permit_id: permit_id.into(),
+            idempotency_key: idempotency_key.into(),
+            attempt_id: attempt_id.into(),
+        });
+        answer(self.approvals.clone().approve(request).await)
+    }
+
+    /// Denies one pending call, with a reason its requester is told.
+    pub async fn deny(
+        &self,
+        permit_id: &str,
+        idempotency_key: &str,
+        attempt_id: &str,
+        reason: &str,
+    ) -> Result<pb::DenyResponse, Error> {
+        let request = self.request(pb::DenyRequest {
+            permit_id: permit_id.into(),
+            idempotency_key: idempotency_key.into(),
+            attempt_id: attempt_id.into(),
+            reason: reason.into(),
+        });
+        answer(self.approvals.clone().deny(request).await)
     }
 }
 
@@ -521,6 +570,28 @@ impl NewPermit {
     /// dispatches until it is resolved).
     pub fn uncertain_policy(mut self, policy: pb::UncertainPolicy) -> Self {
         self.0.uncertain_policy = policy as i32;
+        self
+    }
+
+    /// Calls of `tool` wait for a person's approval: those costing at
+    /// least `cost_at_least` (every call with `None`), for at most `wait`
+    /// (`None`: the server's default), with `approvers` distinct approvals
+    /// (1, or 2 for a four-eyes rule).
+    pub fn approval(
+        mut self,
+        tool: impl Into<String>,
+        cost_at_least: Option<i64>,
+        wait: Option<Duration>,
+        approvers: u32,
+    ) -> Self {
+        self.0.approval_per_tool.insert(
+            tool.into(),
+            pb::ApprovalRule {
+                cost_at_least,
+                wait: wait.map(duration),
+                approvers,
+            },
+        );
         self
     }
 

@@ -7,7 +7,96 @@ use super::{
 use crate::domain::Attempt;
 use crate::pb::{self, approvals_server::Approvals};
 use crate::store::Store;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+
+/// Approvals and denials decided by this process, for the Authorize calls
+/// waiting on them (AuthorizeRequest.wait): each wakes at the decision of
+/// its own call, at once. A decision made by another replica (the Redis
+/// store) is seen at the next look at the store, every
+/// [`Decisions::RECHECK`] of a wait.
+#[derive(Debug)]
+pub struct Decisions {
+    tx: broadcast::Sender<Arc<(String, String)>>,
+    /// Cancelled when the server stops serving: every wait ends at once.
+    closing: CancellationToken,
+}
+
+/// A waiter's place in line, taken before it reads the store, so that no
+/// decision made after the read is missed.
+pub struct Subscription(broadcast::Receiver<Arc<(String, String)>>);
+
+impl Default for Decisions {
+    fn default() -> Self {
+        Self {
+            tx: broadcast::channel(256).0,
+            closing: CancellationToken::new(),
+        }
+    }
+}
+
+impl Decisions {
+    /// How often a waiting Authorize looks at a shared store again.
+    pub const RECHECK: Duration = Duration::from_secs(2);
+
+    pub fn subscribe(&self) -> Subscription {
+        Subscription(self.tx.subscribe())
+    }
+
+    /// A call was approved or denied: its waiters look again.
+    pub fn decided(&self, permit_id: &str, idempotency_key: &str) {
+        // No receiver is no waiter: nothing to wake.
+        let _ = self
+            .tx
+            .send(Arc::new((permit_id.to_owned(), idempotency_key.to_owned())));
+    }
+
+    /// The server stops serving: every wait ends now.
+    pub fn close(&self) {
+        self.closing.cancel();
+    }
+
+    /// Waits until the call (permit, key) is decided here, `until`, the
+    /// `recheck` (if any) has passed, or the server closes; which one it
+    /// was does not matter, since the caller then reads the store.
+    pub async fn wait(
+        &self,
+        sub: &mut Subscription,
+        permit_id: &str,
+        idempotency_key: &str,
+        until: Instant,
+        recheck: Option<Duration>,
+    ) {
+        let until = match recheck {
+            Some(every) => until.min(Instant::now() + every),
+            None => until,
+        };
+        let decided = async {
+            loop {
+                match sub.0.recv().await {
+                    Ok(call) if call.0 == permit_id && call.1 == idempotency_key => return,
+                    Ok(_) => {}
+                    // Missed some: one of them may be ours.
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+                }
+            }
+        };
+        tokio::select! {
+            () = decided => {}
+            () = tokio::time::sleep_until(until) => {}
+            () = self.closing.cancelled() => {}
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closing.is_cancelled()
+    }
+}
 
 pub struct ApprovalsService {
     ctx: Ctx,
@@ -89,6 +178,9 @@ impl Approvals for ApprovalsService {
         };
         audit.attempt(&permit_id, &key, result.as_ref());
         let attempt = result.map_err(to_status)?;
+        self.ctx
+            .decisions
+            .decided(&attempt.permit_id, &attempt.idempotency_key);
         tracing::info!(
             permit_id = %attempt.permit_id,
             idempotency_key = %attempt.idempotency_key.escape_debug(),
@@ -122,6 +214,9 @@ impl Approvals for ApprovalsService {
         };
         audit.attempt(&permit_id, &key, result.as_ref().map(|s| &s.attempt));
         let settled = result.map_err(to_status)?;
+        self.ctx
+            .decisions
+            .decided(&settled.attempt.permit_id, &settled.attempt.idempotency_key);
         tracing::info!(
             permit_id = %settled.attempt.permit_id,
             idempotency_key = %settled.attempt.idempotency_key.escape_debug(),

@@ -6,11 +6,16 @@
 //! path: validation, the caller's scope and deadline, admission, the
 //! store, the audit trail.
 
-use super::{Ctx, Deadline, audit::Audit, convert, scope_of, status::to_status};
+use super::{
+    Ctx, Deadline, approvals::Decisions, audit::Audit, convert, scope_of, status::to_status,
+};
 use crate::auth::Role;
-use crate::domain::{Decision, Error, new_id};
+use crate::domain::{AuthorizeCmd, Authorized, Decision, Error, Millis, Scope, new_id};
 use crate::pb::{self, gate_server::Gate};
+use crate::store::Backend;
 use crate::store::Store;
+use std::time::Duration;
+use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 pub struct GateService {
@@ -62,6 +67,68 @@ impl Gate for GateService {
 }
 
 impl GateService {
+    /// One store Authorize, at the clock's now.
+    async fn authorize_once(
+        &self,
+        scope: &Scope,
+        cmd: &AuthorizeCmd,
+        deadline: Deadline,
+    ) -> Result<Authorized, Error> {
+        let now = self.ctx.clock.now();
+        self.ctx
+            .call(
+                deadline,
+                self.ctx.store.authorize(scope, cmd, now, new_id(now)),
+            )
+            .await
+    }
+
+    /// Authorize with AuthorizeRequest.wait: while the call awaits
+    /// approval, the answer waits for its decision (woken by an Approve or
+    /// Deny of this process at once, and looking at a shared store again
+    /// every [`Decisions::RECHECK`]), for at most `wait_ms`, never past the
+    /// caller's deadline (less a margin for the answer's trip) nor the
+    /// request's own lapse. Asking again is a read, or the claim of an
+    /// approved call: what a same-key retry would do, without the RPC.
+    async fn authorize_waiting(
+        &self,
+        scope: &Scope,
+        cmd: &AuthorizeCmd,
+        deadline: Deadline,
+        wait_ms: Millis,
+    ) -> Result<Authorized, Error> {
+        const MARGIN: Duration = Duration::from_millis(250);
+        let decisions = &self.ctx.decisions;
+        let mut sub = decisions.subscribe();
+        let mut until = Instant::now() + Duration::from_millis(wait_ms as u64);
+        if let Some(at) = deadline.at() {
+            until = until.min(Instant::from_std(at.checked_sub(MARGIN).unwrap_or(at)));
+        }
+        let recheck = matches!(*self.ctx.store, Backend::Redis(_)).then_some(Decisions::RECHECK);
+        loop {
+            // The last look comes after the wait is over.
+            let authorized = self.authorize_once(scope, cmd, deadline).await?;
+            if authorized.decision != Decision::AwaitApproval
+                || decisions.is_closed()
+                || Instant::now() >= until
+            {
+                return Ok(authorized);
+            }
+            // A lapse is a decision too: look again just after it.
+            let lapse = Instant::now()
+                + Duration::from_millis(authorized.approval_remaining_ms.max(0) as u64 + 1);
+            decisions
+                .wait(
+                    &mut sub,
+                    &cmd.permit_id,
+                    &cmd.idempotency_key,
+                    until.min(lapse),
+                    recheck,
+                )
+                .await;
+        }
+    }
+
     /// Authorize, as the Gate serves it. The request's extensions carry the
     /// caller ([`crate::auth::Identity`]) and its [`Deadline`].
     pub async fn do_authorize(
@@ -71,16 +138,13 @@ impl GateService {
         let deadline = Deadline::of(&request);
         let mut audit = Audit::of("Authorize", &request);
         let scope = scope_of(&request, &[Role::Admin]);
+        let wait = convert::approval_wait(request.get_ref());
         let mut cmd = convert::authorize_cmd(request.into_inner());
         audit.about(&cmd.permit_id, &cmd.tool, &cmd.idempotency_key);
-        let now = self.ctx.clock.now();
-        let result = match cmd.validate() {
-            Ok(()) => {
-                self.ctx
-                    .call(
-                        deadline,
-                        self.ctx.store.authorize(&scope, &cmd, now, new_id(now)),
-                    )
+        let result = match wait.and_then(|wait| cmd.validate().map(|()| wait)) {
+            Ok(0) => self.authorize_once(&scope, &cmd, deadline).await,
+            Ok(wait_ms) => {
+                self.authorize_waiting(&scope, &cmd, deadline, wait_ms)
                     .await
             }
             Err(e) => Err(e),
