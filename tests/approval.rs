@@ -60,6 +60,7 @@ on_every_store!(
     the_four_eyes_rule_needs_two_distinct_approvers,
     a_waiting_authorize_is_one_call_answered_at_the_decision,
     approvers_list_what_waits_oldest_first_across_permits,
+    the_rust_guarded_call_waits_for_the_decision_then_dispatches_or_raises,
 );
 
 /// The server with keys, and a client per key.
@@ -519,4 +520,108 @@ async fn approvers_list_what_waits_oldest_first_across_permits(w: World) {
         .map(|a| a.idempotency_key.as_str())
         .collect();
     assert_eq!(keys, ["payout-0", "payout-2"]);
+}
+
+async fn the_rust_guarded_call_waits_for_the_decision_then_dispatches_or_raises(w: World) {
+    use atmost_client::{GuardError, GuardedCall};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let permit = w.permit(5, 1).await;
+    let w = Arc::new(w);
+    let sends = Arc::new(AtomicUsize::new(0));
+    let call = |key: &str, wait: Duration| {
+        GuardedCall::new(permit.clone(), "payout", key)
+            .request(&serde_json::json!({"amount": 40_000, "key": key}))
+            .cost(40_000)
+            .approval_summary(format!("pay 40000 EUR ({key})"))
+            .approval_wait(wait)
+    };
+    let tool = |sends: Arc<AtomicUsize>| {
+        move |_id| async move {
+            sends.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, atmost_client::DispatchError>(atmost_client::Dispatched::bytes(
+                b"paid".to_vec(),
+            ))
+        }
+    };
+    // No wait: the call says it awaits approval, and sends nothing.
+    let e = w
+        .agent
+        .guarded(call("payout-1", Duration::ZERO), tool(sends.clone()))
+        .await
+        .expect_err("awaits approval");
+    let GuardError::AwaitingApproval {
+        attempt_id,
+        expires_at_ms,
+    } = e
+    else {
+        panic!("{e:?}");
+    };
+    assert!(expires_at_ms > w.h.now_ms());
+    // Waiting: an approver approves meanwhile, and the call goes out once.
+    let approver = {
+        let (w, permit, id) = (w.clone(), permit.clone(), attempt_id.as_str().to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            w.alice
+                .approve(&permit, "payout-1", &id)
+                .await
+                .expect("approve");
+        })
+    };
+    let done = w
+        .agent
+        .guarded(
+            call("payout-1", Duration::from_secs(30)),
+            tool(sends.clone()),
+        )
+        .await
+        .expect("approved and dispatched");
+    approver.await.expect("approver");
+    assert_eq!(done.result, b"paid");
+    assert!(!done.replayed);
+    assert_eq!(sends.load(Ordering::SeqCst), 1);
+    // Denied while it waits: the call raises, and never sends.
+    let e = w
+        .agent
+        .guarded(call("payout-2", Duration::ZERO), tool(sends.clone()))
+        .await
+        .expect_err("awaits");
+    let id = e.attempt_id().expect("id").as_str().to_owned();
+    let denier = {
+        let (w, permit) = (w.clone(), permit.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            w.bob
+                .deny(&permit, "payout-2", &id, "not today")
+                .await
+                .expect("deny");
+        })
+    };
+    let e = w
+        .agent
+        .guarded(
+            call("payout-2", Duration::from_secs(30)),
+            tool(sends.clone()),
+        )
+        .await
+        .expect_err("denied");
+    denier.await.expect("denier");
+    let GuardError::ApprovalDenied {
+        reason,
+        decided_by,
+        replayed,
+        ..
+    } = e
+    else {
+        panic!("{e:?}");
+    };
+    assert_eq!(
+        (reason.as_str(), decided_by.as_str(), replayed),
+        ("not today", "bob", false)
+    );
+    assert_eq!(
+        sends.load(Ordering::SeqCst),
+        1,
+        "a denied call is never sent"
+    );
 }

@@ -138,6 +138,8 @@ pub struct GuardedCall {
     dispatch_timeout: Option<Duration>,
     retry: RetryLimits,
     on_retry: Option<RetryObserver>,
+    approval_summary: String,
+    approval_wait: Duration,
 }
 
 impl std::fmt::Debug for GuardedCall {
@@ -151,6 +153,7 @@ impl std::fmt::Debug for GuardedCall {
             .field("holder_token", &self.holder_token.as_ref().map(|_| "<set>"))
             .field("dispatch_timeout", &self.dispatch_timeout)
             .field("retry", &self.retry)
+            .field("approval_wait", &self.approval_wait)
             .finish_non_exhaustive()
     }
 }
@@ -171,7 +174,31 @@ impl GuardedCall {
             dispatch_timeout: None,
             retry: RetryLimits::default(),
             on_retry: None,
+            approval_summary: String::new(),
+            approval_wait: Duration::ZERO,
         }
+    }
+
+    /// For a call the permit's approval rule holds: a short description
+    /// for the approvers (at most 1024 bytes), shown to them as the
+    /// caller's claim; the request's fingerprint is what the approval
+    /// binds to.
+    pub fn approval_summary(mut self, summary: impl Into<String>) -> Self {
+        self.approval_summary = summary.into();
+        self
+    }
+
+    /// How long the call may wait for a person's decision when the
+    /// permit's approval rule holds it (default: not at all). atmost holds
+    /// each Authorize open for up to a minute of it (AuthorizeRequest.wait),
+    /// so a wait of ten minutes is ten calls, not a poll loop. Approved in
+    /// time: dispatched as usual. Denied (or lapsed):
+    /// [`GuardError::ApprovalDenied`]. Still waiting at the end:
+    /// [`GuardError::AwaitingApproval`]; nothing was sent, and the same
+    /// call (same key and request) made again picks up where it left off.
+    pub fn approval_wait(mut self, wait: Duration) -> Self {
+        self.approval_wait = wait;
+        self
     }
 
     /// The request (a `serde_json::Value` or anything `Serialize`),
@@ -257,6 +284,9 @@ impl GuardedCall {
         }
         if self.retry.max_time.is_zero() {
             return invalid("max_retry_time is 0: no try could be made");
+        }
+        if self.approval_summary.len() > 1024 {
+            return invalid("approval_summary is longer than 1024 bytes");
         }
         if self.dispatch_timeout.is_some_and(|t| t.is_zero()) {
             return invalid("dispatch_timeout is 0: dispatch could never run");
@@ -448,6 +478,30 @@ pub enum GuardError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// The call waits for a person's approval (the permit's approval rule)
+    /// and no decision came within [`GuardedCall::approval_wait`]. Nothing
+    /// was sent; the slot and the cost stay reserved until the request
+    /// lapses at `expires_at`. Make the same call (same key and request)
+    /// again to wait on, or to dispatch once approved.
+    #[error(
+        "attempt {attempt_id} awaits approval (until {expires_at_ms} ms since the epoch): nothing was sent"
+    )]
+    AwaitingApproval {
+        attempt_id: AttemptId,
+        /// When the request lapses, in ms since the Unix epoch (0: unknown).
+        expires_at_ms: i64,
+    },
+    /// A person denied the call, or nobody decided in time
+    /// (`approval_expired`), or its permit was revoked. It was never sent
+    /// and the key replays this denial: a new call needs a new key.
+    #[error("the call was denied approval{}: {reason}", if *.replayed { " (replayed)" } else { "" })]
+    ApprovalDenied {
+        attempt_id: AttemptId,
+        reason: String,
+        /// The approver's key id ("" for a lapse).
+        decided_by: String,
+        replayed: bool,
+    },
     /// `dispatch` said the call was never sent; Commit NotSent gave the
     /// slot and the cost back, and the key is free.
     #[error("the call was not sent; attempt {attempt_id} released")]
@@ -521,6 +575,8 @@ impl GuardError {
             | Self::NotSent { attempt_id }
             | Self::NoTimeToDispatch { attempt_id }
             | Self::HeldByEarlierRun { attempt_id, .. }
+            | Self::AwaitingApproval { attempt_id, .. }
+            | Self::ApprovalDenied { attempt_id, .. }
             | Self::CommitNotRecorded { attempt_id, .. } => Some(attempt_id),
             _ => None,
         }
@@ -587,6 +643,7 @@ impl Client {
                 .unwrap_or_default(),
             cost: call.cost,
             holder_token,
+            approval_summary: call.approval_summary.clone(),
             ..Default::default()
         };
         // Before the first try: any reservation a try of this call made is
@@ -601,13 +658,23 @@ impl Client {
         )
         .await
         .map_err(authorize_refused)?;
+        let waited = answer.decision() == pb::Decision::AwaitApproval;
+        let (answer, answered_try) = match answer.decision() {
+            pb::Decision::AwaitApproval => {
+                self.await_decision(&call, request, answer, answered_try)
+                    .await?
+            }
+            _ => (answer, answered_try),
+        };
         let arrived = Instant::now();
         let attempt = answer
             .attempt
             .clone()
             .ok_or_else(|| broken("Authorize answered without an attempt"))?;
         match answer.decision() {
-            pb::Decision::Replay => replay(attempt),
+            // A denial this call waited for is news, not a replay.
+            pb::Decision::Replay => replay(attempt, waited),
+            pb::Decision::AwaitApproval => Err(awaiting(&attempt)),
             pb::Decision::Dispatch => {
                 let lease_remaining = answer.lease_remaining.map(duration_of);
                 // A redelivery to this call's own random token repeats a
@@ -629,6 +696,45 @@ impl Client {
             }
             other => Err(broken(&format!("Authorize answered decision {other:?}"))),
         }
+    }
+
+    /// While the call awaits approval, asks again with the same request
+    /// and a `wait` (at most a minute each, the server holding the call
+    /// open until the decision), within [`GuardedCall::approval_wait`]: the
+    /// first answer that is not AWAIT_APPROVAL, or the last one.
+    async fn await_decision(
+        &self,
+        call: &GuardedCall,
+        request: pb::AuthorizeRequest,
+        mut answer: pb::AuthorizeResponse,
+        mut answered_try: Instant,
+    ) -> Result<(pb::AuthorizeResponse, Instant), GuardError> {
+        const MAX_WAIT: Duration = Duration::from_secs(55);
+        let until = Instant::now() + call.approval_wait;
+        while answer.decision() == pb::Decision::AwaitApproval {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let wait = left.min(MAX_WAIT);
+            let mut asked = request.clone();
+            asked.wait = Some(crate::duration(wait));
+            // Each try may take the wait and then the usual retry time.
+            let limits = RetryLimits {
+                max_tries: call.retry.max_tries,
+                max_time: call.retry.max_time + wait,
+            };
+            (answer, answered_try) = retrying(
+                &limits,
+                call.on_retry.as_ref(),
+                "Authorize",
+                authorize_may_retry,
+                |within| self.authorize_within(asked.clone(), within),
+            )
+            .await
+            .map_err(authorize_refused)?;
+        }
+        Ok((answer, answered_try))
     }
 
     async fn dispatch_once<F, Fut, R>(
@@ -988,9 +1094,30 @@ impl GuardError {
 // === decisions ===
 
 /// The key's earlier outcome, as the guarded call answers it.
-fn replay(attempt: pb::Attempt) -> Result<Outcome, GuardError> {
+/// A call still awaiting approval, as the error that says so.
+fn awaiting(attempt: &pb::Attempt) -> GuardError {
+    GuardError::AwaitingApproval {
+        attempt_id: AttemptId(attempt.attempt_id.clone()),
+        expires_at_ms: attempt
+            .approval
+            .as_ref()
+            .and_then(|a| a.expires_at.as_ref())
+            .map_or(0, crate::millis),
+    }
+}
+
+fn replay(attempt: pb::Attempt, waited: bool) -> Result<Outcome, GuardError> {
     let attempt_id = AttemptId(attempt.attempt_id.clone());
     match attempt.state() {
+        pb::AttemptState::Denied => {
+            let approval = attempt.approval.unwrap_or_default();
+            Err(GuardError::ApprovalDenied {
+                attempt_id,
+                reason: approval.denial_reason,
+                decided_by: approval.decided_by,
+                replayed: !waited,
+            })
+        }
         pb::AttemptState::Succeeded => {
             let receipt = attempt
                 .receipt
