@@ -49,6 +49,10 @@ pub mod code {
     /// The call was certainly not sent (the upstream could not be reached);
     /// its slot was given back and the key is free.
     pub const NOT_SENT: i32 = -32083;
+    /// The call waits for a person's approval: nothing was sent. The same
+    /// call (same arguments, same idempotency key) made again later is
+    /// sent once it is approved.
+    pub const AWAITING_APPROVAL: i32 = -32084;
 }
 
 /// The reasons the proxy itself gives in an error's `data.reason` (atmost's
@@ -63,6 +67,8 @@ pub mod reason {
     pub const OUTCOME_NOT_RECORDED: &str = "OUTCOME_NOT_RECORDED";
     pub const ATMOST_UNAVAILABLE: &str = "ATMOST_UNAVAILABLE";
     pub const PROXY_STOPPING: &str = "PROXY_STOPPING";
+    pub const AWAITING_APPROVAL: &str = "AWAITING_APPROVAL";
+    pub const APPROVAL_DENIED: &str = "APPROVAL_DENIED";
 }
 
 /// The longest failure reason atmost stores (docs/api.md, "Limits").
@@ -599,6 +605,26 @@ impl Answer<'_> {
                     json!({"attempt_id": attempt_id.as_str()}),
                 ))
             }
+            Err(GuardError::AwaitingApproval {
+                attempt_id,
+                expires_at_ms,
+            }) => Err(self.error(
+                code::AWAITING_APPROVAL,
+                reason::AWAITING_APPROVAL,
+                "the call waits for a person's approval and was not sent: make the same call again (same arguments, same idempotency key) later; it is sent once approved".into(),
+                json!({"attempt_id": attempt_id.as_str(), "approval_expires_at_ms": expires_at_ms}),
+            )),
+            Err(GuardError::ApprovalDenied {
+                attempt_id,
+                reason,
+                decided_by,
+                replayed,
+            }) => Err(self.error(
+                code::DENIED,
+                reason::APPROVAL_DENIED,
+                format!("the call was denied approval ({reason}): it was never sent; do not retry it"),
+                json!({"attempt_id": attempt_id.as_str(), "denial_reason": reason, "decided_by": decided_by, "replayed": replayed}),
+            )),
             Err(GuardError::Denied(e) | GuardError::InProgress(e)) => Err(self.refusal(code::DENIED, &e)),
             Err(GuardError::InvalidRequest(e)) => {
                 let mut error = self.refusal(ErrorCode::INVALID_PARAMS.0, &e);
