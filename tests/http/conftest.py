@@ -247,13 +247,15 @@ def api(store_server: Server) -> Iterator[Api]:
 
 class Keys:
     """API keys of an --auth-keys file, random for each run: an admin, an
-    operator and an agent in tenant t1, an admin in tenant t2."""
+    operator, an approver and an agent in tenant t1, an admin in tenant t2."""
 
     def __init__(self) -> None:
-        self.keys = {name: f"{name}-{secrets.token_hex(16)}" for name in ["admin", "operator", "agent", "other"]}
+        names = ["admin", "operator", "approver", "agent", "other"]
+        self.keys = {name: f"{name}-{secrets.token_hex(16)}" for name in names}
 
     def toml(self) -> str:
-        roles = {"admin": ("admin", "t1"), "operator": ("operator", "t1"), "agent": ("agent", "t1"), "other": ("admin", "t2")}
+        roles = {"admin": ("admin", "t1"), "operator": ("operator", "t1"), "approver": ("approver", "t1"),
+                 "agent": ("agent", "t1"), "other": ("admin", "t2")}
         out = ""
         for name, key in self.keys.items():
             role, tenant = roles[name]

@@ -125,6 +125,28 @@ def test_every_operation_is_served_as_the_document_says(api: Api, document: Dict
     second = call("Gate_Authorize", {"permit_id": permit}, {**auth, "idempotencyKey": done})
     call("Gate_Commit", {"permit_id": permit, "idempotency_key": done},
          {"attemptId": second["attempt"]["attemptId"], "succeeded": {"result": b64(b"tx 982")}})
+    # Human approval (dev mode: any caller may approve).
+    held = call("Permits_CreatePermit", {}, {
+        "tools": ["payout"], "expiresAt": tomorrow(),
+        "approvalPerTool": {"payout": {"costAtLeast": "100", "wait": "600s", "approvers": 1}},
+    })
+    assert held["approvalPerTool"]["payout"]["wait"] == "600s", held
+    pay = {"tool": "payout", "requestFingerprint": b64(b"pay"), "cost": 500, "approvalSummary": "pay 5 EUR"}
+    asked = [call("Gate_Authorize", {"permit_id": held["permitId"]}, {**pay, "idempotencyKey": k})
+             for k in ("pay-1", "pay-2")]
+    assert [a["decision"] for a in asked] == ["DECISION_AWAIT_APPROVAL"] * 2, asked
+    listed = [op for op in operations if op.startswith("Approvals_ListApprovals")]
+    assert len(listed) == 2, listed
+    for op in listed:
+        params = {"permit_id": held["permitId"]} if "{permit_id}" in operations[op][0] else {}
+        page = call(op, params, query={"pageSize": 10})
+        assert [a["approval"]["summary"] for a in page["attempts"]] == ["pay 5 EUR"] * 2, page
+    approved = call("Approvals_Approve", {"permit_id": held["permitId"], "idempotency_key": "pay-1"},
+                    {"attemptId": asked[0]["attempt"]["attemptId"]})
+    assert approved["attempt"]["state"] == "ATTEMPT_STATE_APPROVED", approved
+    denied = call("Approvals_Deny", {"permit_id": held["permitId"], "idempotency_key": "pay-2"},
+                  {"attemptId": asked[1]["attempt"]["attemptId"], "reason": "no"})
+    assert denied["attempt"]["approval"]["denialReason"] == "no", denied
     call("Permits_RevokePermit", {"permit_id": permit}, {})
     call("Receipts_GetSigningKeys", {})
     assert called == set(operations), f"listed but not called: {set(operations) - called}"

@@ -2,7 +2,8 @@
 
 The RPCs are the operations the OpenAPI document lists (each names its
 gRPC path); each is called over HTTP/JSON and over gRPC (grpcio, the raw
-method) with an admin's, an operator's and an agent's key and with none.
+method) with an admin's, an operator's, an approver's and an agent's key and with
+none.
 A call is let in unless it is refused UNAUTHENTICATED or ROLE_NOT_ALLOWED;
 what follows (an empty request's INVALID_REQUEST, an unknown permit) is
 the same on both edges and not this test's.
@@ -20,20 +21,23 @@ from grpc_status import rpc_status
 
 from conftest import JSON, Keys, Server
 
-ROLES = ["admin", "operator", "agent", None]
+ROLES = ["admin", "operator", "approver", "agent", None]
 
 #: docs/api.md, "Authentication and roles"; None: any caller, with no key.
 EXPECTED: Dict[str, Set[Optional[str]]] = {
     "/atmost.v1.Gate/Authorize": {"agent", "admin"},
     "/atmost.v1.Gate/Commit": {"agent", "admin"},
     "/atmost.v1.Gate/MarkUncertain": {"agent", "admin"},
-    "/atmost.v1.Permits/GetPermit": {"agent", "operator", "admin"},
-    "/atmost.v1.Permits/GetAttempt": {"agent", "operator", "admin"},
+    "/atmost.v1.Permits/GetPermit": {"agent", "operator", "approver", "admin"},
+    "/atmost.v1.Permits/GetAttempt": {"agent", "operator", "approver", "admin"},
     "/atmost.v1.Permits/ListUncertain": {"operator", "admin"},
     "/atmost.v1.Permits/Resolve": {"operator", "admin"},
     "/atmost.v1.Permits/CreatePermit": {"admin"},
     "/atmost.v1.Permits/RevokePermit": {"admin"},
-    "/atmost.v1.Receipts/GetSigningKeys": {"admin", "operator", "agent", None},
+    "/atmost.v1.Approvals/ListApprovals": {"approver", "admin"},
+    "/atmost.v1.Approvals/Approve": {"approver", "admin"},
+    "/atmost.v1.Approvals/Deny": {"approver", "admin"},
+    "/atmost.v1.Receipts/GetSigningKeys": {"admin", "operator", "approver", "agent", None},
 }
 
 PERMIT = "01a238ca-7e3a-7923-bf66-574b0b511439"
