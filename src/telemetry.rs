@@ -28,7 +28,8 @@ pub mod rpc;
 pub use census::Census;
 pub use instruments::Instruments;
 pub use rpc::{
-    EnvoyCounters, RpcLayer, note, note_duplicate, note_permit, note_reason, store_call,
+    EnvoyCounters, RpcLayer, note, note_approval_decided, note_duplicate, note_permit, note_reason,
+    store_call,
 };
 
 use opentelemetry::trace::TracerProvider as _;

@@ -61,6 +61,7 @@ on_every_store!(
     a_waiting_authorize_is_one_call_answered_at_the_decision,
     approvers_list_what_waits_oldest_first_across_permits,
     the_rust_guarded_call_waits_for_the_decision_then_dispatches_or_raises,
+    an_approval_late_in_a_held_ask_still_leaves_its_lease_to_send,
 );
 
 /// The server with keys, and a client per key.
@@ -624,4 +625,107 @@ async fn the_rust_guarded_call_waits_for_the_decision_then_dispatches_or_raises(
         1,
         "a denied call is never sent"
     );
+}
+
+/// A waiting Authorize may outlast the request timeout by its wait (the
+/// request is read by then): with a timeout of 1 s, a decision after 1.5 s
+/// still reaches the call that waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_outlasts_the_request_timeout() {
+    let _machine = shared().await;
+    let limits = atmost::transport::Limits {
+        request_timeout: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let h = Harness::start_configured(Kind::Memory, |app| app.with_limits(limits)).await;
+    let permit = h
+        .create(
+            NewPermit::new(["payout"])
+                .expires_at_ms(h.now_ms() + 3_600_000)
+                .approval("payout", None, Some(WAIT), 1)
+                .build(),
+        )
+        .await
+        .permit_id;
+    let request = pb::AuthorizeRequest {
+        permit_id: permit.clone(),
+        tool: "payout".into(),
+        idempotency_key: "k".into(),
+        request_fingerprint: b"fp".to_vec(),
+        cost: 1,
+        ..Default::default()
+    };
+    let asked = h.client.authorize(request.clone()).await.expect("asked");
+    assert_eq!(asked.decision(), Decision::AwaitApproval);
+    let id = asked.attempt.expect("attempt").attempt_id;
+    let waiting = {
+        let client = h.client.clone();
+        let mut request = request.clone();
+        request.wait = Some(prost_types::Duration {
+            seconds: 20,
+            nanos: 0,
+        });
+        tokio::spawn(async move { client.authorize(request).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Dev mode: no keys, so anyone may approve.
+    h.client.approve(&permit, "k", &id).await.expect("approve");
+    let answer = waiting.await.expect("joined").expect("answered");
+    assert_eq!(answer.decision(), Decision::Dispatch, "{answer:?}");
+}
+
+/// The DISPATCH that ends a held ask may come late in it: the guarded
+/// call counts its lease from when it learnt of it, not from the ask's
+/// start (a 3 s lease, approved 4 s into the wait, is still sent).
+async fn an_approval_late_in_a_held_ask_still_leaves_its_lease_to_send(w: World) {
+    use atmost_client::GuardedCall;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let permit = NewPermit::new(["payout"])
+        .expires_at_ms(w.h.now_ms() + 3_600_000)
+        .lease(Duration::from_secs(3))
+        .approval("payout", None, Some(WAIT), 1)
+        .build();
+    let permit = w
+        .admin
+        .create_permit(permit)
+        .await
+        .expect("create")
+        .permit_id;
+    let w = Arc::new(w);
+    let listed = {
+        let (w, permit) = (w.clone(), permit.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let page = w
+                .alice
+                .list_approvals(pb::ListApprovalsRequest {
+                    permit_id: permit.clone(),
+                    ..Default::default()
+                })
+                .await
+                .expect("list");
+            let id = &page.attempts.first().expect("one waits").attempt_id;
+            w.alice.approve(&permit, "late", id).await.expect("approve");
+        })
+    };
+    let sends = Arc::new(AtomicUsize::new(0));
+    let counted = sends.clone();
+    let done = w
+        .agent
+        .guarded(
+            GuardedCall::new(permit.clone(), "payout", "late")
+                .request(&serde_json::json!({"late": true}))
+                .approval_wait(Duration::from_secs(30)),
+            move |_id| async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, atmost_client::DispatchError>(atmost_client::Dispatched::bytes(
+                    b"ok".to_vec(),
+                ))
+            },
+        )
+        .await
+        .expect("sent within its lease");
+    listed.await.expect("approver");
+    assert_eq!(done.result, b"ok");
+    assert_eq!(sends.load(Ordering::SeqCst), 1);
 }

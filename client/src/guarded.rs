@@ -661,10 +661,30 @@ impl Client {
         let waited = answer.decision() == pb::Decision::AwaitApproval;
         let (answer, answered_try) = match answer.decision() {
             pb::Decision::AwaitApproval => {
-                self.await_decision(&call, request, answer, answered_try)
+                self.await_decision(&call, request.clone(), answer, answered_try)
                     .await?
             }
             _ => (answer, answered_try),
+        };
+        // A DISPATCH that ended a held ask came at some point of it: its
+        // lease would be counted from the ask's start, perhaps most of a
+        // minute ago. Asked again at once (the same token: a redelivery of
+        // this call's own claim, nothing more reserved), it is counted
+        // from now.
+        let claimed_here =
+            waited && answer.decision() == pb::Decision::Dispatch && !answer.redelivered;
+        let (answer, answered_try) = if claimed_here {
+            retrying(
+                &call.retry,
+                call.on_retry.as_ref(),
+                "Authorize",
+                authorize_may_retry,
+                |within| self.authorize_within(request.clone(), within),
+            )
+            .await
+            .map_err(authorize_refused)?
+        } else {
+            (answer, answered_try)
         };
         let arrived = Instant::now();
         let attempt = answer
@@ -681,7 +701,7 @@ impl Client {
                 // reservation one of its earlier tries made, whose answer
                 // was lost: nothing was sent. To a token the caller gave,
                 // it may repeat an earlier run's, which may have sent.
-                if answer.redelivered && !token_is_ours {
+                if answer.redelivered && !token_is_ours && !claimed_here {
                     return Err(GuardError::HeldByEarlierRun {
                         attempt_id: AttemptId(attempt.attempt_id.clone()),
                         attempt: Box::new(attempt),

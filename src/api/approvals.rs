@@ -116,6 +116,13 @@ impl ApprovalsService {
     }
 }
 
+/// How long the call waited for its decision, on the store's clock (a
+/// repeated decision counts again).
+fn waited(attempt: &Attempt) -> Duration {
+    let decided_at = attempt.approval.as_ref().map_or(0, |a| a.decided_at);
+    Duration::from_millis((decided_at - attempt.created_at).max(0) as u64)
+}
+
 #[tonic::async_trait]
 impl Approvals for ApprovalsService {
     async fn list_approvals(
@@ -217,6 +224,14 @@ impl Approvals for ApprovalsService {
         self.ctx
             .decisions
             .decided(&settled.attempt.permit_id, &settled.attempt.idempotency_key);
+        if settled
+            .attempt
+            .approval
+            .as_ref()
+            .is_some_and(|a| a.decided_by == scope.key_id)
+        {
+            crate::telemetry::note_approval_decided("denied", waited(&settled.attempt));
+        }
         tracing::info!(
             permit_id = %settled.attempt.permit_id,
             idempotency_key = %settled.attempt.idempotency_key.escape_debug(),

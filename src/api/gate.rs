@@ -7,10 +7,11 @@
 //! store, the audit trail.
 
 use super::{
-    Ctx, Deadline, approvals::Decisions, audit::Audit, convert, scope_of, status::to_status,
+    Ctx, Deadline, approvals::Decisions, audit::Audit, convert, layers::WaitAllowance, scope_of,
+    status::to_status,
 };
 use crate::auth::Role;
-use crate::domain::{AuthorizeCmd, Authorized, Decision, Error, Millis, Scope, new_id};
+use crate::domain::{AuthorizeCmd, Authorized, Decision, Error, Scope, new_id};
 use crate::pb::{self, gate_server::Gate};
 use crate::store::Backend;
 use crate::store::Store;
@@ -95,12 +96,12 @@ impl GateService {
         scope: &Scope,
         cmd: &AuthorizeCmd,
         deadline: Deadline,
-        wait_ms: Millis,
+        wait: Duration,
     ) -> Result<Authorized, Error> {
         const MARGIN: Duration = Duration::from_millis(250);
         let decisions = &self.ctx.decisions;
         let mut sub = decisions.subscribe();
-        let mut until = Instant::now() + Duration::from_millis(wait_ms as u64);
+        let mut until = Instant::now() + wait;
         if let Some(at) = deadline.at() {
             until = until.min(Instant::from_std(at.checked_sub(MARGIN).unwrap_or(at)));
         }
@@ -139,13 +140,19 @@ impl GateService {
         let mut audit = Audit::of("Authorize", &request);
         let scope = scope_of(&request, &[Role::Admin]);
         let wait = convert::approval_wait(request.get_ref());
+        let allowance = request.extensions().get::<WaitAllowance>().cloned();
         let mut cmd = convert::authorize_cmd(request.into_inner());
         audit.about(&cmd.permit_id, &cmd.tool, &cmd.idempotency_key);
         let result = match wait.and_then(|wait| cmd.validate().map(|()| wait)) {
             Ok(0) => self.authorize_once(&scope, &cmd, deadline).await,
             Ok(wait_ms) => {
-                self.authorize_waiting(&scope, &cmd, deadline, wait_ms)
-                    .await
+                // The request timeout would cut the wait short: it may
+                // take its wait more (the request is read by now).
+                let wait = Duration::from_millis(wait_ms as u64);
+                if let Some(allowance) = &allowance {
+                    allowance.extend(wait);
+                }
+                self.authorize_waiting(&scope, &cmd, deadline, wait).await
             }
             Err(e) => Err(e),
         };

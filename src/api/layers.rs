@@ -246,12 +246,68 @@ pub struct TimedOut<S> {
     timeout: Duration,
 }
 
-type Timed<F, E> = futures_util::future::Map<
-    tokio::time::Timeout<F>,
-    fn(
-        Result<Result<http::Response<tonic::body::Body>, E>, tokio::time::error::Elapsed>,
-    ) -> Result<http::Response<tonic::body::Body>, E>,
->;
+/// The one RPC whose handler may ask for more time: an Authorize with
+/// `wait`, held open for an approval's decision (docs/api.md, "Human
+/// approval"). Its request carries a [`WaitAllowance`].
+const WAITING_RPC: &str = "/atmost.v1.Gate/Authorize";
+
+/// More time an RPC's handler may take past the request timeout, granted
+/// by the handler itself once its request is read (so a stalled body is
+/// still cut at the timeout): in the extensions of an Authorize's request.
+#[derive(Debug, Clone, Default)]
+pub struct WaitAllowance(Arc<std::sync::atomic::AtomicU64>);
+
+impl WaitAllowance {
+    /// The RPC may take `by` more than the request timeout (at most one
+    /// grant counts: the largest).
+    pub fn extend(&self, by: Duration) {
+        let ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        self.0.fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn granted(&self) -> Duration {
+        Duration::from_millis(self.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The handler's future under the request timeout, extended by its
+    /// [`WaitAllowance`] if it has one.
+    pub struct Timed<F> {
+        #[pin]
+        inner: F,
+        #[pin]
+        sleep: tokio::time::Sleep,
+        start: tokio::time::Instant,
+        timeout: Duration,
+        allowance: Option<WaitAllowance>,
+    }
+}
+
+impl<F, E> Future for Timed<F>
+where
+    F: Future<Output = Result<http::Response<tonic::body::Body>, E>>,
+{
+    type Output = Result<http::Response<tonic::body::Body>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Poll::Ready(answer) = this.inner.poll(cx) {
+            return Poll::Ready(answer);
+        }
+        while this.sleep.as_mut().poll(cx).is_ready() {
+            let granted = this.allowance.as_ref().map(WaitAllowance::granted);
+            let deadline = *this.start + *this.timeout + granted.unwrap_or_default();
+            if deadline <= this.sleep.deadline() {
+                let mut answer = tonic::Status::cancelled("Timeout expired").into_http();
+                answer.extensions_mut().insert(RequestTimedOut);
+                return Poll::Ready(Ok(answer));
+            }
+            this.sleep.as_mut().reset(deadline);
+        }
+        Poll::Pending
+    }
+}
 
 impl<S, B> tower::Service<http::Request<B>> for TimedOut<S>
 where
@@ -259,21 +315,26 @@ where
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
-    type Future = Timed<S::Future, S::Error>;
+    type Future = Timed<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        use futures_util::FutureExt as _;
-        tokio::time::timeout(self.timeout, self.inner.call(request)).map(|answered| {
-            answered.unwrap_or_else(|_| {
-                let mut answer = tonic::Status::cancelled("Timeout expired").into_http();
-                answer.extensions_mut().insert(RequestTimedOut);
-                Ok(answer)
-            })
-        })
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        let allowance = (request.uri().path() == WAITING_RPC).then(|| {
+            let allowance = WaitAllowance::default();
+            request.extensions_mut().insert(allowance.clone());
+            allowance
+        });
+        let start = tokio::time::Instant::now();
+        Timed {
+            inner: self.inner.call(request),
+            sleep: tokio::time::sleep_until(start + self.timeout),
+            start,
+            timeout: self.timeout,
+            allowance,
+        }
     }
 }
 

@@ -47,7 +47,18 @@ pub struct Instruments {
     /// while atmost still awaited the request), by what atmost awaited
     /// (`request_headers`, `request_body`).
     unauthorized_forwards: Counter<u64>,
+    /// `atmost.approval.decision.duration` (s): how long a call waited for
+    /// a person, by outcome (`approved`: the last approval the rule needs;
+    /// `denied`). A lapse is seen by no RPC, so it is not here: it is the
+    /// rule's wait.
+    approval_decisions: Histogram<f64>,
 }
+
+/// How long a call waits for a person, in seconds: a minute to a week.
+const HUMAN_SECONDS: &[f64] = &[
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
+    604800.0,
+];
 
 impl Instruments {
     pub(super) fn new(provider: &SdkMeterProvider) -> Self {
@@ -89,6 +100,14 @@ impl Instruments {
                     "ext_proc requests forwarded to the tool without an Authorize (their \
                      response arrived while atmost awaited the request), by what was awaited",
                 )
+                .build(),
+            approval_decisions: meter
+                .f64_histogram("atmost.approval.decision.duration")
+                .with_unit("s")
+                .with_description(
+                    "How long a call waited for a person's decision, by outcome (approved, denied)",
+                )
+                .with_boundaries(HUMAN_SECONDS.to_vec())
                 .build(),
             meter,
         };
@@ -178,6 +197,12 @@ impl Instruments {
             let action = if refused { "refused" } else { "dispatched" };
             self.duplicates.add(1, &[KeyValue::new("action", action)]);
         }
+    }
+
+    /// A call's approval completed, or its denial.
+    pub(super) fn approval_decided(&self, outcome: &'static str, waited: Duration) {
+        self.approval_decisions
+            .record(waited.as_secs_f64(), &[KeyValue::new("outcome", outcome)]);
     }
 
     /// One store call made by an RPC.

@@ -173,6 +173,7 @@ pub fn note(permit_id: &str, tool: &str, outcome: &str) {
             "DISPATCH" => Some("DISPATCH"),
             "REDELIVERED" => Some("REDELIVERED"),
             "REPLAY" => Some("REPLAY"),
+            "AWAIT_APPROVAL" => Some("AWAIT_APPROVAL"),
             _ => None,
         };
         if decision.is_some() {
@@ -190,6 +191,17 @@ pub fn note(permit_id: &str, tool: &str, outcome: &str) {
             if let Some(decision) = decision {
                 span.record("decision", decision);
             }
+        }
+    });
+}
+
+/// An Approve that completed a call's approval, or a Deny: `outcome`
+/// (`approved`, `denied`) and how long the call had waited for it
+/// (`atmost.approval.decision.duration`).
+pub fn note_approval_decided(outcome: &'static str, waited: std::time::Duration) {
+    let _ = CURRENT.try_with(|current| {
+        if let Some(instruments) = &current.shared.instruments {
+            instruments.approval_decided(outcome, waited);
         }
     });
 }

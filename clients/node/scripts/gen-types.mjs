@@ -28,6 +28,7 @@ execFileSync(
     "atmost/v1/gate.proto",
     "atmost/v1/permits.proto",
     "atmost/v1/receipts.proto",
+    "atmost/v1/approvals.proto",
   ],
   // Relative paths, so the generated comments name proto/... and not this machine's directories.
   { stdio: "inherit", cwd: pkg },

@@ -1,31 +1,39 @@
 /**
  * The client: one channel to atmost, a promise-returning method per RPC of
- * atmost.v1 (Gate, Permits, Receipts), every failure a typed error
+ * atmost.v1 (Gate, Permits, Approvals, Receipts), every failure a typed error
  * (errors.ts), and {@link Client.guarded}, the helper that wraps one
  * side-effecting call (guarded.ts).
  */
 import * as grpc from "@grpc/grpc-js";
 
 import { AtmostError, fromServiceError } from "./errors.js";
-import { clip, runGuarded, type Dispatch, type GuardedCall, type GuardedOutcome } from "./guarded.js";
+import { clip, durationOf, runGuarded, type Dispatch, type GuardedCall, type GuardedOutcome } from "./guarded.js";
 import { DEFAULT_RETRY, isTransient, withRetries } from "./retry.js";
 import { atmostV1 } from "./proto.js";
+import type { ApprovalsClient } from "./generated/atmost/v1/Approvals.js";
 import type { GateClient } from "./generated/atmost/v1/Gate.js";
 import type { PermitsClient } from "./generated/atmost/v1/Permits.js";
 import type { ReceiptsClient } from "./generated/atmost/v1/Receipts.js";
 import type {
+  ApproveRequest,
+  ApproveResponse,
   Attempt,
   AuthorizeRequest,
   AuthorizeResponse,
   CommitRequest,
   CommitResponse,
+  DenyRequest,
+  DenyResponse,
   GetAttemptResponse,
   GetPermitResponse,
   GetSigningKeysResponse,
+  ListApprovalsRequest,
+  ListApprovalsResponse,
   ListUncertainRequest,
   ListUncertainResponse,
   MarkUncertainRequest,
   MarkUncertainResponse,
+  NewApprovalRule,
   NewPermit,
   Permit,
   ResolveRequest,
@@ -87,6 +95,7 @@ export class Client {
   private readonly gate: GateClient;
   private readonly permits: PermitsClient;
   private readonly receipts: ReceiptsClient;
+  private readonly approvals: ApprovalsClient;
   private readonly authorization?: string;
   /** Each RPC's deadline in milliseconds, unless the call gives its own ({@link ClientOptions.deadlineMs}). */
   readonly deadlineMs: number;
@@ -113,10 +122,11 @@ export class Client {
     }
     Object.assign(channelOptions, options.channelOptions);
     this.gate = new atmostV1.Gate(options.address, credentials, channelOptions);
-    // One channel (one HTTP/2 connection) for the three services.
+    // One channel (one HTTP/2 connection) for the four services.
     const shared = { ...channelOptions, channelOverride: this.gate.getChannel() };
     this.permits = new atmostV1.Permits(options.address, credentials, shared);
     this.receipts = new atmostV1.Receipts(options.address, credentials, shared);
+    this.approvals = new atmostV1.Approvals(options.address, credentials, shared);
   }
 
   /**
@@ -129,8 +139,15 @@ export class Client {
 
   // === atmost.v1.Gate ===
 
-  /** Asks for a DISPATCH before a side-effecting call. */
+  /**
+   * Asks for a DISPATCH before a side-effecting call. With `wait` (at most
+   * 60 s), atmost holds a call that awaits approval open until the decision
+   * or the wait's end; the default deadline is then the client's plus the
+   * wait.
+   */
   authorize(request: AuthorizeRequest, options?: CallOptions): Promise<AuthorizeResponse> {
+    const held = request.wait ? Number(String(request.wait.seconds ?? 0)) * 1000 + (request.wait.nanos ?? 0) / 1e6 : 0;
+    if (options?.deadlineMs === undefined && held > 0) options = { ...options, deadlineMs: this.deadlineMs + held };
     return this.unary(options, (md, opts, cb) => this.gate.authorize(request, md, opts, cb));
   }
 
@@ -178,6 +195,39 @@ export class Client {
   /** Settles an UNCERTAIN attempt after asking the tool what happened. */
   resolve(request: ResolveRequest, options?: CallOptions): Promise<ResolveResponse> {
     return this.unary(options, (md, opts, cb) => this.permits.resolve(request, md, opts, cb));
+  }
+
+  // === atmost.v1.Approvals ===
+
+  /**
+   * One page of calls AWAITING_APPROVAL (`permitId` empty or absent: across
+   * the caller's tenant), oldest request first, each with its `approval`
+   * (summary, expiry, approvals so far) and the `attemptId` that
+   * {@link Client.approve} and {@link Client.deny} need. An approver's or
+   * admin's key.
+   */
+  listApprovals(request: ListApprovalsRequest = {}, options?: CallOptions): Promise<ListApprovalsResponse> {
+    return this.unary(options, (md, opts, cb) => this.approvals.listApprovals(request, md, opts, cb));
+  }
+
+  /**
+   * Approves one call awaiting approval, named by `permitId`,
+   * `idempotencyKey` and `attemptId` (an approver's or admin's key; never
+   * the key that requested it: `Denied` APPROVER_IS_REQUESTER). With a
+   * four-eyes rule the call stays AWAITING_APPROVAL until a second,
+   * distinct key approves. Repeating an approval answers the attempt as it is.
+   */
+  approve(request: ApproveRequest, options?: CallOptions): Promise<ApproveResponse> {
+    return this.unary(options, (md, opts, cb) => this.approvals.approve(request, md, opts, cb));
+  }
+
+  /**
+   * Denies one call awaiting approval (or approved and not yet claimed):
+   * DENIED, the slot and the cost come back, nothing was sent, and the key
+   * replays the denial with `reason` (at most 1024 bytes; empty: "denied").
+   */
+  deny(request: DenyRequest, options?: CallOptions): Promise<DenyResponse> {
+    return this.unary(options, (md, opts, cb) => this.approvals.deny(request, md, opts, cb));
   }
 
   // === atmost.v1.Receipts ===
@@ -245,6 +295,35 @@ export class Client {
       });
     });
   }
+}
+
+/** How a tool's calls wait for a person: {@link approvalRule}'s input. */
+export interface ApprovalRuleOptions {
+  /** Only calls whose cost is at least this (minor units) need approval; absent: every call. */
+  costAtLeast?: number;
+  /** How long a request may wait for its decision before it lapses as if denied; absent: the server's `--approval-wait-default`. */
+  waitMs?: number;
+  /** Distinct approvals needed: 1 (the default) or 2, a four-eyes rule (which needs keys). */
+  approvers?: number;
+}
+
+/**
+ * A permit's approval rule for one tool, for `approvalPerTool` in
+ * {@link Client.createPermit}:
+ * `{ approvalPerTool: { payout: approvalRule({ costAtLeast: 1000, waitMs: 600_000 }) } }`.
+ */
+export function approvalRule(options: ApprovalRuleOptions = {}): NewApprovalRule {
+  const approvers = options.approvers ?? 1;
+  if (!Number.isSafeInteger(approvers) || approvers < 0) throw new RangeError(`approvers must be 1 or 2, got ${String(approvers)}`);
+  const rule: NewApprovalRule = { approvers };
+  if (options.costAtLeast !== undefined) {
+    if (!Number.isSafeInteger(options.costAtLeast) || options.costAtLeast < 0) {
+      throw new RangeError(`costAtLeast must be an integer >= 0, got ${String(options.costAtLeast)}`);
+    }
+    rule.costAtLeast = options.costAtLeast;
+  }
+  if (options.waitMs !== undefined) rule.wait = durationOf(checkDeadline(options.waitMs, "waitMs"));
+  return rule;
 }
 
 function recorded(attempt: Attempt | null, rpc: string): Attempt {

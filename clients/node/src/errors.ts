@@ -6,8 +6,10 @@
  * Failures of an RPC become {@link Denied}, {@link InvalidRequest},
  * {@link InProgress}, {@link Unavailable} or the base class. The guarded call adds the outcomes
  * of a dispatch: {@link ToolFailed}, {@link NotSent}, {@link OutcomeUncertain}
- * and {@link CommitNotRecorded}. `ToolFailed` and `NotSent` are also what a
- * dispatch function throws to tell the helper what happened.
+ * and {@link CommitNotRecorded}; and, for a call that waits for a person's
+ * approval, {@link AwaitingApproval} and {@link ApprovalDenied}.
+ * `ToolFailed` and `NotSent` are also what a dispatch function throws to
+ * tell the helper what happened.
  */
 import { status as Code, type ServiceError } from "@grpc/grpc-js";
 
@@ -87,8 +89,9 @@ function numeric(value: string | undefined): number | undefined {
  * IDEMPOTENCY_KEY_REUSED, TOOL_HELD_UNCERTAIN, DUPLICATE_REQUEST_SUSPECTED,
  * the quotas, UNAUTHENTICATED, ROLE_NOT_ALLOWED; for a Commit or
  * MarkUncertain, ATTEMPT_HOLDER_MISMATCH (another key reserved the
- * attempt). Nothing was reserved and nothing may be sent; the same request
- * fails the same way.
+ * attempt); for an Approve, APPROVER_IS_REQUESTER (the key requested the
+ * call itself). Nothing was reserved and nothing may be sent; the same
+ * request fails the same way.
  */
 export class Denied extends AtmostError {}
 
@@ -135,6 +138,7 @@ export const DENIED_REASONS: ReadonlySet<string> = new Set([
   "QUOTA_TENANT_PERMITS",
   "QUOTA_STORE_FULL",
   "ATTEMPT_HOLDER_MISMATCH",
+  "APPROVER_IS_REQUESTER",
 ]);
 
 /**
@@ -291,6 +295,65 @@ export class HeldByEarlierRun extends AtmostError {
     );
     this.attempt = attempt;
     this.leaseRemainingMs = leaseRemainingMs;
+  }
+}
+
+/**
+ * The call waits for a person's approval (the permit's `approvalPerTool`
+ * rule holds it) and no decision came within the guarded call's
+ * `approvalWaitMs` (0 by default: not waited for at all). Nothing was
+ * sent; the slot and the cost stay reserved until the request lapses at
+ * `expiresAt` (absent when atmost did not say). Make the same call again
+ * (the same key and request) to wait on, or to dispatch once approved.
+ * `attempt` is the attempt as atmost answered it (AWAITING_APPROVAL, with
+ * its `approval`).
+ */
+export class AwaitingApproval extends AtmostError {
+  declare readonly attemptId: string;
+  readonly attempt: Attempt;
+  readonly expiresAt?: Date;
+
+  constructor(attempt: Attempt) {
+    const at = attempt.approval?.expiresAt;
+    const expiresAt = at ? new Date(Number(at.seconds) * 1000 + Math.floor(at.nanos / 1e6)) : undefined;
+    super(`attempt ${attempt.attemptId} awaits approval${expiresAt ? ` (until ${expiresAt.toISOString()})` : ""}: nothing was sent`, {
+      attemptId: attempt.attemptId,
+    });
+    this.attempt = attempt;
+    this.expiresAt = expiresAt;
+  }
+}
+
+/**
+ * A person denied the call, or nobody decided in time (`denialReason`
+ * `approval_expired`; `approval_unclaimed` for an approval the requester
+ * did not come back for in time; `permit_revoked`). It was never sent, and
+ * the key replays this denial for good: a new call needs a new key.
+ * `denialReason` is the approver's reason (the attempt's
+ * `approval.denialReason`; `reason` stays the ErrorInfo reason of
+ * {@link AtmostError}, absent here), `decidedBy` the approver's key id
+ * (empty for a lapse, and in dev mode), `replayed` false when this call
+ * waited for the decision, true when the key was already denied before it
+ * asked.
+ */
+export class ApprovalDenied extends AtmostError {
+  declare readonly attemptId: string;
+  readonly attempt: Attempt;
+  readonly denialReason: string;
+  readonly decidedBy: string;
+  readonly replayed: boolean;
+
+  constructor(attempt: Attempt, replayed: boolean) {
+    const denialReason = attempt.approval?.denialReason ?? "";
+    const decidedBy = attempt.approval?.decidedBy ?? "";
+    super(
+      `the call was denied approval${decidedBy ? ` by ${decidedBy}` : ""}${replayed ? " (replayed)" : ""}: ${denialReason}; nothing was sent`,
+      { attemptId: attempt.attemptId },
+    );
+    this.attempt = attempt;
+    this.denialReason = denialReason;
+    this.decidedBy = decidedBy;
+    this.replayed = replayed;
   }
 }
 

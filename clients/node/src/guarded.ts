@@ -11,6 +11,11 @@
  *     same key, fingerprint, cost and token.
  *  3. REPLAY: dispatch is never called; the stored outcome is returned or
  *     raised.
+ *  3a. AWAIT_APPROVAL (the permit's approval rule holds the call): asked
+ *     again within `approvalWaitMs`, atmost holding each ask open for up
+ *     to 55 s; then a DISPATCH goes on as below, a REPLAY of the DENIED
+ *     attempt raises {@link ApprovalDenied}, and a call still undecided
+ *     {@link AwaitingApproval}. Nothing is sent before the approval.
  *  4. DISPATCH: `dispatch(attemptId, signal)` runs under a deadline (what
  *     atmost says is left of the lease, less a margin, counted from the
  *     start of the Authorize try it answered), then exactly one of Commit
@@ -19,9 +24,12 @@
  *     the result. Nothing is ever sent twice in one call.
  */
 import { createHash, randomBytes } from "node:crypto";
+import { status as Code } from "@grpc/grpc-js";
 
 import {
+  ApprovalDenied,
   AtmostError,
+  AwaitingApproval,
   CommitNotRecorded,
   HeldByEarlierRun,
   NotSent,
@@ -33,7 +41,7 @@ import {
 } from "./errors.js";
 import { fingerprint as fingerprintOf } from "./fingerprint.js";
 import { isAuthorizeRetryable, isTransient, retryPolicy, withRetries, type RetryEvent, type RetryPolicy } from "./retry.js";
-import type { Attempt, Duration, Receipt, Timestamp } from "./types.js";
+import type { Attempt, AuthorizeResponse, Duration, Receipt, Timestamp } from "./types.js";
 import type { CallOptions, Client } from "./client.js";
 
 /** One logical call. Keep `idempotencyKey` (and `holderToken`, if you persist one) the same across your own retries of it. */
@@ -66,6 +74,22 @@ export interface GuardedCall {
   retry?: RetryPolicy;
   /** Told before each retry's wait (logging, metrics); what it throws is ignored. */
   onRetry?: (event: RetryEvent) => void;
+  /**
+   * For a call the permit's approval rule holds: a short description shown
+   * to the approvers (at most 1024 bytes of UTF-8). It is the caller's
+   * claim; the request's fingerprint is what the approval binds to.
+   */
+  approvalSummary?: string;
+  /**
+   * How long the call may wait for a person's decision, in milliseconds
+   * (default 0: not at all). atmost holds each Authorize open for up to
+   * 55 s of it (AuthorizeRequest.wait), so ten minutes is ten calls, not a
+   * poll loop. Approved in time: dispatched as usual. Denied (or lapsed):
+   * {@link ApprovalDenied}. Still waiting at the end:
+   * {@link AwaitingApproval}; nothing was sent, and the same call (same key
+   * and request) made again picks up where it left off.
+   */
+  approvalWaitMs?: number;
 }
 
 /**
@@ -128,6 +152,21 @@ export const MAX_RESULT_BYTES = 64 * 1024;
 export const LEASE_MARGIN_MS = 1_000;
 /** atmost's limit on Failed and MarkUncertain reasons. */
 const MAX_REASON_BYTES = 1024;
+/** atmost's limit on an approval summary. */
+const MAX_SUMMARY_BYTES = 1024;
+/**
+ * The longest atmost is asked to hold one Authorize open for an approval's
+ * decision (it takes at most 60 s): a longer `approvalWaitMs` is several
+ * calls, one after the other.
+ */
+export const MAX_APPROVAL_HOLD_MS = 55_000;
+/**
+ * A held Authorize that atmost's own `--request-timeout` cut off (CANCELLED
+ * without ErrorInfo) after at least this long is taken as "still waiting",
+ * and the following asks hold for what it lasted, less the margin.
+ */
+const MIN_CUT_MS = 2_000;
+const CUT_MARGIN_MS = 1_000;
 const MAX_COST = Number.MAX_SAFE_INTEGER;
 /** The largest actual cost Commit carries (an int64). */
 const MAX_ACTUAL_COST = 2n ** 63n - 1n;
@@ -142,6 +181,8 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   // client's whole deadline, one try hanging on a stalled atmost would
   // outlast the budget by up to that long.
   const within = (leftMs: number): CallOptions => ({ deadlineMs: Math.min(client.deadlineMs, leftMs) });
+  // A held ask (an Authorize with a wait) gets the wait on top of both.
+  const heldWithin = (leftMs: number, waitMs: number): CallOptions => ({ deadlineMs: Math.min(client.deadlineMs + waitMs, leftMs) });
 
   // Before the first try: any reservation a try of this call made is younger.
   const firstTry = performance.now();
@@ -149,7 +190,8 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   // its leaseRemaining) after this instant, so a deadline counted from here
   // ends no later than the lease, however long the answer took to arrive.
   let answeredTry = firstTry;
-  const answer = await withRetries("Authorize", retry, isAuthorizeRetryable, call.onRetry, (leftMs) => {
+  // One ask: the same request every time, held open for `waitMs` when > 0.
+  const ask = (leftMs: number, waitMs = 0): Promise<AuthorizeResponse> => {
     answeredTry = performance.now();
     return client.authorize(
       {
@@ -159,16 +201,25 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
         requestFingerprint: input.fingerprint,
         cost: input.cost,
         holderToken: input.holderToken,
+        approvalSummary: input.approvalSummary,
+        wait: waitMs > 0 ? durationOf(waitMs) : null,
       },
-      within(leftMs),
+      waitMs > 0 ? heldWithin(leftMs, waitMs) : within(leftMs),
     );
-  });
+  };
+  let answer = await withRetries("Authorize", retry, isAuthorizeRetryable, call.onRetry, (leftMs) => ask(leftMs));
+  let redelivered = answer.redelivered;
+  const waited = answer.decision === "DECISION_AWAIT_APPROVAL";
+  if (waited) ({ answer, redelivered } = await awaitDecision(answer, ask, input.approvalWaitMs, retry, call.onRetry));
   // The caller's dispatch timeout counts from here: the local clock only.
   const arrived = performance.now();
   const attempt = answer.attempt;
   if (attempt === null || attempt.attemptId === "") {
     throw new AtmostError(`Authorize answered ${answer.decision} without an attempt`);
   }
+  if (answer.decision === "DECISION_AWAIT_APPROVAL") throw new AwaitingApproval(attempt);
+  // A denial this call waited for is news, not a replay.
+  if (answer.decision === "DECISION_REPLAY" && attempt.state === "ATTEMPT_STATE_DENIED") throw new ApprovalDenied(attempt, !waited);
   if (answer.decision === "DECISION_REPLAY") return replay(attempt);
   if (answer.decision !== "DECISION_DISPATCH") {
     throw new AtmostError(`Authorize answered an unknown decision ${String(answer.decision)}; nothing was sent`);
@@ -179,7 +230,7 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
   // A redelivery to this call's own random token repeats a reservation one
   // of its earlier tries made, whose answer was lost: nothing was sent. To a
   // token the caller gave, it may repeat an earlier run's, which may have.
-  if (answer.redelivered && !input.tokenIsOurs) throw new HeldByEarlierRun(attempt, leaseRemainingMs);
+  if (redelivered && !input.tokenIsOurs) throw new HeldByEarlierRun(attempt, leaseRemainingMs);
   // Every failure to record, whatever it is (an RPC error through every
   // try, a client closed under the call, which grpc-js throws for), is
   // CommitNotRecorded, carrying what the dispatch gave.
@@ -295,6 +346,70 @@ export async function runGuarded<T>(client: Client, call: GuardedCall, dispatch:
       cause,
     });
   }
+}
+
+/**
+ * While the call awaits approval, asks again (the same request and holder
+ * token) with a wait of at most 55 s each, atmost holding the call open
+ * until the decision, within `approvalWaitMs`: the first answer that is not
+ * AWAIT_APPROVAL, or the last one; and whether its DISPATCH, if it is one,
+ * was a redelivery. Each ask's deadline and retry budget are longer by its
+ * wait.
+ */
+async function awaitDecision(
+  first: AuthorizeResponse,
+  ask: (leftMs: number, waitMs?: number) => Promise<AuthorizeResponse>,
+  approvalWaitMs: number,
+  retry: Required<RetryPolicy>,
+  onRetry: ((event: RetryEvent) => void) | undefined,
+): Promise<{ answer: AuthorizeResponse; redelivered: boolean }> {
+  const until = performance.now() + approvalWaitMs;
+  let hold = MAX_APPROVAL_HOLD_MS;
+  let held = false;
+  let answer = first;
+  while (answer.decision === "DECISION_AWAIT_APPROVAL") {
+    const leftMs = until - performance.now();
+    if (leftMs <= 0) break;
+    const waitMs = Math.min(leftMs, hold);
+    const last = answer;
+    const policy = { maxTries: retry.maxTries, maxTotalMs: retry.maxTotalMs + waitMs };
+    answer = await withRetries("Authorize", policy, isAuthorizeRetryable, onRetry, async (budgetMs) => {
+      const asked = performance.now();
+      try {
+        return await ask(budgetMs, waitMs);
+      } catch (error) {
+        const cut = performance.now() - asked;
+        // atmost's --request-timeout (10 s by default) ends a held call
+        // before its wait, CANCELLED "Timeout expired": nothing changed (the
+        // call still waits, as last answered), and the next asks hold less.
+        if (error instanceof AtmostError && error.code === Code.CANCELLED && error.reason === undefined && cut >= MIN_CUT_MS) {
+          hold = Math.max(Math.min(hold, cut - CUT_MARGIN_MS), MIN_CUT_MS - CUT_MARGIN_MS);
+          return last;
+        }
+        throw error;
+      }
+    });
+    held = true;
+  }
+  if (answer.decision !== "DECISION_DISPATCH" || !held) return { answer, redelivered: answer.redelivered };
+  // atmost claimed the approved call while it held the ask open: the
+  // leaseRemaining it sent was measured then, up to the whole wait after the
+  // ask was sent, and the ask's start is all this process can count it from
+  // (a claim late in a long hold would leave no time to send). Asked once
+  // more without a wait (the same holder token), atmost redelivers the same
+  // DISPATCH to this call, which has sent nothing, with what is left of the
+  // lease now, counted from a try just sent. Should that ask fail, the first
+  // answer stands, its deadline counted from the held ask: shorter, never
+  // longer than the lease.
+  let again: AuthorizeResponse;
+  try {
+    again = await withRetries("Authorize", retry, isAuthorizeRetryable, onRetry, (budgetMs) => ask(budgetMs));
+  } catch (error) {
+    if (error instanceof AtmostError) return { answer, redelivered: answer.redelivered };
+    throw error;
+  }
+  const same = again.decision === "DECISION_DISPATCH" && again.redelivered && again.attempt?.attemptId === answer.attempt?.attemptId;
+  return { answer: same ? again : answer, redelivered: answer.redelivered };
 }
 
 /**
@@ -432,6 +547,12 @@ function checkActualCost(cost: unknown): number | string {
   return exact <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(exact) : exact.toString();
 }
 
+/** Milliseconds (>= 0) as a google.protobuf.Duration. */
+export function durationOf(ms: number): Duration {
+  const nanos = Math.round(ms * 1e6);
+  return { seconds: Math.floor(nanos / 1e9), nanos: nanos % 1e9 };
+}
+
 function durationMs(d: Duration): number {
   return d.seconds * 1000 + Math.floor(d.nanos / 1e6);
 }
@@ -470,6 +591,8 @@ interface CheckedCall {
   /** The token was made here, for this call only (not given by the caller): a redelivery to it repeats this call's own reservation. */
   tokenIsOurs: boolean;
   dispatchTimeoutMs?: number;
+  approvalSummary: string;
+  approvalWaitMs: number;
 }
 
 /** Every input checked before anything is sent; a bad one is a TypeError or RangeError naming it. */
@@ -498,6 +621,15 @@ function checkCall(call: GuardedCall): CheckedCall {
     throw new RangeError(`dispatchTimeoutMs must be a finite number of milliseconds > 0, got ${String(timeout)}`);
   }
   if (call.onRetry !== undefined && typeof call.onRetry !== "function") throw new TypeError("onRetry must be a function");
+  const summary = call.approvalSummary ?? "";
+  if (typeof summary !== "string") throw new TypeError("approvalSummary must be a string");
+  if (Buffer.byteLength(summary, "utf8") > MAX_SUMMARY_BYTES) {
+    throw new RangeError(`approvalSummary is longer than ${MAX_SUMMARY_BYTES} bytes of UTF-8`);
+  }
+  const approvalWaitMs = call.approvalWaitMs ?? 0;
+  if (typeof approvalWaitMs !== "number" || !Number.isFinite(approvalWaitMs) || approvalWaitMs < 0) {
+    throw new RangeError(`approvalWaitMs must be a finite number of milliseconds >= 0, got ${String(approvalWaitMs)}`);
+  }
   return {
     permitId: call.permitId,
     tool: call.tool,
@@ -507,6 +639,8 @@ function checkCall(call: GuardedCall): CheckedCall {
     holderToken,
     tokenIsOurs: call.holderToken === undefined,
     dispatchTimeoutMs: timeout,
+    approvalSummary: summary,
+    approvalWaitMs,
   };
 }
 

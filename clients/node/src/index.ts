@@ -2,7 +2,8 @@
  * @atmost/client: the TypeScript client of atmost.
  *
  * Layout:
- * - client.ts: {@link Client}, one channel, a method per RPC, `guarded`.
+ * - client.ts: {@link Client}, one channel, a method per RPC, `guarded`;
+ *   `approvalRule` for a permit's `approvalPerTool`.
  * - guarded.ts: the guarded-call helper (Authorize, dispatch, Commit).
  * - retry.ts: which failures are retried, and how long.
  * - errors.ts: the typed errors; details.ts reads ErrorInfo / RetryInfo /
@@ -11,12 +12,23 @@
  * - proto.ts: loads proto/ at run time; types.ts names the generated
  *   message interfaces.
  */
-export { Client, DEFAULT_CHANNEL_OPTIONS, DEFAULT_DEADLINE_MS } from "./client.js";
-export type { CallOptions, ClientOptions, TlsOptions } from "./client.js";
-export { dispatchTimeMs, encodeResult, LEASE_MARGIN_MS, MAX_RESULT_BYTES, WithActualCost, withActualCost } from "./guarded.js";
+export { Client, DEFAULT_CHANNEL_OPTIONS, DEFAULT_DEADLINE_MS, approvalRule } from "./client.js";
+export type { ApprovalRuleOptions, CallOptions, ClientOptions, TlsOptions } from "./client.js";
+export {
+  dispatchTimeMs,
+  durationOf,
+  encodeResult,
+  LEASE_MARGIN_MS,
+  MAX_APPROVAL_HOLD_MS,
+  MAX_RESULT_BYTES,
+  WithActualCost,
+  withActualCost,
+} from "./guarded.js";
 export type { Dispatch, FreshOutcome, GuardedCall, GuardedOutcome, ReplayedOutcome } from "./guarded.js";
 export {
+  ApprovalDenied,
   AtmostError,
+  AwaitingApproval,
   CommitNotRecorded,
   DENIED_REASONS,
   Denied,

@@ -14,6 +14,7 @@ import protobuf from "protobufjs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
+import type { ProtoGrpcType as ApprovalsProto } from "./generated/approvals.js";
 import type { ProtoGrpcType as GateProto } from "./generated/gate.js";
 import type { ProtoGrpcType as PermitsProto } from "./generated/permits.js";
 import type { ProtoGrpcType as ReceiptsProto } from "./generated/receipts.js";
@@ -36,14 +37,15 @@ export const LOADER_OPTIONS: protoLoader.Options = {
 };
 
 const packageDefinition = protoLoader.loadSync(
-  ["atmost/v1/gate.proto", "atmost/v1/permits.proto", "atmost/v1/receipts.proto"],
+  ["atmost/v1/gate.proto", "atmost/v1/permits.proto", "atmost/v1/receipts.proto", "atmost/v1/approvals.proto"],
   LOADER_OPTIONS,
 );
 
 /** The loaded `atmost.v1` package: service client constructors and enums. */
 export const atmostV1 = (grpc.loadPackageDefinition(packageDefinition) as unknown as GateProto &
   PermitsProto &
-  ReceiptsProto).atmost.v1;
+  ReceiptsProto &
+  ApprovalsProto).atmost.v1;
 
 const rpcRoot = new protobuf.Root();
 // Every import resolves inside PROTO_DIR; google/protobuf/*.proto (Any,

@@ -21,6 +21,16 @@ export type { ListUncertainRequest } from "./generated/atmost/v1/ListUncertainRe
 export type { ListUncertainResponse__Output as ListUncertainResponse } from "./generated/atmost/v1/ListUncertainResponse.js";
 export type { ResolveRequest } from "./generated/atmost/v1/ResolveRequest.js";
 export type { ResolveResponse__Output as ResolveResponse } from "./generated/atmost/v1/ResolveResponse.js";
+export type { ListApprovalsRequest } from "./generated/atmost/v1/ListApprovalsRequest.js";
+export type { ListApprovalsResponse__Output as ListApprovalsResponse } from "./generated/atmost/v1/ListApprovalsResponse.js";
+export type { ApproveRequest } from "./generated/atmost/v1/ApproveRequest.js";
+export type { ApproveResponse__Output as ApproveResponse } from "./generated/atmost/v1/ApproveResponse.js";
+export type { DenyRequest } from "./generated/atmost/v1/DenyRequest.js";
+export type { DenyResponse__Output as DenyResponse } from "./generated/atmost/v1/DenyResponse.js";
+/** A permit's approval rule for one tool, as CreatePermit takes it (see {@link approvalRule}). */
+export type { ApprovalRule as NewApprovalRule } from "./generated/atmost/v1/ApprovalRule.js";
+export type { ApprovalRule__Output as ApprovalRule } from "./generated/atmost/v1/ApprovalRule.js";
+export type { Approval__Output as Approval } from "./generated/atmost/v1/Approval.js";
 export type { GetSigningKeysResponse__Output as GetSigningKeysResponse } from "./generated/atmost/v1/GetSigningKeysResponse.js";
 export type { SigningKey__Output as SigningKey } from "./generated/atmost/v1/SigningKey.js";
 export type { Attempt__Output as Attempt } from "./generated/atmost/v1/Attempt.js";

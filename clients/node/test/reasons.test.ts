@@ -42,6 +42,7 @@ test("every reason of the proto is placed", () => {
   }
   assert.deepEqual([...DENIED_REASONS, ...NOT_DENIED.keys()].sort(), [...reasons].sort());
   assert.ok(DENIED_REASONS.has("ATTEMPT_HOLDER_MISMATCH"));
+  assert.ok(DENIED_REASONS.has("APPROVER_IS_REQUESTER"));
 });
 
 /** A failed call as grpc-js hands it over: `code`, the message, and atmost's status details in the trailers. */
@@ -91,6 +92,7 @@ const CODE_OF: Record<string, Code> = {
   QUOTA_STORE_FULL: Code.RESOURCE_EXHAUSTED,
   MESSAGE_TOO_LARGE: Code.RESOURCE_EXHAUSTED,
   ATTEMPT_HOLDER_MISMATCH: Code.PERMISSION_DENIED,
+  APPROVER_IS_REQUESTER: Code.PERMISSION_DENIED,
 };
 
 /** The class of `error`, by name: the exact one, not a base it shares. */

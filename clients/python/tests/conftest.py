@@ -4,7 +4,9 @@ Each server is `atmost serve --listen 127.0.0.1:0` (memory store) from
 ATMOST_BIN (default ${CARGO_TARGET_DIR:-target}/debug/atmost), its address
 read from its first stdout line; every process started is killed at the
 end, whatever happened. Three are shared by the session: a plain one, one
-with --auth-keys, and one over TLS (with client certificates and keys).
+with --auth-keys (an admin, an agent and two approvers of one tenant: the
+human-approval tests use it), and one over TLS (with client certificates
+and keys).
 A test that needs the store to stall starts its own redis-server
 (:class:`Redis`) and an atmost on it. A test of what no atmost answers (a
 proxy in front of it refusing the call, a broken server) puts a
@@ -132,11 +134,16 @@ def client(server: Server) -> Iterator[atmost_client.Client]:
 
 
 class Keys:
-    """API keys of a --auth-keys file: one per role, random for each run."""
+    """API keys of a --auth-keys file: one per role (two approvers), random
+    for each run, all in tenant t1."""
 
     def __init__(self) -> None:
         self.admin = "admin-" + secrets.token_hex(16)
         self.agent = "agent-" + secrets.token_hex(16)
+        #: Key ids py-approver and py-approver-2 (role approver: they
+        #: list, approve and deny calls awaiting approval, and nothing else).
+        self.approver = "approver-" + secrets.token_hex(16)
+        self.approver_2 = "approver2-" + secrets.token_hex(16)
         #: The SAN of the client certificate the file maps (role agent).
         self.cert_san = "runner.agents.atmost.test"
 
@@ -146,7 +153,13 @@ class Keys:
             return f'[[key]]\nid = "{id_}"\nsha256 = "{digest}"\ntenant = "t1"\nroles = ["{role}"]\n\n'
 
         cert = f'[[cert]]\nid = "runner"\nsan = "{self.cert_san}"\ntenant = "t1"\nroles = ["agent"]\n'
-        return entry("py-admin", self.admin, "admin") + entry("py-agent", self.agent, "agent") + cert
+        return (
+            entry("py-admin", self.admin, "admin")
+            + entry("py-agent", self.agent, "agent")
+            + entry("py-approver", self.approver, "approver")
+            + entry("py-approver-2", self.approver_2, "approver")
+            + cert
+        )
 
 
 @pytest.fixture(scope="session")

@@ -25,5 +25,6 @@ def test_every_reason_of_the_proto_is_placed():
     assert not DENIED_REASONS & NOT_DENIED
     assert reasons == DENIED_REASONS | NOT_DENIED
     assert "ATTEMPT_HOLDER_MISMATCH" in DENIED_REASONS
+    assert "APPROVER_IS_REQUESTER" in DENIED_REASONS
     # What the client reads as a reason newer than itself (Denied) is what this test does not know.
     assert OTHER_REASONS == NOT_DENIED

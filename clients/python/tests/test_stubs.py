@@ -22,6 +22,12 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path):
     assert sorted(made) == sorted(committed), "the stub files differ: run python generate_stubs.py"
     stale = [name for name in made if made[name] != committed[name]]
     assert not stale, f"stale stubs {stale}: run `python generate_stubs.py` with the pinned grpcio-tools"
-    assert {"gate_pb2.py", "permits_pb2.py", "types_pb2.py", "receipts_pb2.py", "gate_pb2_grpc.py"} <= set(
-        made
-    )
+    assert {
+        "gate_pb2.py",
+        "permits_pb2.py",
+        "types_pb2.py",
+        "receipts_pb2.py",
+        "approvals_pb2.py",
+        "gate_pb2_grpc.py",
+        "approvals_pb2_grpc.py",
+    } <= set(made)

@@ -4,7 +4,9 @@ atmost is a permit and receipt boundary in front of side-effecting tool
 calls: ask before (Authorize), tell after (Commit, MarkUncertain), and the
 same idempotency key never dispatches twice. This package gives
 
-- :class:`Client`: the connection (API key, TLS), one method per RPC;
+- :class:`Client`: the connection (API key, TLS), one method per RPC
+  (the Approvals service's too: ``list_approvals``, ``approve``, ``deny``;
+  :func:`approval_rule` for a permit's ``approval_per_tool``);
 - the guarded call, ``client.guard()`` / ``client.call_guarded()`` /
   ``@client.guarded()``: one tool call, sent at most once, its ending
   always recorded;
@@ -17,9 +19,11 @@ Layout: ``client.py`` (Client, Retry), ``guard.py`` (the guarded call),
 """
 
 from . import pb
-from .client import Client, Retry
+from .client import Client, Retry, approval_rule
 from .errors import (
+    ApprovalDenied,
     AtmostError,
+    AwaitingApproval,
     CommitNotRecorded,
     DeadlineExceeded,
     Denied,
@@ -36,7 +40,9 @@ from .fingerprint import FingerprintError, canonical_json, fingerprint
 from .guard import GuardedCall, Outcome
 
 __all__ = [
+    "ApprovalDenied",
     "AtmostError",
+    "AwaitingApproval",
     "Client",
     "CommitNotRecorded",
     "DeadlineExceeded",
@@ -53,6 +59,7 @@ __all__ = [
     "ToolFailed",
     "Unauthenticated",
     "Unavailable",
+    "approval_rule",
     "canonical_json",
     "fingerprint",
     "pb",

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 import grpc
 
 from . import pb
-from ._pb import gate_pb2_grpc, permits_pb2_grpc, receipts_pb2_grpc
+from ._pb import approvals_pb2_grpc, gate_pb2_grpc, permits_pb2_grpc, receipts_pb2_grpc
 from .errors import AtmostError, InProgress, Unavailable, from_rpc_error
 from .guard import GuardedCall, Outcome, call_guarded, clip_reason, guarded
 
@@ -163,6 +163,7 @@ class Client:
         self._gate = gate_pb2_grpc.GateStub(self._channel)
         self._permits = permits_pb2_grpc.PermitsStub(self._channel)
         self._receipts = receipts_pb2_grpc.ReceiptsStub(self._channel)
+        self._approvals = approvals_pb2_grpc.ApprovalsStub(self._channel)
 
     @property
     def channel(self) -> grpc.Channel:
@@ -200,10 +201,17 @@ class Client:
         *,
         cost: int = 0,
         holder_token: bytes = b"",
+        approval_summary: str = "",
+        wait: Union[None, float, datetime.timedelta] = None,
         timeout: Optional[float] = None,
     ) -> pb.AuthorizeResponse:
         """Asks for a DISPATCH before a side-effecting call (no retries:
-        see :meth:`guard` for the call that retries safely)."""
+        see :meth:`guard` for the call that retries safely).
+        ``approval_summary`` describes the call to the approvers when the
+        permit's approval rule holds it; ``wait`` (seconds or a timedelta,
+        at most 60) has atmost hold the call open while it awaits approval,
+        until the decision or the wait's end: the default deadline is then
+        ``timeout`` plus the wait."""
         request = pb.AuthorizeRequest(
             permit_id=permit_id,
             tool=tool,
@@ -211,7 +219,14 @@ class Client:
             request_fingerprint=request_fingerprint,
             cost=cost,
             holder_token=holder_token,
+            approval_summary=approval_summary,
         )
+        if wait is not None:
+            held = _seconds_or_zero(wait, "wait")
+            if held > 0:
+                request.wait.FromNanoseconds(round(held * 1e9))
+                if timeout is None:
+                    timeout = self.timeout + held
         return self._call(self._gate.Authorize, request, timeout)
 
     def commit(
@@ -266,12 +281,15 @@ class Client:
         uncertain_policy: Optional[int] = None,
         duplicate_guard: Optional[pb.DuplicateGuard] = None,
         agents: Iterable[str] = (),
+        approval_per_tool: Optional[Mapping[str, pb.ApprovalRule]] = None,
         timeout: Optional[float] = None,
     ) -> pb.Permit:
         """Creates a permit for ``tools`` (or sends the ``pb.Permit`` given
         as it is). ``expires_at`` defaults to an hour from now (an aware
         datetime; naive ones are read as UTC), ``lease`` is in seconds (or a
-        timedelta), ``uncertain_policy`` a ``pb.UNCERTAIN_POLICY_*``."""
+        timedelta), ``uncertain_policy`` a ``pb.UNCERTAIN_POLICY_*``.
+        ``approval_per_tool`` maps a tool to the :func:`approval_rule` its
+        calls wait for a person under."""
         if isinstance(tools, pb.Permit):
             permit = tools
         else:
@@ -297,6 +315,13 @@ class Client:
                 permit.uncertain_policy = uncertain_policy  # type: ignore[assignment]
             if duplicate_guard is not None:
                 permit.duplicate_guard.CopyFrom(duplicate_guard)
+            for tool, rule in (approval_per_tool or {}).items():
+                if not isinstance(rule, pb.ApprovalRule):
+                    raise TypeError(
+                        f"approval_per_tool[{tool!r}] must be a pb.ApprovalRule (see approval_rule()),"
+                        f" not {type(rule).__name__}"
+                    )
+                permit.approval_per_tool[tool].CopyFrom(rule)
         return self._call(self._permits.CreatePermit, pb.CreatePermitRequest(permit=permit), timeout)
 
     def get_permit(self, permit_id: str, *, timeout: Optional[float] = None) -> pb.GetPermitResponse:
@@ -363,6 +388,70 @@ class Client:
         _outcome(request, result, actual_cost, failed, not_sent)
         return self._call(self._permits.Resolve, request, timeout)
 
+    # === atmost.v1.Approvals ===
+
+    def list_approvals(
+        self,
+        permit_id: str = "",
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: Optional[float] = None,
+    ) -> pb.ListApprovalsResponse:
+        """One page of calls AWAITING_APPROVAL (``permit_id`` empty: across
+        the caller's tenant), oldest request first, each with its
+        ``approval`` (summary, expiry, approvals so far) and the
+        ``attempt_id`` :meth:`approve` and :meth:`deny` need. An approver's
+        or admin's key."""
+        request = pb.ListApprovalsRequest(permit_id=permit_id, page_size=page_size, page_token=page_token)
+        return self._call(self._approvals.ListApprovals, request, timeout)
+
+    def iter_approvals(self, permit_id: str = "", *, page_size: int = 0) -> Iterator[pb.Attempt]:
+        """Every call awaiting approval, following page tokens to the end. A
+        token answered twice is a broken server: AtmostError rather than a
+        loop."""
+        token, seen = "", set()
+        while True:
+            page = self.list_approvals(permit_id, page_size=page_size, page_token=token)
+            yield from page.attempts
+            if not page.next_page_token:
+                return
+            if page.next_page_token in seen:
+                raise AtmostError("ListApprovals answered a page token it had answered before")
+            seen.add(page.next_page_token)
+            token = page.next_page_token
+
+    def approve(
+        self, permit_id: str, idempotency_key: str, attempt_id: str, *, timeout: Optional[float] = None
+    ) -> pb.ApproveResponse:
+        """Approves one call awaiting approval, named by its attempt (an
+        approver's or admin's key; never the key that requested it:
+        Denied APPROVER_IS_REQUESTER). With a four-eyes rule the call stays
+        AWAITING_APPROVAL until a second, distinct key approves. Repeating
+        an approval already recorded answers the attempt as it is."""
+        request = pb.ApproveRequest(
+            permit_id=permit_id, idempotency_key=idempotency_key, attempt_id=attempt_id
+        )
+        return self._call(self._approvals.Approve, request, timeout)
+
+    def deny(
+        self,
+        permit_id: str,
+        idempotency_key: str,
+        attempt_id: str,
+        reason: str = "",
+        *,
+        timeout: Optional[float] = None,
+    ) -> pb.DenyResponse:
+        """Denies one call awaiting approval (or approved and not yet
+        claimed): DENIED, the slot and the cost come back, nothing was sent,
+        and its key replays the denial with ``reason`` (at most 1024 bytes;
+        empty means "denied")."""
+        request = pb.DenyRequest(
+            permit_id=permit_id, idempotency_key=idempotency_key, attempt_id=attempt_id, reason=reason
+        )
+        return self._call(self._approvals.Deny, request, timeout)
+
     # === atmost.v1.Receipts ===
 
     def get_signing_keys(self, *, timeout: Optional[float] = None) -> pb.GetSigningKeysResponse:
@@ -422,28 +511,36 @@ class Client:
     # === retrying (used by the guarded call) ===
 
     def _retrying(
-        self, rpc: str, send: Callable[[float], Any], retry: Retry, *, in_progress: bool = False
+        self,
+        rpc: str,
+        send: Callable[[float], Any],
+        retry: Retry,
+        *,
+        in_progress: bool = False,
+        held: float = 0.0,
     ) -> Any:
         """``send(timeout)`` until it answers, per :class:`Retry`. Only
         failures that leave the request safe to send again as it is are
         retried: :class:`Unavailable` (UNAVAILABLE: nothing decided, or
         shed; DEADLINE_EXCEEDED; CANCELLED without atmost's ErrorInfo: a
         timeout, applied or not, and the same request answers the same),
-        and with ``in_progress`` IDEMPOTENCY_IN_PROGRESS."""
+        and with ``in_progress`` IDEMPOTENCY_IN_PROGRESS. ``held`` is how
+        long atmost may hold each try open (an Authorize with a ``wait``):
+        each try's deadline and the whole budget are longer by it."""
         start = time.monotonic()
         tries = 0
         while True:
             tries += 1
-            left = retry.max_time - (time.monotonic() - start)
+            left = retry.max_time + held - (time.monotonic() - start)
             try:
-                return send(max(min(self.timeout, left), 0.001))
+                return send(max(min(self.timeout + held, left), 0.001))
             except AtmostError as error:
                 if not (isinstance(error, Unavailable) or (in_progress and isinstance(error, InProgress))):
                     raise
                 if tries >= retry.max_tries:
                     raise
                 delay = error.retry_after if error.retry_after is not None else backoff(tries)
-                if time.monotonic() - start + delay > retry.max_time:
+                if time.monotonic() - start + delay > retry.max_time + held:
                     raise
                 if retry.on_retry is not None:
                     try:
@@ -455,6 +552,35 @@ class Client:
                         # the result nor CommitNotRecorded.
                         _log.warning("Retry.on_retry raised; ignored", exc_info=True)
                 time.sleep(delay)
+
+
+def approval_rule(
+    *,
+    cost_at_least: Optional[int] = None,
+    wait: Union[None, float, datetime.timedelta] = None,
+    approvers: int = 1,
+) -> pb.ApprovalRule:
+    """The rule a permit's ``approval_per_tool`` holds a tool's calls under
+    (:meth:`Client.create_permit`): every call of the tool waits for a
+    person, or only those whose cost is at least ``cost_at_least`` (minor
+    units); each may wait ``wait`` (seconds or a timedelta; ``None``: the
+    server's ``--approval-wait-default``) before it lapses as if denied;
+    and it needs ``approvers`` distinct approvals (1, or 2 for a four-eyes
+    rule, which needs keys)."""
+    rule = pb.ApprovalRule(approvers=approvers)
+    if cost_at_least is not None:
+        rule.cost_at_least = cost_at_least
+    if wait is not None:
+        rule.wait.FromNanoseconds(round(_seconds(wait, "wait") * 1e9))
+    return rule
+
+
+def _seconds_or_zero(value: Union[float, int, datetime.timedelta], what: str) -> float:
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError(f"{what} must be a number of seconds >= 0, not {value!r}")
+    return float(value)
 
 
 def _outcome(

@@ -5,13 +5,15 @@ the gRPC code, the ``google.rpc.ErrorInfo`` reason (a name of docs/api.md's
 error table, kept as a string so a newer server's reasons survive), its
 metadata and the RetryInfo delay. The subclasses let a caller catch by kind
 instead of switching on reasons; the guarded call adds the kinds that come
-from the caller's own dispatch (:class:`ToolFailed`, :class:`NotSent`) and
+from the caller's own dispatch (:class:`ToolFailed`, :class:`NotSent`),
 from an unknown outcome (:class:`OutcomeUncertain`,
-:class:`CommitNotRecorded`).
+:class:`CommitNotRecorded`) and from a call that waits for a person's
+approval (:class:`AwaitingApproval`, :class:`ApprovalDenied`).
 """
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Dict, List, Optional, Tuple
 
 import grpc
@@ -22,8 +24,9 @@ from grpc_status import rpc_status
 DOMAIN = "atmost"
 
 #: Reasons that refuse the request for what it asks (the permit, the tool,
-#: the key, a quota, the caller's role, or an attempt another key reserved):
-#: retrying it as it is fails again.
+#: the key, a quota, the caller's role, an attempt another key reserved, or
+#: an approval by the key that requested the call): retrying it as it is
+#: fails again.
 DENIED_REASONS = frozenset(
     {
         "PERMIT_NOT_FOUND",
@@ -42,6 +45,7 @@ DENIED_REASONS = frozenset(
         "QUOTA_TENANT_PERMITS",
         "QUOTA_STORE_FULL",
         "ATTEMPT_HOLDER_MISMATCH",
+        "APPROVER_IS_REQUESTER",
     }
 )
 
@@ -231,6 +235,55 @@ class HeldByEarlierRun(AtmostError):
         self.attempt_id: str = attempt.attempt_id
         self.attempt = attempt
         self.lease_remaining = lease_remaining
+
+
+class AwaitingApproval(AtmostError):
+    """The call waits for a person's approval (the permit's
+    ``approval_per_tool`` rule holds it) and no decision came within the
+    guarded call's ``approval_wait`` (0 by default: not waited for at all).
+    Nothing was sent; the slot and the cost stay reserved until the request
+    lapses at ``expires_at`` (an aware UTC datetime; ``None`` when atmost
+    did not say). Make the same call again (the same key and request) to
+    wait on, or to dispatch once approved. ``attempt`` is the attempt as
+    atmost answered it (AWAITING_APPROVAL, with its ``approval``)."""
+
+    def __init__(self, attempt: Any) -> None:
+        approval = attempt.approval
+        self.attempt_id: str = attempt.attempt_id
+        self.attempt = attempt
+        self.expires_at: Optional[datetime.datetime] = (
+            approval.expires_at.ToDatetime(tzinfo=datetime.timezone.utc)
+            if attempt.HasField("approval") and approval.HasField("expires_at")
+            else None
+        )
+        until = f" (until {self.expires_at.isoformat()})" if self.expires_at is not None else ""
+        super().__init__(f"attempt {self.attempt_id} awaits approval{until}: nothing was sent")
+
+
+class ApprovalDenied(AtmostError):
+    """A person denied the call, or nobody decided in time
+    (``denial_reason`` ``approval_expired``; ``approval_unclaimed`` for an
+    approval the requester did not come back for in time; ``permit_revoked``).
+    It was never sent, and the key replays this denial for good: a new call
+    needs a new key. ``denial_reason`` is the approver's reason (what the
+    attempt's ``approval.denial_reason`` holds; ``reason`` stays the
+    ErrorInfo reason of :class:`AtmostError`, ``None`` here),
+    ``decided_by`` the approver's key id (``""`` for a lapse, and in dev
+    mode), ``replayed`` false when this call waited for the decision and
+    true when the key was already denied before it asked."""
+
+    def __init__(self, attempt: Any, *, replayed: bool) -> None:
+        approval = attempt.approval
+        self.attempt_id: str = attempt.attempt_id
+        self.attempt = attempt
+        self.denial_reason: str = approval.denial_reason
+        self.decided_by: str = approval.decided_by
+        self.replayed = replayed
+        by = f" by {self.decided_by}" if self.decided_by else ""
+        super().__init__(
+            f"the call was denied approval{by}{' (replayed)' if replayed else ''}: {self.denial_reason};"
+            " nothing was sent"
+        )
 
 
 class CommitNotRecorded(AtmostError):

@@ -17,6 +17,7 @@ again.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import json
@@ -28,14 +29,19 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, List, Literal, Optional, Tuple, Union
 
+import grpc
+
 from . import pb
 from .errors import (
+    ApprovalDenied,
     AtmostError,
+    AwaitingApproval,
     CommitNotRecorded,
     HeldByEarlierRun,
     NotSent,
     OutcomeUncertain,
     ToolFailed,
+    Unavailable,
     text_of,
 )
 from .fingerprint import fingerprint as fingerprint_of
@@ -54,6 +60,20 @@ LEASE_MARGIN = 1.0
 
 #: The largest ``actual_cost`` atmost takes (an int64).
 MAX_COST = 2**63 - 1
+
+#: The longest atmost is asked to hold one Authorize open for an approval's
+#: decision (it takes at most 60 s): a longer ``approval_wait`` is several
+#: calls, one after the other, never a poll loop.
+MAX_APPROVAL_HOLD = 55.0
+
+#: atmost keeps an approval summary of at most this many UTF-8 bytes.
+MAX_SUMMARY_BYTES = 1024
+
+#: A held Authorize that atmost's own request timeout cut off (CANCELLED
+#: without ErrorInfo) after at least this long is taken as "still waiting",
+#: and the following asks hold for what it lasted, less the margin.
+_MIN_CUT = 2.0
+_CUT_MARGIN = 1.0
 
 _UNSET: Any = object()
 _log = logging.getLogger("atmost_client")
@@ -179,7 +199,8 @@ class GuardedCall:
 
     A DISPATCH redelivered to a ``holder_token`` you gave raises
     HeldByEarlierRun on entry (an earlier run may have sent it), and the
-    block does not run.
+    block does not run. So do a call that still awaits a person's approval
+    (AwaitingApproval) and one that was denied (ApprovalDenied).
 
     Options: ``request`` (a JSON value, fingerprinted) or ``fingerprint``
     (bytes), ``cost`` (default 0), ``holder_token`` (bytes; default 16
@@ -188,7 +209,13 @@ class GuardedCall:
     (the dispatch deadline in seconds from when DISPATCH arrived; never past
     the default: what atmost said is left of the lease, less 1 s, counted
     from when the Authorize try it answered was sent), ``retry`` (a
-    :class:`Retry`; default the client's).
+    :class:`Retry`; default the client's), and for a call the permit's
+    approval rule holds: ``approval_summary`` (a short description shown to
+    the approvers, at most 1024 bytes of UTF-8; the request's fingerprint
+    is what the approval binds to) and ``approval_wait`` (seconds or a
+    timedelta, default 0: how long to wait for the decision, in Authorize
+    calls atmost holds open for up to 55 s each, with the same request and
+    holder token).
     """
 
     def __init__(
@@ -204,6 +231,8 @@ class GuardedCall:
         holder_token: Optional[bytes] = None,
         timeout: Optional[float] = None,
         retry: Optional["Retry"] = None,
+        approval_summary: str = "",
+        approval_wait: Union[float, datetime.timedelta] = 0,
     ) -> None:
         for name, value in (("permit_id", permit_id), ("tool", tool), ("idempotency_key", idempotency_key)):
             if not isinstance(value, str) or not value:
@@ -222,6 +251,18 @@ class GuardedCall:
             isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
         ):
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        if not isinstance(approval_summary, str):
+            raise TypeError(f"approval_summary must be a str, not {type(approval_summary).__name__}")
+        if len(approval_summary.encode("utf-8", "surrogatepass")) > MAX_SUMMARY_BYTES:
+            raise ValueError(f"approval_summary is longer than {MAX_SUMMARY_BYTES} bytes of UTF-8")
+        if isinstance(approval_wait, datetime.timedelta):
+            approval_wait = approval_wait.total_seconds()
+        if (
+            isinstance(approval_wait, bool)
+            or not isinstance(approval_wait, (int, float))
+            or not 0 <= approval_wait < math.inf
+        ):
+            raise ValueError(f"approval_wait must be a number of seconds >= 0, not {approval_wait!r}")
         self._client = client
         self.permit_id = permit_id
         self.tool = tool
@@ -236,6 +277,9 @@ class GuardedCall:
         self._token_is_ours = holder_token is None
         self._timeout = timeout
         self.retry = retry if retry is not None else client.retry
+        self.approval_summary = approval_summary
+        #: Seconds this call may wait for a person's decision.
+        self.approval_wait = float(approval_wait)
         #: Set by :meth:`authorize`.
         self.attempt: Optional[pb.Attempt] = None
         self.replayed = False
@@ -279,17 +323,20 @@ class GuardedCall:
         """Authorize, retried per ``retry`` with the same key, fingerprint,
         cost and holder token. A REPLAY of SUCCEEDED sets ``replayed``,
         ``result`` and ``outcome``; of FAILED raises ToolFailed; of
-        UNCERTAIN raises OutcomeUncertain. A DISPATCH redelivered to a token
-        the caller gave raises HeldByEarlierRun. A DISPATCH sets the
-        deadline; one that leaves no time to send is given back (Commit
-        NotSent) and raises NotSent."""
+        UNCERTAIN raises OutcomeUncertain; of DENIED raises ApprovalDenied.
+        A call awaiting approval is waited for within ``approval_wait``
+        (the same request asked again, atmost holding each ask open for up
+        to 55 s), then raises AwaitingApproval if still undecided. A
+        DISPATCH redelivered to a token the caller gave raises
+        HeldByEarlierRun. A DISPATCH sets the deadline; one that leaves no
+        time to send is given back (Commit NotSent) and raises NotSent."""
         if self._state != "new":
             raise RuntimeError("a guarded call authorizes once")
         self._state = "authorizing"
         client = self._client
         tries: List[float] = []  # when each try was sent, on time.monotonic()
 
-        def send(timeout: float) -> pb.AuthorizeResponse:
+        def send(timeout: float, wait: float = 0.0) -> pb.AuthorizeResponse:
             tries.append(time.monotonic())
             return client.authorize(
                 self.permit_id,
@@ -298,10 +345,16 @@ class GuardedCall:
                 self.fingerprint,
                 cost=self.cost,
                 holder_token=self.holder_token,
+                approval_summary=self.approval_summary,
+                wait=wait if wait > 0 else None,
                 timeout=timeout,
             )
 
         answer = client._retrying("Authorize", send, self.retry, in_progress=True)
+        redelivered = answer.redelivered
+        waited = answer.decision == pb.DECISION_AWAIT_APPROVAL
+        if waited:
+            answer, redelivered = self._await_decision(answer, send)
         arrived = time.monotonic()
         attempt = answer.attempt
         if not answer.HasField("attempt") or not attempt.attempt_id:
@@ -313,6 +366,14 @@ class GuardedCall:
             )
             raise AtmostError(f"atmost answered Authorize {decision} without an attempt; nothing was sent")
         self.attempt = attempt
+        if answer.decision == pb.DECISION_AWAIT_APPROVAL:
+            self._state = "awaiting"
+            raise AwaitingApproval(attempt)
+        if answer.decision == pb.DECISION_REPLAY and attempt.state == pb.ATTEMPT_STATE_DENIED:
+            self._state = "replay"
+            # A denial this call waited for is news, not a replay.
+            self.replayed = not waited
+            raise ApprovalDenied(attempt, replayed=not waited)
         if answer.decision == pb.DECISION_REPLAY:
             self._state = "replay"
             self.replayed = True
@@ -337,7 +398,7 @@ class GuardedCall:
             )
         if answer.decision != pb.DECISION_DISPATCH:
             raise AtmostError(f"atmost answered decision {answer.decision}, which this client does not know")
-        self.redelivered = answer.redelivered
+        self.redelivered = redelivered
         if answer.HasField("lease_remaining"):
             self.lease_remaining = max(answer.lease_remaining.ToNanoseconds() / 1e9, 0.0)
         if self.redelivered and not self._token_is_ours:
@@ -363,6 +424,70 @@ class GuardedCall:
                 )
             )
         return self
+
+    def _await_decision(
+        self, answer: pb.AuthorizeResponse, send: Callable[..., pb.AuthorizeResponse]
+    ) -> Tuple[pb.AuthorizeResponse, bool]:
+        """While the call awaits approval, asks again with the same request
+        and holder token and a ``wait`` (at most 55 s each; atmost holds the
+        call open until the decision), within ``approval_wait``: the first
+        answer that is not AWAIT_APPROVAL, or the last one; and whether its
+        DISPATCH, if it is one, was a redelivery. Each ask's deadline and
+        retry budget are longer by its wait."""
+        client = self._client
+        until = time.monotonic() + self.approval_wait
+        hold = MAX_APPROVAL_HOLD
+        held = False
+        while answer.decision == pb.DECISION_AWAIT_APPROVAL:
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            wait = min(left, hold)
+            last = answer
+
+            def ask(
+                timeout: float, wait: float = wait, last: pb.AuthorizeResponse = last
+            ) -> pb.AuthorizeResponse:
+                nonlocal hold
+                asked = time.monotonic()
+                try:
+                    return send(timeout, wait)
+                except Unavailable as error:
+                    cut = time.monotonic() - asked
+                    # atmost's --request-timeout (10 s by default) ends a
+                    # held call before its wait, CANCELLED "Timeout
+                    # expired": nothing changed (the call still waits, as
+                    # last answered), and the next asks hold less than that.
+                    if error.code == grpc.StatusCode.CANCELLED and error.reason is None and cut >= _MIN_CUT:
+                        hold = max(min(hold, cut - _CUT_MARGIN), _MIN_CUT - _CUT_MARGIN)
+                        return last
+                    raise
+
+            answer = client._retrying("Authorize", ask, self.retry, in_progress=True, held=wait)
+            held = True
+        if answer.decision != pb.DECISION_DISPATCH or not held:
+            return answer, answer.redelivered
+        # atmost claimed the approved call while it held the ask open: the
+        # lease_remaining it sent was measured then, up to the whole wait
+        # after the ask was sent, and the ask's start is all this process
+        # can count it from (a claim late in a long wait would leave no
+        # time to send). Asked once more without a wait (the same holder
+        # token), atmost redelivers the same DISPATCH to this call, which
+        # has sent nothing, with what is left of the lease now, counted
+        # from a try just sent. Should that ask fail, the first answer
+        # stands, its deadline counted from the held ask: shorter, never
+        # longer than the lease.
+        try:
+            again = client._retrying("Authorize", send, self.retry, in_progress=True)
+        except AtmostError:
+            return answer, answer.redelivered
+        if (
+            again.decision == pb.DECISION_DISPATCH
+            and again.redelivered
+            and again.attempt.attempt_id == answer.attempt.attempt_id
+        ):
+            return again, answer.redelivered
+        return answer, answer.redelivered
 
     def succeeded(self, result: Any, *, actual_cost: Optional[int] = None) -> Outcome:
         """The tool answered: Commit Succeeded with ``result`` (recorded as
@@ -698,6 +823,8 @@ def guarded(
     request: Optional[Callable[..., Any]] = None,
     dispatch_timeout: Optional[float] = None,
     retry: Optional["Retry"] = None,
+    approval_summary: Any = "",
+    approval_wait: Union[float, datetime.timedelta] = 0,
 ) -> Callable[[Callable[..., Any]], Callable[..., Outcome]]:
     """A decorator: each call of the function is one guarded call.
 
@@ -708,6 +835,8 @@ def guarded(
     usually is one: the same logical call must give the same key on every
     retry). ``request(*args, **kwargs)`` gives the JSON value fingerprinted;
     by default ``{"args": [...], "kwargs": {...}}`` of the call.
+    ``approval_summary`` (a value or a function of the call's arguments)
+    and ``approval_wait`` are :class:`GuardedCall`'s.
     """
 
     def pick(value: Any, args: Any, kwargs: Any) -> Any:
@@ -727,6 +856,8 @@ def guarded(
                 cost=pick(cost, args, kwargs),
                 dispatch_timeout=dispatch_timeout,
                 retry=retry,
+                approval_summary=pick(approval_summary, args, kwargs),
+                approval_wait=approval_wait,
             )
 
         return wrapper

@@ -27,7 +27,7 @@ from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61tmost/v1/gate.proto\x12\tatmost.v1\x1a\x15\x61tmost/v1/types.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\"\x8d\x01\n\x10\x41uthorizeRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x1b\n\x13request_fingerprint\x18\x04 \x01(\x0c\x12\x0c\n\x04\x63ost\x18\x05 \x01(\x03\x12\x14\n\x0cholder_token\x18\x06 \x01(\x0c\"\xdf\x01\n\x11\x41uthorizeResponse\x12%\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x13.atmost.v1.Decision\x12#\n\x07\x61ttempt\x18\x02 \x01(\x0b\x32\x12.atmost.v1.Attempt\x12\x1f\n\x05usage\x18\x03 \x01(\x0b\x32\x10.atmost.v1.Usage\x12\x14\n\x0c\x64uplicate_of\x18\x04 \x01(\t\x12\x13\n\x0bredelivered\x18\x05 \x01(\x08\x12\x32\n\x0flease_remaining\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xd2\x01\n\rCommitRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x12\n\nattempt_id\x18\x03 \x01(\t\x12)\n\tsucceeded\x18\x04 \x01(\x0b\x32\x14.atmost.v1.SucceededH\x00\x12#\n\x06\x66\x61iled\x18\x05 \x01(\x0b\x32\x11.atmost.v1.FailedH\x00\x12&\n\x08not_sent\x18\x06 \x01(\x0b\x32\x12.atmost.v1.NotSentH\x00\x42\t\n\x07outcome\"E\n\tSucceeded\x12\x0e\n\x06result\x18\x01 \x01(\x0c\x12\x18\n\x0b\x61\x63tual_cost\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x0e\n\x0c_actual_cost\"\x18\n\x06\x46\x61iled\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\t\n\x07NotSent\"V\n\x0e\x43ommitResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.atmost.v1.Usage\"f\n\x14MarkUncertainRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x12\n\nattempt_id\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"<\n\x15MarkUncertainResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt*P\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x45\x43ISION_DISPATCH\x10\x01\x12\x13\n\x0f\x44\x45\x43ISION_REPLAY\x10\x02\x32\xad\x03\n\x04Gate\x12}\n\tAuthorize\x12\x1b.atmost.v1.AuthorizeRequest\x1a\x1c.atmost.v1.AuthorizeResponse\"5\x82\xd3\xe4\x93\x02/\"*/v1/permits/{permit_id}/attempts:authorize:\x01*\x12\x83\x01\n\x06\x43ommit\x12\x18.atmost.v1.CommitRequest\x1a\x19.atmost.v1.CommitResponse\"D\x82\xd3\xe4\x93\x02>\"9/v1/permits/{permit_id}/attempts/{idempotency_key}:commit:\x01*\x12\x9f\x01\n\rMarkUncertain\x12\x1f.atmost.v1.MarkUncertainRequest\x1a .atmost.v1.MarkUncertainResponse\"K\x82\xd3\xe4\x93\x02\x45\"@/v1/permits/{permit_id}/attempts/{idempotency_key}:markUncertain:\x01*b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x61tmost/v1/gate.proto\x12\tatmost.v1\x1a\x15\x61tmost/v1/types.proto\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\"\xd0\x01\n\x10\x41uthorizeRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x1b\n\x13request_fingerprint\x18\x04 \x01(\x0c\x12\x0c\n\x04\x63ost\x18\x05 \x01(\x03\x12\x14\n\x0cholder_token\x18\x06 \x01(\x0c\x12\x18\n\x10\x61pproval_summary\x18\x07 \x01(\t\x12\'\n\x04wait\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x96\x02\n\x11\x41uthorizeResponse\x12%\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x13.atmost.v1.Decision\x12#\n\x07\x61ttempt\x18\x02 \x01(\x0b\x32\x12.atmost.v1.Attempt\x12\x1f\n\x05usage\x18\x03 \x01(\x0b\x32\x10.atmost.v1.Usage\x12\x14\n\x0c\x64uplicate_of\x18\x04 \x01(\t\x12\x13\n\x0bredelivered\x18\x05 \x01(\x08\x12\x32\n\x0flease_remaining\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12\x61pproval_remaining\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xd2\x01\n\rCommitRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x12\n\nattempt_id\x18\x03 \x01(\t\x12)\n\tsucceeded\x18\x04 \x01(\x0b\x32\x14.atmost.v1.SucceededH\x00\x12#\n\x06\x66\x61iled\x18\x05 \x01(\x0b\x32\x11.atmost.v1.FailedH\x00\x12&\n\x08not_sent\x18\x06 \x01(\x0b\x32\x12.atmost.v1.NotSentH\x00\x42\t\n\x07outcome\"E\n\tSucceeded\x12\x0e\n\x06result\x18\x01 \x01(\x0c\x12\x18\n\x0b\x61\x63tual_cost\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x0e\n\x0c_actual_cost\"\x18\n\x06\x46\x61iled\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\t\n\x07NotSent\"V\n\x0e\x43ommitResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.atmost.v1.Usage\"f\n\x14MarkUncertainRequest\x12\x11\n\tpermit_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x12\n\nattempt_id\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"<\n\x15MarkUncertainResponse\x12#\n\x07\x61ttempt\x18\x01 \x01(\x0b\x32\x12.atmost.v1.Attempt*m\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x45\x43ISION_DISPATCH\x10\x01\x12\x13\n\x0f\x44\x45\x43ISION_REPLAY\x10\x02\x12\x1b\n\x17\x44\x45\x43ISION_AWAIT_APPROVAL\x10\x03\x32\xad\x03\n\x04Gate\x12}\n\tAuthorize\x12\x1b.atmost.v1.AuthorizeRequest\x1a\x1c.atmost.v1.AuthorizeResponse\"5\x82\xd3\xe4\x93\x02/\"*/v1/permits/{permit_id}/attempts:authorize:\x01*\x12\x83\x01\n\x06\x43ommit\x12\x18.atmost.v1.CommitRequest\x1a\x19.atmost.v1.CommitResponse\"D\x82\xd3\xe4\x93\x02>\"9/v1/permits/{permit_id}/attempts/{idempotency_key}:commit:\x01*\x12\x9f\x01\n\rMarkUncertain\x12\x1f.atmost.v1.MarkUncertainRequest\x1a .atmost.v1.MarkUncertainResponse\"K\x82\xd3\xe4\x93\x02\x45\"@/v1/permits/{permit_id}/attempts/{idempotency_key}:markUncertain:\x01*b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,26 +40,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GATE'].methods_by_name['Commit']._serialized_options = b'\202\323\344\223\002>\"9/v1/permits/{permit_id}/attempts/{idempotency_key}:commit:\001*'
   _globals['_GATE'].methods_by_name['MarkUncertain']._loaded_options = None
   _globals['_GATE'].methods_by_name['MarkUncertain']._serialized_options = b'\202\323\344\223\002E\"@/v1/permits/{permit_id}/attempts/{idempotency_key}:markUncertain:\001*'
-  _globals['_DECISION']._serialized_start=1065
-  _globals['_DECISION']._serialized_end=1145
+  _globals['_DECISION']._serialized_start=1187
+  _globals['_DECISION']._serialized_end=1296
   _globals['_AUTHORIZEREQUEST']._serialized_start=121
-  _globals['_AUTHORIZEREQUEST']._serialized_end=262
-  _globals['_AUTHORIZERESPONSE']._serialized_start=265
-  _globals['_AUTHORIZERESPONSE']._serialized_end=488
-  _globals['_COMMITREQUEST']._serialized_start=491
-  _globals['_COMMITREQUEST']._serialized_end=701
-  _globals['_SUCCEEDED']._serialized_start=703
-  _globals['_SUCCEEDED']._serialized_end=772
-  _globals['_FAILED']._serialized_start=774
-  _globals['_FAILED']._serialized_end=798
-  _globals['_NOTSENT']._serialized_start=800
-  _globals['_NOTSENT']._serialized_end=809
-  _globals['_COMMITRESPONSE']._serialized_start=811
-  _globals['_COMMITRESPONSE']._serialized_end=897
-  _globals['_MARKUNCERTAINREQUEST']._serialized_start=899
-  _globals['_MARKUNCERTAINREQUEST']._serialized_end=1001
-  _globals['_MARKUNCERTAINRESPONSE']._serialized_start=1003
-  _globals['_MARKUNCERTAINRESPONSE']._serialized_end=1063
-  _globals['_GATE']._serialized_start=1148
-  _globals['_GATE']._serialized_end=1577
+  _globals['_AUTHORIZEREQUEST']._serialized_end=329
+  _globals['_AUTHORIZERESPONSE']._serialized_start=332
+  _globals['_AUTHORIZERESPONSE']._serialized_end=610
+  _globals['_COMMITREQUEST']._serialized_start=613
+  _globals['_COMMITREQUEST']._serialized_end=823
+  _globals['_SUCCEEDED']._serialized_start=825
+  _globals['_SUCCEEDED']._serialized_end=894
+  _globals['_FAILED']._serialized_start=896
+  _globals['_FAILED']._serialized_end=920
+  _globals['_NOTSENT']._serialized_start=922
+  _globals['_NOTSENT']._serialized_end=931
+  _globals['_COMMITRESPONSE']._serialized_start=933
+  _globals['_COMMITRESPONSE']._serialized_end=1019
+  _globals['_MARKUNCERTAINREQUEST']._serialized_start=1021
+  _globals['_MARKUNCERTAINREQUEST']._serialized_end=1123
+  _globals['_MARKUNCERTAINRESPONSE']._serialized_start=1125
+  _globals['_MARKUNCERTAINRESPONSE']._serialized_end=1185
+  _globals['_GATE']._serialized_start=1299
+  _globals['_GATE']._serialized_end=1728
 # @@protoc_insertion_point(module_scope)

@@ -16,41 +16,49 @@ class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECISION_UNSPECIFIED: _ClassVar[Decision]
     DECISION_DISPATCH: _ClassVar[Decision]
     DECISION_REPLAY: _ClassVar[Decision]
+    DECISION_AWAIT_APPROVAL: _ClassVar[Decision]
 DECISION_UNSPECIFIED: Decision
 DECISION_DISPATCH: Decision
 DECISION_REPLAY: Decision
+DECISION_AWAIT_APPROVAL: Decision
 
 class AuthorizeRequest(_message.Message):
-    __slots__ = ("permit_id", "tool", "idempotency_key", "request_fingerprint", "cost", "holder_token")
+    __slots__ = ("permit_id", "tool", "idempotency_key", "request_fingerprint", "cost", "holder_token", "approval_summary", "wait")
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
     HOLDER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
     permit_id: str
     tool: str
     idempotency_key: str
     request_fingerprint: bytes
     cost: int
     holder_token: bytes
-    def __init__(self, permit_id: _Optional[str] = ..., tool: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_fingerprint: _Optional[bytes] = ..., cost: _Optional[int] = ..., holder_token: _Optional[bytes] = ...) -> None: ...
+    approval_summary: str
+    wait: _duration_pb2.Duration
+    def __init__(self, permit_id: _Optional[str] = ..., tool: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_fingerprint: _Optional[bytes] = ..., cost: _Optional[int] = ..., holder_token: _Optional[bytes] = ..., approval_summary: _Optional[str] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class AuthorizeResponse(_message.Message):
-    __slots__ = ("decision", "attempt", "usage", "duplicate_of", "redelivered", "lease_remaining")
+    __slots__ = ("decision", "attempt", "usage", "duplicate_of", "redelivered", "lease_remaining", "approval_remaining")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_OF_FIELD_NUMBER: _ClassVar[int]
     REDELIVERED_FIELD_NUMBER: _ClassVar[int]
     LEASE_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_REMAINING_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     attempt: _types_pb2.Attempt
     usage: _types_pb2.Usage
     duplicate_of: str
     redelivered: bool
     lease_remaining: _duration_pb2.Duration
-    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., attempt: _Optional[_Union[_types_pb2.Attempt, _Mapping]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., duplicate_of: _Optional[str] = ..., redelivered: bool = ..., lease_remaining: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    approval_remaining: _duration_pb2.Duration
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., attempt: _Optional[_Union[_types_pb2.Attempt, _Mapping]] = ..., usage: _Optional[_Union[_types_pb2.Usage, _Mapping]] = ..., duplicate_of: _Optional[str] = ..., redelivered: bool = ..., lease_remaining: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., approval_remaining: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("permit_id", "idempotency_key", "attempt_id", "succeeded", "failed", "not_sent")

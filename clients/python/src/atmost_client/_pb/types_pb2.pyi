@@ -38,6 +38,9 @@ class AttemptState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ATTEMPT_STATE_FAILED: _ClassVar[AttemptState]
     ATTEMPT_STATE_UNCERTAIN: _ClassVar[AttemptState]
     ATTEMPT_STATE_RELEASED: _ClassVar[AttemptState]
+    ATTEMPT_STATE_AWAITING_APPROVAL: _ClassVar[AttemptState]
+    ATTEMPT_STATE_DENIED: _ClassVar[AttemptState]
+    ATTEMPT_STATE_APPROVED: _ClassVar[AttemptState]
 
 class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -68,6 +71,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     QUOTA_STORE_FULL: _ClassVar[ErrorReason]
     MESSAGE_TOO_LARGE: _ClassVar[ErrorReason]
     ATTEMPT_HOLDER_MISMATCH: _ClassVar[ErrorReason]
+    APPROVER_IS_REQUESTER: _ClassVar[ErrorReason]
 UNCERTAIN_POLICY_UNSPECIFIED: UncertainPolicy
 UNCERTAIN_POLICY_COUNT: UncertainPolicy
 UNCERTAIN_POLICY_HOLD_TOOL: UncertainPolicy
@@ -84,6 +88,9 @@ ATTEMPT_STATE_SUCCEEDED: AttemptState
 ATTEMPT_STATE_FAILED: AttemptState
 ATTEMPT_STATE_UNCERTAIN: AttemptState
 ATTEMPT_STATE_RELEASED: AttemptState
+ATTEMPT_STATE_AWAITING_APPROVAL: AttemptState
+ATTEMPT_STATE_DENIED: AttemptState
+ATTEMPT_STATE_APPROVED: AttemptState
 ERROR_REASON_UNSPECIFIED: ErrorReason
 PERMIT_NOT_FOUND: ErrorReason
 PERMIT_REVOKED: ErrorReason
@@ -111,9 +118,10 @@ QUOTA_TENANT_PERMITS: ErrorReason
 QUOTA_STORE_FULL: ErrorReason
 MESSAGE_TOO_LARGE: ErrorReason
 ATTEMPT_HOLDER_MISMATCH: ErrorReason
+APPROVER_IS_REQUESTER: ErrorReason
 
 class Permit(_message.Message):
-    __slots__ = ("permit_id", "subject", "tools", "max_calls_per_tool", "budget", "currency", "expires_at", "lease", "duplicate_guard", "status", "created_at", "uncertain_policy", "tenant", "agents")
+    __slots__ = ("permit_id", "subject", "tools", "max_calls_per_tool", "budget", "currency", "expires_at", "lease", "duplicate_guard", "status", "created_at", "uncertain_policy", "tenant", "agents", "approval_per_tool")
     class MaxCallsPerToolEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +129,13 @@ class Permit(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ApprovalPerToolEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: ApprovalRule
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ApprovalRule, _Mapping]] = ...) -> None: ...
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +150,7 @@ class Permit(_message.Message):
     UNCERTAIN_POLICY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_PER_TOOL_FIELD_NUMBER: _ClassVar[int]
     permit_id: str
     subject: str
     tools: _containers.RepeatedScalarFieldContainer[str]
@@ -149,7 +165,18 @@ class Permit(_message.Message):
     uncertain_policy: UncertainPolicy
     tenant: str
     agents: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, permit_id: _Optional[str] = ..., subject: _Optional[str] = ..., tools: _Optional[_Iterable[str]] = ..., max_calls_per_tool: _Optional[_Mapping[str, int]] = ..., budget: _Optional[int] = ..., currency: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., duplicate_guard: _Optional[_Union[DuplicateGuard, _Mapping]] = ..., status: _Optional[_Union[PermitStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., uncertain_policy: _Optional[_Union[UncertainPolicy, str]] = ..., tenant: _Optional[str] = ..., agents: _Optional[_Iterable[str]] = ...) -> None: ...
+    approval_per_tool: _containers.MessageMap[str, ApprovalRule]
+    def __init__(self, permit_id: _Optional[str] = ..., subject: _Optional[str] = ..., tools: _Optional[_Iterable[str]] = ..., max_calls_per_tool: _Optional[_Mapping[str, int]] = ..., budget: _Optional[int] = ..., currency: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., duplicate_guard: _Optional[_Union[DuplicateGuard, _Mapping]] = ..., status: _Optional[_Union[PermitStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., uncertain_policy: _Optional[_Union[UncertainPolicy, str]] = ..., tenant: _Optional[str] = ..., agents: _Optional[_Iterable[str]] = ..., approval_per_tool: _Optional[_Mapping[str, ApprovalRule]] = ...) -> None: ...
+
+class ApprovalRule(_message.Message):
+    __slots__ = ("cost_at_least", "wait", "approvers")
+    COST_AT_LEAST_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    APPROVERS_FIELD_NUMBER: _ClassVar[int]
+    cost_at_least: int
+    wait: _duration_pb2.Duration
+    approvers: int
+    def __init__(self, cost_at_least: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., approvers: _Optional[int] = ...) -> None: ...
 
 class DuplicateGuard(_message.Message):
     __slots__ = ("mode", "window")
@@ -160,7 +187,7 @@ class DuplicateGuard(_message.Message):
     def __init__(self, mode: _Optional[_Union[DuplicateGuardMode, str]] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("attempt_id", "permit_id", "tool", "idempotency_key", "request_fingerprint", "state", "cost", "created_at", "lease_expires_at", "receipt", "failure_reason", "uncertain_reason", "uncertain_since", "reserved_by")
+    __slots__ = ("attempt_id", "permit_id", "tool", "idempotency_key", "request_fingerprint", "state", "cost", "created_at", "lease_expires_at", "receipt", "failure_reason", "uncertain_reason", "uncertain_since", "reserved_by", "approval")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +202,7 @@ class Attempt(_message.Message):
     UNCERTAIN_REASON_FIELD_NUMBER: _ClassVar[int]
     UNCERTAIN_SINCE_FIELD_NUMBER: _ClassVar[int]
     RESERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     permit_id: str
     tool: str
@@ -189,7 +217,26 @@ class Attempt(_message.Message):
     uncertain_reason: str
     uncertain_since: _timestamp_pb2.Timestamp
     reserved_by: str
-    def __init__(self, attempt_id: _Optional[str] = ..., permit_id: _Optional[str] = ..., tool: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_fingerprint: _Optional[bytes] = ..., state: _Optional[_Union[AttemptState, str]] = ..., cost: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., failure_reason: _Optional[str] = ..., uncertain_reason: _Optional[str] = ..., uncertain_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reserved_by: _Optional[str] = ...) -> None: ...
+    approval: Approval
+    def __init__(self, attempt_id: _Optional[str] = ..., permit_id: _Optional[str] = ..., tool: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_fingerprint: _Optional[bytes] = ..., state: _Optional[_Union[AttemptState, str]] = ..., cost: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., failure_reason: _Optional[str] = ..., uncertain_reason: _Optional[str] = ..., uncertain_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reserved_by: _Optional[str] = ..., approval: _Optional[_Union[Approval, _Mapping]] = ...) -> None: ...
+
+class Approval(_message.Message):
+    __slots__ = ("summary", "expires_at", "approvers_needed", "approved_by", "decided_by", "decided_at", "denial_reason")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    APPROVERS_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    APPROVED_BY_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DENIAL_REASON_FIELD_NUMBER: _ClassVar[int]
+    summary: str
+    expires_at: _timestamp_pb2.Timestamp
+    approvers_needed: int
+    approved_by: _containers.RepeatedScalarFieldContainer[str]
+    decided_by: str
+    decided_at: _timestamp_pb2.Timestamp
+    denial_reason: str
+    def __init__(self, summary: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., approvers_needed: _Optional[int] = ..., approved_by: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., denial_reason: _Optional[str] = ...) -> None: ...
 
 class Receipt(_message.Message):
     __slots__ = ("receipt_id", "result", "cost", "issued_at", "signature", "key_id", "tenant", "signature_version")
