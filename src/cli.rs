@@ -4,14 +4,15 @@
 //! under the flags and runs `config check`; [`receipt`] verifies offline.
 //!
 //! The rest is the operator CLI: `atmost permit`, `atmost uncertain`,
-//! `atmost attempt` and `atmost demo`. Every command is a
+//! `atmost approval`, `atmost attempt` and `atmost demo`. Every command is a
 //! client of a running atmost over gRPC, through `atmost-client`, with the
 //! credentials any client has (an API key, TLS, a client certificate);
 //! nothing here reaches a store. docs/cli.md is the manual.
 //!
 //! - [`show`]: what a command prints: tables for people, `--json` (the
 //!   proto3 JSON of the response) for scripts, errors on stderr.
-//! - [`permit`], [`uncertain`], [`attempt`]: one file per noun.
+//! - [`permit`], [`uncertain`], [`approval`], [`attempt`]: one file per
+//!   noun.
 //! - [`demo`]: the timeout-then-new-key story, against a server in this
 //!   process or `--server`.
 //!
@@ -38,6 +39,7 @@ macro_rules! errln {
     }};
 }
 
+pub mod approval;
 pub mod attempt;
 pub mod config;
 pub mod demo;
@@ -54,9 +56,9 @@ use std::time::Duration;
 use tonic::Code;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-/// Where the commands of `permit`, `uncertain` and `attempt` send their
-/// calls, and how their answers are printed. Global: the flags may come
-/// before or after the subcommand.
+/// Where the commands of `permit`, `uncertain`, `approval` and `attempt`
+/// send their calls, and how their answers are printed. Global: the flags
+/// may come before or after the subcommand.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Connection {
     /// The atmost to call: http://HOST:PORT, or https:// for TLS.

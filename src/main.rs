@@ -1,7 +1,8 @@
 #![forbid(unsafe_code)]
 //! The `atmost` binary: its commands, each run by a module of [`cli`]:
 //! `serve` runs the service ([`cli::serve`]: flags, checks, wiring);
-//! `permit`, `uncertain`, `attempt` and `demo` are the operator CLI;
+//! `permit`, `uncertain`, `approval`, `attempt` and `demo` are the
+//! operator CLI;
 //! `receipt verify` and `config check` work offline.
 
 mod cli;
@@ -37,6 +38,8 @@ enum Command {
     Permit(cli::permit::PermitArgs),
     /// List and resolve the attempts whose outcome is unknown.
     Uncertain(cli::uncertain::UncertainArgs),
+    /// List, approve and deny the calls awaiting a person's approval.
+    Approval(cli::approval::ApprovalArgs),
     /// Show one idempotency key's attempt.
     Attempt(cli::attempt::AttemptArgs),
     /// Play the story of a timeout, then a retry with a new key, against an
@@ -92,6 +95,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Permit(args) => cli::run(args.connection.json, cli::permit::run(args)),
         Command::Uncertain(args) => cli::run(args.connection.json, cli::uncertain::run(args)),
+        Command::Approval(args) => cli::run(args.connection.json, cli::approval::run(args)),
         Command::Attempt(args) => cli::run(args.connection.json, cli::attempt::run(args)),
         Command::Demo(args) => cli::run(args.json, cli::demo::run(args)),
         Command::Config(ConfigCommand::Check(args)) => {

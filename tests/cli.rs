@@ -810,6 +810,623 @@ async fn api_keys_are_sent_never_shown_and_a_wrong_one_is_refused(kind: Kind) {
     assert_eq!(r.stdout.lines().count(), 8, "{r:?}");
 }
 
+// === approval ===
+
+const ALICE: &str = "cli-alice-secret-0123456789";
+const BOB: &str = "cli-bob-secret-0123456789";
+
+/// `atmost <args> --server <h> --api-key <key>`.
+async fn as_key(h: &Harness, key: &str, args: &[&str]) -> Run {
+    let mut all = args.to_vec();
+    all.extend(["--api-key", key]);
+    on(h, &all).await
+}
+
+/// An agent's calls held for approval, listed, approved (once by one key,
+/// once by two for a four-eyes rule) and denied by approvers through the
+/// CLI, each read back with the client. The memory store: approval rules
+/// are the store's, and the CLI is the same on each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_commands_list_approve_and_deny() {
+    let _machine = shared().await;
+    let keys = KeyFile::new(
+        &[
+            entry("cli-admin", ADMIN, "acme", "\"admin\""),
+            entry("cli-agent", AGENT, "acme", "\"agent\""),
+            entry("cli-alice", ALICE, "acme", "\"approver\""),
+            entry("cli-bob", BOB, "acme", "\"approver\""),
+        ]
+        .concat(),
+    );
+    let h = harness_with_keys(Kind::Memory, &keys).await;
+    let client = |key: &str| h.client.clone().with_api_key(key).expect("ascii");
+    let (admin, agent) = (client(ADMIN), client(AGENT));
+    // "payout" waits for one approver from a cost of 1000; every
+    // "transfer" for two.
+    let permit = admin
+        .create_permit(
+            NewPermit::new(["payout", "transfer"])
+                .expires_at_ms(h.now_ms() + 3_600_000)
+                .budget(100_000)
+                .approval("payout", Some(1000), Some(Duration::from_secs(600)), 1)
+                .approval("transfer", None, None, 2)
+                .build(),
+        )
+        .await
+        .expect("create")
+        .permit_id;
+    let ask = |client: Client, tool: &str, key: &str, cost: i64, summary: &str| {
+        let request = pb::AuthorizeRequest {
+            permit_id: permit.clone(),
+            tool: tool.into(),
+            idempotency_key: key.into(),
+            request_fingerprint: format!("{tool} {key} {cost}").into_bytes(),
+            cost,
+            holder_token: b"holder".to_vec(),
+            approval_summary: summary.into(),
+            ..Default::default()
+        };
+        async move {
+            let r = client.authorize(request).await.expect("authorize");
+            assert_eq!(r.decision(), pb::Decision::AwaitApproval, "{r:?}");
+            r.attempt.expect("attempt")
+        }
+    };
+    let forged = "pay 1 EUR\u{1b}[2J\nFORGED-LINE\u{2028}x";
+    let long = format!("pay 9000 EUR to {}", "X".repeat(300));
+    let p1 = ask(
+        agent.clone(),
+        "payout",
+        "p-1",
+        5_000,
+        "pay 5000 EUR to DE00",
+    )
+    .await;
+    let p2 = ask(agent.clone(), "payout", "p-2", 2_000, forged).await;
+    let p3 = ask(agent.clone(), "payout", "p-3", 9_000, &long).await;
+    let t1 = ask(agent.clone(), "transfer", "t-1", 10, "move 10").await;
+
+    // permit get shows the rules.
+    let shown = as_key(&h, ADMIN, &["permit", "get", &permit]).await.ok();
+    let rules: Vec<&str> = shown
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("needs approval"))
+        .collect();
+    assert_eq!(rules.len(), 2, "{}", shown.stdout);
+    assert!(
+        rules[0].ends_with("payout: calls costing at least 1000, 1 approver, wait 10m"),
+        "{rules:?}"
+    );
+    assert!(
+        rules[1].ends_with("transfer: every call, 2 distinct approvers, wait 15m"),
+        "{rules:?}"
+    );
+
+    // The approver's table: every call, its approvals, its summary escaped
+    // and cut, its attempt id; nothing a summary holds makes a line.
+    let listed = as_key(&h, ALICE, &["approval", "list"]).await.ok();
+    assert_eq!(
+        row(&listed.stdout, "PERMIT"),
+        [
+            "KEY",
+            "TOOL",
+            "COST",
+            "REQUESTED",
+            "EXPIRES",
+            "APPROVALS",
+            "SUMMARY",
+            "ATTEMPT"
+        ]
+    );
+    for (a, approvals) in [(&p1, "0/1"), (&p2, "0/1"), (&p3, "0/1"), (&t1, "0/2")] {
+        let line = listed
+            .stdout
+            .lines()
+            .find(|l| l.contains(&a.attempt_id))
+            .unwrap_or_else(|| panic!("{} not listed:\n{}", a.idempotency_key, listed.stdout));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[0], permit);
+        assert_eq!(words[1], a.idempotency_key);
+        assert_eq!(words[2], a.tool);
+        assert_eq!(words[3], a.cost.to_string());
+        assert_eq!(words[6], approvals, "{line}");
+        assert_eq!(words.last(), Some(&a.attempt_id.as_str()), "{line}");
+    }
+    assert_eq!(
+        listed.stdout.lines().count(),
+        1 + 4 + 2,
+        "{}",
+        listed.stdout
+    );
+    assert!(!listed.stdout.contains('\u{1b}'), "{:?}", listed.stdout);
+    assert!(!listed.stdout.contains('\u{2028}'), "{:?}", listed.stdout);
+    assert!(
+        listed
+            .stdout
+            .contains(r#""pay 1 EUR\u{1b}[2J\nFORGED-LINE\u{2028}x""#),
+        "{}",
+        listed.stdout
+    );
+    assert!(listed.stdout.contains("pay 5000 EUR to DE00"));
+    assert!(!listed.stdout.contains(&long), "cut short");
+    assert!(listed.stdout.contains("pay 9000 EUR to XXX"));
+    assert!(
+        listed.stdout.ends_with("4 calls awaiting approval\n"),
+        "{listed:?}"
+    );
+
+    // --json: the ListApprovalsResponse, the summaries as they are; page by
+    // page to the end; --limit; --permit.
+    let all = as_key(
+        &h,
+        ALICE,
+        &["approval", "list", "--page-size", "1", "--json"],
+    )
+    .await
+    .ok()
+    .json();
+    let keys_of = |v: &serde_json::Value| -> Vec<String> {
+        v["attempts"]
+            .as_array()
+            .expect("attempts")
+            .iter()
+            .map(|a| a["idempotencyKey"].as_str().expect("key").to_owned())
+            .collect()
+    };
+    assert_eq!(keys_of(&all), ["p-1", "p-2", "p-3", "t-1"], "oldest first");
+    assert_eq!(all["nextPageToken"], "");
+    assert_eq!(all["attempts"][1]["approval"]["summary"], forged);
+    assert_eq!(all["attempts"][1]["attemptId"], p2.attempt_id.as_str());
+    assert_eq!(
+        all["attempts"][1]["state"],
+        "ATTEMPT_STATE_AWAITING_APPROVAL"
+    );
+    assert_eq!(all["attempts"][3]["approval"]["approversNeeded"], 2);
+    assert!(
+        all["attempts"][0]["approval"]["expiresAt"].is_string(),
+        "{all}"
+    );
+    let two = as_key(&h, ALICE, &["approval", "list", "--limit", "2", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(keys_of(&two), ["p-1", "p-2"]);
+    assert_ne!(two["nextPageToken"], "", "{two}");
+    let limited = as_key(&h, ALICE, &["approval", "list", "--limit", "1"])
+        .await
+        .ok();
+    assert!(
+        limited
+            .stdout
+            .ends_with("1 call awaiting approval shown; more remain past --limit\n"),
+        "{limited:?}"
+    );
+    let elsewhere = admin
+        .create_permit(h.permit(&["payout"]))
+        .await
+        .expect("create")
+        .permit_id;
+    let none = as_key(&h, ALICE, &["approval", "list", "--permit", &elsewhere])
+        .await
+        .ok();
+    assert_eq!(none.stdout, "no calls await approval\n");
+
+    // Agents never approve, nor list: ROLE_NOT_ALLOWED (4).
+    for args in [
+        &["approval", "list"][..],
+        &[
+            "approval",
+            "approve",
+            &permit,
+            "p-1",
+            "--attempt-id",
+            &p1.attempt_id,
+        ],
+        &[
+            "approval",
+            "deny",
+            &permit,
+            "p-1",
+            "--attempt-id",
+            &p1.attempt_id,
+        ],
+    ] {
+        let r = as_key(&h, AGENT, args).await.exits(4);
+        assert!(
+            r.stderr.contains("ROLE_NOT_ALLOWED (PERMISSION_DENIED)"),
+            "{args:?}: {r:?}"
+        );
+        assert!(r.stderr.contains("key_id: cli-agent"), "{r:?}");
+        assert!(r.stdout.is_empty(), "{r:?}");
+    }
+    // The attempt id is required: usage (2), nothing sent.
+    for args in [
+        &["approval", "approve", &permit, "p-1"][..],
+        &["approval", "deny", &permit, "p-1", "--reason", "no"],
+        &["approval", "approve", &permit],
+    ] {
+        let r = as_key(&h, ALICE, args).await.exits(2);
+        assert!(r.stdout.is_empty(), "{r:?}");
+    }
+    // Another attempt's id: ATTEMPT_MISMATCH (4); a key never asked: 3.
+    let r = as_key(
+        &h,
+        ALICE,
+        &[
+            "approval",
+            "approve",
+            &permit,
+            "p-1",
+            "--attempt-id",
+            &p2.attempt_id,
+        ],
+    )
+    .await
+    .exits(4);
+    assert!(r.stderr.contains("ATTEMPT_MISMATCH"), "{r:?}");
+    let r = as_key(
+        &h,
+        ALICE,
+        &[
+            "approval",
+            "approve",
+            &permit,
+            "never",
+            "--attempt-id",
+            &p1.attempt_id,
+        ],
+    )
+    .await
+    .exits(3);
+    assert!(r.stderr.contains("ATTEMPT_NOT_FOUND"), "{r:?}");
+    let state = |key: &'static str| {
+        let admin = admin.clone();
+        let permit = permit.clone();
+        async move {
+            admin
+                .get_attempt(&permit, key)
+                .await
+                .expect("get")
+                .attempt
+                .expect("attempt")
+        }
+    };
+    assert_eq!(
+        state("p-1").await.state(),
+        pb::AttemptState::AwaitingApproval
+    );
+
+    // approve: the id as the listing shows it.
+    let p1_id = all["attempts"][0]["attemptId"].as_str().expect("id");
+    let approved = as_key(
+        &h,
+        ALICE,
+        &["approval", "approve", &permit, "p-1", "--attempt-id", p1_id],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        approved.stdout.lines().next(),
+        Some("approved p-1: APPROVED"),
+        "{approved:?}"
+    );
+    assert_eq!(
+        row(&approved.stdout, "approved by"),
+        ["cli-alice", "(1", "of", "1)"]
+    );
+    assert_eq!(
+        row(&approved.stdout, "decided by")[..2],
+        ["cli-alice", "at"]
+    );
+    assert_eq!(
+        row(&approved.stdout, "summary"),
+        ["pay", "5000", "EUR", "to", "DE00"]
+    );
+    let read = state("p-1").await;
+    assert_eq!(read.state(), pb::AttemptState::Approved);
+    assert_eq!(read.approval.expect("approval").approved_by, ["cli-alice"]);
+
+    // Four eyes: the first approval leaves it waiting, the second (JSON)
+    // approves it.
+    let first = as_key(
+        &h,
+        ALICE,
+        &[
+            "approval",
+            "approve",
+            &permit,
+            "t-1",
+            "--attempt-id",
+            &t1.attempt_id,
+        ],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        first.stdout.lines().next(),
+        Some("approved t-1: AWAITING_APPROVAL (1 of 2 approvals)"),
+        "{first:?}"
+    );
+    assert_eq!(
+        row(&first.stdout, "state"),
+        ["AWAITING_APPROVAL", "(1", "of", "2", "approvals)"]
+    );
+    assert_eq!(
+        state("t-1").await.state(),
+        pb::AttemptState::AwaitingApproval
+    );
+    let second = as_key(
+        &h,
+        BOB,
+        &[
+            "approval",
+            "approve",
+            &permit,
+            "t-1",
+            "--attempt-id",
+            &t1.attempt_id,
+            "--json",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(second["attempt"]["state"], "ATTEMPT_STATE_APPROVED");
+    assert_eq!(
+        second["attempt"]["approval"]["approvedBy"],
+        serde_json::json!(["cli-alice", "cli-bob"])
+    );
+    assert_eq!(state("t-1").await.state(), pb::AttemptState::Approved);
+
+    // deny, with a reason: DENIED, the slot and the cost back.
+    let denied = as_key(
+        &h,
+        BOB,
+        &[
+            "approval",
+            "deny",
+            &permit,
+            "p-2",
+            "--attempt-id",
+            &p2.attempt_id,
+            "--reason",
+            "unknown beneficiary",
+        ],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        denied.stdout.lines().next(),
+        Some("denied p-2: DENIED (unknown beneficiary)"),
+        "{denied:?}"
+    );
+    assert_eq!(
+        row(&denied.stdout, "denial reason"),
+        ["unknown", "beneficiary"]
+    );
+    assert_eq!(row(&denied.stdout, "TOOL"), ["CALLS", "CAP"]);
+    assert!(!denied.stdout.contains('\u{1b}'), "{:?}", denied.stdout);
+    let read = state("p-2").await;
+    assert_eq!(read.state(), pb::AttemptState::Denied);
+    let approval = read.approval.expect("approval");
+    assert_eq!(approval.denial_reason, "unknown beneficiary");
+    assert_eq!(approval.decided_by, "cli-bob");
+    // The denied call replays its denial to the agent.
+    let replay = agent
+        .authorize(pb::AuthorizeRequest {
+            permit_id: permit.clone(),
+            tool: "payout".into(),
+            idempotency_key: "p-2".into(),
+            request_fingerprint: b"payout p-2 2000".to_vec(),
+            cost: 2_000,
+            holder_token: b"holder".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect("replay");
+    assert_eq!(replay.decision(), pb::Decision::Replay);
+    // attempt get shows the decision.
+    let got = as_key(&h, ADMIN, &["attempt", "get", &permit, "p-2"])
+        .await
+        .ok();
+    assert_eq!(
+        row(&got.stdout, "state"),
+        ["DENIED", "(unknown", "beneficiary)"]
+    );
+    assert_eq!(row(&got.stdout, "decided by")[..2], ["cli-bob", "at"]);
+    assert_eq!(
+        row(&got.stdout, "approved by"),
+        ["nobody", "(0", "of", "1)"]
+    );
+    assert!(
+        got.stdout
+            .contains(r#""pay 1 EUR\u{1b}[2J\nFORGED-LINE\u{2028}x""#)
+    );
+    // ... and, to the agent, a pending call without its attempt id.
+    let got = as_key(&h, AGENT, &["attempt", "get", &permit, "p-3"])
+        .await
+        .ok();
+    assert_eq!(
+        row(&got.stdout, "state"),
+        ["AWAITING_APPROVAL", "(0", "of", "1", "approvals)"]
+    );
+    assert_eq!(
+        row(&got.stdout, "attempt"),
+        ["(withheld:", "open", "attempt)"]
+    );
+    assert_eq!(row(&got.stdout, "approval expires").len(), 1);
+    // deny --json, without a reason.
+    let json = as_key(
+        &h,
+        ALICE,
+        &[
+            "approval",
+            "deny",
+            &permit,
+            "p-3",
+            "--attempt-id",
+            &p3.attempt_id,
+            "--json",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(json["attempt"]["state"], "ATTEMPT_STATE_DENIED");
+    assert_eq!(json["usage"]["tool"], "payout");
+    assert_eq!(state("p-3").await.state(), pb::AttemptState::Denied);
+    // A decided call cannot be decided otherwise: ATTEMPT_STATE_CONFLICT (4).
+    let r = as_key(
+        &h,
+        ALICE,
+        &[
+            "approval",
+            "approve",
+            &permit,
+            "p-2",
+            "--attempt-id",
+            &p2.attempt_id,
+        ],
+    )
+    .await
+    .exits(4);
+    assert!(r.stderr.contains("ATTEMPT_STATE_CONFLICT"), "{r:?}");
+    assert!(r.stderr.contains("state: DENIED"), "{r:?}");
+
+    // Nobody approves their own call: the admin asks, then tries (4).
+    let own = ask(admin.clone(), "payout", "own", 3_000, "the admin's own").await;
+    let approve_own = [
+        "approval",
+        "approve",
+        &permit,
+        "own",
+        "--attempt-id",
+        &own.attempt_id,
+    ];
+    let r = as_key(&h, ADMIN, &approve_own).await.exits(4);
+    assert!(
+        r.stderr
+            .contains("APPROVER_IS_REQUESTER (PERMISSION_DENIED)"),
+        "{r:?}"
+    );
+    assert!(r.stderr.contains("idempotency_key: own"), "{r:?}");
+    let mut json = approve_own.to_vec();
+    json.push("--json");
+    let r = as_key(&h, ADMIN, &json).await.exits(4);
+    assert_eq!(r.json_error()["reason"], "APPROVER_IS_REQUESTER", "{r:?}");
+    assert_eq!(r.json_error()["metadata"]["idempotency_key"], "own");
+    assert_eq!(
+        state("own").await.state(),
+        pb::AttemptState::AwaitingApproval
+    );
+    // Another key may.
+    as_key(&h, ALICE, &approve_own).await.ok();
+
+    let empty = as_key(&h, ALICE, &["approval", "list"]).await.ok();
+    assert_eq!(empty.stdout, "no calls await approval\n");
+    let json = as_key(&h, ALICE, &["approval", "list", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(json["attempts"], serde_json::json!([]));
+}
+
+/// `permit create --approval`: the rules the flags describe, as stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_create_takes_approval_rules() {
+    let _machine = shared().await;
+    let keys = KeyFile::new(&entry("cli-admin", ADMIN, "acme", "\"admin\""));
+    let h = harness_with_keys(Kind::Memory, &keys).await;
+    let created = as_key(
+        &h,
+        ADMIN,
+        &[
+            "permit",
+            "create",
+            "--tool",
+            "search",
+            "--approval",
+            "payout=1000",
+            "--approval",
+            "mcp:bank/transfer",
+            "--approval-wait",
+            "10m",
+            "--approvers",
+            "2",
+        ],
+    )
+    .await
+    .ok();
+    let id = created
+        .stdout
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("created permit "))
+        .expect("the id first")
+        .to_owned();
+    assert_eq!(
+        row(&created.stdout, "tools"),
+        ["search,", "payout,", "mcp:bank/transfer"]
+    );
+    let rules: Vec<&str> = created
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("needs approval"))
+        .collect();
+    assert_eq!(rules.len(), 2, "{}", created.stdout);
+    assert!(
+        rules[0].ends_with("mcp:bank/transfer: every call, 2 distinct approvers, wait 10m"),
+        "{rules:?}"
+    );
+    let admin = h.client.clone().with_api_key(ADMIN).expect("ascii");
+    let permit = admin
+        .get_permit(&id)
+        .await
+        .expect("get")
+        .permit
+        .expect("permit");
+    let payout = &permit.approval_per_tool["payout"];
+    assert_eq!(payout.cost_at_least, Some(1000));
+    assert_eq!(payout.approvers, 2);
+    assert_eq!(payout.wait.map(|d| d.seconds), Some(600));
+    assert_eq!(
+        permit.approval_per_tool["mcp:bank/transfer"].cost_at_least,
+        None
+    );
+    // Without --approvers: one; JSON shows the rule.
+    let json = as_key(
+        &h,
+        ADMIN,
+        &["permit", "create", "--approval", "payout", "--json"],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(json["approvalPerTool"]["payout"]["approvers"], 1);
+    assert_eq!(json["tools"], serde_json::json!(["payout"]));
+    // Flags that do not go together, or a rule the server refuses.
+    for (args, says) in [
+        (
+            &["permit", "create", "--tool", "t", "--approvers", "2"][..],
+            "--approval",
+        ),
+        (
+            &["permit", "create", "--tool", "t", "--approval-wait", "1m"],
+            "--approval",
+        ),
+        (
+            &["permit", "create", "--approval", "t", "--approvers", "3"],
+            "3",
+        ),
+        (&["permit", "create", "--approval", "t=lots"], "not a cost"),
+        (&["permit", "create", "--approval", "t=-1"], "cost_at_least"),
+    ] {
+        let r = as_key(&h, ADMIN, args).await.exits(2);
+        assert!(r.stderr.contains(says), "{args:?}: {r:?}");
+    }
+}
+
 /// A server that is not there: 5, for every command, and the demo.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_is_not_there_is_exit_5() {
@@ -822,6 +1439,9 @@ async fn a_server_that_is_not_there_is_exit_5() {
         &["uncertain", "list"],
         &["uncertain", "resolve", &id, "k", "--failed", "x"],
         &["attempt", "get", &id, "k"],
+        &["approval", "list"],
+        &["approval", "approve", &id, "k", "--attempt-id", &id],
+        &["approval", "deny", &id, "k", "--attempt-id", &id],
         &["demo"],
     ] {
         let mut all = args.to_vec();

@@ -34,18 +34,30 @@ pub enum PermitCommand {
 #[derive(clap::Args, Debug)]
 pub struct CreateArgs {
     /// A tool in scope (repeat, or separate with commas). A tool named by
-    /// --cap is in scope too.
+    /// --cap or --approval is in scope too.
     #[arg(
         long = "tool",
         value_name = "NAME",
         value_delimiter = ',',
-        required_unless_present = "caps"
+        required_unless_present_any = ["caps", "approvals"]
     )]
     pub tools: Vec<String>,
     /// At most N calls of TOOL (repeat for each tool); 0 disables it. A
     /// tool without a cap has none.
     #[arg(long = "cap", value_name = "TOOL=N", value_parser = cap)]
     pub caps: Vec<(String, u64)>,
+    /// Calls of TOOL wait for a person's approval (repeat for each tool):
+    /// every call, or with =N only those costing at least N.
+    #[arg(long = "approval", value_name = "TOOL[=N]", value_parser = approval)]
+    pub approvals: Vec<(String, Option<i64>)>,
+    /// How long a call of an --approval tool may wait for its decision
+    /// before it lapses as denied (the server's default: 15m).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, requires = "approvals")]
+    pub approval_wait: Option<Duration>,
+    /// Distinct approvers each call of an --approval tool needs: 1 (the
+    /// default) or 2, a four-eyes rule (which needs a server with keys).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=2), requires = "approvals")]
+    pub approvers: Option<u32>,
     /// Total budget in minor units; none: unlimited.
     #[arg(long, value_name = "N")]
     pub budget: Option<i64>,
@@ -114,6 +126,23 @@ fn cap(s: &str) -> Result<(String, u64), String> {
     Ok((tool.to_owned(), n))
 }
 
+/// `TOOL` or `TOOL=N` (tool names never hold '=').
+fn approval(s: &str) -> Result<(String, Option<i64>), String> {
+    let (tool, cost) = match s.split_once('=') {
+        None => (s, None),
+        Some((tool, n)) => {
+            let n = n
+                .parse()
+                .map_err(|_| format!("{s:?}: {n:?} is not a cost (minor units)"))?;
+            (tool, Some(n))
+        }
+    };
+    if tool.is_empty() {
+        return Err(format!("{s:?}: give TOOL or TOOL=N, e.g. payout=1000"));
+    }
+    Ok((tool.to_owned(), cost))
+}
+
 /// An RFC 3339 time, in milliseconds since the Unix epoch.
 fn rfc3339(s: &str) -> Result<i64, String> {
     let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
@@ -166,7 +195,8 @@ pub async fn run(args: PermitArgs) -> Result<(), Failure> {
 /// every one broken); here only what the wire cannot carry is refused.
 fn new_permit(a: &CreateArgs) -> Result<pb::Permit, Failure> {
     let mut tools = a.tools.clone();
-    for (tool, _) in &a.caps {
+    let named = a.caps.iter().map(|(tool, _)| tool);
+    for tool in named.chain(a.approvals.iter().map(|(tool, _)| tool)) {
         if !tools.contains(tool) {
             tools.push(tool.clone());
         }
@@ -186,6 +216,10 @@ fn new_permit(a: &CreateArgs) -> Result<pb::Permit, Failure> {
         .expires_at_ms(expires_at);
     for (tool, n) in &a.caps {
         p = p.cap(tool.clone(), *n);
+    }
+    for (tool, cost_at_least) in &a.approvals {
+        let approvers = a.approvers.unwrap_or(1);
+        p = p.approval(tool.clone(), *cost_at_least, a.approval_wait, approvers);
     }
     if let Some(budget) = a.budget {
         p = p.budget(budget);
@@ -223,6 +257,10 @@ mod tests {
         assert!(cap("wallet.charge").unwrap_err().contains("TOOL=N"));
         assert!(cap("t=-1").unwrap_err().contains("not a number"));
         assert!(cap("=3").is_err());
+        assert_eq!(approval("payout"), Ok(("payout".into(), None)));
+        assert_eq!(approval("payout=1000"), Ok(("payout".into(), Some(1000))));
+        assert!(approval("payout=lots").unwrap_err().contains("not a cost"));
+        assert!(approval("=5").unwrap_err().contains("TOOL=N"));
         assert_eq!(rfc3339("1970-01-01T00:00:01.5Z"), Ok(1500));
         assert_eq!(rfc3339("1970-01-01T01:00:00+01:00"), Ok(0));
         assert!(rfc3339("tomorrow").is_err());

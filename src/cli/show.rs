@@ -108,16 +108,34 @@ fn code_name(code: tonic::Code) -> String {
 // === text ===
 
 /// Free text as it may be printed: as it is, or quoted and escaped when it
-/// holds a control character (a terminal escape, a newline) or a
-/// bidirectional override.
+/// holds a control character (a terminal escape, a newline), a Unicode
+/// line or paragraph separator, or a bidirectional override.
 pub fn text(s: &str) -> String {
-    let unsafe_char =
-        |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
     if s.chars().any(unsafe_char) {
         format!("{s:?}")
     } else {
         s.to_owned()
     }
+}
+
+/// Free text for a table's cell: as [`text`] prints it, cut to `max`
+/// characters (the last three `...`) so that a long one cannot push the
+/// columns after it away; `-` when empty.
+pub fn short(s: &str, max: usize) -> String {
+    let shown = text(s);
+    if shown.is_empty() {
+        return "-".into();
+    }
+    if shown.chars().count() <= max {
+        return shown;
+    }
+    let mut cut: String = shown.chars().take(max.saturating_sub(3)).collect();
+    cut.push_str("...");
+    cut
 }
 
 /// Bytes a caller gave (a result): as text when they are printable UTF-8,
@@ -165,6 +183,42 @@ pub fn enum_name(full: &str, prefix: &str) -> String {
 
 pub fn state(a: &pb::Attempt) -> String {
     enum_name(a.state().as_str_name(), "ATTEMPT_STATE_")
+}
+
+/// The state with what explains it, in parentheses: an UNCERTAIN
+/// attempt's reason, the approvals a call awaiting approval has so far
+/// (`AWAITING_APPROVAL (1 of 2 approvals)`), a DENIED one's reason.
+pub fn state_explained(a: &pb::Attempt) -> String {
+    let state = state(a);
+    let why = match (a.state(), &a.approval) {
+        _ if !a.uncertain_reason.is_empty() => text(&a.uncertain_reason),
+        (pb::AttemptState::AwaitingApproval, Some(approval)) => {
+            format!("{} approvals", approvals(approval, " of "))
+        }
+        (pb::AttemptState::Denied, Some(approval)) if !approval.denial_reason.is_empty() => {
+            text(&approval.denial_reason)
+        }
+        _ => return state,
+    };
+    format!("{state} ({why})")
+}
+
+/// The approvals a call has against those it needs (`1/2` with `sep`
+/// "/", `1 of 2` with " of ").
+pub fn approvals(approval: &pb::Approval, sep: &str) -> String {
+    format!(
+        "{}{sep}{}",
+        approval.approved_by.len(),
+        approval.approvers_needed.max(1)
+    )
+}
+
+/// A key id an answer names: "" is dev mode's, where keys have no ids.
+fn key_id(id: &str) -> String {
+    match id {
+        "" => "(no key: dev mode)".into(),
+        id => text(id),
+    }
 }
 
 // === tables ===
@@ -215,10 +269,7 @@ fn trimmed(table: &Table) -> String {
 
 /// An attempt, one field a line.
 pub fn attempt(a: &pb::Attempt) -> String {
-    let mut state = state(a);
-    if !a.uncertain_reason.is_empty() {
-        state = format!("{state} ({})", text(&a.uncertain_reason));
-    }
+    let state = state_explained(a);
     // GetAttempt leaves an open attempt's id (its fencing token) empty
     // unless the caller may resolve it (docs/api.md, GetAttempt).
     let id = match a.attempt_id.as_str() {
@@ -241,6 +292,10 @@ pub fn attempt(a: &pb::Attempt) -> String {
     if !a.failure_reason.is_empty() {
         rows.push(("failure", text(&a.failure_reason)));
     }
+    if let Some(approval) = &a.approval {
+        let pending = a.state() == pb::AttemptState::AwaitingApproval;
+        rows.extend(approval_rows(approval, pending));
+    }
     if let Some(r) = &a.receipt {
         rows.push(("receipt", r.receipt_id.clone()));
         rows.push(("result", bytes(&r.result)));
@@ -251,6 +306,63 @@ pub fn attempt(a: &pb::Attempt) -> String {
         }
     }
     fields(&rows)
+}
+
+/// A call's approval: the requester's summary (escaped, never cut here),
+/// when it lapses, who approved and decided it, and why it was denied.
+fn approval_rows(approval: &pb::Approval, pending: bool) -> Vec<(&'static str, String)> {
+    let summary = match approval.summary.as_str() {
+        "" => "-".to_owned(),
+        summary => text(summary),
+    };
+    let approved_by = match approval.approved_by.as_slice() {
+        [] if pending => "nobody yet".to_owned(),
+        [] => "nobody".to_owned(),
+        ids => ids
+            .iter()
+            .map(|id| key_id(id))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    let mut rows = vec![
+        ("summary", summary),
+        ("approval expires", time(approval.expires_at.as_ref())),
+        (
+            "approved by",
+            format!("{approved_by} ({})", approvals(approval, " of ")),
+        ),
+    ];
+    if !approval.decided_by.is_empty() || approval.decided_at.is_some() {
+        rows.push((
+            "decided by",
+            format!(
+                "{} at {}",
+                key_id(&approval.decided_by),
+                time(approval.decided_at.as_ref())
+            ),
+        ));
+    }
+    if !approval.denial_reason.is_empty() {
+        rows.push(("denial reason", text(&approval.denial_reason)));
+    }
+    rows
+}
+
+/// A permit's approval rule for one tool, as people read it.
+fn rule(tool: &str, rule: &pb::ApprovalRule) -> String {
+    let calls = match rule.cost_at_least {
+        Some(cost) => format!("calls costing at least {cost}"),
+        None => "every call".into(),
+    };
+    let wait = match &rule.wait {
+        Some(_) => duration(rule.wait.as_ref()),
+        None => "the server's default".into(),
+    };
+    let approvers = match rule.approvers.max(1) {
+        1 => "1 approver".to_owned(),
+        n => format!("{n} distinct approvers"),
+    };
+    format!("{tool}: {calls}, {approvers}, wait {wait}")
 }
 
 /// A permit, one field a line; `budget` is what GetPermit adds (committed,
@@ -301,6 +413,11 @@ pub fn permit(p: &pb::Permit, budget: Option<(i64, i64, Option<i64>)>) -> String
             },
         ),
     ];
+    let mut rules: Vec<_> = p.approval_per_tool.iter().collect();
+    rules.sort_by_key(|(tool, _)| *tool);
+    for (tool, r) in rules {
+        rows.push(("needs approval", rule(tool, r)));
+    }
     if !p.tenant.is_empty() {
         rows.insert(1, ("tenant", text(&p.tenant)));
     }
@@ -354,6 +471,42 @@ mod tests {
         assert_eq!(text("a\u{1b}[2Jb"), "\"a\\u{1b}[2Jb\"");
         assert_eq!(text("two\nlines"), "\"two\\nlines\"");
         assert_eq!(bytes(&[0xff, 0]), "base64:/wA=");
+        assert_eq!(text("a\u{2028}b"), "\"a\\u{2028}b\"");
+    }
+
+    #[test]
+    fn table_cells_of_free_text_are_escaped_then_cut() {
+        assert_eq!(short("pay 5 EUR", 48), "pay 5 EUR");
+        assert_eq!(short("", 48), "-");
+        assert_eq!(short(&"x".repeat(60), 10), "xxxxxxx...");
+        let forged = short("ok\nFORGED \u{1b}[2J", 48);
+        assert!(
+            !forged.contains('\n') && !forged.contains('\u{1b}'),
+            "{forged}"
+        );
+        assert_eq!(short("a\nb", 4), "\"...");
+    }
+
+    #[test]
+    fn an_attempt_shows_its_approval() {
+        let a = pb::Attempt {
+            state: pb::AttemptState::AwaitingApproval as i32,
+            approval: Some(pb::Approval {
+                summary: "pay\n100".into(),
+                approvers_needed: 2,
+                approved_by: vec!["alice".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(state_explained(&a), "AWAITING_APPROVAL (1 of 2 approvals)");
+        let shown = attempt(&a);
+        assert!(shown.contains("summary           \"pay\\n100\""), "{shown}");
+        assert!(
+            shown.contains("approved by       alice (1 of 2)"),
+            "{shown}"
+        );
+        assert!(!shown.contains("decided by"), "{shown}");
     }
 
     #[test]

@@ -168,35 +168,63 @@ async fn list(
     limit: Option<u32>,
     page_size: u32,
 ) -> Result<(Vec<pb::Attempt>, String), Failure> {
+    pages(
+        "ListUncertain",
+        limit,
+        page_size,
+        |page_size, page_token| {
+            let call = client.list_uncertain(pb::ListUncertainRequest {
+                permit_id: permit.into(),
+                page_size,
+                page_token,
+            });
+            async move {
+                let page = call.await?;
+                Ok((page.attempts, page.next_page_token))
+            }
+        },
+    )
+    .await
+}
+
+/// Every attempt a paged listing (`rpc`) gives, or the first `limit`:
+/// `page(page_size, page_token)` is one call, answering the page's
+/// attempts and the next token. Also the token to go on from ("" when
+/// none remain). A listing that answers more than it was asked for, or a
+/// token it gave before, is refused rather than followed forever.
+pub(super) async fn pages<F, P>(
+    rpc: &str,
+    limit: Option<u32>,
+    page_size: u32,
+    mut page: F,
+) -> Result<(Vec<pb::Attempt>, String), Failure>
+where
+    F: FnMut(u32, String) -> P,
+    P: Future<Output = Result<(Vec<pb::Attempt>, String), atmost_client::Error>>,
+{
     let mut out = Vec::new();
     let mut token = String::new();
     let mut seen = std::collections::HashSet::new();
     loop {
         let left = limit.map_or(page_size, |l| l - out.len() as u32);
         let page_size = left.min(page_size);
-        let page = client
-            .list_uncertain(pb::ListUncertainRequest {
-                permit_id: permit.into(),
-                page_size,
-                page_token: token.clone(),
-            })
-            .await?;
-        if page.attempts.len() > page_size as usize {
-            return Err(broken("a page larger than asked for"));
+        let (attempts, next) = page(page_size, token.clone()).await?;
+        if attempts.len() > page_size as usize {
+            return Err(broken(rpc, "a page larger than asked for"));
         }
-        out.extend(page.attempts);
-        token = page.next_page_token;
+        out.extend(attempts);
+        token = next;
         if token.is_empty() || limit.is_some_and(|l| out.len() as u32 >= l) {
             return Ok((out, token));
         }
         if !seen.insert(token.clone()) {
-            return Err(broken("a page token it had answered before"));
+            return Err(broken(rpc, "a page token it had answered before"));
         }
     }
 }
 
-fn broken(what: &str) -> Failure {
-    Failure::Rpc(tonic::Status::internal(format!("ListUncertain answered {what}")).into())
+fn broken(rpc: &str, what: &str) -> Failure {
+    Failure::Rpc(tonic::Status::internal(format!("{rpc} answered {what}")).into())
 }
 
 fn table(attempts: &[pb::Attempt]) -> String {
