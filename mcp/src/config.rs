@@ -126,6 +126,13 @@ pub struct Args {
     /// less 1 s. More than 0.
     #[arg(long, env = "ATMOST_MCP_DISPATCH_TIMEOUT", value_parser = parse_dispatch_timeout)]
     pub dispatch_timeout: Option<Duration>,
+    /// How long a tools/call the permit's approval rule holds may stay
+    /// open waiting for a person's decision, and be sent as soon as it is
+    /// approved. 0 (the default): answered at once, the agent told to make
+    /// the same call again later. Keep it below the agents' own request
+    /// timeout.
+    #[arg(long, env = "ATMOST_MCP_APPROVAL_WAIT", value_name = "DURATION", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub approval_wait: Duration,
     /// Log lines as JSON instead of text (on stderr; RUST_LOG filters).
     #[arg(long, env = "ATMOST_MCP_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,

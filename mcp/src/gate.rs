@@ -2,14 +2,17 @@
 //! fingerprint and cost; the guarded call of atmost's Rust client
 //! (Authorize, the call forwarded at most once on DISPATCH, Commit or
 //! MarkUncertain); and its outcome as the agent sees it: the tool's result
-//! (now, or replayed from the receipt) or a JSON-RPC error whose `data`
-//! says why (docs/gateways.md, "atmost-mcp", lists every case).
+//! (now, or replayed from the receipt), an isError result of the proxy's
+//! own for a call that awaits a person's approval, or a JSON-RPC error
+//! whose `data` says why (docs/gateways.md, "atmost-mcp", lists every
+//! case).
 
 use crate::config::{Costs, PermitSource};
 use crate::upstream::{CallError, Session, Upstream};
 use atmost_client::{
-    Client, DispatchError, Dispatched, GuardError, GuardedCall, Outcome, Unrecorded,
+    AttemptId, Client, DispatchError, Dispatched, GuardError, GuardedCall, Outcome, Unrecorded,
 };
+use pending::Pending;
 use rmcp::ErrorData;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, MetaObject,
@@ -18,7 +21,8 @@ use rmcp::model::{
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -32,6 +36,12 @@ pub const META_ATTEMPT_ID: &str = "io.atmost/attempt-id";
 pub const META_KEY_USED: &str = "io.atmost/idempotency-key";
 /// `_meta` key on the result: true when it is the key's earlier outcome.
 pub const META_REPLAYED: &str = "io.atmost/replayed";
+/// `_meta` key on an answer of the proxy's own (a call awaiting approval):
+/// why the call was not sent.
+pub const META_REASON: &str = "io.atmost/reason";
+/// `_meta` key on the answer to a call awaiting approval: when its request
+/// lapses if nobody decides it (RFC 3339, UTC).
+pub const META_APPROVAL_EXPIRES_AT: &str = "io.atmost/approval-expires-at";
 
 /// JSON-RPC error codes (implementation-defined server errors,
 /// -32000..-32099, clear of the ones MCP and its SDKs use).
@@ -49,10 +59,6 @@ pub mod code {
     /// The call was certainly not sent (the upstream could not be reached);
     /// its slot was given back and the key is free.
     pub const NOT_SENT: i32 = -32083;
-    /// The call waits for a person's approval: nothing was sent. The same
-    /// call (same arguments, same idempotency key) made again later is
-    /// sent once it is approved.
-    pub const AWAITING_APPROVAL: i32 = -32084;
 }
 
 /// The reasons the proxy itself gives in an error's `data.reason` (atmost's
@@ -75,6 +81,13 @@ pub mod reason {
 const MAX_REASON_BYTES: usize = 1024;
 /// The longest idempotency key atmost takes.
 const MAX_KEY_BYTES: usize = 255;
+/// The longest approval summary atmost takes.
+const MAX_SUMMARY_BYTES: usize = 1024;
+/// With `--approval-wait`, the longest part of it one guarded call waits
+/// for a decision: between parts the proxy looks whether it is stopping,
+/// so a call held for approval (nothing sent) never holds its exit up for
+/// longer than this.
+const APPROVAL_WAIT_STEP: Duration = Duration::from_secs(5);
 
 /// What every tools/call is checked with: atmost, the permit's source, the
 /// cost table, the upstream.
@@ -83,6 +96,10 @@ pub struct Gate {
     pub permits: PermitSource,
     pub costs: Costs,
     pub dispatch_timeout: Option<Duration>,
+    /// How long a tools/call may be held open waiting for a person's
+    /// decision when the permit's approval rule holds it (0: not at all;
+    /// the agent is told to call again later).
+    pub approval_wait: Duration,
     pub upstream: Arc<Upstream>,
     /// The session id of a transport that has one for the whole process
     /// (stdio: one agent, one session), made at start-up.
@@ -97,6 +114,9 @@ pub struct Gate {
     /// Cancelled when the proxy stops waiting for the upstream's answers
     /// ([`Gate::abandon`]).
     pub abandoned: CancellationToken,
+    /// The calls awaiting approval under a key the proxy chose, which the
+    /// agent's keyless retry of the same call takes again (pending.rs).
+    pending: Pending,
     /// Set when the proxy takes no more calls ([`Gate::stop`]). A call is
     /// spawned into [`Gate::calls`] only under this lock, having seen it
     /// unset: once `stop` has returned, every call is either tracked or
@@ -130,6 +150,10 @@ enum KeySource {
     /// Neither a key nor a session: a key of its own, so the call is a new
     /// intent (counted against the cap) and can never replay another's.
     Fresh,
+    /// No key of the agent's, and the same call (permit, tool, arguments,
+    /// session or none) awaits approval: its key, which the proxy chose
+    /// (derived or fresh) when it was first asked.
+    Pending,
 }
 
 /// The upstream's answer to a call dispatched now, kept whole for the
@@ -145,6 +169,7 @@ impl Gate {
         permits: PermitSource,
         costs: Costs,
         dispatch_timeout: Option<Duration>,
+        approval_wait: Duration,
         upstream: Arc<Upstream>,
         process_session: Option<String>,
     ) -> Self {
@@ -153,11 +178,13 @@ impl Gate {
             permits,
             costs,
             dispatch_timeout,
+            approval_wait,
             upstream,
             process_session,
             calls: TaskTracker::new(),
             answers: TaskTracker::new(),
             abandoned: CancellationToken::new(),
+            pending: Pending::default(),
             stopping: Mutex::new(false),
         }
     }
@@ -225,27 +252,45 @@ impl Gate {
         let tool = request.name.to_string();
         let permit = self.permit(&origin)?;
         let (key, source) = self.key(&meta, &origin)?;
-        let ctx = Answer {
-            permit: &permit,
-            tool: &tool,
-            key: &key,
-        };
-        if self.stopping() {
-            return Err(ctx.stopping());
-        }
         // The fingerprint before anything is asked: arguments it cannot
         // hold exactly (a number past ±(2^53 - 1), which two different
         // requests would share) are the agent's to fix.
         let arguments = request.arguments.clone().unwrap_or_default();
         let canonical = json!({"name": tool, "arguments": Value::Object(arguments)});
-        let fingerprint = atmost_client::fingerprint(&canonical).map_err(|e| {
-            ctx.error(
-                ErrorCode::INVALID_PARAMS.0,
-                reason::INVALID_ARGUMENTS,
-                format!("{e}: nothing was authorized or sent"),
-                json!({"path": e.path}),
-            )
-        })?;
+        let fingerprint = {
+            let ctx = Answer {
+                permit: &permit,
+                tool: &tool,
+                key: &key,
+            };
+            if self.stopping() {
+                return Err(ctx.stopping());
+            }
+            atmost_client::fingerprint(&canonical).map_err(|e| {
+                ctx.error(
+                    ErrorCode::INVALID_PARAMS.0,
+                    reason::INVALID_ARGUMENTS,
+                    format!("{e}: nothing was authorized or sent"),
+                    json!({"path": e.path}),
+                )
+            })?
+        };
+        // Without a key of the agent's, the same call as one awaiting
+        // approval is its retry: it takes that call's key (pending.rs).
+        let same_call = (source != KeySource::Agent)
+            .then(|| pending::Call::new(origin.session.clone(), &permit, &fingerprint));
+        let (key, source) = match same_call
+            .as_ref()
+            .and_then(|call| self.pending.key(call, now_ms()))
+        {
+            Some(key) => (key, KeySource::Pending),
+            None => (key, source),
+        };
+        let ctx = Answer {
+            permit: &permit,
+            tool: &tool,
+            key: &key,
+        };
         // The upstream first: one that cannot be reached costs no attempt.
         let session = self.upstream.connected().await.map_err(|why| {
             tracing::warn!(%permit, %tool, %key, %why, "the upstream cannot be reached; not authorized");
@@ -262,41 +307,26 @@ impl Gate {
                 Some(data),
             )
         })?;
-        let cost = self.costs.of(&tool);
 
-        let mut call = GuardedCall::new(&permit, &tool, &key)
-            .fingerprint(fingerprint.to_vec())
-            .cost(cost);
-        if let Some(timeout) = self.dispatch_timeout {
-            call = call.dispatch_timeout(timeout);
-        }
-        let forwarded = forwarded_meta(meta);
-        let gate = Arc::clone(self);
-        let fresh: Arc<Mutex<Option<Fresh>>> = Arc::default();
-        let slot = Arc::clone(&fresh);
-        let upstream = Arc::clone(&self.upstream);
-        let abandoned = self.abandoned.clone();
-        let guarded = async move {
-            gate.client
-                .guarded(call, move |attempt_id| async move {
-                    if abandoned.is_cancelled() {
-                        // The proxy is stopping: not sent now.
-                        return Err(DispatchError::NotSent);
-                    }
-                    let mut meta = forwarded;
-                    meta.insert(META_ATTEMPT_ID.into(), attempt_id.as_str().into());
-                    let mut request = request;
-                    request.meta = Some(RequestMetaObject(MetaObject(meta)));
-                    tokio::select! {
-                        biased;
-                        answer = dispatch(&upstream, session, request, &slot) => answer,
-                        () = abandoned.cancelled() => Err(DispatchError::unknown(
-                            "atmost-mcp stopped before the upstream answered",
-                        )),
-                    }
-                })
-                .await
+        let asked = Asked {
+            permit: permit.clone(),
+            tool: tool.clone(),
+            key: key.clone(),
+            fingerprint: fingerprint.to_vec(),
+            cost: self.costs.of(&tool),
+            summary: approval_summary(&tool, &canonical["arguments"]),
         };
+        let fresh: Arc<Mutex<Option<Fresh>>> = Arc::default();
+        let forward = Forward {
+            upstream: Arc::clone(&self.upstream),
+            session,
+            request,
+            forwarded: forwarded_meta(meta),
+            slot: Arc::clone(&fresh),
+            abandoned: self.abandoned.clone(),
+        };
+        let gate = Arc::clone(self);
+        let guarded = async move { gate.guarded(asked, forward).await };
         let task = {
             let stopping = self.stopping.lock().unwrap_or_else(PoisonError::into_inner);
             if *stopping {
@@ -318,7 +348,70 @@ impl Gate {
         };
         let fresh = fresh.lock().map(|mut f| f.take()).unwrap_or(None);
         log(&ctx, source, &outcome);
+        if let Some(call) = same_call {
+            match &outcome {
+                Err(GuardError::AwaitingApproval { expires_at_ms, .. }) => {
+                    self.pending.awaiting(call, &key, *expires_at_ms, now_ms());
+                }
+                // atmost could not be asked, or the call is being sent
+                // under the key right now: the retry still needs the key.
+                Err(
+                    GuardError::Unavailable(_) | GuardError::Rpc(_) | GuardError::InProgress(_),
+                ) => {}
+                _ => self.pending.settled(&call, &key),
+            }
+        }
         ctx.answer(outcome, fresh)
+    }
+
+    /// The guarded call, which waits for a person's decision, when the
+    /// permit's approval rule holds it, for up to `--approval-wait` in
+    /// steps of [`APPROVAL_WAIT_STEP`]: a proxy told to stop meanwhile
+    /// stops waiting (nothing was sent; the agent is told to call again).
+    async fn guarded(&self, asked: Asked, mut forward: Forward) -> Result<Outcome, GuardError> {
+        let until = Instant::now() + self.approval_wait;
+        let mut waited = false;
+        loop {
+            let wait = until
+                .saturating_duration_since(Instant::now())
+                .min(APPROVAL_WAIT_STEP);
+            let mut call = GuardedCall::new(&asked.permit, &asked.tool, &asked.key)
+                .fingerprint(asked.fingerprint.clone())
+                .cost(asked.cost)
+                .approval_summary(asked.summary.clone())
+                .approval_wait(wait);
+            if let Some(timeout) = self.dispatch_timeout {
+                call = call.dispatch_timeout(timeout);
+            }
+            let this = forward.clone();
+            let mut outcome = self
+                .client
+                .guarded(call, move |attempt_id| this.send(attempt_id))
+                .await;
+            // A denial that came while this call waited (between two
+            // steps) is news to it, not a replay.
+            if let Err(GuardError::ApprovalDenied { replayed, .. }) = &mut outcome
+                && waited
+            {
+                *replayed = false;
+            }
+            if !matches!(outcome, Err(GuardError::AwaitingApproval { .. }))
+                || Instant::now() >= until
+                || self.stopping()
+                || self.abandoned.is_cancelled()
+            {
+                return outcome;
+            }
+            waited = true;
+            // Still waiting: a connection to the upstream that closed
+            // meanwhile is opened again for the dispatch (if it cannot
+            // be, the dispatch finds out).
+            if !forward.session.usable()
+                && let Ok(session) = self.upstream.connected().await
+            {
+                forward.session = session;
+            }
+        }
     }
 
     /// --permit, or the request's --permit-header (never both: the
@@ -394,6 +487,81 @@ impl Gate {
             ),
         })
     }
+}
+
+/// What atmost is asked for one tools/call.
+struct Asked {
+    permit: String,
+    tool: String,
+    key: String,
+    fingerprint: Vec<u8>,
+    cost: i64,
+    summary: String,
+}
+
+/// The call to forward on DISPATCH, and where its answer goes.
+#[derive(Clone)]
+struct Forward {
+    upstream: Arc<Upstream>,
+    session: Session,
+    request: CallToolRequestParams,
+    /// The agent's `_meta` to forward ([`forwarded_meta`]).
+    forwarded: Map<String, Value>,
+    slot: Arc<Mutex<Option<Fresh>>>,
+    abandoned: CancellationToken,
+}
+
+impl Forward {
+    /// The guarded call's dispatch: the request, with the attempt id in
+    /// its `_meta`, sent once.
+    async fn send(self, attempt_id: AttemptId) -> Result<Dispatched, DispatchError> {
+        if self.abandoned.is_cancelled() {
+            // The proxy is stopping: not sent now.
+            return Err(DispatchError::NotSent);
+        }
+        let mut meta = self.forwarded;
+        meta.insert(META_ATTEMPT_ID.into(), attempt_id.as_str().into());
+        let mut request = self.request;
+        request.meta = Some(RequestMetaObject(MetaObject(meta)));
+        tokio::select! {
+            biased;
+            answer = dispatch(&self.upstream, self.session, request, &self.slot) => answer,
+            () = self.abandoned.cancelled() => Err(DispatchError::unknown(
+                "atmost-mcp stopped before the upstream answered",
+            )),
+        }
+    }
+}
+
+/// What the approvers are shown of a call (AuthorizeRequest's
+/// approval_summary, stored when the call is first asked for): the tool's
+/// name and its arguments as JSON, cut to fit atmost's 1024 bytes. It is
+/// the proxy's description; the fingerprint is what the approval binds.
+fn approval_summary(tool: &str, arguments: &Value) -> String {
+    let whole = format!("{tool} {arguments}");
+    if whole.len() <= MAX_SUMMARY_BYTES {
+        return whole;
+    }
+    let mut end = MAX_SUMMARY_BYTES - '…'.len_utf8();
+    while !whole.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &whole[..end])
+}
+
+/// Now, in ms since the Unix epoch.
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// `ms` since the Unix epoch as RFC 3339 (UTC, whole seconds); None for
+/// 0, which atmost gives when it does not know.
+fn rfc3339(ms: i64) -> Option<String> {
+    let ms = u64::try_from(ms).ok().filter(|ms| *ms > 0)?;
+    let at = UNIX_EPOCH.checked_add(Duration::from_millis(ms))?;
+    Some(humantime::format_rfc3339_seconds(at).to_string())
 }
 
 /// `mcp:<session>:<request id as JSON>`, or `mcp:sha256:<hex>` of the same
@@ -608,12 +776,7 @@ impl Answer<'_> {
             Err(GuardError::AwaitingApproval {
                 attempt_id,
                 expires_at_ms,
-            }) => Err(self.error(
-                code::AWAITING_APPROVAL,
-                reason::AWAITING_APPROVAL,
-                "the call waits for a person's approval and was not sent: make the same call again (same arguments, same idempotency key) later; it is sent once approved".into(),
-                json!({"attempt_id": attempt_id.as_str(), "approval_expires_at_ms": expires_at_ms}),
-            )),
+            }) => Ok(self.awaiting_approval(attempt_id.as_str(), expires_at_ms)),
             Err(GuardError::ApprovalDenied {
                 attempt_id,
                 reason,
@@ -672,6 +835,51 @@ impl Answer<'_> {
         meta.0.insert(META_KEY_USED.into(), self.key.into());
         meta.0.insert(META_REPLAYED.into(), replayed.into());
         CallToolResponse::Complete(result)
+    }
+
+    /// The answer to a call the permit's approval rule holds: nothing was
+    /// sent. A tool error (an isError result), not a JSON-RPC error: MCP
+    /// clients give a tool's errors to the model, which is to act on this
+    /// one (make the same call again later), and may keep protocol errors
+    /// from it. The text says what to do; `structuredContent` and `_meta`
+    /// say the same for programs.
+    fn awaiting_approval(&self, attempt_id: &str, expires_at_ms: i64) -> CallToolResponse {
+        let expires_at = rfc3339(expires_at_ms);
+        let lapse = match &expires_at {
+            Some(at) => format!(
+                "If nobody approves it by {at}, the request lapses and the call is never sent."
+            ),
+            None => "If nobody approves it in time, the request lapses and the call is never sent."
+                .to_owned(),
+        };
+        let message = format!(
+            "Not sent: this call of \"{tool}\" is waiting for a person's approval. Do not change it: \
+             make the same call again later (not at once: a person decides first), with exactly \
+             the same arguments (idempotency key \"{key}\"). Once a person approves it, that call \
+             is sent, once, and returns the tool's result. {lapse}",
+            tool = self.tool,
+            key = self.key,
+        );
+        let mut structured = json!({
+            "reason": reason::AWAITING_APPROVAL,
+            "message": message,
+            "tool": self.tool,
+            "permit_id": self.permit,
+            "idempotency_key": self.key,
+            "attempt_id": attempt_id,
+        });
+        let mut meta = MetaObject::default();
+        meta.0
+            .insert(META_REASON.into(), reason::AWAITING_APPROVAL.into());
+        if let Some(at) = expires_at {
+            structured["approval_expires_at"] = at.clone().into();
+            structured["approval_expires_at_ms"] = expires_at_ms.into();
+            meta.0.insert(META_APPROVAL_EXPIRES_AT.into(), at.into());
+        }
+        let mut result = CallToolResult::error(vec![ContentBlock::text(message)]);
+        result.structured_content = Some(structured);
+        result.meta = Some(meta);
+        self.result(result, attempt_id, false)
     }
 
     /// atmost's refusal: its reason, the tool, and the ErrorInfo numbers.
@@ -790,6 +998,13 @@ fn log(ctx: &Answer<'_>, source: KeySource, outcome: &Result<Outcome, GuardError
             permit, tool, key, key_source = ?source, attempt_id = %o.attempt.attempt_id,
             replayed = o.replayed, "tools/call succeeded"
         ),
+        Err(GuardError::AwaitingApproval {
+            attempt_id,
+            expires_at_ms,
+        }) => tracing::info!(
+            permit, tool, key, key_source = ?source, %attempt_id, expires_at_ms,
+            "tools/call awaits approval: not sent"
+        ),
         Err(e @ GuardError::CommitNotRecorded { .. }) => tracing::error!(
             permit, tool, key, key_source = ?source, error = %e, "tools/call outcome not recorded"
         ),
@@ -798,6 +1013,8 @@ fn log(ctx: &Answer<'_>, source: KeySource, outcome: &Result<Outcome, GuardError
         ),
     }
 }
+
+mod pending;
 
 #[cfg(test)]
 mod tests;

@@ -19,7 +19,8 @@
 //! - `config.rs`: the flags and the cost table file.
 //! - `proxy.rs`: the MCP server handler the agents talk to.
 //! - `gate.rs`: one tools/call through atmost: permit, key, fingerprint,
-//!   cost, the guarded call, and the answer (result or JSON-RPC error).
+//!   cost, the guarded call, and the answer (result, the tool error of a
+//!   call awaiting approval, or JSON-RPC error).
 //! - `upstream.rs`: the connection to the upstream, reopened when closed,
 //!   and whether a failed call may have reached it.
 //! - `child.rs`: the upstream as a child process over stdio, and whether a
@@ -107,6 +108,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         permits,
         costs,
         args.dispatch_timeout,
+        args.approval_wait,
         upstream,
         args.stdio.then(|| uuid::Uuid::new_v4().to_string()),
     ));

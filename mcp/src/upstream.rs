@@ -95,7 +95,7 @@ impl Session {
     }
 
     /// Whether new requests may go to it.
-    fn usable(&self) -> bool {
+    pub fn usable(&self) -> bool {
         !self.0.expired.load(Ordering::Acquire)
             && !self.0.service.is_closed()
             && !self.peer().is_transport_closed()

@@ -9,6 +9,10 @@
 - the proxy: atmost-mcp from ATMOST_MCP_BIN, its address read from its
   first stdout line.
 - the agents: the official Python SDK's Client (mcp.client.Client).
+- approvers (test_approval.py): atmost with API keys, its Approvals
+  service (ListApprovals, Approve, Deny) and CreatePermit with an approval
+  rule called through atmost's own HTTP/JSON edge (the same services as
+  gRPC, on the same port) with an approver's key and an admin's.
 
 Every process started is killed at the end, whatever happened.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import pathlib
@@ -30,6 +35,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -228,6 +235,94 @@ def memory_atmost(tmp_path_factory) -> Iterator[Atmost]:
     server = Atmost(tmp_path_factory.mktemp("atmost-plain"), [])
     yield server
     server.stop()
+
+
+class ApprovalAtmost(Atmost):
+    """atmost with API keys: an admin's (the CLI's, and permits), the
+    proxy's (agent role) and an approver's, all of one tenant. Permits with
+    an approval rule, ListApprovals, Approve and Deny go through atmost's
+    HTTP/JSON edge, which serves the same RPCs as gRPC on the same port."""
+
+    APPROVER = "alice"
+
+    def __init__(self, tmp: pathlib.Path, args: List[str]) -> None:
+        self.admin_key, self.agent_key, self.approver_key = (secrets.token_hex(16) for _ in range(3))
+
+        def entry(name: str, key: str, role: str) -> str:
+            digest = hashlib.sha256(key.encode()).hexdigest()
+            return f'[[key]]\nid = "{name}"\nsha256 = "{digest}"\ntenant = "t"\nroles = ["{role}"]\n\n'
+
+        keys = tmp / "keys.toml"
+        keys.write_text(entry("admin", self.admin_key, "admin") + entry("proxy", self.agent_key, "agent")
+                        + entry(self.APPROVER, self.approver_key, "approver"))
+        admin_file = tmp / "admin.key"
+        admin_file.write_text(self.admin_key + "\n")
+        self.agent_key_file = tmp / "agent.key"
+        self.agent_key_file.write_text(self.agent_key + "\n")
+        super().__init__(tmp, ["--auth-keys", str(keys), *args], cli_args=["--api-key-file", str(admin_file)])
+
+    def _json(self, key: str, method: str, path: str, body: Optional[Dict[str, Any]] = None) -> Any:
+        request = urllib.request.Request(
+            f"{self.url}{path}", method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=PATIENCE) as answer:
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{method} {path}: {e.code}: {e.read().decode(errors='replace')}") from None
+
+    def approval_permit(self, caps: Dict[str, int], approval: List[str], tools: List[str] = ()) -> str:
+        """A new permit whose calls of the `approval` tools wait for one
+        approver (CreatePermit, as the admin), its id."""
+        permit = {
+            "tools": sorted({*tools, *caps, *approval}),
+            "maxCallsPerTool": {tool: str(cap) for tool, cap in caps.items()},
+            "approvalPerTool": {tool: {} for tool in approval},
+            "expiresAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600)),
+        }
+        return self._json(self.admin_key, "POST", "/v1/permits", permit)["permitId"]
+
+    def approvals(self, permit: str) -> List[Dict[str, Any]]:
+        """The permit's calls awaiting approval, as its approver sees them
+        (ListApprovals)."""
+        return self._json(self.approver_key, "GET", f"/v1/permits/{permit}/approvals").get("attempts", [])
+
+    def awaiting(self, permit: str, key: str) -> Dict[str, Any]:
+        """The call under `key` in the approver's list, once it is there."""
+        give_up = time.monotonic() + PATIENCE
+        while True:
+            found = [a for a in self.approvals(permit) if a["idempotencyKey"] == key]
+            if found:
+                return found[0]
+            if time.monotonic() > give_up:
+                raise AssertionError(f"{key} never awaited approval")
+            time.sleep(0.05)
+
+    def approve(self, permit: str, key: str, attempt_id: str) -> Dict[str, Any]:
+        path = f"/v1/permits/{permit}/attempts/{urllib.parse.quote(key, safe='')}:approve"
+        return self._json(self.approver_key, "POST", path, {"attemptId": attempt_id})["attempt"]
+
+    def deny(self, permit: str, key: str, attempt_id: str, reason: str) -> Dict[str, Any]:
+        path = f"/v1/permits/{permit}/attempts/{urllib.parse.quote(key, safe='')}:deny"
+        return self._json(self.approver_key, "POST", path, {"attemptId": attempt_id, "reason": reason})["attempt"]
+
+
+@pytest.fixture(scope="session", params=["memory", "redis"])
+def approval_atmost(request, tmp_path_factory) -> Iterator[ApprovalAtmost]:
+    """atmost with keys on each store in turn: the tests using it run twice."""
+    tmp = tmp_path_factory.mktemp(f"atmost-keys-{request.param}")
+    redis = None
+    args: List[str] = []
+    if request.param == "redis":
+        redis = Redis()
+        args = ["--store", "redis", "--redis-url", redis.url]
+    server = ApprovalAtmost(tmp, args)
+    yield server
+    server.stop()
+    if redis is not None:
+        redis.stop()
 
 
 # === the upstream ===

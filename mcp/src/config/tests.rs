@@ -143,3 +143,29 @@ fn a_dispatch_timeout_of_0_is_refused() {
     );
     assert_eq!(args(&[]).dispatch_timeout, None);
 }
+
+#[test]
+fn a_call_waits_for_approval_only_when_told_to() {
+    let plain = args(&["--permit", "p", "--upstream", "http://127.0.0.1:8000/mcp"]);
+    assert_eq!(plain.approval_wait, Duration::ZERO);
+    let waiting = args(&[
+        "--permit",
+        "p",
+        "--upstream",
+        "http://127.0.0.1:8000/mcp",
+        "--approval-wait",
+        "2m",
+    ]);
+    assert_eq!(waiting.approval_wait, Duration::from_secs(120));
+    assert!(
+        try_args(&[
+            "--permit",
+            "p",
+            "--upstream",
+            "http://127.0.0.1:8000/mcp",
+            "--approval-wait",
+            "soon"
+        ])
+        .is_err()
+    );
+}

@@ -169,6 +169,7 @@ async fn a_call_once_stopping_is_refused_before_atmost_or_the_upstream_is_asked(
         PermitSource::Fixed("permit-1".into()),
         Costs::default(),
         None,
+        Duration::ZERO,
         Arc::new(upstream),
         Some("session-1".into()),
     ));
@@ -193,4 +194,70 @@ async fn a_call_once_stopping_is_refused_before_atmost_or_the_upstream_is_asked(
     assert_eq!(data["permit_id"], "permit-1");
     assert_eq!(data["idempotency_key"], "mcp:session-1:4");
     assert_eq!(gate.calls.len(), 0, "no guarded call was started");
+}
+
+#[test]
+fn the_approval_summary_names_the_tool_and_its_arguments_within_1024_bytes() {
+    assert_eq!(
+        approval_summary("charge", &json!({"amount": 500})),
+        r#"charge {"amount":500}"#
+    );
+    assert_eq!(approval_summary("ping", &json!({})), "ping {}");
+    // Cut on a character boundary, marked, never past atmost's limit.
+    for filler in ["x", "é", "€", "𝄞"] {
+        let summary = approval_summary("note", &json!({"text": filler.repeat(2000)}));
+        assert!(summary.len() <= MAX_SUMMARY_BYTES, "{}", summary.len());
+        assert!(summary.len() > MAX_SUMMARY_BYTES - 8, "{}", summary.len());
+        assert!(summary.starts_with(r#"note {"text":""#) && summary.ends_with('…'));
+    }
+}
+
+#[test]
+fn a_call_awaiting_approval_is_a_tool_error_saying_to_call_again() {
+    let ctx = Answer {
+        permit: "permit-1",
+        tool: "charge",
+        key: "mcp:s:7",
+    };
+    // (GuardError::AwaitingApproval's answer; its AttemptId is atmost's
+    // to make.) 2026-12-08T01:02:51Z:
+    let CallToolResponse::Complete(result) = ctx.awaiting_approval("attempt-1", 1_796_691_771_000)
+    else {
+        panic!("not a tool result");
+    };
+    assert_eq!(result.is_error, Some(true));
+    let text = text_of(&result);
+    for said in [
+        "Not sent",
+        "approval",
+        "same call again later",
+        "same arguments",
+        "\"mcp:s:7\"",
+        "2026-12-08T01:02:51Z",
+    ] {
+        assert!(text.contains(said), "{said:?} not in {text:?}");
+    }
+    let meta = result.meta.expect("_meta").0;
+    assert_eq!(meta[META_REASON], "AWAITING_APPROVAL");
+    assert_eq!(meta[META_KEY_USED], "mcp:s:7");
+    assert_eq!(meta[META_APPROVAL_EXPIRES_AT], "2026-12-08T01:02:51Z");
+    assert_eq!(meta[META_REPLAYED], false);
+    assert_eq!(meta[META_ATTEMPT_ID], "attempt-1");
+    let structured = result.structured_content.expect("structuredContent");
+    assert_eq!(structured["reason"], "AWAITING_APPROVAL");
+    assert_eq!(structured["approval_expires_at_ms"], 1_796_691_771_000_i64);
+    assert_eq!(structured["message"], text.as_str());
+    assert_eq!(structured["idempotency_key"], "mcp:s:7");
+    // Not known: said without a time.
+    let CallToolResponse::Complete(result) = ctx.awaiting_approval("attempt-1", 0) else {
+        panic!("not a tool result");
+    };
+    assert!(text_of(&result).contains("in time"));
+    assert!(
+        !result
+            .meta
+            .expect("_meta")
+            .0
+            .contains_key(META_APPROVAL_EXPIRES_AT)
+    );
 }
