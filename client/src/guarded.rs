@@ -674,6 +674,7 @@ impl Client {
         let claimed_here =
             waited && answer.decision() == pb::Decision::Dispatch && !answer.redelivered;
         let (answer, answered_try) = if claimed_here {
+            // Failing that, the first answer stands, counted as it was.
             retrying(
                 &call.retry,
                 call.on_retry.as_ref(),
@@ -682,7 +683,13 @@ impl Client {
                 |within| self.authorize_within(request.clone(), within),
             )
             .await
-            .map_err(authorize_refused)?
+            .ok()
+            .filter(|(again, _)| {
+                again.decision() == pb::Decision::Dispatch
+                    && again.attempt.as_ref().map(|a| &a.attempt_id)
+                        == answer.attempt.as_ref().map(|a| &a.attempt_id)
+            })
+            .unwrap_or((answer, answered_try))
         } else {
             (answer, answered_try)
         };
@@ -730,13 +737,27 @@ impl Client {
         mut answered_try: Instant,
     ) -> Result<(pb::AuthorizeResponse, Instant), GuardError> {
         const MAX_WAIT: Duration = Duration::from_secs(55);
+        // A server that answers a held ask at once (it is stopping, or
+        // predates `wait`) is asked again after a pause, not in a loop.
+        const PAUSE: Duration = Duration::from_millis(500);
+        const MAX_PAUSE: Duration = Duration::from_secs(5);
         let until = Instant::now() + call.approval_wait;
+        let mut pause = PAUSE;
+        let mut asked_at: Option<(Instant, Duration)> = None;
         while answer.decision() == pb::Decision::AwaitApproval {
+            if let Some((at, wait)) = asked_at
+                && at.elapsed() < wait / 2
+            {
+                let left = until.saturating_duration_since(Instant::now());
+                tokio::time::sleep(pause.min(left)).await;
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
             let wait = left.min(MAX_WAIT);
+            asked_at = Some((Instant::now(), wait));
             let mut asked = request.clone();
             asked.wait = Some(crate::duration(wait));
             // Each try may take the wait and then the usual retry time.

@@ -152,8 +152,20 @@ impl Client {
     /// A request with the client's deadline, shortened to `within` when
     /// that is sooner (a guarded call's retries share one time budget).
     fn request_within<T>(&self, message: T, within: Option<Duration>) -> tonic::Request<T> {
+        self.request_held(message, within, Duration::ZERO)
+    }
+
+    /// [`Self::request_within`] for a call the server may hold open for
+    /// `held` (an Authorize with `wait`): the client's deadline is longer
+    /// by it.
+    fn request_held<T>(
+        &self,
+        message: T,
+        within: Option<Duration>,
+        held: Duration,
+    ) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
-        let timeout = match (self.timeout, within) {
+        let timeout = match (self.timeout.map(|t| t + held), within) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -197,7 +209,10 @@ impl Client {
         request: pb::AuthorizeRequest,
         within: Option<Duration>,
     ) -> Result<pb::AuthorizeResponse, Error> {
-        let request = self.request_within(request, within);
+        let held = request.wait.as_ref().map_or(Duration::ZERO, |w| {
+            Duration::new(w.seconds.max(0) as u64, w.nanos.max(0) as u32)
+        });
+        let request = self.request_held(request, within, held);
         answer(self.gate.clone().authorize(request).await)
     }
 

@@ -47,6 +47,11 @@ impl Decisions {
         Subscription(self.tx.subscribe())
     }
 
+    /// Every call of the permit was decided (RevokePermit denies them all).
+    pub fn decided_all(&self, permit_id: &str) {
+        self.decided(permit_id, "");
+    }
+
     /// A call was approved or denied: its waiters look again.
     pub fn decided(&self, permit_id: &str, idempotency_key: &str) {
         // No receiver is no waiter: nothing to wake.
@@ -78,7 +83,12 @@ impl Decisions {
         let decided = async {
             loop {
                 match sub.0.recv().await {
-                    Ok(call) if call.0 == permit_id && call.1 == idempotency_key => return,
+                    Ok(call)
+                        if call.0 == permit_id
+                            && (call.1.is_empty() || call.1 == idempotency_key) =>
+                    {
+                        return;
+                    }
                     Ok(_) => {}
                     // Missed some: one of them may be ours.
                     Err(broadcast::error::RecvError::Lagged(_)) => return,
@@ -188,6 +198,13 @@ impl Approvals for ApprovalsService {
         self.ctx
             .decisions
             .decided(&attempt.permit_id, &attempt.idempotency_key);
+        // The approval that completed it (not the first of two).
+        if let Some(approval) = &attempt.approval
+            && attempt.state == crate::domain::AttemptState::Approved
+            && approval.decided_by == scope.key_id
+        {
+            crate::telemetry::note_approval_decided("approved", waited(&attempt));
+        }
         tracing::info!(
             permit_id = %attempt.permit_id,
             idempotency_key = %attempt.idempotency_key.escape_debug(),

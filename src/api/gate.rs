@@ -143,7 +143,16 @@ impl GateService {
         let allowance = request.extensions().get::<WaitAllowance>().cloned();
         let mut cmd = convert::authorize_cmd(request.into_inner());
         audit.about(&cmd.permit_id, &cmd.tool, &cmd.idempotency_key);
-        let result = match wait.and_then(|wait| cmd.validate().map(|()| wait)) {
+        // Every violation at once: the command's and the wait's.
+        let checked = match (cmd.validate(), wait) {
+            (Ok(()), Ok(wait)) => Ok(wait),
+            (Err(Error::InvalidRequest(mut v)), Err(Error::InvalidRequest(w))) => {
+                v.extend(w);
+                Err(Error::InvalidRequest(v))
+            }
+            (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+        };
+        let result = match checked {
             Ok(0) => self.authorize_once(&scope, &cmd, deadline).await,
             Ok(wait_ms) => {
                 // The request timeout would cut the wait short: it may

@@ -164,6 +164,8 @@ impl Permits for PermitsService {
             Err(e) => audit.record(&raw_id, "", "", e.reason().as_str(), ""),
         }
         let permit = result.map_err(to_status)?;
+        // Revoked, the calls waiting for approval are denied: their waits end.
+        self.ctx.decisions.decided_all(&permit.permit_id);
         tracing::info!(permit_id = %permit.permit_id, "permit revoked");
         Ok(Response::new(convert::permit(permit)))
     }

@@ -75,6 +75,8 @@ pub struct Ledger {
     /// next transition writes it ([`Ledger::lapse`]), returning their slots
     /// and costs, so no background job is needed.
     pending: BTreeSet<(Millis, Key)>,
+    /// The latest `now` a command ran at ([`Ledger::clock`]).
+    latest: Millis,
     /// The attempts AWAITING_APPROVAL, by (created_at, key): ListApprovals'
     /// order.
     awaiting: BTreeSet<(Millis, Key)>,
@@ -253,6 +255,7 @@ impl Ledger {
             holders: vec![Arc::from("")],
             open_change: OpenChange::default(),
             pending: BTreeSet::new(),
+            latest: 0,
             awaiting: BTreeSet::new(),
             awaiting_change: Vec::new(),
         }
@@ -285,6 +288,16 @@ impl Ledger {
 
     pub fn permit(&self) -> &Permit {
         &self.permit
+    }
+
+    /// The instant a command at `now` runs at: never earlier than one that
+    /// ran before it. A caller that read its clock before taking its turn
+    /// (the memory store reads it before its lock) could otherwise run
+    /// after a command that saw a deadline pass, at an instant before it:
+    /// approve a call another reader was told had lapsed.
+    pub fn clock(&mut self, now: Millis) -> Millis {
+        self.latest = self.latest.max(now);
+        self.latest
     }
 
     /// Stops new keys; a call still awaiting approval (or approved and
@@ -337,6 +350,13 @@ impl Ledger {
         }
     }
 
+    /// [`Ledger::lapse`], for a store that passes over lapsed requests
+    /// (the memory store's listing): the next transition would write the
+    /// same.
+    pub fn write_lapses(&mut self, now: Millis) {
+        self.lapse(now);
+    }
+
     /// A pending call (AWAITING_APPROVAL or APPROVED) -> DENIED at `at`,
     /// by `by` for `reason`: its slot and cost come back.
     fn deny_pending(&mut self, key: &Key, reason: &str, by: &str, at: Millis) {
@@ -359,6 +379,7 @@ impl Ledger {
         if was == AttemptState::AwaitingApproval {
             self.awaiting_remove(created_at, key);
         }
+        self.dup_forget(key);
     }
 
     fn awaiting_remove(&mut self, created_at: Millis, key: &Key) {
@@ -553,6 +574,9 @@ impl Ledger {
         quotas: &Quotas,
         store_full: Option<u64>,
     ) -> Result<Authorized, Error> {
+        // Calls whose approval lapsed return their slots before anything
+        // is read: every answer's usage counts only what is held at `now`.
+        self.lapse(now);
         if let Some((key, existing)) = self.attempts.get_key_value(cmd.idempotency_key.as_str())
             && existing.state != AttemptState::Released
         {
@@ -583,6 +607,18 @@ impl Ledger {
                 }
                 AttemptState::Approved => {
                     if holds {
+                        // The claim is this call's first dispatch: a held
+                        // tool stops it as it stops a new key (it stays
+                        // APPROVED, to be claimed once the hold lifts).
+                        let tool = usize::from(existing.tool);
+                        if let Some((at, held_key)) = self.held.get(tool).and_then(|h| h.first())
+                            && *at <= now
+                        {
+                            return Err(Error::ToolHeld {
+                                tool: cmd.tool.clone(),
+                                uncertain_key: held_key.to_string(),
+                            });
+                        }
                         let key = key.clone();
                         return Ok(self.claim(&key, cmd, now));
                     }
@@ -643,8 +679,6 @@ impl Ledger {
             });
         }
 
-        // Calls whose approval lapsed return their slots before any check.
-        self.lapse(now);
         let permit = &self.permit;
         if permit.status == PermitStatus::Revoked {
             return Err(Error::PermitRevoked {
@@ -1031,18 +1065,11 @@ impl Ledger {
                     // until an operator verifies it never took effect.
                     return Err(Error::StateConflict { state });
                 }
-                let dup_hash = self.dup_hash(usize::from(attempt.tool), &attempt.fingerprint);
                 self.reserved -= reserved_cost;
                 let record = self.attempts.get_mut(key).expect("checked");
                 record.state = AttemptState::Released;
                 self.calls[usize::from(record.tool)] -= 1;
-                let fallback = record.duplicate_of.clone();
-                if self.dup_index.get(&dup_hash).map(|k| &**k) == Some(key) {
-                    match fallback {
-                        Some(earlier) => self.dup_index.insert(dup_hash, earlier),
-                        None => self.dup_index.remove(&dup_hash),
-                    };
-                }
+                self.dup_forget(key);
             }
         }
         // Settled: no longer RESERVED, so its token redelivers nothing.
@@ -1119,6 +1146,22 @@ impl Ledger {
         .into_observed(now)
     }
 
+    /// An attempt that was never sent (RELEASED, DENIED) leaves the
+    /// duplicate guard's index: if it is the latest under its (tool,
+    /// fingerprint), the earlier live key it was a duplicate of takes its
+    /// place.
+    fn dup_forget(&mut self, key: &str) {
+        let record = &self.attempts[key];
+        let dup_hash = self.dup_hash(usize::from(record.tool), &record.fingerprint);
+        let fallback = record.duplicate_of.clone();
+        if self.dup_index.get(&dup_hash).map(|k| &**k) == Some(key) {
+            match fallback {
+                Some(earlier) => self.dup_index.insert(dup_hash, earlier),
+                None => self.dup_index.remove(&dup_hash),
+            };
+        }
+    }
+
     /// The duplicate guard's index key: a keyed hash of the tool and the
     /// fingerprint. (The Redis store uses 48 bits of SHA-1 of the two,
     /// lib.lua: dup_field.)
@@ -1140,11 +1183,12 @@ impl Ledger {
         let earlier = self.attempts.get(&**key)?;
         let live = usize::from(earlier.tool) == tool
             && *earlier.fingerprint == *fingerprint
-            && !matches!(
-                earlier.observed_state(now),
-                AttemptState::Released | AttemptState::Denied
-            )
-            && now - earlier.created_at < self.permit.duplicate_guard.window_ms;
+            && match earlier.observed_state(now) {
+                AttemptState::Released | AttemptState::Denied => false,
+                // Waiting for a person, it is as live as the moment it asked.
+                AttemptState::AwaitingApproval | AttemptState::Approved => true,
+                _ => now - earlier.created_at < self.permit.duplicate_guard.window_ms,
+            };
         live.then(|| key.clone())
     }
 }

@@ -108,7 +108,7 @@ impl MemoryStore {
         scope: &Scope,
         permit_id: &str,
         now: Millis,
-        f: impl FnOnce(&mut Ledger, Option<u64>) -> Result<T, Error>,
+        f: impl FnOnce(&mut Ledger, Option<u64>, Millis) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -141,7 +141,10 @@ impl MemoryStore {
             return Err(not_found());
         }
         let bytes = ledger.approx_bytes();
-        let out = f(ledger, full);
+        // Never earlier than a command on this permit that ran before: its
+        // clock was read before the lock.
+        let now = ledger.clock(now);
+        let out = f(ledger, full, now);
         inner.bytes = inner.bytes - bytes + ledger.approx_bytes();
         let after = self.place(ledger);
         if after != before {
@@ -266,7 +269,7 @@ impl Store for MemoryStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<PermitView, Error> {
-        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.view(now)))
+        self.with_ledger(scope, permit_id, now, |l, _, now| Ok(l.view(now)))
     }
 
     async fn revoke_permit(
@@ -275,7 +278,7 @@ impl Store for MemoryStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<Permit, Error> {
-        self.with_ledger(scope, permit_id, now, |l, _| Ok(l.revoke(now)))
+        self.with_ledger(scope, permit_id, now, |l, _, now| Ok(l.revoke(now)))
     }
 
     async fn get_attempt(
@@ -284,7 +287,7 @@ impl Store for MemoryStore {
         cmd: &GetAttemptCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _, now| {
             l.get_attempt(&cmd.idempotency_key, now)
         })
     }
@@ -296,7 +299,7 @@ impl Store for MemoryStore {
         now: Millis,
         attempt_id: String,
     ) -> Result<Authorized, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, full| {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, full, now| {
             l.authorize(scope, cmd, now, attempt_id, &self.quotas, full)
         })
     }
@@ -308,7 +311,7 @@ impl Store for MemoryStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _, now| {
             l.commit(scope, cmd, now, receipt_id)
         })
     }
@@ -319,7 +322,7 @@ impl Store for MemoryStore {
         cmd: &MarkUncertainCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _, now| {
             l.mark_uncertain(scope, cmd, now)
         })
     }
@@ -331,7 +334,7 @@ impl Store for MemoryStore {
         now: Millis,
         receipt_id: String,
     ) -> Result<Settled, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _, now| {
             l.resolve(cmd, now, receipt_id)
         })
     }
@@ -346,7 +349,7 @@ impl Store for MemoryStore {
     ) -> Result<Page, Error> {
         if let Some(id) = permit_id {
             let after = after.and_then(|c| c.attempt_in(id));
-            let attempts = self.with_ledger(scope, id, now, |l, _| {
+            let attempts = self.with_ledger(scope, id, now, |l, _, now| {
                 Ok(l.uncertain_after(after, limit, now))
             })?;
             return Ok(full_page(attempts, limit, Cursor::after));
@@ -391,13 +394,15 @@ impl Store for MemoryStore {
         cmd: &ApproveCmd,
         now: Millis,
     ) -> Result<Attempt, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, _| {
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _, now| {
             l.approve(scope, cmd, now)
         })
     }
 
     async fn deny(&self, scope: &Scope, cmd: &DenyCmd, now: Millis) -> Result<Settled, Error> {
-        self.with_ledger(scope, &cmd.permit_id, now, |l, _| l.deny(scope, cmd, now))
+        self.with_ledger(scope, &cmd.permit_id, now, |l, _, now| {
+            l.deny(scope, cmd, now)
+        })
     }
 
     async fn list_approvals(
@@ -410,42 +415,60 @@ impl Store for MemoryStore {
     ) -> Result<Page, Error> {
         if let Some(id) = permit_id {
             let after = after.and_then(|c| c.attempt_in(id));
-            let attempts = self.with_ledger(scope, id, now, |l, _| {
+            let attempts = self.with_ledger(scope, id, now, |l, _, now| {
+                l.write_lapses(now);
                 Ok(l.awaiting_after(after, limit, now))
             })?;
             return Ok(full_page(attempts, limit, Cursor::after_request));
         }
-        // Across permits: the tenant's approvals index, skipping requests
-        // that lapsed (written at their ledger's next transition).
-        let inner = self.lock();
+        // Across permits: the tenant's approvals index. A request that
+        // lapsed is skipped, and its ledger writes its lapses after the
+        // page, which takes them out of the index: each is passed over
+        // once, so listings cost what they return.
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let mut attempts = Vec::new();
-        let Some(awaiting) = inner.awaiting.get(scope.tenant.as_str()) else {
-            return Ok(Page::default());
-        };
-        let start = match after {
-            Some(c) => Bound::Excluded((
-                c.at,
-                Arc::from(c.permit_id.as_str()),
-                Arc::from(c.idempotency_key.as_str()),
-            )),
-            None => Bound::Unbounded,
-        };
-        for (_, id, key) in awaiting.range((start, Bound::Unbounded)) {
-            let ledger = inner.ledgers.get(id).ok_or_else(|| {
-                Error::StoreUnavailable(format!(
-                    "permit {id} is listed as awaiting but has no ledger"
-                ))
-            })?;
-            if !ledger.permit().visible_to(scope) {
-                continue;
+        let mut lapsed = BTreeSet::new();
+        if let Some(awaiting) = inner.awaiting.get(scope.tenant.as_str()) {
+            let start = match after {
+                Some(c) => Bound::Excluded((
+                    c.at,
+                    Arc::from(c.permit_id.as_str()),
+                    Arc::from(c.idempotency_key.as_str()),
+                )),
+                None => Bound::Unbounded,
+            };
+            for (_, id, key) in awaiting.range((start, Bound::Unbounded)) {
+                let ledger = inner.ledgers.get(id).ok_or_else(|| {
+                    Error::StoreUnavailable(format!(
+                        "permit {id} is listed as awaiting but has no ledger"
+                    ))
+                })?;
+                if !ledger.permit().visible_to(scope) {
+                    continue;
+                }
+                let attempt = ledger.get_attempt(key, now)?;
+                if attempt.state != AttemptState::AwaitingApproval {
+                    lapsed.insert(id.clone());
+                    continue;
+                }
+                attempts.push(attempt);
+                if attempts.len() == limit {
+                    break;
+                }
             }
-            let attempt = ledger.get_attempt(key, now)?;
-            if attempt.state != AttemptState::AwaitingApproval {
+        }
+        for id in lapsed {
+            let Some(ledger) = inner.ledgers.get_mut(&id) else {
                 continue;
-            }
-            attempts.push(attempt);
-            if attempts.len() == limit {
-                break;
+            };
+            let bytes = ledger.approx_bytes();
+            let now = ledger.clock(now);
+            ledger.write_lapses(now);
+            inner.bytes = inner.bytes - bytes + ledger.approx_bytes();
+            let tenant = ledger.permit().tenant.clone();
+            for (added, at, key) in ledger.take_awaiting_change() {
+                index_move(&mut inner.awaiting, &tenant, added, (at, id.clone(), key));
             }
         }
         Ok(full_page(attempts, limit, Cursor::after_request))
@@ -579,5 +602,58 @@ mod tests {
             .expect("list");
         assert_eq!(page.attempts.len(), 1);
         assert_eq!(page.next, None);
+    }
+
+    /// A command whose clock was read before another's, and runs after
+    /// it, runs at the later instant: once a reader was told a request
+    /// lapsed, an Approve read a moment earlier cannot revive it.
+    #[tokio::test]
+    async fn a_late_approve_cannot_revive_a_lapse_another_reader_saw() {
+        use crate::domain::{ApprovalRule, ApproveCmd, AttemptState, GetAttemptCmd};
+        let store = MemoryStore::new(RETENTION);
+        let mut p = permit(7);
+        p.expires_at = T0 + 100_000;
+        p.approval_per_tool.insert(
+            "t".into(),
+            ApprovalRule {
+                cost_at_least: None,
+                wait_ms: 1_000,
+                approvers: 1,
+            },
+        );
+        let permit_id = store.create_permit(p).await.expect("create").permit_id;
+        let cmd = AuthorizeCmd {
+            permit_id: permit_id.clone(),
+            tool: "t".into(),
+            idempotency_key: "k".into(),
+            request_fingerprint: vec![1],
+            cost: 0,
+            holder_token: Vec::new(),
+            approval_summary: String::new(),
+        };
+        let asked = store
+            .authorize(&Scope::default(), &cmd, T0, new_id(T0))
+            .await
+            .expect("asked");
+        let read = GetAttemptCmd {
+            permit_id: permit_id.clone(),
+            idempotency_key: "k".into(),
+        };
+        let seen = store
+            .get_attempt(&Scope::default(), &read, T0 + 1_000)
+            .await
+            .expect("read");
+        assert_eq!(seen.state, AttemptState::Denied);
+        let approve = ApproveCmd {
+            permit_id,
+            idempotency_key: "k".into(),
+            attempt_id: asked.attempt.attempt_id,
+        };
+        assert_eq!(
+            store.approve(&Scope::default(), &approve, T0 + 999).await,
+            Err(Error::StateConflict {
+                state: AttemptState::Denied
+            })
+        );
     }
 }

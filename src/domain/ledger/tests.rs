@@ -2329,4 +2329,72 @@ mod approval {
         assert_eq!(listed(&b, Some((T0 + 2, "k3"))), ["k4"]);
         assert_eq!(b.ledger.awaiting_after(None, 1, b.now).len(), 1);
     }
+
+    #[test]
+    fn a_held_tool_holds_an_approved_call_too() {
+        let mut b = bench(5);
+        b.ledger.permit.uncertain_policy = UncertainPolicy::HoldTool;
+        b.ledger.held = vec![BTreeSet::new(); b.ledger.permit.tools.len()];
+        let big = b.awaiting("t", "big", 500);
+        let small = b.dispatch("t", "small", "fp-small", 1);
+        b.mark(&small, "lost").expect("marked");
+        b.as_approver("alice", |b| b.approve(&big))
+            .expect("approved");
+        assert_eq!(
+            b.authorize("t", "big", "fp", 500).map(|r| r.decision),
+            Err(Error::ToolHeld {
+                tool: "t".into(),
+                uncertain_key: "small".into()
+            })
+        );
+        b.as_admin("ops");
+        b.resolve("small", failed("declined")).expect("resolved");
+        b.as_agent("agent-1");
+        assert_eq!(
+            b.authorize("t", "big", "fp", 500).map(|r| r.decision),
+            Ok(Decision::Dispatch),
+            "the hold lifted, the approved call goes"
+        );
+    }
+
+    #[test]
+    fn the_duplicate_guard_sees_a_waiting_call_past_its_window() {
+        let mut b = bench(5);
+        guard(&mut b.ledger.permit, GuardMode::Enforce);
+        b.awaiting("t", "k1", 100);
+        b.advance(WINDOW + 1);
+        assert!(matches!(
+            b.authorize("t", "k2", "fp", 100),
+            Err(Error::DuplicateSuspected { .. })
+        ));
+    }
+
+    #[test]
+    fn a_denied_duplicate_hands_the_guard_back_to_the_call_it_repeated() {
+        let mut b = bench(5);
+        let x = b.dispatch("t", "x", "fp", 1);
+        b.commit(&x, succeeded("ok", None)).expect("committed");
+        // LOG: the same request under a new key is flagged, and waits.
+        let y = b.authorize("t", "y", "fp", 100).expect("asked");
+        assert_eq!(y.duplicate_of.as_deref(), Some("x"));
+        b.as_approver("alice", |b| b.deny(&y.attempt, "no"))
+            .expect("denied");
+        let z = b.authorize("t", "z", "fp", 100).expect("asked");
+        assert_eq!(
+            z.duplicate_of.as_deref(),
+            Some("x"),
+            "x is still the one it repeats"
+        );
+    }
+
+    #[test]
+    fn every_answer_counts_a_lapse_as_returned() {
+        let mut b = bench(5);
+        b.awaiting("t", "k", 100);
+        b.at(T0 + WAIT);
+        let replay = b.authorize("t", "k", "fp", 100).expect("replayed");
+        assert_eq!(replay.decision, Decision::Replay);
+        assert_eq!(replay.usage.calls_made, 0, "{replay:?}");
+        assert_eq!(replay.usage.budget_remaining, Some(1000));
+    }
 }
