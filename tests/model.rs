@@ -6,13 +6,14 @@
 
 use crate::support::{Redis, redis_store_with, shared_blocking};
 use atmost::domain::{
-    Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision, DuplicateGuard, Error,
-    GetAttemptCmd, GuardMode, MAX_AMOUNT, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus,
-    Quotas, ResolveCmd, Scope, UncertainPolicy,
+    ApprovalRule, ApproveCmd, Attempt, AttemptState, AuthorizeCmd, Authorized, CommitCmd, Decision,
+    DenyCmd, DuplicateGuard, Error, GetAttemptCmd, GuardMode, MAX_AMOUNT, MarkUncertainCmd, Millis,
+    Outcome, Permit, PermitStatus, Quotas, ResolveCmd, Scope, UncertainPolicy,
 };
 use atmost::store::{Cursor, Store, memory::MemoryStore, redis::RedisStore};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// 2100-01-01: far past the wall clock, because Redis expires keys on its
 /// own clock (PEXPIREAT at expiry plus retention) while the scripts decide
@@ -50,6 +51,9 @@ struct PermitConfig {
     lease_ms: Millis,
     lifetime_ms: Millis,
     policy: UncertainPolicy,
+    /// The approval rules of alpha and beta (gamma never has one).
+    rule_alpha: Option<ApprovalRule>,
+    rule_beta: Option<ApprovalRule>,
 }
 
 #[derive(Debug, Clone)]
@@ -107,6 +111,102 @@ enum Op {
     /// UNCERTAIN attempts and the same oldest age, so no sweep hid a
     /// permit from it.
     Census,
+    /// An approver approves the key's call (with `latest`, the call last
+    /// answered AWAIT_APPROVAL, if any), with the attempt id the test last
+    /// saw for it (or a stale one).
+    Approve {
+        permit: usize,
+        key: usize,
+        latest: bool,
+        approver: Approver,
+        stale_id: bool,
+    },
+    /// An approver denies it, for one of two reasons.
+    Deny {
+        permit: usize,
+        key: usize,
+        latest: bool,
+        approver: Approver,
+        reason: u8,
+        stale_id: bool,
+    },
+    /// The Authorize last answered AWAIT_APPROVAL, sent again by this
+    /// step's caller (0: no holder token; 1 and 2: two holders'): waiting
+    /// still, its claim once approved, or its denial replayed.
+    Again {
+        token: u8,
+    },
+    /// ListApprovals, under one permit or across the approver's tenant,
+    /// every page.
+    ListApprovals {
+        permit: Option<usize>,
+        limit: usize,
+        approver: Approver,
+    },
+}
+
+/// Who approves or denies (an approver key is never an agent's: not
+/// limited to a permit's agents, `api::tenant_of`).
+#[derive(Debug, Clone, Copy)]
+enum Approver {
+    /// Two approver keys of the permit's tenant.
+    Ap1,
+    Ap2,
+    /// The key ids that request calls: an approval by the requester is
+    /// refused.
+    A1,
+    Admin,
+    /// No key id.
+    NoKeyId,
+    /// Another tenant's approver: sees nothing.
+    Stranger,
+}
+
+fn approver() -> impl Strategy<Value = Approver> {
+    prop_oneof![
+        4 => Just(Approver::Ap1),
+        3 => Just(Approver::Ap2),
+        2 => Just(Approver::A1),
+        1 => Just(Approver::Admin),
+        1 => Just(Approver::NoKeyId),
+        1 => Just(Approver::Stranger),
+    ]
+}
+
+/// The approver's scope about `permit`, as the Approvals service builds it
+/// (`api::tenant_of`: never limited to an agent); in dev mode
+/// `Scope::default()`.
+fn approver_scope(permit: usize, approver: Approver, dev: bool) -> Scope {
+    if dev {
+        return Scope::default();
+    }
+    let own = TENANTS[permit % 2];
+    let (tenant, key_id) = match approver {
+        Approver::Ap1 => (own, "ap1"),
+        Approver::Ap2 => (own, "ap2"),
+        Approver::A1 => (own, "a1"),
+        Approver::Admin => (own, "admin"),
+        Approver::NoKeyId => (own, ""),
+        Approver::Stranger => (TENANTS[(permit + 1) % 2], "b-ap"),
+    };
+    Scope {
+        tenant: tenant.into(),
+        agent: None,
+        key_id: key_id.into(),
+    }
+}
+
+/// An approval rule: for calls costing at least 1 to 3, or for every call;
+/// a wait short enough for cases to run past it; one or two approvers.
+fn approval_rule() -> impl Strategy<Value = Option<ApprovalRule>> {
+    let rule = (proptest::option::of(1i64..4), 1_000i64..8_000, 1u32..=2).prop_map(
+        |(cost_at_least, wait_ms, approvers)| ApprovalRule {
+            cost_at_least,
+            wait_ms,
+            approvers,
+        },
+    );
+    prop_oneof![2 => Just(None), 3 => rule.prop_map(Some)]
 }
 
 fn permit_config() -> impl Strategy<Value = PermitConfig> {
@@ -129,6 +229,7 @@ fn permit_config() -> impl Strategy<Value = PermitConfig> {
             Just(UncertainPolicy::Count),
             Just(UncertainPolicy::HoldTool)
         ],
+        (approval_rule(), approval_rule()),
     )
         .prop_map(
             |(
@@ -139,6 +240,7 @@ fn permit_config() -> impl Strategy<Value = PermitConfig> {
                 lease_ms,
                 lifetime_ms,
                 policy,
+                (rule_alpha, rule_beta),
             )| PermitConfig {
                 cap_alpha,
                 cap_beta,
@@ -149,6 +251,8 @@ fn permit_config() -> impl Strategy<Value = PermitConfig> {
                 lease_ms,
                 lifetime_ms,
                 policy,
+                rule_alpha,
+                rule_beta,
             },
         )
 }
@@ -184,9 +288,14 @@ fn cost() -> impl Strategy<Value = i64> {
     ]
 }
 
-fn op() -> impl Strategy<Value = Op> {
+/// The operations, the approval ones (Approve, Deny, Again, ListApprovals,
+/// and Authorize of alpha and beta, the tools with rules) `approvals` times
+/// their usual weight.
+fn op(approvals: u32) -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0usize..3, 0..TOOLS.len(), 0..KEY_COUNT, 0u8..3, cost(), 0u8..3)
+            .prop_map(|(permit, tool, key, fp, cost, token)| Op::Authorize { permit, tool, key, fp, cost, token }),
+        2 * approvals - 1 => (0usize..3, 0usize..2, 0..KEY_COUNT, 0u8..3, cost(), 0u8..3)
             .prop_map(|(permit, tool, key, fp, cost, token)| Op::Authorize { permit, tool, key, fp, cost, token }),
         4 => (0usize..3, 0..KEY_COUNT, outcome(), proptest::bool::weighted(0.1))
             .prop_map(|(permit, key, outcome, stale_id)| Op::Commit { permit, key, outcome, stale_id }),
@@ -205,6 +314,13 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Sweep),
         1 => Just(Op::Create),
         1 => Just(Op::Census),
+        3 * approvals => (0usize..3, 0..KEY_COUNT, proptest::bool::weighted(0.7), approver(), proptest::bool::weighted(0.1))
+            .prop_map(|(permit, key, latest, approver, stale_id)| Op::Approve { permit, key, latest, approver, stale_id }),
+        2 * approvals => (0usize..3, 0..KEY_COUNT, proptest::bool::weighted(0.5), approver(), 0u8..2, proptest::bool::weighted(0.1))
+            .prop_map(|(permit, key, latest, approver, reason, stale_id)| Op::Deny { permit, key, latest, approver, reason, stale_id }),
+        3 * approvals => (0u8..3).prop_map(|token| Op::Again { token }),
+        approvals => (proptest::option::of(0usize..3), 1usize..4, approver())
+            .prop_map(|(permit, limit, approver)| Op::ListApprovals { permit, limit, approver }),
     ]
 }
 
@@ -219,6 +335,21 @@ fn permit_of(index: usize, c: &PermitConfig, dev: bool) -> Permit {
     if let Some(n) = c.cap_gamma {
         caps.insert("gamma".to_string(), n);
     }
+    // Four eyes need keys (PermitSpec::into_permit): one approver in dev
+    // mode.
+    let rules = [("alpha", c.rule_alpha), ("beta", c.rule_beta)]
+        .into_iter()
+        .filter_map(|(tool, rule)| {
+            let rule = rule?;
+            Some((
+                tool.to_string(),
+                ApprovalRule {
+                    approvers: if dev { 1 } else { rule.approvers },
+                    ..rule
+                },
+            ))
+        })
+        .collect();
     Permit {
         permit_id: uuid::Uuid::from_u128(0xA000 + index as u128).to_string(),
         subject: format!("model-{index}"),
@@ -243,7 +374,7 @@ fn permit_of(index: usize, c: &PermitConfig, dev: bool) -> Permit {
         } else {
             Vec::new()
         },
-        approval_per_tool: Default::default(),
+        approval_per_tool: rules,
     }
 }
 
@@ -403,18 +534,31 @@ impl Promise {
             };
             for u in &view.usage {
                 let given = self.slots.get(&(p, u.tool.clone())).copied().unwrap_or(0);
-                prop_assert_eq!(
-                    u.calls_made,
-                    given,
-                    "slots of {} under permit {}",
-                    &u.tool,
-                    p
-                );
+                // Calls waiting on approval (or approved, not yet claimed)
+                // hold slots they were never dispatched with.
+                if permit.approval_per_tool.contains_key(&u.tool) {
+                    prop_assert!(
+                        u.calls_made >= given,
+                        "slots of {} under permit {}: {} held, {} given",
+                        &u.tool,
+                        p,
+                        u.calls_made,
+                        given
+                    );
+                } else {
+                    prop_assert_eq!(
+                        u.calls_made,
+                        given,
+                        "slots of {} under permit {}",
+                        &u.tool,
+                        p
+                    );
+                }
                 if let Some(cap) = u.calls_limit {
                     prop_assert!(
-                        given <= cap,
+                        u.calls_made <= cap,
                         "{} slots of {} past its cap {}",
-                        given,
+                        u.calls_made,
                         &u.tool,
                         cap
                     );
@@ -475,6 +619,31 @@ async fn census_pass(store: &impl Store, now: Millis) -> Result<(u64, Millis), E
     Ok((figures.uncertain, figures.oldest_age_ms))
 }
 
+/// What the cases reached, over a whole run: the approval paths must be
+/// exercised, not only agreed on.
+static AWAITED: AtomicUsize = AtomicUsize::new(0);
+static CLAIMED: AtomicUsize = AtomicUsize::new(0);
+static APPROVED: AtomicUsize = AtomicUsize::new(0);
+static DENIED: AtomicUsize = AtomicUsize::new(0);
+static LAPSED: AtomicUsize = AtomicUsize::new(0);
+static REVOKED: AtomicUsize = AtomicUsize::new(0);
+static LISTED: AtomicUsize = AtomicUsize::new(0);
+
+fn count(counter: &AtomicUsize) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts what an attempt in an answer shows of its approval.
+fn note_approval(a: &Attempt) {
+    if let Some(approval) = &a.approval {
+        match approval.denial_reason.as_str() {
+            "approval_expired" | "approval_unclaimed" => count(&LAPSED),
+            "permit_revoked" => count(&REVOKED),
+            _ => {}
+        }
+    }
+}
+
 /// Quotas small enough for random sequences to reach them (of 8 keys, a
 /// permit may record 6 and hold 4 open), so both stores refuse alike.
 const QUOTAS: Quotas = Quotas {
@@ -527,6 +696,8 @@ async fn run_case(
     // The attempt id each key last received, as a holder would keep it.
     let mut held: HashMap<(usize, usize), String> = HashMap::new();
     let mut promise = Promise::default();
+    // The Authorize last answered AWAIT_APPROVAL: (permit, key, command).
+    let mut waiting: Option<(usize, usize, AuthorizeCmd)> = None;
 
     for (step, (caller, op)) in ops.iter().enumerate() {
         let call = &Call {
@@ -535,6 +706,42 @@ async fn run_case(
         };
         let scope = |permit| scope_for(permit, *caller, dev);
         match op {
+            Op::Again { token } => {
+                let Some((permit, key, cmd)) = &waiting else {
+                    continue;
+                };
+                let (permit, key) = (*permit, *key);
+                let cmd = AuthorizeCmd {
+                    holder_token: match token {
+                        0 => Vec::new(),
+                        n => format!("holder-{n}").into_bytes(),
+                    },
+                    ..cmd.clone()
+                };
+                let id = fresh(now);
+                let a = model.authorize(&scope(permit), &cmd, now, id.clone()).await;
+                let b = redis.authorize(&scope(permit), &cmd, now, id).await;
+                if let Ok(r) = &a
+                    && !r.attempt.attempt_id.is_empty()
+                {
+                    held.insert((permit, key), r.attempt.attempt_id.clone());
+                }
+                let a = a.map(|mut r| {
+                    r.attempt = visible(r.attempt);
+                    r
+                });
+                if let Ok(r) = &a {
+                    promise.authorized(permit, key, r)?;
+                    match r.decision {
+                        Decision::AwaitApproval => count(&AWAITED),
+                        Decision::Dispatch if r.attempt.approval.is_some() && !r.redelivered => {
+                            count(&CLAIMED)
+                        }
+                        _ => note_approval(&r.attempt),
+                    }
+                }
+                check(step, call, a, b)?;
+            }
             Op::Authorize {
                 permit,
                 tool,
@@ -553,7 +760,7 @@ async fn run_case(
                         0 => Vec::new(),
                         n => format!("holder-{n}").into_bytes(),
                     },
-                    approval_summary: String::new(),
+                    approval_summary: format!("call {key} for {cost}"),
                 };
                 let id = fresh(now);
                 let a = model
@@ -573,6 +780,16 @@ async fn run_case(
                 });
                 if let Ok(r) = &a {
                     promise.authorized(*permit, *key, r)?;
+                    if r.decision == Decision::AwaitApproval {
+                        waiting = Some((*permit, *key, cmd.clone()));
+                    }
+                    match r.decision {
+                        Decision::AwaitApproval => count(&AWAITED),
+                        Decision::Dispatch if r.attempt.approval.is_some() && !r.redelivered => {
+                            count(&CLAIMED)
+                        }
+                        _ => note_approval(&r.attempt),
+                    }
                 }
                 check(step, call, a, b)?;
             }
@@ -681,6 +898,9 @@ async fn run_case(
                     .get_attempt(&scope(*permit), &cmd, now)
                     .await
                     .map(visible);
+                if let Ok(attempt) = &a {
+                    note_approval(attempt);
+                }
                 let b = redis.get_attempt(&scope(*permit), &cmd, now).await;
                 check(step, call, a, b)?;
             }
@@ -703,6 +923,98 @@ async fn run_case(
                         p.attempts = p.attempts.into_iter().map(visible).collect();
                         p
                     });
+                    check(step, call, a.clone(), b)?;
+                    match a.ok().and_then(|p| p.next) {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+            }
+            Op::Approve {
+                permit,
+                key,
+                latest,
+                approver,
+                stale_id,
+            } => {
+                let (permit, key) = match (&waiting, latest) {
+                    (Some((p, k, _)), true) => (p, k),
+                    _ => (permit, key),
+                };
+                let cmd = ApproveCmd {
+                    permit_id: permits[*permit].permit_id.clone(),
+                    idempotency_key: key_name(*key),
+                    attempt_id: match (held.get(&(*permit, *key)), stale_id) {
+                        (Some(id), false) => id.clone(),
+                        _ => uuid::Uuid::from_u128(u128::MAX).to_string(),
+                    },
+                };
+                let scope = approver_scope(*permit, *approver, dev);
+                let a = model.approve(&scope, &cmd, now).await.map(visible);
+                let b = redis.approve(&scope, &cmd, now).await;
+                if let Ok(attempt) = &a
+                    && attempt.state == AttemptState::Approved
+                {
+                    count(&APPROVED);
+                }
+                check(step, call, a, b)?;
+            }
+            Op::Deny {
+                permit,
+                key,
+                latest,
+                approver,
+                reason,
+                stale_id,
+            } => {
+                let (permit, key) = match (&waiting, latest) {
+                    (Some((p, k, _)), true) => (p, k),
+                    _ => (permit, key),
+                };
+                let cmd = DenyCmd {
+                    permit_id: permits[*permit].permit_id.clone(),
+                    idempotency_key: key_name(*key),
+                    attempt_id: match (held.get(&(*permit, *key)), stale_id) {
+                        (Some(id), false) => id.clone(),
+                        _ => uuid::Uuid::from_u128(u128::MAX).to_string(),
+                    },
+                    // The reasons a lapse and a revocation write too: a
+                    // denial repeated for one of them answers the same.
+                    reason: ["too large", "approval_expired"][usize::from(*reason)].into(),
+                };
+                let scope = approver_scope(*permit, *approver, dev);
+                let a = model.deny(&scope, &cmd, now).await.map(|mut s| {
+                    s.attempt = visible(s.attempt);
+                    s
+                });
+                let b = redis.deny(&scope, &cmd, now).await;
+                if a.is_ok() {
+                    count(&DENIED);
+                }
+                check(step, call, a, b)?;
+            }
+            Op::ListApprovals {
+                permit,
+                limit,
+                approver,
+            } => {
+                let id = permit.map(|p| permits[p].permit_id.clone());
+                let scope = approver_scope(permit.unwrap_or(step % 2), *approver, dev);
+                let mut after: Option<Cursor> = None;
+                loop {
+                    let a = model
+                        .list_approvals(&scope, id.as_deref(), after.as_ref(), *limit, now)
+                        .await
+                        .map(|mut p| {
+                            p.attempts = p.attempts.into_iter().map(visible).collect();
+                            p
+                        });
+                    let b = redis
+                        .list_approvals(&scope, id.as_deref(), after.as_ref(), *limit, now)
+                        .await;
+                    if let Ok(page) = &a {
+                        LISTED.fetch_add(page.attempts.len(), Ordering::Relaxed);
+                    }
                     check(step, call, a.clone(), b)?;
                     match a.ok().and_then(|p| p.next) {
                         Some(next) => after = Some(next),
@@ -779,12 +1091,34 @@ fn redis_store_matches_the_model() {
         // One case in eight runs in dev mode (no keys), where every step's
         // caller is Scope::default() whatever Caller was drawn.
         proptest::bool::weighted(0.125),
-        proptest::collection::vec((caller(), op()), 1..60),
+        // Half the cases weigh the approval operations three times.
+        prop_oneof![
+            proptest::collection::vec((caller(), op(1)), 1..60),
+            proptest::collection::vec((caller(), op(3)), 1..60),
+        ],
     );
     let result = runner.run(&strategy, |(configs, dev, ops)| {
         rt.block_on(run_case(&redis.url, &configs, dev, &ops))
     });
     if let Err(e) = result {
         panic!("{e}");
+    }
+    // The approval paths were taken, not only agreed on (with the default
+    // 256 cases, each many times).
+    let reached = [
+        ("AWAIT_APPROVAL answers", &AWAITED),
+        ("claims of an approved call", &CLAIMED),
+        ("approvals completed", &APPROVED),
+        ("denials answered", &DENIED),
+        ("lapsed requests read", &LAPSED),
+        ("requests denied by a revocation read", &REVOKED),
+        ("calls listed awaiting approval", &LISTED),
+    ]
+    .map(|(what, n)| (what, n.load(Ordering::Relaxed)));
+    eprintln!("model: {cases} cases reached {reached:?}");
+    if cases >= 64 {
+        for (what, n) in reached {
+            assert!(n > 0, "no {what} in {cases} cases: {reached:?}");
+        }
     }
 }

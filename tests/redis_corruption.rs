@@ -16,9 +16,9 @@
 
 use crate::support::{Redis, load_library, redis_store, shared};
 use atmost::domain::{
-    AuthorizeCmd, CommitCmd, Decision, DuplicateGuard, Error, GetAttemptCmd, GuardMode,
-    MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, ResolveCmd, Scope, UncertainPolicy,
-    new_id,
+    ApprovalRule, ApproveCmd, AuthorizeCmd, CommitCmd, Decision, DenyCmd, DuplicateGuard, Error,
+    GetAttemptCmd, GuardMode, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, ResolveCmd,
+    Scope, UncertainPolicy, new_id,
 };
 use atmost::store::{INDEX_MARGIN_MS, Store, redis::RedisStore};
 use redis::aio::MultiplexedConnection;
@@ -85,10 +85,47 @@ enum Scenario {
     /// uncertain_attempts.lua (read-only): the same call, which reads the
     /// attempts the index named.
     ListAttempts,
+    // On a permit whose tool u needs one approval (lib.lua: appr,
+    // ap:<tool>), where "k3" (tool u) was requested at SETUP and awaits it
+    // ([`Scenario::wait`]: lapsed at OP, or still waiting).
+    /// authorize.lua: a new key "k2" (tool t) first writes k3's lapse
+    /// (lib.lua: lapse), then dispatches.
+    AuthorizeLapse,
+    /// authorize.lua: a new key "k4" of tool u waits for approval.
+    AuthorizeWaits,
+    /// authorize.lua: k3, approved at MARK, claimed by its requester.
+    AuthorizeClaim,
+    /// settle.lua: k1's Commit (Succeeded) first writes k3's lapse.
+    CommitLapse,
+    /// mark_uncertain.lua: k1 marked, after k3's lapse is written.
+    MarkLapse,
+    /// approve.lua: an approver approves k3.
+    ApproveWaiting,
+    /// deny.lua: an approver denies k3.
+    DenyWaiting,
+    /// revoke_permit.lua: k3 denied with its permit.
+    RevokePending,
+    /// get_permit.lua (read-only): k3's slot and cost not held, lapsed.
+    GetPermitLapsed,
+    /// get_attempt.lua (read-only): k3, waiting.
+    GetAttemptWaiting,
+    /// list_approvals.lua (read-only): the permit's calls awaiting
+    /// approval, k3.
+    ListApprovals,
+    /// list_index.lua (read-only), through ListApprovals across permits:
+    /// the tenant's approvals index.
+    ListApprovalsIndex,
+    /// awaiting_attempts.lua (read-only): the same call, which reads the
+    /// calls the index named.
+    ListAwaiting,
+    /// close_permit.lua, through the sweep: the permit (k1 committed, k3
+    /// lapsed at its expiry) closed, and k3's entry dropped from the
+    /// approvals index.
+    ClosePending,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 20] = [
+    const ALL: [Scenario; 34] = [
         Scenario::AuthorizeNew,
         Scenario::AuthorizeReleased,
         Scenario::AuthorizeHeld,
@@ -109,7 +146,45 @@ impl Scenario {
         Scenario::CensusPublish,
         Scenario::ListIndex,
         Scenario::ListAttempts,
+        Scenario::AuthorizeLapse,
+        Scenario::AuthorizeWaits,
+        Scenario::AuthorizeClaim,
+        Scenario::CommitLapse,
+        Scenario::MarkLapse,
+        Scenario::ApproveWaiting,
+        Scenario::DenyWaiting,
+        Scenario::RevokePending,
+        Scenario::GetPermitLapsed,
+        Scenario::GetAttemptWaiting,
+        Scenario::ListApprovals,
+        Scenario::ListApprovalsIndex,
+        Scenario::ListAwaiting,
+        Scenario::ClosePending,
     ];
+
+    /// With the approval rule on tool u: its wait, so that k3 has lapsed
+    /// at OP (short) or is still waiting (long; at ClosePending's sweep,
+    /// it lapsed with the permit's expiry).
+    fn wait(self) -> Option<Millis> {
+        use Scenario::*;
+        match self {
+            AuthorizeLapse | CommitLapse | MarkLapse | GetPermitLapsed => Some(SHORT_WAIT),
+            AuthorizeWaits | AuthorizeClaim | ApproveWaiting | DenyWaiting | RevokePending
+            | GetAttemptWaiting | ListApprovals | ListApprovalsIndex | ListAwaiting
+            | ClosePending => Some(LONG_WAIT),
+            _ => None,
+        }
+    }
+
+    /// The key whose record the Record and Element cases corrupt.
+    fn subject(self) -> &'static str {
+        if self.wait().is_some() { "k3" } else { "k1" }
+    }
+
+    /// The tool whose t:, n: and ap: fields the Field cases corrupt.
+    fn tool(self) -> &'static str {
+        if self.wait().is_some() { "u" } else { TOOL }
+    }
 
     fn script(self) -> &'static str {
         use Scenario::*;
@@ -130,6 +205,18 @@ impl Scenario {
             CensusPublish => "census_publish",
             ListIndex => "list_index",
             ListAttempts => "uncertain_attempts",
+            AuthorizeLapse | AuthorizeWaits | AuthorizeClaim => "authorize",
+            CommitLapse => "settle",
+            MarkLapse => "mark_uncertain",
+            ApproveWaiting => "approve",
+            DenyWaiting => "deny",
+            RevokePending => "revoke_permit",
+            GetPermitLapsed => "get_permit",
+            GetAttemptWaiting => "get_attempt",
+            ListApprovals => "list_approvals",
+            ListApprovalsIndex => "list_index",
+            ListAwaiting => "awaiting_attempts",
+            ClosePending => "close_permit",
         }
     }
 
@@ -137,11 +224,13 @@ impl Scenario {
     fn normal(self) -> &'static str {
         use Scenario::*;
         match self {
-            AuthorizeNew | AuthorizeReleased => "DISPATCH",
+            AuthorizeNew | AuthorizeReleased | AuthorizeLapse | AuthorizeClaim => "DISPATCH",
             AuthorizeHeld => "TOOL_HELD_UNCERTAIN",
+            AuthorizeWaits => "AWAIT_APPROVAL",
             // The permit, then the tenant's entry (its index empty).
-            Close => "dropped 2",
-            ListUncertain | ListIndex | ListAttempts => "1 listed",
+            Close | ClosePending => "dropped 2",
+            ListUncertain | ListIndex | ListAttempts | ListApprovals | ListApprovalsIndex
+            | ListAwaiting => "1 listed",
             Census | CensusTurn | CensusPublish => "1 uncertain",
             _ => "OK",
         }
@@ -159,6 +248,11 @@ impl Scenario {
                 | Census
                 | ListIndex
                 | ListAttempts
+                | GetPermitLapsed
+                | GetAttemptWaiting
+                | ListApprovals
+                | ListApprovalsIndex
+                | ListAwaiting
         )
     }
 }
@@ -168,11 +262,13 @@ impl Scenario {
 enum Target {
     /// A field of the permit hash; "t:" and "n:" are tool t's.
     Field(&'static str),
-    /// An element of k1's attempt record, a cmsgpack array (1-based, as
-    /// lib.lua's load_attempt reads it; 16: one more than atmost writes).
+    /// An element of the subject's attempt record ([`Scenario::subject`]:
+    /// k1, or k3 with its approval), a cmsgpack array (1-based, as lib.lua's
+    /// load_attempt reads it; 16: the approval, and each of its fields;
+    /// 17: one more than atmost writes).
     Element(usize),
-    /// k1's record as a whole: not the one cmsgpack array save_attempt
-    /// writes.
+    /// The subject's record as a whole: not the one cmsgpack array
+    /// save_attempt writes.
     Record,
     /// The duplicate guard's pointer for k1's tool and fingerprint.
     DupPointer,
@@ -186,10 +282,16 @@ enum Target {
     /// A member of the uncertain index (the fleet's shard, or the
     /// tenant's).
     UncertainMember,
+    /// k3's member of the pending set, of the awaiting set; a member of
+    /// the tenant's approvals index.
+    PendingMember,
+    AwaitingMember,
+    ApprovalsMember,
     /// A field of the fleet's census figures.
     CensusField(&'static str),
-    /// The key (lib.lua's names: permit, attempts, open, dup, held, index)
-    /// replaced by a string.
+    /// The key (lib.lua's names: permit, attempts, open, dup, held,
+    /// pending, awaiting, index; uncertain, uncertain_t and approvals_t
+    /// for the shards of the cross-permit indexes) replaced by a string.
     KeyType(&'static str),
 }
 
@@ -232,12 +334,12 @@ enum Expect {
 use Expect::{Unavailable, Unchanged, Writes};
 use Scenario::*;
 use Target::{
-    CensusField, DupPointer, Element, Field, HeldMember, IndexMember, KeyType, OpenMember, Record,
-    TenantMember, UncertainMember,
+    ApprovalsMember, AwaitingMember, CensusField, DupPointer, Element, Field, HeldMember,
+    IndexMember, KeyType, OpenMember, PendingMember, Record, TenantMember, UncertainMember,
 };
 
 /// Every field of the permit hash (lib.lua's header).
-const ALL_FIELDS: [&str; 20] = [
+const ALL_FIELDS: [&str; 22] = [
     "subject",
     "currency",
     "tools",
@@ -258,6 +360,8 @@ const ALL_FIELDS: [&str; 20] = [
     "closed",
     "ten",
     "agents",
+    "appr",
+    "ap:",
 ];
 
 /// Another tenant's permit, or one whose agents do not include the
@@ -704,12 +808,265 @@ const TABLE: &[(Scenario, Target, Vals, Expect)] = &[
         Vals::Kind,
         Unavailable,
     ),
+    // --- authorize.lua, with an approval rule (tool u; k3 requested)
+    (AuthorizeWaits, Field("appr"), Vals::Kind, Unavailable),
+    // A rule on a permit that does not say it has one.
+    (AuthorizeWaits, Field("appr"), Vals::Delete, Unavailable),
+    (AuthorizeWaits, Field("ap:"), Vals::Kind, Unavailable),
+    // No rule: a call like any other.
+    (
+        AuthorizeWaits,
+        Field("ap:"),
+        Vals::Delete,
+        Writes("DISPATCH"),
+    ),
+    // Members up to `now` name calls whose lapse is due.
+    (AuthorizeWaits, PendingMember, Vals::Kind, Unavailable),
+    (AuthorizeWaits, KeyType("pending"), Vals::Kind, Unavailable),
+    (AuthorizeWaits, KeyType("awaiting"), Vals::Kind, Unavailable),
+    (
+        AuthorizeWaits,
+        KeyType("approvals_t"),
+        Vals::Kind,
+        Unavailable,
+    ),
+    (AuthorizeLapse, PendingMember, Vals::Kind, Unavailable),
+    (AuthorizeLapse, Record, Vals::Kind, Unavailable),
+    // The lapsed call's tool's slots, and the reserved money, must hold it.
+    (AuthorizeLapse, Field("n:"), Vals::Kind, Unavailable),
+    (AuthorizeLapse, Field("n:"), Vals::Set(&[b"0"]), Unavailable),
+    (
+        AuthorizeLapse,
+        Field("reserved"),
+        Vals::Set(&[b"0"]),
+        Unavailable,
+    ),
+    (AuthorizeLapse, KeyType("awaiting"), Vals::Kind, Unavailable),
+    (AuthorizeClaim, PendingMember, Vals::Delete, Unavailable),
+    (AuthorizeClaim, Record, Vals::Kind, Unavailable),
+    (AuthorizeClaim, KeyType("pending"), Vals::Kind, Unavailable),
+    (AuthorizeClaim, KeyType("open"), Vals::Kind, Unavailable),
+    // --- settle.lua: the lapse first
+    (CommitLapse, Field("appr"), Vals::Kind, Unavailable),
+    (CommitLapse, Field("n:"), Vals::Kind, Unavailable),
+    (CommitLapse, PendingMember, Vals::Kind, Unavailable),
+    (CommitLapse, Record, Vals::Kind, Unavailable),
+    (CommitLapse, KeyType("pending"), Vals::Kind, Unavailable),
+    (CommitLapse, KeyType("awaiting"), Vals::Kind, Unavailable),
+    (CommitLapse, KeyType("approvals_t"), Vals::Kind, Unavailable),
+    // --- mark_uncertain.lua: the lapse first
+    (MarkLapse, Field("appr"), Vals::Kind, Unavailable),
+    (MarkLapse, PendingMember, Vals::Kind, Unavailable),
+    (MarkLapse, Record, Vals::Kind, Unavailable),
+    (MarkLapse, KeyType("pending"), Vals::Kind, Unavailable),
+    (MarkLapse, KeyType("awaiting"), Vals::Kind, Unavailable),
+    (MarkLapse, KeyType("approvals_t"), Vals::Kind, Unavailable),
+    // --- approve.lua
+    (ApproveWaiting, Field("exp"), Vals::Kind, Unavailable),
+    (ApproveWaiting, Field("fa"), Vals::Kind, Unavailable),
+    (ApproveWaiting, Field("open"), Vals::Kind, Unavailable),
+    (ApproveWaiting, Field("lease"), Vals::Kind, Unavailable),
+    (ApproveWaiting, Field("appr"), Vals::Kind, Unavailable),
+    (
+        ApproveWaiting,
+        Field("ten"),
+        Vals::Set(OTHER_TENANT),
+        Unchanged("PERMIT_NOT_FOUND"),
+    ),
+    // An approver is not limited to the permit's agents.
+    (
+        ApproveWaiting,
+        Field("agents"),
+        Vals::Set(OTHER_AGENTS),
+        Writes("OK"),
+    ),
+    (ApproveWaiting, Record, Vals::Kind, Unavailable),
+    (ApproveWaiting, PendingMember, Vals::Kind, Unavailable),
+    (ApproveWaiting, PendingMember, Vals::Delete, Unavailable),
+    (ApproveWaiting, AwaitingMember, Vals::Delete, Unavailable),
+    (ApproveWaiting, KeyType("permit"), Vals::Kind, Unavailable),
+    (ApproveWaiting, KeyType("attempts"), Vals::Kind, Unavailable),
+    (ApproveWaiting, KeyType("pending"), Vals::Kind, Unavailable),
+    (ApproveWaiting, KeyType("awaiting"), Vals::Kind, Unavailable),
+    (
+        ApproveWaiting,
+        KeyType("approvals_t"),
+        Vals::Kind,
+        Unavailable,
+    ),
+    // --- deny.lua
+    (DenyWaiting, Field("exp"), Vals::Kind, Unavailable),
+    (DenyWaiting, Field("fa"), Vals::Kind, Unavailable),
+    (DenyWaiting, Field("open"), Vals::Kind, Unavailable),
+    (DenyWaiting, Field("budget"), Vals::Kind, Unavailable),
+    (DenyWaiting, Field("committed"), Vals::Kind, Unavailable),
+    (DenyWaiting, Field("reserved"), Vals::Kind, Unavailable),
+    (
+        DenyWaiting,
+        Field("reserved"),
+        Vals::Set(&[b"0"]),
+        Unavailable,
+    ),
+    (DenyWaiting, Field("appr"), Vals::Kind, Unavailable),
+    (DenyWaiting, Field("t:"), Vals::Kind, Unavailable),
+    (DenyWaiting, Field("t:"), Vals::Delete, Unavailable),
+    (DenyWaiting, Field("n:"), Vals::Kind, Unavailable),
+    (DenyWaiting, Field("n:"), Vals::Delete, Unavailable),
+    (DenyWaiting, Field("n:"), Vals::Set(&[b"0"]), Unavailable),
+    (
+        DenyWaiting,
+        Field("ten"),
+        Vals::Set(OTHER_TENANT),
+        Unchanged("PERMIT_NOT_FOUND"),
+    ),
+    (
+        DenyWaiting,
+        Field("agents"),
+        Vals::Set(OTHER_AGENTS),
+        Writes("OK"),
+    ),
+    (DenyWaiting, Record, Vals::Kind, Unavailable),
+    (DenyWaiting, PendingMember, Vals::Kind, Unavailable),
+    (DenyWaiting, PendingMember, Vals::Delete, Unavailable),
+    (DenyWaiting, KeyType("permit"), Vals::Kind, Unavailable),
+    (DenyWaiting, KeyType("attempts"), Vals::Kind, Unavailable),
+    (DenyWaiting, KeyType("pending"), Vals::Kind, Unavailable),
+    (DenyWaiting, KeyType("awaiting"), Vals::Kind, Unavailable),
+    (DenyWaiting, KeyType("approvals_t"), Vals::Kind, Unavailable),
+    // --- revoke_permit.lua: every pending call denied
+    (RevokePending, Field("appr"), Vals::Kind, Unavailable),
+    // A rule on a permit that does not say it has one.
+    (RevokePending, Field("appr"), Vals::Delete, Unavailable),
+    (RevokePending, Field("ap:"), Vals::Kind, Unavailable),
+    (RevokePending, Field("n:"), Vals::Set(&[b"0"]), Unavailable),
+    (
+        RevokePending,
+        Field("reserved"),
+        Vals::Set(&[b"0"]),
+        Unavailable,
+    ),
+    (RevokePending, PendingMember, Vals::Kind, Unavailable),
+    (RevokePending, Record, Vals::Kind, Unavailable),
+    (RevokePending, KeyType("pending"), Vals::Kind, Unavailable),
+    (RevokePending, KeyType("awaiting"), Vals::Kind, Unavailable),
+    (
+        RevokePending,
+        KeyType("approvals_t"),
+        Vals::Kind,
+        Unavailable,
+    ),
+    // --- get_permit.lua (read-only): lapsed calls' slots and costs
+    (GetPermitLapsed, Field("appr"), Vals::Kind, Unavailable),
+    (GetPermitLapsed, Field("ap:"), Vals::Kind, Unavailable),
+    (
+        GetPermitLapsed,
+        Field("n:"),
+        Vals::Set(&[b"0"]),
+        Unavailable,
+    ),
+    (
+        GetPermitLapsed,
+        Field("reserved"),
+        Vals::Set(&[b"0"]),
+        Unavailable,
+    ),
+    (GetPermitLapsed, PendingMember, Vals::Kind, Unavailable),
+    (GetPermitLapsed, Record, Vals::Kind, Unavailable),
+    (GetPermitLapsed, KeyType("pending"), Vals::Kind, Unavailable),
+    // --- get_attempt.lua (read-only): a call awaiting approval
+    (GetAttemptWaiting, Record, Vals::Kind, Unavailable),
+    // --- list_approvals.lua (read-only)
+    (ListApprovals, Field("exp"), Vals::Kind, Unavailable),
+    (ListApprovals, Field("open"), Vals::Kind, Unavailable),
+    (ListApprovals, Field("fa"), Vals::Kind, Unavailable),
+    (
+        ListApprovals,
+        Field("ten"),
+        Vals::Set(OTHER_TENANT),
+        Unchanged("PERMIT_NOT_FOUND"),
+    ),
+    // Listed by an approver, not limited to the agents.
+    (
+        ListApprovals,
+        Field("agents"),
+        Vals::Set(OTHER_AGENTS),
+        Unchanged("1 listed"),
+    ),
+    (ListApprovals, Record, Vals::Kind, Unavailable),
+    (ListApprovals, AwaitingMember, Vals::Kind, Unavailable),
+    // The listing reads the awaiting set, not every attempt.
+    (
+        ListApprovals,
+        AwaitingMember,
+        Vals::Delete,
+        Unchanged("0 listed"),
+    ),
+    (ListApprovals, KeyType("permit"), Vals::Kind, Unavailable),
+    (ListApprovals, KeyType("attempts"), Vals::Kind, Unavailable),
+    (ListApprovals, KeyType("awaiting"), Vals::Kind, Unavailable),
+    // --- list_index.lua (read-only), the approvals index's shard
+    (
+        ListApprovalsIndex,
+        ApprovalsMember,
+        Vals::Shapes,
+        Unavailable,
+    ),
+    (
+        ListApprovalsIndex,
+        KeyType("approvals_t"),
+        Vals::Kind,
+        Unavailable,
+    ),
+    // --- awaiting_attempts.lua (read-only)
+    (ListAwaiting, Field("exp"), Vals::Kind, Unavailable),
+    (ListAwaiting, Field("open"), Vals::Kind, Unavailable),
+    (ListAwaiting, Field("fa"), Vals::Kind, Unavailable),
+    (
+        ListAwaiting,
+        Field("ten"),
+        Vals::Set(OTHER_TENANT),
+        Unchanged("0 listed"),
+    ),
+    (
+        ListAwaiting,
+        Field("agents"),
+        Vals::Set(OTHER_AGENTS),
+        Unchanged("1 listed"),
+    ),
+    (ListAwaiting, Record, Vals::Kind, Unavailable),
+    (ListAwaiting, KeyType("permit"), Vals::Kind, Unavailable),
+    (ListAwaiting, KeyType("attempts"), Vals::Kind, Unavailable),
+    // --- close_permit.lua: the approvals index's entries of its lapsed
+    // requests dropped
+    (ClosePending, Field("appr"), Vals::Kind, Unavailable),
+    (ClosePending, AwaitingMember, Vals::Shapes, Unavailable),
+    // Nothing to drop from the index.
+    (
+        ClosePending,
+        AwaitingMember,
+        Vals::Delete,
+        Writes("dropped 2"),
+    ),
+    (ClosePending, KeyType("awaiting"), Vals::Kind, Unavailable),
+    (
+        ClosePending,
+        KeyType("approvals_t"),
+        Vals::Kind,
+        Unavailable,
+    ),
+    // Only the index's type is read (its members are only removed).
+    (
+        ClosePending,
+        ApprovalsMember,
+        Vals::Shapes,
+        Writes("dropped 2"),
+    ),
 ];
 
 /// The scenarios whose every record element is corrupted in turn (each
-/// reads k1's record: load_attempt), with [`Vals::Kind`], expecting
-/// UNAVAILABLE; listed here rather than as 16 rows each.
-const ELEMENT_SCENARIOS: [Scenario; 10] = [
+/// reads its subject's record: load_attempt), with [`Vals::Kind`],
+/// expecting UNAVAILABLE; listed here rather than as 17 rows each.
+const ELEMENT_SCENARIOS: [Scenario; 21] = [
     AuthorizeNew,
     AuthorizeReleased,
     AuthorizeHeld,
@@ -720,10 +1077,22 @@ const ELEMENT_SCENARIOS: [Scenario; 10] = [
     GetAttempt,
     ListUncertain,
     ListAttempts,
+    // k3's record, with its approval.
+    AuthorizeLapse,
+    AuthorizeClaim,
+    CommitLapse,
+    MarkLapse,
+    ApproveWaiting,
+    DenyWaiting,
+    RevokePending,
+    GetPermitLapsed,
+    GetAttemptWaiting,
+    ListApprovals,
+    ListAwaiting,
 ];
 
-/// Elements 1..=15 of the record, and one past them.
-const ELEMENTS: usize = 16;
+/// Elements 1..=16 of the record (16: the approval), and one past them.
+const ELEMENTS: usize = 17;
 
 /// [`TABLE`], with a row per record element for [`ELEMENT_SCENARIOS`].
 fn table() -> Vec<(Scenario, Target, Vals, Expect)> {
@@ -747,6 +1116,26 @@ const OP: Millis = T0 + 3_000;
 const EXPIRES: Millis = T0 + 3_600_000;
 const LEASE_MS: Millis = 30_000;
 const TOOL: &str = "t";
+/// The waits of tool u's approval rule: k3 (requested at SETUP) lapses
+/// before OP, or waits past it (until the permit's expiry).
+const SHORT_WAIT: Millis = 1_500;
+const LONG_WAIT: Millis = 7_200_000;
+/// k3's request's summary (its approval's first field).
+const SUMMARY: &str = "charge 1 to order 3";
+
+/// An approver's key: not limited to the permit's agents.
+fn approver() -> Scope {
+    Scope {
+        tenant: "acme".into(),
+        agent: None,
+        key_id: "ap1".into(),
+    }
+}
+
+/// k3's deadline in `scenario` (the permit's expiry caps it).
+fn k3_deadline(scenario: Scenario) -> Millis {
+    (SETUP + scenario.wait().unwrap_or(0)).min(EXPIRES)
+}
 
 fn agent() -> Scope {
     Scope {
@@ -789,6 +1178,20 @@ fn permit(id: &str) -> Permit {
     }
 }
 
+/// [`permit`], with tool u's calls needing one approval, waiting `wait`.
+fn permit_with_rule(id: &str, wait: Millis) -> Permit {
+    let mut p = permit(id);
+    p.approval_per_tool.insert(
+        "u".into(),
+        ApprovalRule {
+            cost_at_least: None,
+            wait_ms: wait,
+            approvers: 1,
+        },
+    );
+    p
+}
+
 /// One case's store: a prefix of its own, so the sweep and the census see
 /// its permit alone, and the snapshot is every key under the prefix.
 struct Ctx {
@@ -799,6 +1202,8 @@ struct Ctx {
     /// RESERVED, since when it is uncertain once UNCERTAIN).
     k1_id: String,
     k1_at: Millis,
+    /// k3's attempt id, on a permit with an approval rule.
+    k3_id: String,
     scenario: Scenario,
 }
 
@@ -809,16 +1214,27 @@ impl Ctx {
             "tenants" => format!("{}:tenants", self.prefix),
             "uncertain" => format!("{}:uncertain:{{0}}", self.prefix),
             "uncertain_t" => format!("{}:uncertain:{{0}}:t:acme", self.prefix),
+            "approvals_t" => format!("{}:approvals:{{0}}:t:acme", self.prefix),
             "census" => format!("{}:census:{{c}}", self.prefix),
             name => format!("{}:{{{}}}:{name}", self.prefix, self.permit_id),
         }
     }
 }
 
-/// An attempt's member of the open set, or of the held set, at `at`.
+/// An attempt's member of the open set, or of the held set, at `at` (or
+/// of the pending or awaiting set).
 fn member(target: Target, at: Millis, key: &str) -> String {
     let prefix = if target == HeldMember { "t\n" } else { "" };
     format!("{prefix}{at:015}:{key}")
+}
+
+/// k3's own member of the pending set (its deadline) or of the awaiting
+/// set (its creation).
+fn k3_member(scenario: Scenario, target: Target) -> String {
+    match target {
+        PendingMember => member(target, k3_deadline(scenario), "k3"),
+        _ => member(target, SETUP, "k3"),
+    }
 }
 
 /// k1's place in the open set: its lease while RESERVED, since when it is
@@ -897,19 +1313,55 @@ async fn build(
         permit_id: new_id(T0),
         k1_id: String::new(),
         k1_at: 0,
+        k3_id: String::new(),
         scenario,
     };
     if matches!(scenario, Create | Index | IndexTenant) {
         return ctx;
     }
-    ctx.store
-        .create_permit(permit(&ctx.permit_id))
-        .await
-        .expect("create");
+    let p = match scenario.wait() {
+        Some(wait) => permit_with_rule(&ctx.permit_id, wait),
+        None => permit(&ctx.permit_id),
+    };
+    ctx.store.create_permit(p).await.expect("create");
     let k1 = dispatch(&ctx, "k1", b"fp").await;
     ctx.k1_id = k1.attempt_id.clone();
     ctx.k1_at = k1.lease_expires_at;
+    if scenario.wait().is_some() {
+        let k3 = ctx
+            .store
+            .authorize(&agent(), &k3_cmd(&ctx.permit_id), SETUP, new_id(SETUP))
+            .await
+            .expect("k3 requested");
+        assert_eq!(k3.decision, Decision::AwaitApproval, "{scenario:?}: k3");
+        ctx.k3_id = k3.attempt.attempt_id;
+    }
     match scenario {
+        AuthorizeClaim => {
+            let approved = ctx
+                .store
+                .approve(&approver(), &approve_cmd(&ctx), MARK)
+                .await
+                .expect("k3 approved");
+            assert_eq!(
+                approved.approval.expect("an approval").expires_at,
+                k3_deadline(scenario),
+                "k3's claim deadline is its request's"
+            );
+        }
+        ClosePending => {
+            let cmd = commit_cmd(
+                &ctx,
+                Outcome::Succeeded {
+                    result: b"ok".to_vec(),
+                    actual_cost: None,
+                },
+            );
+            ctx.store
+                .commit(&agent(), &cmd, MARK, new_id(MARK))
+                .await
+                .expect("commit");
+        }
         AuthorizeReleased => {
             let cmd = commit_cmd(&ctx, Outcome::NotSent);
             ctx.store
@@ -957,6 +1409,23 @@ async fn build(
         assert_eq!(ctx.k1_at, k1_at(scenario), "{scenario:?}: k1's place");
     }
     ctx
+}
+
+/// k3's request: tool u, which needs approval.
+fn k3_cmd(permit_id: &str) -> AuthorizeCmd {
+    AuthorizeCmd {
+        tool: "u".into(),
+        approval_summary: SUMMARY.into(),
+        ..authorize_cmd(permit_id, "k3", b"fp3")
+    }
+}
+
+fn approve_cmd(ctx: &Ctx) -> ApproveCmd {
+    ApproveCmd {
+        permit_id: ctx.permit_id.clone(),
+        idempotency_key: "k3".into(),
+        attempt_id: ctx.k3_id.clone(),
+    }
 }
 
 /// The scenario's call, and its answer: the verdict, the error's reason,
@@ -1060,6 +1529,72 @@ async fn call(
             .list_uncertain(&agent(), None, None, 10, OP)
             .await
             .map(|page| format!("{} listed", page.attempts.len())),
+        AuthorizeLapse => store
+            .authorize(&agent(), &authorize_cmd(id, "k2", b"fp2"), OP, new_id(OP))
+            .await
+            .map(authorized),
+        AuthorizeWaits => {
+            let cmd = AuthorizeCmd {
+                tool: "u".into(),
+                ..authorize_cmd(id, "k4", b"fp4")
+            };
+            store
+                .authorize(&agent(), &cmd, OP, new_id(OP))
+                .await
+                .map(authorized)
+        }
+        AuthorizeClaim => store
+            .authorize(&agent(), &k3_cmd(id), OP, new_id(OP))
+            .await
+            .map(authorized),
+        CommitLapse => {
+            let outcome = Outcome::Succeeded {
+                result: b"ok".to_vec(),
+                actual_cost: None,
+            };
+            store
+                .commit(&agent(), &commit_cmd(ctx, outcome), OP, new_id(OP))
+                .await
+                .map(ok)
+        }
+        MarkLapse => store
+            .mark_uncertain(&agent(), &mark_cmd(id, &ctx.k1_id), OP)
+            .await
+            .map(ok),
+        ApproveWaiting => store
+            .approve(&approver(), &approve_cmd(ctx), OP)
+            .await
+            .map(ok),
+        DenyWaiting => {
+            let cmd = DenyCmd {
+                permit_id: id.clone(),
+                idempotency_key: "k3".into(),
+                attempt_id: ctx.k3_id.clone(),
+                reason: "too much".into(),
+            };
+            store.deny(&approver(), &cmd, OP).await.map(ok)
+        }
+        RevokePending => store.revoke_permit(&operator(), id, OP).await.map(ok),
+        GetPermitLapsed => store.get_permit(&agent(), id, OP).await.map(ok),
+        GetAttemptWaiting => {
+            let cmd = GetAttemptCmd {
+                permit_id: id.clone(),
+                idempotency_key: "k3".into(),
+            };
+            store.get_attempt(&agent(), &cmd, OP).await.map(ok)
+        }
+        ListApprovals => store
+            .list_approvals(&approver(), Some(id), None, 10, OP)
+            .await
+            .map(|page| format!("{} listed", page.attempts.len())),
+        ListApprovalsIndex | ListAwaiting => store
+            .list_approvals(&approver(), None, None, 10, OP)
+            .await
+            .map(|page| format!("{} listed", page.attempts.len())),
+        ClosePending => store
+            .sweep(EXPIRES + INDEX_MARGIN_MS + 1_000)
+            .await
+            .map(|n| format!("dropped {n}")),
     }
 }
 
@@ -1241,6 +1776,7 @@ impl std::fmt::Debug for Bad {
             Bad::Set(b) => write!(f, "= {}", esc(b)),
             Bad::Delete => write!(f, "deleted"),
             Bad::Element(i, m) => write!(f, "[{i}] = {m:?}"),
+            Bad::ApprovalField(i, m) => write!(f, "[16][{i}] = {m:?}"),
             Bad::Shape(i) => write!(f, "= {}", SHAPES[*i]),
             Bad::Member(m) => write!(f, "-> {}", esc(m.as_bytes())),
             Bad::Add(m, score) => write!(f, "+ {} (score {score})", esc(m.as_bytes())),
@@ -1256,9 +1792,12 @@ enum Bad {
     Set(Vec<u8>),
     /// The field, the pointer or k1's member removed.
     Delete,
-    /// k1's record with element i (1-based) replaced (or, past its end,
-    /// added).
+    /// The subject's record with element i (1-based) replaced (or, past
+    /// its end, added).
     Element(usize, M),
+    /// The subject's approval (element 16) with field i (0-based)
+    /// replaced (or, past its end, added).
+    ApprovalField(usize, M),
     /// k1's record replaced by the i-th of [`record_values`] (made from
     /// the case's own record).
     Shape(usize),
@@ -1312,6 +1851,20 @@ fn field_values(field: &str) -> Vec<Bad> {
         // Absent: count; not closed.
         "upol" => set(&[b"0", b"2", b"x", b""]),
         "closed" => set(&[b"0", b"x", b""]),
+        // Absent: no approval rule.
+        "appr" => set(&[b"0", b"2", b"x", b""]),
+        // "<cost_at_least>:<wait>:<approvers>", wait 1 ms to 7 days.
+        "ap:" => set(&[
+            b"",
+            b"x",
+            b"1:1",
+            b"1:0:1",
+            b"1:1:3",
+            b"01:1:1",
+            b"-1:1:1",
+            b":604800001:1",
+            b"1:1:1:1",
+        ]),
         "subject" | "currency" => required(set(&[b"\xff"])),
         // t\nv: a tool without its t: field.
         "tools" => required(set(&[b"\xff", b"", b"t\n\nu", b"t\nv", b"t u"])),
@@ -1336,8 +1889,8 @@ fn element_values(i: usize) -> Vec<M> {
             M::Int(-1),
             M::Int(atmost::domain::MAX_AMOUNT + 1),
         ],
-        // state
-        5 => vec![M::Int(0), M::Int(6), s(b"1"), M::F64(1.0)],
+        // state (8, APPROVED, the last this version knows)
+        5 => vec![M::Int(0), M::Int(9), s(b"1"), M::F64(1.0)],
         // lease - created
         6 => vec![
             M::Int(-1),
@@ -1367,10 +1920,52 @@ fn element_values(i: usize) -> Vec<M> {
         ],
         // by: "" or a key id
         15 => vec![M::Int(1), s(b"\xff"), s(b"a b")],
-        // one more element than atmost writes
+        // the approval (for k3, each of its fields too: approval_values)
         16 => vec![s(b""), M::Int(0)],
+        // one more element than atmost writes
+        17 => vec![s(b""), M::Int(0)],
         _ => unreachable!(),
     });
+    v
+}
+
+/// Each field of an approval (lib.lua: read_approval), corrupted: the
+/// field's index (0-based) and its value; past the fields, one more.
+/// Each is not what atmost writes whatever the call's state.
+fn approval_values() -> Vec<(usize, M)> {
+    let common = || vec![M::Nil, M::Bool(true)];
+    let mut v = Vec::new();
+    let mut field = |i: usize, bad: Vec<M>| {
+        v.extend(common().into_iter().chain(bad).map(|m| (i, m)));
+    };
+    // summary: UTF-8 text of at most 1024 bytes
+    field(
+        0,
+        vec![M::Int(1), s(b"\xff"), s(&[b'a'; 1025]), M::Arr(Vec::new())],
+    );
+    // expires: a time after the call's creation
+    field(1, vec![s(b"1"), M::F64(1.5), M::Int(-1), M::Int(0)]);
+    // approvers needed: 1 or 2
+    field(2, vec![M::Int(0), M::Int(3), s(b"1"), M::F64(1.0)]);
+    // approved_by: key ids ("" in dev mode), at most the number needed
+    field(
+        3,
+        vec![
+            M::Int(1),
+            s(b""),
+            M::Arr(vec![M::Int(1)]),
+            M::Arr(vec![s(b"a b")]),
+            M::Arr(vec![s(b"x"), s(b"y"), s(b"z")]),
+        ],
+    );
+    // decided_by: "" or a key id
+    field(4, vec![M::Int(1), s(b"a b"), s(b"\xff")]);
+    // decided_at: a whole number
+    field(5, vec![s(b"0"), M::F64(0.5), M::Int(-1)]);
+    // denial reason: UTF-8, and only once DENIED
+    field(6, vec![M::Int(1), s(b"\xff"), s(b"no")]);
+    // one more field than atmost writes
+    field(7, vec![s(b""), M::Int(0)]);
     v
 }
 
@@ -1432,7 +2027,12 @@ fn record_values(raw: &[u8]) -> Vec<Vec<u8>> {
 /// Members in the range a script reads (at or before `now`) that name no
 /// open attempt there, or are not the shape atmost writes.
 fn member_values(scenario: Scenario, target: Target, vals: Vals) -> Vec<Bad> {
-    let at = k1_at(scenario).min(OP) - 1;
+    let at = match target {
+        // In the range a lapse reads, at or before `now`.
+        PendingMember => k3_deadline(scenario).min(OP) - 1,
+        AwaitingMember => SETUP - 1,
+        _ => k1_at(scenario).min(OP) - 1,
+    };
     let prefix = if target == HeldMember { "t\n" } else { "" };
     let shapes = vec![
         format!("{prefix}{at:015}"),
@@ -1463,16 +2063,41 @@ fn values(scenario: Scenario, target: Target, vals: Vals) -> Vec<Bad> {
     }
     match target {
         Field(f) => field_values(f),
-        Element(i) => element_values(i)
-            .into_iter()
-            .map(|m| Bad::Element(i, m))
-            .collect(),
+        Element(i) => {
+            let mut v: Vec<Bad> = element_values(i)
+                .into_iter()
+                .map(|m| Bad::Element(i, m))
+                .collect();
+            if i == 16 && scenario.subject() == "k3" {
+                v.extend(
+                    approval_values()
+                        .into_iter()
+                        .map(|(i, m)| Bad::ApprovalField(i, m)),
+                );
+            }
+            v
+        }
         Record => (0..SHAPES.len()).map(Bad::Shape).collect(),
         DupPointer => [&b"\x01"[..], b"", b"\xff", &[b'k'; 256]]
             .iter()
             .map(|v| Bad::Set(v.to_vec()))
             .collect(),
-        OpenMember | HeldMember => member_values(scenario, target, vals),
+        OpenMember | HeldMember | PendingMember | AwaitingMember => {
+            member_values(scenario, target, vals)
+        }
+        // Members not of the shape atmost writes, before k3's.
+        ApprovalsMember => {
+            let at = SETUP - 1;
+            [
+                format!("{at:015}"),
+                format!("{at:015}:"),
+                format!("{}:p:k3", &format!("{at:015}")[..13]),
+                format!("{at:015}:not-36-characters:k3"),
+            ]
+            .into_iter()
+            .map(|m| Bad::Add(m, 0))
+            .collect()
+        }
         IndexMember | TenantMember => {
             unreachable!("index members are added, with their values")
         }
@@ -1496,13 +2121,14 @@ fn values(scenario: Scenario, target: Target, vals: Vals) -> Vec<Bad> {
     }
 }
 
+/// The subject's record ([`Scenario::subject`]: k1's, or k3's).
 async fn k1_record(ctx: &Ctx, conn: &mut MultiplexedConnection) -> Vec<u8> {
     redis::cmd("HGET")
         .arg(ctx.key("attempts"))
-        .arg("k1")
+        .arg(ctx.scenario.subject())
         .query_async(conn)
         .await
-        .expect("k1's record")
+        .expect("the subject's record")
 }
 
 /// The guard's field for tool t and k1's fingerprint (lib.lua: dup_field).
@@ -1518,7 +2144,7 @@ async fn dup_field(conn: &mut MultiplexedConnection) -> String {
 
 async fn apply(ctx: &Ctx, conn: &mut MultiplexedConnection, target: Target, bad: &Bad) {
     let field = |f: &str| match f {
-        "t:" | "n:" => format!("{f}{TOOL}"),
+        "t:" | "n:" | "ap:" => format!("{f}{}", ctx.scenario.tool()),
         f => f.to_owned(),
     };
     let mut cmds = Vec::new();
@@ -1558,7 +2184,26 @@ async fn apply(ctx: &Ctx, conn: &mut MultiplexedConnection, target: Target, bad:
             cmds.push(
                 redis::cmd("HSET")
                     .arg(ctx.key("attempts"))
-                    .arg("k1")
+                    .arg(ctx.scenario.subject())
+                    .arg(raw)
+                    .clone(),
+            );
+        }
+        (Element(_), Bad::ApprovalField(i, m)) => {
+            let mut items = elements(&k1_record(ctx, conn).await);
+            let M::Arr(approval) = &mut items[15] else {
+                panic!("the subject has no approval: {items:?}");
+            };
+            if *i < approval.len() {
+                approval[*i] = m.clone();
+            } else {
+                approval.push(m.clone());
+            }
+            let raw = packed(&M::Arr(items));
+            cmds.push(
+                redis::cmd("HSET")
+                    .arg(ctx.key("attempts"))
+                    .arg(ctx.scenario.subject())
                     .arg(raw)
                     .clone(),
             );
@@ -1568,8 +2213,31 @@ async fn apply(ctx: &Ctx, conn: &mut MultiplexedConnection, target: Target, bad:
             cmds.push(
                 redis::cmd("HSET")
                     .arg(ctx.key("attempts"))
-                    .arg("k1")
+                    .arg(ctx.scenario.subject())
                     .arg(raw)
+                    .clone(),
+            );
+        }
+        (PendingMember | AwaitingMember, bad) => {
+            let set = ctx.key(if target == PendingMember {
+                "pending"
+            } else {
+                "awaiting"
+            });
+            let own = k3_member(ctx.scenario, target);
+            cmds.push(redis::cmd("ZREM").arg(&set).arg(&own).clone());
+            match bad {
+                Bad::Member(m) => cmds.push(redis::cmd("ZADD").arg(&set).arg(0).arg(m).clone()),
+                Bad::Delete => {}
+                other => panic!("{other:?} for a member"),
+            }
+        }
+        (ApprovalsMember, Bad::Add(m, score)) => {
+            cmds.push(
+                redis::cmd("ZADD")
+                    .arg(ctx.key("approvals_t"))
+                    .arg(score)
+                    .arg(m)
                     .clone(),
             );
         }
@@ -1730,7 +2398,9 @@ async fn every_script_validates_all_it_reads_before_its_first_write() {
                 raw,
                 "{scenario:?}: the test packs k1's record as cmsgpack does"
             );
-            assert_eq!(elements(&raw).len(), 15, "{scenario:?}: a full record");
+            // k3's has its approval besides.
+            let full = if scenario.subject() == "k3" { 16 } else { 15 };
+            assert_eq!(elements(&raw).len(), full, "{scenario:?}: a full record");
         }
         let before = snapshot(&mut conn, &ctx.prefix).await;
         let answer = shown(&call(&ctx, scenario, &mut conn).await);
@@ -1878,6 +2548,8 @@ fn header_keys(src: &str) -> BTreeMap<usize, String> {
                 }
             } else if token.contains(":census:") {
                 "census".to_owned()
+            } else if token.contains(":approvals:") {
+                "approvals_t".to_owned()
             } else {
                 token.rsplit(':').next().expect("a key name").to_owned()
             };
@@ -1937,7 +2609,7 @@ fn reads(script: &str) -> BTreeSet<Target> {
             }
             let read = matches!(
                 *cmd,
-                "ZSCORE" | "ZRANGEBYLEX" | "ZLEXCOUNT" | "ZCARD" | "HGET"
+                "ZSCORE" | "ZRANGEBYLEX" | "ZRANGE" | "ZLEXCOUNT" | "ZCARD" | "HGET"
             );
             match (key.map(String::as_str), read) {
                 (Some("dup"), true) => {
@@ -1957,6 +2629,15 @@ fn reads(script: &str) -> BTreeSet<Target> {
                 }
                 (Some("uncertain" | "uncertain_t"), true) => {
                     out.insert(UncertainMember);
+                }
+                (Some("pending"), true) => {
+                    out.insert(PendingMember);
+                }
+                (Some("awaiting"), true) => {
+                    out.insert(AwaitingMember);
+                }
+                (Some("approvals_t"), true) => {
+                    out.insert(ApprovalsMember);
                 }
                 _ => {}
             }

@@ -1132,3 +1132,330 @@ async fn an_unreadable_tenants_index_entry_is_unavailable_and_left_alone() {
         "acme left; the unreadable entry stays"
     );
 }
+
+// === approvals ===
+
+/// `permit`, with tool t's calls needing one approval, waiting `wait_ms`.
+fn with_rule(
+    mut permit: atmost::domain::Permit,
+    wait_ms: atmost::domain::Millis,
+) -> atmost::domain::Permit {
+    permit.approval_per_tool.insert(
+        "t".into(),
+        atmost::domain::ApprovalRule {
+            cost_at_least: None,
+            wait_ms,
+            approvers: 1,
+        },
+    );
+    permit
+}
+
+/// An approver's scope in `tenant`: not limited to any agent.
+fn approver_of(tenant: &str) -> atmost::domain::Scope {
+    atmost::domain::Scope {
+        tenant: tenant.into(),
+        agent: None,
+        key_id: "ap".into(),
+    }
+}
+
+fn request_cmd(permit: &atmost::domain::Permit, key: &str) -> atmost::domain::AuthorizeCmd {
+    atmost::domain::AuthorizeCmd {
+        permit_id: permit.permit_id.clone(),
+        tool: "t".into(),
+        idempotency_key: key.into(),
+        request_fingerprint: key.as_bytes().to_vec(),
+        cost: 0,
+        holder_token: Vec::new(),
+        approval_summary: format!("call {key}"),
+    }
+}
+
+/// Asks for key `key` under the permit at `now`: its call awaits approval.
+async fn request(
+    store: &atmost::store::redis::RedisStore,
+    permit: &atmost::domain::Permit,
+    key: &str,
+    now: atmost::domain::Millis,
+) -> atmost::domain::Attempt {
+    use atmost::store::Store as _;
+    let r = store
+        .authorize(
+            &scope_of(&permit.tenant),
+            &request_cmd(permit, key),
+            now,
+            atmost::domain::new_id(now),
+        )
+        .await
+        .expect("authorize");
+    assert_eq!(r.decision, atmost::domain::Decision::AwaitApproval, "{r:?}");
+    r.attempt
+}
+
+/// The members of a sorted set, in order.
+async fn zset(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("ZRANGE")
+}
+
+/// A permit with an approval rule keeps its calls awaiting approval in two
+/// sets of its own (by deadline, by creation), under its hash tag, that
+/// live and expire with its other keys: pinned while an attempt is open
+/// (here the claim of an approved call), expiring with the permit
+/// otherwise; and each call in its tenant's approvals index (a shard of
+/// its own, outside the permit's keys) until it is decided, or until the
+/// sweep closes the permit it lapsed with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_sets_share_the_permits_tag_and_expire_with_it() {
+    use atmost::domain::{ApproveCmd, AttemptState, CommitCmd, Decision, Outcome};
+    use atmost::store::{INDEX_MARGIN_MS, Store as _};
+    let _machine = shared().await;
+    let redis = Redis::start();
+    let store = redis_store(&redis.url, &redis.prefix, std::time::Duration::from_secs(5));
+    let mut conn = redis.connect().await;
+    let prefix = &redis.prefix;
+    let expires_at = T0 + HOUR_MS;
+    let p = with_rule(tenant_permit(1, "acme", T0, expires_at), 600_000);
+    store.create_permit(p.clone()).await.expect("create");
+    let id = &p.permit_id;
+    let k = request(&store, &p, "k", T0).await;
+    request(&store, &p, "k2", T0 + 1).await;
+
+    let base = format!("{prefix}:{{{id}}}");
+    let own = ["permit", "attempts", "pending", "awaiting"].map(|k| format!("{base}:{k}"));
+    let index = format!("{prefix}:approvals:{{0}}:t:acme");
+    let mut stored: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    stored.sort();
+    let mut expected = vec![
+        format!("{prefix}:permits:acme"),
+        format!("{prefix}:tenants"),
+        index.clone(),
+    ];
+    expected.extend(own.iter().cloned());
+    expected.sort();
+    assert_eq!(stored, expected, "every key of the permit under its tag");
+    assert_eq!(
+        zset(&mut conn, &format!("{base}:pending")).await,
+        [
+            format!("{:015}:k", T0 + 600_000),
+            format!("{:015}:k2", T0 + 1 + 600_000)
+        ]
+    );
+    assert_eq!(
+        zset(&mut conn, &format!("{base}:awaiting")).await,
+        [format!("{T0:015}:k"), format!("{:015}:k2", T0 + 1)]
+    );
+    assert_eq!(
+        zset(&mut conn, &index).await,
+        [
+            format!("{T0:015}:{id}:k"),
+            format!("{:015}:{id}:k2", T0 + 1)
+        ]
+    );
+    // Nothing open: every key expires with the permit.
+    for key in &own {
+        assert_eq!(
+            pexpiretime(&mut conn, key).await,
+            expires_at + DAY_MS,
+            "{key}"
+        );
+    }
+
+    // Approved: no longer awaiting, anywhere.
+    let approve = ApproveCmd {
+        permit_id: id.clone(),
+        idempotency_key: "k".into(),
+        attempt_id: k.attempt_id.clone(),
+    };
+    let approved = store
+        .approve(&approver_of("acme"), &approve, T0 + 10)
+        .await
+        .expect("approve");
+    assert_eq!(approved.state, AttemptState::Approved);
+    assert_eq!(
+        zset(&mut conn, &format!("{base}:awaiting")).await,
+        [format!("{:015}:k2", T0 + 1)]
+    );
+    assert_eq!(
+        zset(&mut conn, &index).await,
+        [format!("{:015}:{id}:k2", T0 + 1)]
+    );
+    // Claimed: open, so every key of the permit is pinned.
+    let claimed = store
+        .authorize(
+            &scope_of("acme"),
+            &request_cmd(&p, "k"),
+            T0 + 20,
+            atmost::domain::new_id(T0 + 20),
+        )
+        .await
+        .expect("claim");
+    assert_eq!(claimed.decision, Decision::Dispatch);
+    for key in &own {
+        assert_eq!(pexpiretime(&mut conn, key).await, -1, "{key} pinned");
+    }
+    let commit = CommitCmd {
+        permit_id: id.clone(),
+        idempotency_key: "k".into(),
+        attempt_id: k.attempt_id.clone(),
+        outcome: Outcome::Succeeded {
+            result: b"ok".to_vec(),
+            actual_cost: None,
+        },
+    };
+    store
+        .commit(
+            &scope_of("acme"),
+            &commit,
+            T0 + 30,
+            atmost::domain::new_id(T0 + 30),
+        )
+        .await
+        .expect("commit");
+    for key in &own {
+        assert_eq!(
+            pexpiretime(&mut conn, key).await,
+            expires_at + DAY_MS,
+            "{key}"
+        );
+    }
+
+    // k2 lapsed with the permit's expiry, unwritten: the sweep that closes
+    // the permit drops its index entry (the index key goes with it), and
+    // leaves the permit's own records to expire with it.
+    let now = expires_at + INDEX_MARGIN_MS + 1;
+    sweep_all(&store, now).await;
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&index)
+        .query_async(&mut conn)
+        .await
+        .expect("EXISTS");
+    assert!(
+        !exists,
+        "the approvals index keeps nothing of a closed permit"
+    );
+    let read = store
+        .get_attempt(
+            &scope_of("acme"),
+            &atmost::domain::GetAttemptCmd {
+                permit_id: id.clone(),
+                idempotency_key: "k2".into(),
+            },
+            now,
+        )
+        .await
+        .expect("k2");
+    assert_eq!(read.state, AttemptState::Denied);
+    assert_eq!(
+        read.approval.expect("its approval").denial_reason,
+        atmost::domain::APPROVAL_EXPIRED
+    );
+    let view = store
+        .get_permit(&scope_of("acme"), id, now)
+        .await
+        .expect("get");
+    assert_eq!(
+        (view.usage[0].calls_made, view.budget_reserved),
+        (1, 0),
+        "k's slot; k2's returned"
+    );
+}
+
+/// On a Cluster the approvals index is sharded by slot, as the uncertain
+/// index is: ListApprovals across permits merges the shards in
+/// (created_at, permit, key) order, each call once, in pages, leaving out
+/// what was decided or lapsed, and another tenant's calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_are_listed_across_permits_in_order_on_a_cluster() {
+    use atmost::domain::{ApproveCmd, DenyCmd};
+    use atmost::store::Store as _;
+    let _machine = shared().await;
+    let urls = tokio::task::block_in_place(shared_cluster);
+    let prefix = format!("a{}", uuid::Uuid::now_v7().simple());
+    let store = cluster_store(urls, &prefix, std::time::Duration::from_secs(5));
+    let mut requested = Vec::new();
+    for n in 0..16 {
+        // The first request lapses at T0 + 1 s, the others wait ten minutes.
+        let wait = if n == 0 { 1_000 } else { 600_000 };
+        let p = with_rule(tenant_permit(200 + n, "acme", T0, T0 + HOUR_MS), wait);
+        let p = store.create_permit(p).await.expect("create");
+        let a = request(&store, &p, "k", T0 + n as i64).await;
+        requested.push((a.created_at, p.permit_id.clone(), a.attempt_id));
+    }
+    let globex = store
+        .create_permit(with_rule(
+            tenant_permit(300, "globex", T0, T0 + HOUR_MS),
+            600_000,
+        ))
+        .await
+        .expect("create");
+    request(&store, &globex, "k", T0).await;
+    let slots: std::collections::HashSet<u16> = requested
+        .iter()
+        .map(|(_, id, _)| crc16::State::<crc16::XMODEM>::calculate(id.as_bytes()) % 16384)
+        .collect();
+    assert!(slots.len() > 4, "16 permits in {} slots", slots.len());
+
+    let now = T0 + 2_000;
+    let (_, approved, approved_id) = &requested[3];
+    store
+        .approve(
+            &approver_of("acme"),
+            &ApproveCmd {
+                permit_id: approved.clone(),
+                idempotency_key: "k".into(),
+                attempt_id: approved_id.clone(),
+            },
+            now,
+        )
+        .await
+        .expect("approve");
+    let (_, denied, denied_id) = &requested[7];
+    store
+        .deny(
+            &approver_of("acme"),
+            &DenyCmd {
+                permit_id: denied.clone(),
+                idempotency_key: "k".into(),
+                attempt_id: denied_id.clone(),
+                reason: "no".into(),
+            },
+            now,
+        )
+        .await
+        .expect("deny");
+    let expected: Vec<(i64, String)> = requested
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| ![0, 3, 7].contains(n))
+        .map(|(_, (at, id, _))| (*at, id.clone()))
+        .collect();
+    let (mut listed, mut after) = (Vec::new(), None);
+    loop {
+        let page = store
+            .list_approvals(&approver_of("acme"), None, after.as_ref(), 5, now)
+            .await
+            .expect("list");
+        assert!(page.attempts.len() <= 5);
+        listed.extend(
+            page.attempts
+                .iter()
+                .map(|a| (a.created_at, a.permit_id.clone())),
+        );
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(listed, expected, "every waiting call, in order, once");
+}

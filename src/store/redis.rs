@@ -44,9 +44,9 @@ pub use scripts::{function_name, library_name, library_text, script_body};
 use super::memory::full_page;
 use super::{CensusFigures, Cursor, INDEX_MARGIN_MS, Page, Store};
 use crate::domain::{
-    Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, Error, GetAttemptCmd, MAX_RETENTION_MS,
-    MarkUncertainCmd, Millis, Outcome, Permit, PermitView, Quotas, ResolveCmd, Scope, Settled,
-    invalid,
+    ApproveCmd, Attempt, AuthorizeCmd, Authorized, CommitCmd, Decision, DenyCmd, Error,
+    GetAttemptCmd, MAX_RETENTION_MS, MarkUncertainCmd, Millis, Outcome, Permit, PermitView, Quotas,
+    ResolveCmd, Scope, Settled, invalid,
 };
 use codec::{decode_permit, encode_permit, id_bytes};
 use conn::{Conn, DurablePool, Handle, broken, demoted, function_missing, not_run, unavailable};
@@ -127,10 +127,14 @@ struct PermitKeys {
     open: String,
     dup: String,
     held: String,
+    /// The calls awaiting approval or approved, by deadline.
+    pending: String,
+    /// The calls awaiting approval, by creation.
+    awaiting: String,
 }
 
 impl PermitKeys {
-    /// The permit's five keys, in the order every script expects them.
+    /// The permit's first five keys, in the order every script expects them.
     fn all(&self, inv: &mut Invocation) {
         inv.key(&self.permit)
             .key(&self.attempts)
@@ -171,6 +175,21 @@ fn open_member(at: Millis, key: &str) -> String {
     format!("{at:015}:{key}")
 }
 
+/// A cursor's place in a cross-permit index (uncertain or approvals):
+/// "<at, 15 digits>:<permit id>:<key>".
+fn index_position(c: &Cursor) -> String {
+    format!("{:015}:{}:{}", c.at, c.permit_id, c.idempotency_key)
+}
+
+/// The cursor after a member of a cross-permit index.
+fn member_cursor((at, id, key): &(Millis, String, String)) -> Cursor {
+    Cursor {
+        at: *at,
+        permit_id: id.clone(),
+        idempotency_key: key.clone(),
+    }
+}
+
 /// A task of a cross-permit listing, joined: a panic goes on unwinding (a
 /// bug, not a store that did not answer); a task cancelled is UNAVAILABLE.
 fn joined<T>(task: Result<T, tokio::task::JoinError>) -> Result<T, Error> {
@@ -180,16 +199,18 @@ fn joined<T>(task: Result<T, tokio::task::JoinError>) -> Result<T, Error> {
     })
 }
 
-/// (at, permit id, key) of a member of the uncertain index,
-/// "<at, 15 digits>:<permit id>:<key>" (lib.lua: index_member; a permit id
-/// holds no ':', a key may).
+/// (at, permit id, key) of a member of the uncertain or the approvals
+/// index, "<at, 15 digits>:<permit id>:<key>" (lib.lua: index_member; a
+/// permit id, a canonical UUID, holds no ':', a key may).
 fn parse_uncertain_member(member: &str) -> Result<(Millis, String, String), Error> {
-    let bad = || malformed(format!("uncertain index member {member:?}"));
+    let bad = || malformed(format!("uncertain or approvals index member {member:?}"));
     let (at, rest) = member.split_at_checked(15).ok_or_else(bad)?;
     let rest = rest.strip_prefix(':').ok_or_else(bad)?;
     let (id, key) = rest
         .split_once(':')
-        .filter(|(id, key)| !id.is_empty() && !key.is_empty())
+        .filter(|(id, key)| {
+            crate::domain::canonical_id(id).as_deref() == Some(*id) && !key.is_empty()
+        })
         .ok_or_else(bad)?;
     if !at.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad());
@@ -357,14 +378,20 @@ impl RedisStore {
         sync
     }
 
-    /// The seven keys of authorize, settle and mark_uncertain:
-    /// the permit's five, then its shard of `tenant`'s uncertain index and
-    /// of the fleet's (lib.lua).
+    /// The ten keys of the scripts that move attempts (authorize, settle,
+    /// mark_uncertain, approve, deny, revoke_permit; get_permit reads the
+    /// first eight): the permit's five, its shard of `tenant`'s uncertain
+    /// index and of the fleet's, its pending and awaiting sets, and its
+    /// shard of `tenant`'s approvals index (lib.lua).
     fn script_keys(&self, inv: &mut Invocation, permit_id: &str, tenant: &str) {
-        self.keys(permit_id).all(inv);
+        let k = self.keys(permit_id);
+        k.all(inv);
         let tag = self.shards.tag(permit_id);
         inv.key(self.uncertain_key(tag, Some(tenant)))
-            .key(self.uncertain_key(tag, None));
+            .key(self.uncertain_key(tag, None))
+            .key(&k.pending)
+            .key(&k.awaiting)
+            .key(self.approvals_key(tag, tenant));
     }
 
     /// A shard of the uncertain index: `tenant`'s, or with `None` the
@@ -374,6 +401,13 @@ impl RedisStore {
             Some(tenant) => format!("{}:uncertain:{{{tag}}}:t:{tenant}", self.prefix),
             None => format!("{}:uncertain:{{{tag}}}", self.prefix),
         }
+    }
+
+    /// A shard of `tenant`'s approvals index: its calls awaiting approval,
+    /// by (created, permit id, key), in the slot of the permits whose
+    /// shard it is (lib.lua).
+    fn approvals_key(&self, tag: &str, tenant: &str) -> String {
+        format!("{}:approvals:{{{tag}}}:t:{tenant}", self.prefix)
     }
 
     /// Refuses, on a Cluster, a permit outside the uncertain index's
@@ -400,6 +434,8 @@ impl RedisStore {
             open: format!("{base}:open"),
             dup: format!("{base}:dup"),
             held: format!("{base}:held"),
+            pending: format!("{base}:pending"),
+            awaiting: format!("{base}:awaiting"),
         }
     }
 
@@ -575,7 +611,8 @@ impl RedisStore {
         Self::scope_args(&mut inv, scope);
         inv.arg(self.quotas.max_open_attempts)
             .arg(self.quotas.max_attempts)
-            .arg(&scope.key_id);
+            .arg(&scope.key_id)
+            .arg(&cmd.approval_summary);
         inv
     }
 
@@ -613,20 +650,23 @@ fn read_authorized(cmd: &AuthorizeCmd, reply: Vec<Value>) -> Result<Authorized, 
         "DISPATCH" => (Decision::Dispatch, false),
         "REDELIVERED" => (Decision::Dispatch, true),
         "REPLAY" => (Decision::Replay, false),
+        "AWAIT_APPROVAL" => (Decision::AwaitApproval, false),
         other => return Err(malformed(format!("verdict {other:?}"))),
     };
     let attempt = decode_attempt(&cmd.permit_id, f.array()?)?;
     let usage = decode_usage(f.array()?)?;
     let duplicate_of = Some(f.string()?).filter(|k| !k.is_empty());
-    let lease_remaining_ms = f.int()?;
+    // The lease left, or for AWAIT_APPROVAL the wait left.
+    let remaining_ms = f.int()?;
+    let waits = decision == Decision::AwaitApproval;
     Ok(Authorized {
         decision,
         attempt,
         usage,
         duplicate_of,
         redelivered,
-        lease_remaining_ms,
-        approval_remaining_ms: 0,
+        lease_remaining_ms: if waits { 0 } else { remaining_ms },
+        approval_remaining_ms: if waits { remaining_ms } else { 0 },
     })
 }
 
@@ -635,13 +675,6 @@ fn read_authorized(cmd: &AuthorizeCmd, reply: Vec<Value>) -> Result<Authorized, 
 impl Store for RedisStore {
     async fn create_permit(&self, mut permit: Permit) -> Result<Permit, Error> {
         self.quotas.check_lifetime(&permit, permit.created_at)?;
-        // TODO(issue 27): approval rules on the Redis store.
-        if !permit.approval_per_tool.is_empty() {
-            return Err(crate::domain::invalid(
-                "permit.approval_per_tool",
-                "approval rules are not served by the Redis store yet",
-            ));
-        }
         // On a Cluster, an id in a slot of the uncertain index's placed
         // shards (one in 256 ids: a few microseconds of drawing).
         while !self.shards.place(&permit.permit_id) {
@@ -698,9 +731,9 @@ impl Store for RedisStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<PermitView, Error> {
-        let k = self.keys(permit_id);
         let mut inv = Lua::GetPermit.prepare_invoke();
-        inv.key(&k.permit).key(&k.attempts).arg(self.now_arg(now));
+        self.script_keys(&mut inv, permit_id, &scope.tenant);
+        inv.arg(self.now_arg(now));
         Self::scope_args(&mut inv, scope);
         let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
         decode_permit(permit_id, f.array()?)
@@ -712,9 +745,9 @@ impl Store for RedisStore {
         permit_id: &str,
         now: Millis,
     ) -> Result<Permit, Error> {
-        let k = self.keys(permit_id);
         let mut inv = Lua::RevokePermit.prepare_invoke();
-        inv.key(&k.permit).key(&k.attempts).arg(self.now_arg(now));
+        self.script_keys(&mut inv, permit_id, &scope.tenant);
+        inv.arg(self.now_arg(now));
         Self::scope_args(&mut inv, scope);
         let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
         decode_permit(permit_id, f.array()?).map(|view| view.permit)
@@ -824,110 +857,129 @@ impl Store for RedisStore {
         }
         // Across permits: the tenant's uncertain index, every shard (one
         // outside a Cluster) read at once, merged in order.
-        use tracing::Instrument as _;
         let started = std::time::Instant::now();
-        let after_member =
-            after.map(|c| format!("{:015}:{}:{}", c.at, c.permit_id, c.idempotency_key));
-        let mut shard_reads = tokio::task::JoinSet::new();
-        for tag in self.shards.placed() {
-            let mut inv = Lua::ListIndex.prepare_invoke();
-            inv.key(self.uncertain_key(tag, Some(&scope.tenant)))
-                .arg(self.now_arg(now))
-                .arg(after_member.as_deref().unwrap_or_default())
-                .arg(limit);
-            let store = self.clone();
-            shard_reads.spawn(
-                async move {
-                    let mut f = open_ok(store.run(&inv).await?, &About::default())?;
-                    let mut members = Vec::new();
-                    while !f.done() {
-                        members.push(parse_uncertain_member(&f.string()?)?);
-                    }
-                    Ok::<_, Error>(members)
-                }
-                .in_current_span(),
-            );
-        }
-        let mut members = Vec::new();
-        while let Some(read) = shard_reads.join_next().await {
-            members.extend(joined(read)??);
-        }
-        members.sort_unstable();
-        members.truncate(limit);
+        let after_member = after.map(index_position);
+        let members = self
+            .index_members(
+                |tag| self.uncertain_key(tag, Some(&scope.tenant)),
+                after_member.as_deref(),
+                limit,
+                now,
+            )
+            .await?;
         // More may follow only when the page is full of members.
         let mut next = (members.len() == limit)
             .then(|| members.last())
             .flatten()
-            .map(|(at, id, key)| Cursor {
-                at: *at,
-                permit_id: id.clone(),
-                idempotency_key: key.clone(),
-            });
-
-        // The attempts, where each permit lives: runs of at most
-        // LIST_CHUNK members of one permit, READS_IN_FLIGHT at once, in
-        // the merged order; one settled meanwhile is left out. Past the
-        // scan budget the page ends short, after the last run read.
-        let mut runs: Vec<(String, Vec<String>, usize)> = Vec::new();
-        for (i, (at, id, key)) in members.iter().enumerate() {
-            match runs.last_mut() {
-                Some((p, list, last)) if p == id && list.len() < LIST_CHUNK => {
-                    list.push(open_member(*at, key));
-                    *last = i;
-                }
-                _ => runs.push((id.clone(), vec![open_member(*at, key)], i)),
-            }
-        }
-        let mut attempts = Vec::new();
-        // The index in `members` of the last member read.
-        let mut read: Option<usize> = None;
-        for batch in runs.chunks(READS_IN_FLIGHT) {
-            if let Some(last) = read
-                && started.elapsed() >= self.scan_budget
-            {
-                let (at, id, key) = &members[last];
-                next = Some(Cursor {
-                    at: *at,
-                    permit_id: id.clone(),
-                    idempotency_key: key.clone(),
-                });
-                break;
-            }
-            let mut reads = tokio::task::JoinSet::new();
-            for (i, (id, list, _)) in batch.iter().enumerate() {
-                let inv = self.uncertain_attempts(scope, id, list, now);
-                let (store, id) = (self.clone(), id.clone());
-                reads.spawn(
-                    async move {
-                        let read = store.run(&inv).await.and_then(|reply| {
-                            let mut f = open_ok(reply, &About::permit(&id))?;
-                            let mut found = Vec::new();
-                            while !f.done() {
-                                found.push(decode_attempt(&id, f.array()?)?);
-                            }
-                            Ok(found)
-                        });
-                        (i, read)
-                    }
-                    .in_current_span(),
-                );
-            }
-            let mut found = vec![Vec::new(); batch.len()];
-            while let Some(done) = reads.join_next().await {
-                let (i, one) = joined(done)?;
-                found[i] = match one {
-                    // Gone since it was listed, with nothing of it in the
-                    // index any more (uncertain_attempts.lua checks).
-                    Err(Error::PermitNotFound { .. }) => Vec::new(),
-                    other => other?,
-                };
-            }
-            // In the runs' order, each run's in its members': the merged
-            // order.
-            attempts.extend(found.into_iter().flatten());
-            read = batch.last().map(|(_, _, last)| *last);
+            .map(member_cursor);
+        // The attempts, where each permit lives; one settled meanwhile is
+        // left out. Past the scan budget the page ends short, after the
+        // last run read.
+        let (attempts, read) = self
+            .read_members(&members, started, |id, list| {
+                self.uncertain_attempts(scope, id, list, now)
+            })
+            .await?;
+        if read < members.len() {
+            next = read
+                .checked_sub(1)
+                .map(|last| member_cursor(&members[last]));
         }
         Ok(Page { attempts, next })
+    }
+
+    async fn approve(
+        &self,
+        scope: &Scope,
+        cmd: &ApproveCmd,
+        now: Millis,
+    ) -> Result<Attempt, Error> {
+        let mut inv = Lua::Approve.prepare_invoke();
+        self.script_keys(&mut inv, &cmd.permit_id, &scope.tenant);
+        inv.arg(self.now_arg(now))
+            .arg(&cmd.idempotency_key)
+            .arg(id_bytes(&cmd.attempt_id));
+        Self::scope_args(&mut inv, scope);
+        inv.arg(&scope.key_id);
+        let about = About::key(&cmd.permit_id, &cmd.idempotency_key);
+        let mut f = open_ok(self.run(&inv).await?, &about)?;
+        decode_attempt(&cmd.permit_id, f.array()?)
+    }
+
+    async fn deny(&self, scope: &Scope, cmd: &DenyCmd, now: Millis) -> Result<Settled, Error> {
+        let mut inv = Lua::Deny.prepare_invoke();
+        self.script_keys(&mut inv, &cmd.permit_id, &scope.tenant);
+        inv.arg(self.now_arg(now))
+            .arg(&cmd.idempotency_key)
+            .arg(id_bytes(&cmd.attempt_id))
+            .arg(&cmd.reason);
+        Self::scope_args(&mut inv, scope);
+        inv.arg(&scope.key_id);
+        let about = About::key(&cmd.permit_id, &cmd.idempotency_key);
+        let mut f = open_ok(self.run(&inv).await?, &about)?;
+        Ok(Settled {
+            attempt: decode_attempt(&cmd.permit_id, f.array()?)?,
+            usage: decode_usage(f.array()?)?,
+        })
+    }
+
+    async fn list_approvals(
+        &self,
+        scope: &Scope,
+        permit_id: Option<&str>,
+        after: Option<&Cursor>,
+        limit: usize,
+        now: Millis,
+    ) -> Result<Page, Error> {
+        if let Some(id) = permit_id {
+            let after = after.and_then(|c| c.attempt_in(id));
+            let listed = self.awaiting_one(scope, id, after, limit, now).await?;
+            return Ok(full_page(listed, limit, Cursor::after_request));
+        }
+        // Across permits: the tenant's approvals index, every shard read at
+        // once, merged in order, as ListUncertain's; requests that lapsed
+        // (their lapse not yet written) are skipped, and more are read
+        // until the page is full or the index ends.
+        let started = std::time::Instant::now();
+        let mut from = after.map(index_position);
+        let mut attempts = Vec::new();
+        while attempts.len() < limit {
+            let want = limit - attempts.len();
+            let members = self
+                .index_members(
+                    |tag| self.approvals_key(tag, &scope.tenant),
+                    from.as_deref(),
+                    want,
+                    now,
+                )
+                .await?;
+            let (found, read) = self
+                .read_members(&members, started, |id, list| {
+                    self.awaiting_attempts(scope, id, list, now)
+                })
+                .await?;
+            attempts.extend(found);
+            let Some(last) = read.checked_sub(1).map(|last| &members[last]) else {
+                break;
+            };
+            // Past the scan budget the page ends short, after the last
+            // member read; the index's end ends it.
+            let short = Page {
+                next: Some(member_cursor(last)),
+                ..Page::default()
+            };
+            if read < members.len() {
+                return Ok(Page { attempts, ..short });
+            }
+            if members.len() < want {
+                break;
+            }
+            if attempts.len() < limit && started.elapsed() >= self.scan_budget {
+                return Ok(Page { attempts, ..short });
+            }
+            from = Some(index_position(&member_cursor(last)));
+        }
+        Ok(full_page(attempts, limit, Cursor::after_request))
     }
 
     /// Walks this replica's next batch of tenants (at most
@@ -947,64 +999,6 @@ impl Store for RedisStore {
     /// (`create_permit`). A tenant with a live permit stays in the tenants
     /// index whatever the interleaving, and one whose removal fails halfway
     /// merely stays too.
-    // TODO(issue 27): no permit on the Redis store has an approval rule
-    // yet (create_permit refuses them), so no attempt awaits approval.
-    async fn approve(
-        &self,
-        scope: &Scope,
-        cmd: &crate::domain::ApproveCmd,
-        now: Millis,
-    ) -> Result<Attempt, Error> {
-        let attempt = self
-            .get_attempt(
-                scope,
-                &GetAttemptCmd {
-                    permit_id: cmd.permit_id.clone(),
-                    idempotency_key: cmd.idempotency_key.clone(),
-                },
-                now,
-            )
-            .await?;
-        Err(Error::StateConflict {
-            state: attempt.state,
-        })
-    }
-
-    async fn deny(
-        &self,
-        scope: &Scope,
-        cmd: &crate::domain::DenyCmd,
-        now: Millis,
-    ) -> Result<Settled, Error> {
-        let attempt = self
-            .get_attempt(
-                scope,
-                &GetAttemptCmd {
-                    permit_id: cmd.permit_id.clone(),
-                    idempotency_key: cmd.idempotency_key.clone(),
-                },
-                now,
-            )
-            .await?;
-        Err(Error::StateConflict {
-            state: attempt.state,
-        })
-    }
-
-    async fn list_approvals(
-        &self,
-        scope: &Scope,
-        permit_id: Option<&str>,
-        _after: Option<&Cursor>,
-        _limit: usize,
-        now: Millis,
-    ) -> Result<Page, Error> {
-        if let Some(id) = permit_id {
-            self.get_permit(scope, id, now).await?;
-        }
-        Ok(Page::default())
-    }
-
     async fn sweep(&self, now: Millis) -> Result<usize, Error> {
         let mut conn = self.conn().await?;
         let after = self
@@ -1113,6 +1107,174 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// The members of a tenant's cross-permit index (uncertain or
+    /// approvals: `key` names its shard by tag) after `after`, up to `now`:
+    /// every shard (one outside a Cluster) read at once (list_index.lua),
+    /// merged in order, at most `limit`.
+    async fn index_members(
+        &self,
+        key: impl Fn(&str) -> String,
+        after: Option<&str>,
+        limit: usize,
+        now: Millis,
+    ) -> Result<Vec<(Millis, String, String)>, Error> {
+        use tracing::Instrument as _;
+        let mut shard_reads = tokio::task::JoinSet::new();
+        for tag in self.shards.placed() {
+            let mut inv = Lua::ListIndex.prepare_invoke();
+            inv.key(key(tag))
+                .arg(self.now_arg(now))
+                .arg(after.unwrap_or_default())
+                .arg(limit);
+            let store = self.clone();
+            shard_reads.spawn(
+                async move {
+                    let mut f = open_ok(store.run(&inv).await?, &About::default())?;
+                    let mut members = Vec::new();
+                    while !f.done() {
+                        members.push(parse_uncertain_member(&f.string()?)?);
+                    }
+                    Ok::<_, Error>(members)
+                }
+                .in_current_span(),
+            );
+        }
+        let mut members = Vec::new();
+        while let Some(read) = shard_reads.join_next().await {
+            members.extend(joined(read)??);
+        }
+        members.sort_unstable();
+        members.truncate(limit);
+        Ok(members)
+    }
+
+    /// The attempts the index `members` name, where each permit lives:
+    /// runs of at most [`LIST_CHUNK`] members of one permit
+    /// (`run(permit_id, members)`: uncertain_attempts.lua or
+    /// awaiting_attempts.lua), [`READS_IN_FLIGHT`] at once, in the members'
+    /// order; a run's permit not found (gone, or not the caller's) gives
+    /// none. Past the scan budget (counted from `started`) it stops after
+    /// the last batch read. The attempts, and how many members were read.
+    async fn read_members(
+        &self,
+        members: &[(Millis, String, String)],
+        started: std::time::Instant,
+        run: impl Fn(&str, &[String]) -> Invocation,
+    ) -> Result<(Vec<Attempt>, usize), Error> {
+        use tracing::Instrument as _;
+        let mut runs: Vec<(String, Vec<String>, usize)> = Vec::new();
+        for (i, (at, id, key)) in members.iter().enumerate() {
+            match runs.last_mut() {
+                Some((p, list, last)) if p == id && list.len() < LIST_CHUNK => {
+                    list.push(open_member(*at, key));
+                    *last = i;
+                }
+                _ => runs.push((id.clone(), vec![open_member(*at, key)], i)),
+            }
+        }
+        let mut attempts = Vec::new();
+        // How many members were read.
+        let mut read = 0;
+        for batch in runs.chunks(READS_IN_FLIGHT) {
+            if read > 0 && started.elapsed() >= self.scan_budget {
+                break;
+            }
+            let mut reads = tokio::task::JoinSet::new();
+            for (i, (id, list, _)) in batch.iter().enumerate() {
+                let inv = run(id, list);
+                let (store, id) = (self.clone(), id.clone());
+                reads.spawn(
+                    async move {
+                        let read = store.run(&inv).await.and_then(|reply| {
+                            let mut f = open_ok(reply, &About::permit(&id))?;
+                            let mut found = Vec::new();
+                            while !f.done() {
+                                found.push(decode_attempt(&id, f.array()?)?);
+                            }
+                            Ok(found)
+                        });
+                        (i, read)
+                    }
+                    .in_current_span(),
+                );
+            }
+            let mut found = vec![Vec::new(); batch.len()];
+            while let Some(done) = reads.join_next().await {
+                let (i, one) = joined(done)?;
+                found[i] = match one {
+                    // Gone since it was listed, or not the caller's to
+                    // see (the scripts say which is an error).
+                    Err(Error::PermitNotFound { .. }) => Vec::new(),
+                    other => other?,
+                };
+            }
+            // In the runs' order, each run's in its members': the merged
+            // order.
+            attempts.extend(found.into_iter().flatten());
+            read = batch.last().map_or(read, |(_, _, last)| *last + 1);
+        }
+        Ok((attempts, read))
+    }
+
+    /// awaiting_attempts.lua for `members` (awaiting-set members) of one
+    /// permit, as `scope` reads them.
+    fn awaiting_attempts(
+        &self,
+        scope: &Scope,
+        permit_id: &str,
+        members: &[String],
+        now: Millis,
+    ) -> Invocation {
+        let k = self.keys(permit_id);
+        let mut inv = Lua::AwaitingAttempts.prepare_invoke();
+        inv.key(&k.permit).key(&k.attempts).arg(self.now_arg(now));
+        Self::scope_args(&mut inv, scope);
+        for member in members {
+            inv.arg(member);
+        }
+        inv
+    }
+
+    /// One permit's calls awaiting approval at `now` after `after`, in
+    /// (created, key) order: a page of at most `limit`, read in script
+    /// runs of at most [`LIST_CHUNK`] members of its awaiting set (those
+    /// whose request lapsed are skipped, and the next run goes on after
+    /// the last member read).
+    async fn awaiting_one(
+        &self,
+        scope: &Scope,
+        permit_id: &str,
+        after: Option<(Millis, &str)>,
+        limit: usize,
+        now: Millis,
+    ) -> Result<Vec<Attempt>, Error> {
+        let k = self.keys(permit_id);
+        let mut after = after.map(|(at, key)| open_member(at, key));
+        let mut listed = Vec::new();
+        while listed.len() < limit {
+            let chunk = (limit - listed.len()).min(LIST_CHUNK);
+            let mut inv = Lua::ListApprovals.prepare_invoke();
+            inv.key(&k.permit)
+                .key(&k.attempts)
+                .key(&k.awaiting)
+                .arg(self.now_arg(now))
+                .arg(after.as_deref().unwrap_or_default())
+                .arg(chunk);
+            Self::scope_args(&mut inv, scope);
+            let mut f = open_ok(self.run(&inv).await?, &About::permit(permit_id))?;
+            let read = f.count()?;
+            let last = f.string()?;
+            while !f.done() {
+                listed.push(decode_attempt(permit_id, f.array()?)?);
+            }
+            if read < chunk as u64 {
+                break;
+            }
+            after = Some(last);
+        }
+        Ok(listed)
+    }
+
     /// uncertain_attempts.lua for `members` (open-set members) of one
     /// permit, as `scope` reads them.
     fn uncertain_attempts(
@@ -1219,14 +1381,17 @@ impl RedisStore {
         }
     }
 
-    /// Closes a permit for new keys if it may leave the cross-permit index
-    /// (expired by the margin with nothing open); whether it may (closed,
-    /// or gone).
-    async fn close(&self, permit_id: &str, now: Millis) -> Result<bool, Error> {
+    /// Closes a permit of `tenant` for new keys if it may leave the
+    /// cross-permit index (expired by the margin with nothing open), and
+    /// drops its lapsed requests from the approvals index; whether it may
+    /// (closed, or gone).
+    async fn close(&self, permit_id: &str, tenant: &str, now: Millis) -> Result<bool, Error> {
         let k = self.keys(permit_id);
         let mut inv = Lua::ClosePermit.prepare_invoke();
         inv.key(&k.permit)
             .key(&k.attempts)
+            .key(&k.awaiting)
+            .key(self.approvals_key(self.shards.tag(permit_id), tenant))
             .arg(self.now_arg(now))
             .arg(INDEX_MARGIN_MS);
         match self
@@ -1352,7 +1517,7 @@ impl RedisStore {
                 tracing::warn!(member, "unreadable index member left in place");
                 continue;
             };
-            if self.close(id, now).await? {
+            if self.close(id, tenant, now).await? {
                 empty = self.unindex(conn, tenant, member).await?;
                 dropped += 1;
             }

@@ -4,8 +4,8 @@
 
 use super::reply::{Fields, malformed, parse_int};
 use crate::domain::{
-    AttemptState, DuplicateGuard, Error, GuardMode, MAX_AMOUNT, Permit, PermitStatus, PermitView,
-    UncertainPolicy, Usage,
+    ApprovalRule, AttemptState, DuplicateGuard, Error, GuardMode, MAX_AMOUNT, MAX_DURATION_MS,
+    Permit, PermitStatus, PermitView, UncertainPolicy, Usage,
 };
 use redis::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -46,7 +46,8 @@ fn decode_status(code: i64) -> Result<PermitStatus, Error> {
     })
 }
 
-/// An attempt state as stored and replied (lib.lua: RESERVED ... RELEASED).
+/// An attempt state as stored and replied (lib.lua: RESERVED ... RELEASED,
+/// AWAITING, DENIED, APPROVED).
 pub(super) fn decode_state(code: i64) -> Result<AttemptState, Error> {
     Ok(match code {
         1 => AttemptState::Reserved,
@@ -54,7 +55,64 @@ pub(super) fn decode_state(code: i64) -> Result<AttemptState, Error> {
         3 => AttemptState::Failed,
         4 => AttemptState::Uncertain,
         5 => AttemptState::Released,
+        6 => AttemptState::AwaitingApproval,
+        7 => AttemptState::Denied,
+        8 => AttemptState::Approved,
         other => return Err(malformed(format!("attempt state {other}"))),
+    })
+}
+
+// === approval rules ===
+
+/// A tool's approval rule as stored in `ap:<tool>` (lib.lua:
+/// permit_value): "<cost_at_least>:<wait ms>:<approvers>", cost_at_least
+/// "" for every call.
+pub(super) fn encode_rule(rule: &ApprovalRule) -> String {
+    format!(
+        "{}:{}:{}",
+        rule.cost_at_least
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
+        rule.wait_ms,
+        rule.approvers
+    )
+}
+
+/// [`encode_rule`]'s value back, if it is one atmost writes: the cost
+/// within 0..=MAX_AMOUNT, the wait 1 ms to 7 days, 1 or 2 approvers, each
+/// number as `%d` writes it (as lib.lua reads it).
+pub(super) fn decode_rule(value: &[u8]) -> Option<ApprovalRule> {
+    let text = std::str::from_utf8(value).ok()?;
+    let mut parts = text.split(':');
+    let (at_least, wait, approvers) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    // "0", or digits without a leading zero (lib.lua: uint).
+    let number = |s: &str| -> Option<i64> {
+        let canonical = s == "0"
+            || (!s.is_empty()
+                && !s.starts_with('0')
+                && s.len() <= 16
+                && s.bytes().all(|b| b.is_ascii_digit()));
+        s.parse()
+            .ok()
+            .filter(|n| canonical && (0..=MAX_AMOUNT).contains(n))
+    };
+    let cost_at_least = match at_least {
+        "" => None,
+        s => Some(number(s)?),
+    };
+    let wait_ms = number(wait).filter(|w| (1..=MAX_DURATION_MS).contains(w))?;
+    let approvers = match approvers {
+        "1" => 1,
+        "2" => 2,
+        _ => return None,
+    };
+    Some(ApprovalRule {
+        cost_at_least,
+        wait_ms,
+        approvers,
     })
 }
 
@@ -107,13 +165,23 @@ pub(super) fn encode_permit(p: &Permit) -> Vec<(String, Vec<u8>)> {
             .unwrap_or_default();
         fields.push((format!("t:{tool}"), cap.into_bytes()));
     }
+    // Absent: no approval rule, and no script reads the pending set
+    // (lib.lua: appr).
+    if !p.approval_per_tool.is_empty() {
+        fields.push(("appr".into(), b"1".to_vec()));
+    }
+    for (tool, rule) in &p.approval_per_tool {
+        fields.push((format!("ap:{tool}"), encode_rule(rule).into_bytes()));
+    }
     fields
 }
 
 /// Decodes a permit hash (HGETALL's flat field/value list; empty when
 /// there is no such permit). Every field [`encode_permit`] writes must be
-/// there; only `budget` (unlimited) and `n:<tool>` (no call yet) may be
-/// absent.
+/// there; only `budget` (unlimited), `n:<tool>` (no call yet), `appr` and
+/// `ap:<tool>` (no approval rule) may be absent. An approval rule must be
+/// one [`encode_rule`] writes, for a tool in scope, on a permit whose
+/// `appr` says it has one.
 pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitView, Error> {
     let mut f = Fields::new(hash);
     let mut map: HashMap<String, Vec<u8>> = HashMap::new();
@@ -185,6 +253,27 @@ pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitV
             budget_remaining: budget.map(|b| b - committed - reserved),
         });
     }
+    let mut approval_per_tool = BTreeMap::new();
+    for (field, value) in &map {
+        let Some(tool) = field.strip_prefix("ap:") else {
+            continue;
+        };
+        let rule = decode_rule(value)
+            .ok_or_else(|| malformed(format!("permit field {field} not an approval rule")))?;
+        if !tools.iter().any(|t| t == tool) {
+            return Err(malformed(format!(
+                "permit field {field} for a tool not in scope"
+            )));
+        }
+        approval_per_tool.insert(tool.to_owned(), rule);
+    }
+    match map.get("appr").map(Vec::as_slice) {
+        None if !approval_per_tool.is_empty() => {
+            return Err(malformed("approval rules on a permit without appr"));
+        }
+        None | Some(b"1") => {}
+        Some(_) => return Err(malformed("permit field appr")),
+    }
     let permit = Permit {
         permit_id: permit_id.to_owned(),
         subject: text("subject")?,
@@ -213,8 +302,7 @@ pub(super) fn decode_permit(permit_id: &str, hash: Vec<Value>) -> Result<PermitV
             Some(_) => text("agents")?.split('\n').map(str::to_owned).collect(),
             None => Vec::new(),
         },
-        // TODO(issue 27): approval rules on the Redis store.
-        approval_per_tool: Default::default(),
+        approval_per_tool,
     };
     Ok(PermitView {
         permit,
@@ -247,8 +335,11 @@ pub(super) fn id_text(bytes: &[u8]) -> Result<String, Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_permit, encode_permit};
-    use crate::domain::{DuplicateGuard, Error, GuardMode, Permit, PermitStatus, UncertainPolicy};
+    use super::{decode_permit, decode_rule, encode_permit, encode_rule};
+    use crate::domain::{
+        ApprovalRule, DuplicateGuard, Error, GuardMode, MAX_AMOUNT, MAX_DURATION_MS, Permit,
+        PermitStatus, UncertainPolicy,
+    };
     use redis::Value;
 
     fn permit() -> Permit {
@@ -270,7 +361,25 @@ mod tests {
             created_at: 1_767_222_000_000,
             tenant: "acme".into(),
             agents: vec!["agent-1".into(), "agent-2".into()],
-            approval_per_tool: Default::default(),
+            approval_per_tool: [
+                (
+                    "payments.charge".to_owned(),
+                    ApprovalRule {
+                        cost_at_least: Some(100),
+                        wait_ms: 900_000,
+                        approvers: 2,
+                    },
+                ),
+                (
+                    "search".to_owned(),
+                    ApprovalRule {
+                        cost_at_least: None,
+                        wait_ms: 1,
+                        approvers: 1,
+                    },
+                ),
+            ]
+            .into(),
         }
     }
 
@@ -309,6 +418,73 @@ mod tests {
         // Absent uncertain policy: count.
         let count = stored(|f| f.retain(|(k, _)| k != "upol"));
         assert_eq!(count.unwrap().uncertain_policy, UncertainPolicy::Count);
+    }
+
+    #[test]
+    fn approval_rules_read_back_as_written() {
+        let none = stored(|f| f.retain(|(k, _)| k != "appr" && !k.starts_with("ap:")));
+        assert_eq!(none.unwrap().approval_per_tool, Default::default());
+        for rule in [
+            ApprovalRule {
+                cost_at_least: Some(0),
+                wait_ms: MAX_DURATION_MS,
+                approvers: 1,
+            },
+            ApprovalRule {
+                cost_at_least: Some(MAX_AMOUNT),
+                wait_ms: 1000,
+                approvers: 2,
+            },
+        ] {
+            assert_eq!(decode_rule(encode_rule(&rule).as_bytes()), Some(rule));
+        }
+        assert_eq!(
+            encode_rule(&ApprovalRule {
+                cost_at_least: None,
+                wait_ms: 60_000,
+                approvers: 2
+            }),
+            ":60000:2"
+        );
+    }
+
+    /// A rule field as lib.lua would not read it (lib.lua: permit_value):
+    /// UNAVAILABLE, as for every other field; so is a rule on a permit
+    /// whose appr does not say it has one, or for a tool not in scope.
+    #[test]
+    fn a_malformed_approval_rule_is_an_error_not_a_default() {
+        let rule = "ap:payments.charge";
+        for value in [
+            "",
+            "x",
+            "100:900000",
+            "100:900000:2:1",
+            "100:900000:3",
+            "100:900000:0",
+            "-1:900000:1",
+            "01:900000:1",
+            "1e3:900000:1",
+            "9007199254740992:900000:1",
+            "100:0:1",
+            "100:604800001:1",
+            "100::1",
+            "100: 9:1",
+            "+1:900000:1",
+            "\u{ff}:1:1",
+        ] {
+            assert!(unavailable(stored(|f| set(f, rule, value))), "{value:?}");
+            assert_eq!(decode_rule(value.as_bytes()), None, "{value:?}");
+        }
+        assert!(unavailable(stored(|f| f.retain(|(k, _)| k != "appr"))));
+        for appr in ["0", "", "2", "true"] {
+            assert!(unavailable(stored(|f| set(f, "appr", appr))), "appr={appr}");
+        }
+        assert!(unavailable(stored(
+            |f| f.push(("ap:other".into(), b":1000:1".to_vec()))
+        )));
+        assert!(unavailable(stored(
+            |f| f.push(("ap:search".into(), vec![0xff]))
+        )));
     }
 
     #[test]

@@ -17,8 +17,8 @@ use super::unpack_reply;
 use crate::api::convert;
 use crate::api::fuzz::{Edit, config, edit, edits, re, small_status};
 use crate::domain::{
-    Attempt, DuplicateGuard, Error, GuardMode, Permit, PermitStatus, PermitView, Reason,
-    UncertainPolicy, Usage,
+    ApprovalRule, Attempt, DuplicateGuard, Error, GuardMode, Permit, PermitStatus, PermitView,
+    Reason, UncertainPolicy, Usage,
 };
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
@@ -48,7 +48,10 @@ fn about() -> About<'static> {
 
 fn authorize(values: Vec<Value>) -> Result<(Attempt, Usage, String), Error> {
     let (verdict, mut f) = open(values, &about())?;
-    if !matches!(verdict.as_str(), "DISPATCH" | "REDELIVERED" | "REPLAY") {
+    if !matches!(
+        verdict.as_str(),
+        "DISPATCH" | "REDELIVERED" | "REPLAY" | "AWAIT_APPROVAL"
+    ) {
         return Err(malformed(format!("verdict {verdict:?}")));
     }
     let attempt = decode_attempt(PERMIT_ID, f.array()?)?;
@@ -78,7 +81,14 @@ fn get_permit(values: Vec<Value>) -> Result<PermitView, Error> {
     decode_permit(PERMIT_ID, f.array()?)
 }
 
-/// One run of list_uncertain.lua.
+/// Approve (approve.lua).
+fn approve(values: Vec<Value>) -> Result<Attempt, Error> {
+    let mut f = open_ok(values, &About::key(PERMIT_ID, "k"))?;
+    decode_attempt(PERMIT_ID, f.array()?)
+}
+
+/// One run of list_uncertain.lua, or of list_approvals.lua (its count of
+/// members read and its last member, then the attempts).
 fn list_one(values: Vec<Value>) -> Result<(i64, bool, Vec<Attempt>), Error> {
     let mut f = open_ok(values, &About::permit(PERMIT_ID))?;
     let expires_at = f.int()?;
@@ -132,6 +142,7 @@ fn check_reply(bytes: &[u8]) -> Result<(), TestCaseError> {
         encode_usage(u);
     })?;
     answered(mark_uncertain(values.clone()), encode_attempt)?;
+    answered(approve(values.clone()), encode_attempt)?;
     answered(get_permit(values.clone()), |view| {
         let _ = view.budget_remaining();
         view.usage.into_iter().for_each(encode_usage);
@@ -291,11 +302,13 @@ fn attempt_reply() -> BoxedStrategy<Value> {
         .boxed();
     (
         plausible,
-        proptest::collection::vec(value(), 16),
+        prop_oneof![3 => Just(None), 1 => approval_reply().prop_map(Some)],
+        proptest::collection::vec(value(), 17),
         mask(),
-        0usize..=18,
+        0usize..=19,
     )
-        .prop_map(|(p, h, mask, len)| {
+        .prop_map(|(mut p, approval, h, mask, len)| {
+            p.extend(approval);
             let mut fields = spoil(p, h, mask);
             // Cut short or made longer, now and then.
             if mask & (1 << 40) != 0 {
@@ -303,6 +316,34 @@ fn attempt_reply() -> BoxedStrategy<Value> {
             }
             Value::Array(fields)
         })
+        .boxed()
+}
+
+/// The approval of lib.lua's attempt_reply, its fields now and then of
+/// any kind.
+fn approval_reply() -> BoxedStrategy<Value> {
+    let plausible = (
+        text_value(),
+        int(),
+        prop_oneof![4 => 1..=2i64, 1 => int()],
+        proptest::collection::vec(text_value(), 0..=2),
+        text_value(),
+        int(),
+        text_value(),
+    )
+        .prop_map(|(summary, expires, needed, by, decided_by, at, reason)| {
+            vec![
+                summary,
+                Value::Int(expires),
+                Value::Int(needed),
+                Value::Array(by),
+                decided_by,
+                Value::Int(at),
+                reason,
+            ]
+        });
+    (plausible, proptest::collection::vec(value(), 7), mask())
+        .prop_map(|(p, h, mask)| Value::Array(spoil(p, h, mask >> 3)))
         .boxed()
 }
 
@@ -328,14 +369,28 @@ fn usage_reply() -> BoxedStrategy<Value> {
 /// A permit hash as HGETALL answers it: one atmost wrote, with a field
 /// changed, dropped or added now and then.
 fn permit_hash() -> BoxedStrategy<Value> {
+    let rule = (
+        proptest::option::of(0..=1000i64),
+        1..=604_800_000i64,
+        1..=2u32,
+    )
+        .prop_map(|(cost_at_least, wait_ms, approvers)| ApprovalRule {
+            cost_at_least,
+            wait_ms,
+            approvers,
+        });
     let permit = (
         proptest::collection::vec(re("[a-z]{1,6}"), 1..=3),
         proptest::option::of(0..=1000i64),
+        proptest::option::of(rule),
     )
-        .prop_map(|(mut tools, budget)| {
+        .prop_map(|(mut tools, budget, rule)| {
             tools.sort();
             tools.dedup();
             Permit {
+                approval_per_tool: rule
+                    .map(|r| [(tools[0].clone(), r)].into())
+                    .unwrap_or_default(),
                 permit_id: PERMIT_ID.into(),
                 subject: "agent-7".into(),
                 max_calls_per_tool: [(tools[0].clone(), 3)].into(),
@@ -353,7 +408,6 @@ fn permit_hash() -> BoxedStrategy<Value> {
                 created_at: 1_767_222_000_000,
                 tenant: "acme".into(),
                 agents: vec!["agent-1".into()],
-                approval_per_tool: Default::default(),
             }
         });
     // Mostly a number field set to any integer (amounts, times, codes),
@@ -369,6 +423,7 @@ fn permit_hash() -> BoxedStrategy<Value> {
         "reserved",
         "budget",
         "upol",
+        "appr",
     ];
     let change = prop_oneof![
         4 => (select(numbers), int())
@@ -377,6 +432,15 @@ fn permit_hash() -> BoxedStrategy<Value> {
         1 => any::<Index>().prop_map(Change::Drop),
         1 => (word(), bulk()).prop_map(|(name, v)| Change::Add(name, v)),
         1 => int().prop_map(Change::Calls),
+        1 => prop_oneof![
+            select(vec![":1000:1", "5:1:2", ":0:1", "1:1:3", "x:1:1", "01:5:1", ":604800001:1", ""])
+                .prop_map(|v| v.as_bytes().to_vec()),
+            bulk().prop_map(|v| match v {
+                Value::BulkString(b) => b,
+                _ => Vec::new(),
+            }),
+        ]
+        .prop_map(Change::Rule),
     ];
     (permit, proptest::collection::vec(change, 0..4))
         .prop_map(|(permit, changes)| {
@@ -402,6 +466,9 @@ fn permit_hash() -> BoxedStrategy<Value> {
                         format!("n:{}", permit.tools[0]),
                         Value::BulkString(n.to_string().into_bytes()),
                     )),
+                    Change::Rule(v) => {
+                        fields.push((format!("ap:{}", permit.tools[0]), Value::BulkString(v)))
+                    }
                     _ => {}
                 }
             }
@@ -424,6 +491,8 @@ enum Change {
     Add(String, Value),
     /// A tool's call count.
     Calls(i64),
+    /// A tool's approval rule.
+    Rule(Vec<u8>),
 }
 
 /// A whole reply, shaped as one of the scripts' (a verdict and what
@@ -432,6 +501,7 @@ fn reply() -> BoxedStrategy<Value> {
     let s = |w: &str| Value::BulkString(w.as_bytes().to_vec());
     let verdict = prop_oneof![
         4 => select(vec!["OK", "DISPATCH", "REDELIVERED", "REPLAY"]).prop_map(s),
+        1 => Just(s("AWAIT_APPROVAL")),
         1 => bulk(),
     ];
     let error = (
@@ -470,7 +540,7 @@ fn reply() -> BoxedStrategy<Value> {
                 Value::Array(reply)
             })
             .boxed(),
-        2 => permit_hash()
+        3 => permit_hash()
             .prop_map(move |hash| Value::Array(vec![s("OK"), hash]))
             .boxed(),
         2 => (int(), 0..=1i64, proptest::collection::vec(attempt_reply(), 0..4))
@@ -588,6 +658,8 @@ fn the_replies_reach_every_decoder() {
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
     let mut seen = [[0usize; 2]; 5];
+    // Attempts decoded with an approval, permits with an approval rule.
+    let (mut approvals, mut rules) = (0, 0);
     for _ in 0..300 {
         let bytes = reply_bytes()
             .new_tree(&mut runner)
@@ -597,6 +669,20 @@ fn the_replies_reach_every_decoder() {
         let Ok(values) = unpack_reply(&bytes) else {
             continue;
         };
+        for attempt in [
+            authorize(values.clone()).map(|(a, _, _)| a),
+            settle(values.clone()).map(|(a, _)| a),
+            mark_uncertain(values.clone()),
+        ]
+        .into_iter()
+        .flatten()
+        .chain(list_one(values.clone()).map_or(Vec::new(), |(_, _, list)| list))
+        {
+            approvals += usize::from(attempt.approval.is_some());
+        }
+        if let Ok(view) = get_permit(values.clone()) {
+            rules += usize::from(!view.permit.approval_per_tool.is_empty());
+        }
         for (i, ok) in [
             authorize(values.clone()).is_ok(),
             settle(values.clone()).is_ok(),
@@ -617,4 +703,9 @@ fn the_replies_reach_every_decoder() {
         assert!(decoded >= 5, "{op}: {decoded} decoded");
         assert!(refused >= 5, "{op}: {refused} refused");
     }
+    assert!(
+        approvals >= 3,
+        "{approvals} attempts with an approval decoded"
+    );
+    assert!(rules >= 3, "{rules} permits with an approval rule decoded");
 }

@@ -5,7 +5,9 @@
 //! (UNAVAILABLE, logged), never a guess.
 
 use super::codec::{decode_state, id_text};
-use crate::domain::{Attempt, AttemptState, Error, Reason, Receipt, Usage, invalid, valid_key};
+use crate::domain::{
+    Approval, Attempt, AttemptState, Error, Reason, Receipt, Usage, invalid, valid_key,
+};
 use redis::Value;
 
 // === unreadable replies ===
@@ -212,7 +214,8 @@ pub(super) fn parse_int(bytes: &[u8]) -> Option<i64> {
 
 // === records in replies ===
 
-/// Decodes lib.lua's `attempt_reply`.
+/// Decodes lib.lua's `attempt_reply`: 16 fields, and a 17th (the approval)
+/// for a call that needed approval.
 pub(super) fn decode_attempt(permit_id: &str, values: Vec<Value>) -> Result<Attempt, Error> {
     let mut f = Fields::new(values);
     let attempt_id = id_text(&f.bytes()?)?;
@@ -231,6 +234,22 @@ pub(super) fn decode_attempt(permit_id: &str, values: Vec<Value>) -> Result<Atte
     let idempotency_key = f.string()?;
     let uncertain_since = f.int()?;
     let reserved_by = f.string()?;
+    let approval = if f.done() {
+        None
+    } else {
+        Some(decode_approval(f.array()?)?)
+    };
+    if approval.is_none()
+        && matches!(
+            state,
+            AttemptState::AwaitingApproval | AttemptState::Denied | AttemptState::Approved
+        )
+    {
+        return Err(malformed(format!(
+            "a {} attempt without its approval",
+            state.as_str()
+        )));
+    }
     let receipt = (state == AttemptState::Succeeded).then_some(Receipt {
         receipt_id,
         result,
@@ -253,7 +272,37 @@ pub(super) fn decode_attempt(permit_id: &str, values: Vec<Value>) -> Result<Atte
         uncertain_since,
         duplicate_of: None,
         reserved_by,
-        approval: None,
+        approval,
+    })
+}
+
+/// Decodes the approval of lib.lua's `attempt_reply`: summary, expires_at,
+/// approvers needed (1 or 2), approved_by (key ids), decided_by,
+/// decided_at, denial reason.
+fn decode_approval(values: Vec<Value>) -> Result<Approval, Error> {
+    let mut f = Fields::new(values);
+    let summary = f.string()?;
+    let expires_at = f.int()?;
+    let approvers_needed = match f.int()? {
+        n @ (1 | 2) => n as u32,
+        other => return Err(malformed(format!("{other} approvers needed"))),
+    };
+    let mut approvers = Fields::new(f.array()?);
+    let mut approved_by = Vec::new();
+    while !approvers.done() {
+        approved_by.push(approvers.string()?);
+    }
+    let decided_by = f.string()?;
+    let decided_at = f.int()?;
+    let denial_reason = f.string()?;
+    Ok(Approval {
+        summary,
+        expires_at,
+        approvers_needed,
+        approved_by,
+        decided_by,
+        decided_at,
+        denial_reason,
     })
 }
 

@@ -90,6 +90,10 @@ scripts! {
     CensusPublish => "census_publish",
     ListIndex => "list_index",
     UncertainAttempts => "uncertain_attempts",
+    Approve => "approve",
+    Deny => "deny",
+    ListApprovals => "list_approvals",
+    AwaitingAttempts => "awaiting_attempts",
 }
 
 /// The library, made once from [`LIB`] and [`TABLE`].
@@ -246,6 +250,8 @@ mod tests {
         assert!(!Lua::GetAttempt.writes() && !Lua::Census.writes());
         assert!(!Lua::ListIndex.writes() && !Lua::UncertainAttempts.writes());
         assert!(Lua::CensusTurn.writes() && Lua::CensusPublish.writes());
+        assert!(Lua::Approve.writes() && Lua::Deny.writes());
+        assert!(!Lua::ListApprovals.writes() && !Lua::AwaitingAttempts.writes());
         assert_eq!(Lua::Census.name(), "census");
     }
 

@@ -15,7 +15,11 @@
 --       creation and whenever open drops to 0; void while open > 0),
 --       closed (set when it leaves the cross-permit index: close_permit.lua),
 --       ten (its tenant; absent = ""), agents (agent key ids that may use
---       it, "\n"-joined; absent = any)
+--       it, "\n"-joined; absent = any),
+--       appr ("1" when the permit has an approval rule; absent = none: no
+--       script then reads the pending set), ap:<tool> (the tool's approval
+--       rule: "<cost_at_least>:<wait ms>:<approvers>", cost_at_least ""
+--       for every call, wait 1 ms to 7 days, approvers 1 or 2)
 --   <prefix>:{P}:attempts  HASH  idempotency key -> attempt (cmsgpack array;
 --       attempt and receipt ids as their 16 raw bytes; see save_attempt)
 --   <prefix>:{P}:open      ZSET  RESERVED/UNCERTAIN attempts, all score 0,
@@ -26,6 +30,17 @@
 --   <prefix>:{P}:dup       HASH  48-bit hash of tool and fingerprint ->
 --       latest key (a pointer, checked against the attempt's tool and full
 --       fingerprint on every read, so a collision only loses a pointer)
+--   <prefix>:{P}:pending   ZSET  AWAITING_APPROVAL and APPROVED attempts,
+--       all score 0, member "<deadline>:<key>" (15 digits, the attempt's
+--       lease field while pending): those past their deadline at `now` are
+--       one ZRANGEBYLEX, and every transition first writes their lapse
+--       (DENIED: pending_read, pending_write); its size counts toward the
+--       open-attempts quota
+--   <prefix>:{P}:awaiting  ZSET  AWAITING_APPROVAL attempts, all score 0,
+--       member "<created>:<key>": ListApprovals' order (list_approvals.lua);
+--       one whose request lapsed stays until its lapse is written
+-- A permit without approval rules (no appr) never has either; both live
+-- and expire with the permit's other keys (pin, unpin).
 --
 -- The uncertain index, sharded by hash tag {T} (one shard outside a
 -- Cluster; on a Cluster, T is a tag in the permit's own slot, so a
@@ -37,6 +52,21 @@
 --       (census.lua)
 --   <prefix>:uncertain:{T}:t:<tenant>  ZSET  the same, one tenant's
 --       (list_index.lua: ListUncertain across permits)
+--   <prefix>:approvals:{T}:t:<tenant>  ZSET  every AWAITING_APPROVAL attempt
+--       of the tenant's permits in the shard, all score 0, member
+--       "<created, 15 digits>:<permit id>:<key>" (list_index.lua and
+--       awaiting_attempts.lua: ListApprovals across permits). An entry
+--       leaves with its attempt's approval, denial or written lapse; the
+--       sweep drops those of a permit it closes (close_permit.lua), whose
+--       requests have all lapsed. (A permit forgotten before the sweep
+--       closes it, with a retention shorter than the index margin, leaves
+--       the entries of requests that lapsed unwritten: listings skip them,
+--       as they skip every entry of a permit that is gone.)
+--
+-- The scripts that move attempts take the permit's keys in one order:
+-- KEYS[1] permit, [2] attempts, [3] open, [4] dup, [5] held, [6] the
+-- tenant's uncertain shard, [7] the fleet's, [8] pending, [9] awaiting,
+-- [10] the tenant's approvals shard (the helpers below use these indexes).
 --
 -- Keys across permits (no hash tag: each is one key, in a slot of its own;
 -- no script touches two of them, nor one of them and a permit's keys):
@@ -71,6 +101,9 @@
 -- numbers (which Redis would print as 1e+15).
 
 local RESERVED, SUCCEEDED, FAILED, UNCERTAIN, RELEASED = 1, 2, 3, 4, 5
+-- A call an approval rule holds: waiting, refused (or lapsed), approved and
+-- not yet claimed (domain: AttemptState).
+local AWAITING, DENIED, APPROVED = 6, 7, 8
 local GUARD_OFF, GUARD_LOG, GUARD_ENFORCE = 0, 1, 2
 local STATUS_ACTIVE, STATUS_REVOKED = 1, 2
 -- The accounting ceiling (domain::MAX_AMOUNT): every amount, total and cap
@@ -79,6 +112,8 @@ local STATUS_ACTIVE, STATUS_REVOKED = 1, 2
 local MAX_AMOUNT = 9007199254740991
 -- The longest lease or guard window (domain::MAX_DURATION_MS).
 local MAX_DURATION = 604800000
+-- The longest approval summary (domain::MAX_SUMMARY_LEN).
+local MAX_SUMMARY = 1024
 
 local function int(n)
   return string.format('%d', n)
@@ -201,25 +236,58 @@ end
 -- receipt_id, result, actual, failure, ureason, dup_of, token (the holder
 -- token, kept only while RESERVED), usince (when a marked UNCERTAIN attempt
 -- became so), by (the key id whose Authorize reserved it; '' in dev mode,
--- and for records made before it was recorded), with trailing empty values
--- ('' or 0) left off. created and issued come from the ids.
+-- and for records made before it was recorded), ap (a call an approval
+-- rule held: its request and outcome, kept once claimed and settled), with
+-- trailing empty values ('' or 0) left off. created and issued come from
+-- the ids. While AWAITING_APPROVAL or APPROVED, the lease is the pending
+-- request's deadline (ap's expires).
+--
+-- ap is a cmsgpack array: summary, expires (the deadline: absolute ms),
+-- approvers needed (1 or 2), approved_by (an array of key ids, '' in dev
+-- mode), decided_by, decided_at (0: not yet), denial reason ('' unless
+-- DENIED).
 --
 -- A record is read only as save_attempt writes it: one cmsgpack array that
 -- packs back to the same bytes (no map, no hole, no other encoding,
--- nothing after it), of 6 to 15 elements, each of its type and range:
+-- nothing after it), of 6 to 16 elements, each of its type and range:
 -- ids of 16 bytes, a tool, key, key id and text as the service checks
 -- them, numbers whole, the state one this version knows, the lease 1 ms to
--- 7 days, the actual cost at most the cost, usince at most the lease.
+-- 7 days (longer only for a call that needed approval: a claim's lease
+-- starts when it is claimed), the actual cost at most the cost, usince at
+-- most the lease, ap as above and as the state needs it (a pending,
+-- denied or approved call has one; a pending one's lease is its deadline).
 -- load_attempt answers the attempt, nil when the key has none, or false
 -- when its record cannot be read: scripts then answer UNREADABLE_ATTEMPT,
 -- before anything is written.
+local function read_approval(v, created)
+  if type(v) ~= 'table' or #v ~= 7 then
+    return nil
+  end
+  local summary, expires, needed, approved, by, at, reason = unpack(v, 1, 7)
+  if not (utf8_text(summary) and #summary <= MAX_SUMMARY and whole(expires)
+      and expires > created and (needed == 1 or needed == 2)
+      and type(approved) == 'table' and #approved <= needed
+      and (by == '' or valid(by, 64, NAME)) and whole(at) and utf8_text(reason)) then
+    return nil
+  end
+  for _, k in ipairs(approved) do
+    if not (k == '' or valid(k, 64, NAME)) then
+      return nil
+    end
+  end
+  return {
+    summary = summary, expires = expires, needed = needed, approved = approved,
+    by = by, at = at, reason = reason,
+  }
+end
+
 local function read_attempt(raw)
   local ok, t = pcall(cmsgpack.unpack, raw)
   if not ok or type(t) ~= 'table' or cmsgpack.pack(t) ~= raw then
     return nil
   end
   local n = #t
-  if n < 6 or n > 15 then
+  if n < 6 or n > 16 then
     return nil
   end
   local function at(i, empty)
@@ -234,8 +302,8 @@ local function read_attempt(raw)
   local token, usince, by = at(13, ''), at(14, 0), at(15, '')
   if not (type(id) == 'string' and #id == 16 and valid(tool, 128, TOOL)
       and type(fp) == 'string' and whole(cost)
-      and whole(state) and state >= RESERVED and state <= RELEASED
-      and whole(lease) and lease >= 1 and lease <= MAX_DURATION
+      and whole(state) and state >= RESERVED and state <= APPROVED
+      and whole(lease) and lease >= 1
       and type(receipt_id) == 'string' and (receipt_id == '' or #receipt_id == 16)
       and type(result) == 'string' and whole(actual) and actual <= cost
       and utf8_text(failure) and utf8_text(ureason)
@@ -244,7 +312,19 @@ local function read_attempt(raw)
     return nil
   end
   local created = id_ms(id)
-  if usince > created + lease then
+  local ap
+  if n == 16 then
+    ap = read_approval(t[16], created)
+    if not ap then
+      return nil
+    end
+  end
+  local pending = state == AWAITING or state == APPROVED
+  if usince > created + lease or (lease > MAX_DURATION and not ap)
+      or ((pending or state == DENIED) and not ap)
+      or (pending and ap.expires ~= created + lease)
+      or (state == AWAITING and #ap.approved >= ap.needed)
+      or (ap and ap.reason ~= '' and state ~= DENIED) then
     return nil
   end
   return {
@@ -253,7 +333,7 @@ local function read_attempt(raw)
     result = result, actual = actual,
     issued = receipt_id ~= '' and id_ms(receipt_id) or 0,
     failure = failure, ureason = ureason, dup_of = dup_of,
-    token = token, usince = usince, by = by,
+    token = token, usince = usince, by = by, ap = ap,
   }
 end
 
@@ -273,6 +353,10 @@ local function save_attempt(attempts_key, key, a)
     a.result, a.actual, a.failure, a.ureason, a.dup_of, a.token, a.usince,
     a.by,
   }
+  local ap = a.ap
+  if ap then
+    t[16] = {ap.summary, ap.expires, ap.needed, ap.approved, ap.by, ap.at, ap.reason}
+  end
   local n = #t
   while n > 6 and (t[n] == '' or t[n] == 0) do
     t[n] = nil
@@ -281,12 +365,32 @@ local function save_attempt(attempts_key, key, a)
   redis.call('HSET', attempts_key, key, cmsgpack.pack(t))
 end
 
--- A RESERVED attempt whose lease has passed IS uncertain, for every reader.
+-- Whether a call waits on a person (AWAITING_APPROVAL) or on its
+-- requester's claim (APPROVED): it holds its slot and cost, and lapses at
+-- its deadline (its lease field).
+local function is_pending(state)
+  return state == AWAITING or state == APPROVED
+end
+
+-- A RESERVED attempt whose lease has passed IS uncertain, for every reader;
+-- a pending one past its deadline IS denied (domain: observe).
 local function observed_state(a, now)
   if a.state == RESERVED and now >= a.lease then
     return UNCERTAIN, 'lease_expired'
   end
+  if is_pending(a.state) and now >= a.lease then
+    return DENIED, a.ureason
+  end
   return a.state, a.ureason
+end
+
+-- Why a call pending in `state` is denied once its deadline has passed
+-- (domain: lapse_reason).
+local function lapse_reason(state)
+  if state == APPROVED then
+    return 'approval_unclaimed'
+  end
+  return 'approval_expired'
 end
 
 -- When an open attempt is (or became) uncertain: its place in the open set.
@@ -298,18 +402,35 @@ local function open_at(a)
 end
 
 -- The attempt as the service decodes it (store/redis/reply.rs:
--- decode_attempt).
+-- decode_attempt). A call that needed approval has one more element: its
+-- approval {summary, expires, needed, approved_by, decided_by, decided_at,
+-- denial reason}, as readers see it (a lapse reads as a denial at the
+-- deadline, by nobody: domain, Attempt::into_observed). A pending or
+-- denied call has no lease (0): it was never sent.
 local function attempt_reply(a, key, now)
   local state, reason = observed_state(a, now)
   local since = 0
   if state == UNCERTAIN then
     since = open_at(a)
   end
-  return {
-    a.id, a.tool, a.fp, int(a.cost), state, int(a.created), int(a.lease),
+  local lease = a.lease
+  if is_pending(a.state) or a.state == DENIED then
+    lease = 0
+  end
+  local reply = {
+    a.id, a.tool, a.fp, int(a.cost), state, int(a.created), int(lease),
     a.receipt_id, a.result, int(a.actual), int(a.issued), a.failure, reason,
     key, int(since), a.by,
   }
+  local ap = a.ap
+  if ap then
+    local by, at, why = ap.by, ap.at, ap.reason
+    if state == DENIED and a.state ~= DENIED then
+      by, at, why = '', ap.expires, lapse_reason(a.state)
+    end
+    reply[17] = {ap.summary, int(ap.expires), ap.needed, ap.approved, by, int(at), why}
+  end
+  return reply
 end
 
 -- Whether the caller whose agent key id is `agent` holds an attempt
@@ -465,23 +586,34 @@ local UNREADABLE_PERMIT = {'ERR', 'STORE_UNAVAILABLE', 'unreadable permit record
 
 -- One permit field's value as the scripts use it, read as atmost writes
 -- it (the fields above): a number with %d (uint), a lease or guard
--- window 1 ms to 7 days, a code this version knows (status, gmode; upol
--- and closed "1", read as true), a cap "" (none) or a number, a text
--- field's string (read whole by readable_record). nil when the field is
--- absent; false when it is not what atmost writes, or is absent and every
--- permit has it (all but budget, upol, closed, ten, agents, t:<tool> and
--- n:<tool>).
+-- window 1 ms to 7 days, a code this version knows (status, gmode; upol,
+-- closed and appr "1", read as true), a cap "" (none) or a number, an
+-- approval rule (a table: at, wait, approvers), a text field's string
+-- (read whole by readable_record). nil when the field is absent; false
+-- when it is not what atmost writes, or is absent and every permit has it
+-- (all but budget, upol, closed, ten, agents, appr, t:<tool>, n:<tool>
+-- and ap:<tool>).
 local function permit_value(name, v)
   if not v then
     if name == 'budget' or name == 'upol' or name == 'closed' or name == 'ten'
-        or name == 'agents' then
+        or name == 'agents' or name == 'appr' then
       return nil
     end
     local prefix = string.sub(name, 1, 2)
-    if prefix == 't:' or prefix == 'n:' then
+    if prefix == 't:' or prefix == 'n:' or string.sub(name, 1, 3) == 'ap:' then
       return nil
     end
     return false
+  end
+  if string.sub(name, 1, 3) == 'ap:' then
+    -- "<cost_at_least>:<wait>:<approvers>": {at (nil: every call), wait,
+    -- approvers}.
+    local at, wait, approvers = string.match(v, '^([0-9]*):([0-9]+):([12])$')
+    wait = uint(wait)
+    if not wait or wait < 1 or wait > MAX_DURATION or (at ~= '' and not uint(at)) then
+      return false
+    end
+    return {at = uint(at), wait = wait, approvers = tonumber(approvers)}
   end
   if name == 'ten' or name == 'agents' or name == 'subject' or name == 'currency'
       or name == 'tools' then
@@ -491,7 +623,7 @@ local function permit_value(name, v)
   elseif name == 'gmode' then
     return (v == '0' and GUARD_OFF) or (v == '1' and GUARD_LOG)
       or (v == '2' and GUARD_ENFORCE) or false
-  elseif name == 'upol' or name == 'closed' then
+  elseif name == 'upol' or name == 'closed' or name == 'appr' then
     return v == '1'
   elseif v == '' and string.sub(name, 1, 2) == 't:' then
     return ''
@@ -552,8 +684,9 @@ local function permit_for(keys, now, tenant, agent, ...)
 end
 
 -- Whether a whole permit hash (HGETALL's flat list) is what atmost
--- writes: each field by permit_value (the t:<tool> and n:<tool> of any
--- tool; a field it does not know is left, as the service leaves it), none
+-- writes: each field by permit_value (the t:<tool>, n:<tool> and
+-- ap:<tool> of any tool, an ap:<tool> only for a tool in scope of a permit
+-- with appr; a field it does not know is left, as the service leaves it), none
 -- that every permit has missing, and the text as the service decodes it
 -- (store/redis/codec.rs: decode_permit): subject and currency UTF-8, tools
 -- "\n"-joined tools each with its t:<tool>, ten a tenant, agents
@@ -581,9 +714,15 @@ local function readable_record(hash)
   end
   for name, v in pairs(f) do
     local prefix = string.sub(name, 1, 2)
-    if (prefix == 't:' or prefix == 'n:' or string.find(' budget upol closed '
+    if (prefix == 't:' or prefix == 'n:' or string.find(' budget upol closed appr '
         .. 'exp lease gmode gwin status created committed reserved open fa ',
         ' ' .. name .. ' ', 1, true)) and permit_value(name, v) == false then
+      return false
+    end
+    -- An approval rule: readable, for a tool in scope, on a permit that
+    -- says it has one (appr).
+    if string.sub(name, 1, 3) == 'ap:' and (not permit_value(name, v)
+        or not f['t:' .. string.sub(name, 4)] or f.appr ~= '1') then
       return false
     end
   end
@@ -607,20 +746,178 @@ end
 -- forget_at, which the script also records as `fa` in the permit hash, so
 -- every script forgets the permit then on any clock (memory store:
 -- Ledger::forget_at). Only the permit, attempts and dup keys (KEYS 1, 2,
--- 4) carry a TTL: the open and held sets exist only while something is
--- open, and are made afresh, without one.
-local function pin(keys)
+-- 4) carry a TTL, and on a permit with approval rules (appr) the pending
+-- and awaiting sets (KEYS 8, 9), which live as long as its attempts: the
+-- open and held sets exist only while something is open, and are made
+-- afresh, without one. (A pending call does not pin: its deadline is at
+-- the latest the permit's expiry.)
+local function pin(keys, appr)
   redis.call('PERSIST', keys[1])
   redis.call('PERSIST', keys[2])
   redis.call('PERSIST', keys[4])
+  if appr then
+    redis.call('PERSIST', keys[8])
+    redis.call('PERSIST', keys[9])
+  end
 end
 
 local function forget_at(exp, retention, now)
   return int(math.max(exp, now) + retention)
 end
 
-local function unpin(keys, at)
+local function unpin(keys, at, appr)
   redis.call('PEXPIREAT', keys[1], at)
   redis.call('PEXPIREAT', keys[2], at)
   redis.call('PEXPIREAT', keys[4], at)
+  if appr then
+    redis.call('PEXPIREAT', keys[8], at)
+    redis.call('PEXPIREAT', keys[9], at)
+  end
+end
+
+-- === pending calls (approval rules) ===
+
+local PENDING_SET_DISAGREES = {'ERR', 'STORE_UNAVAILABLE', 'pending set disagrees with the attempts'}
+local AWAITING_SET_DISAGREES = {'ERR', 'STORE_UNAVAILABLE', 'awaiting set disagrees with the attempts'}
+local APPROVALS_OF_ANOTHER_TYPE = {'ERR', 'STORE_UNAVAILABLE', 'approvals set of another type'}
+
+-- Whether the pending and awaiting sets and the approvals index's shard
+-- (keys[8], keys[9], keys[10]) are sorted sets or absent: checked before a
+-- script's first write to any of them.
+local function approvals_ready(keys)
+  for i = 8, 10 do
+    if type(redis.pcall('ZCARD', keys[i])) ~= 'number' then
+      return false
+    end
+  end
+  return true
+end
+
+-- The counters the pending calls `calls` ({key, a} each) hold, checked
+-- before anything is written: calls.tools (tool -> the number of its slots
+-- they hold), calls.n (tool -> the slots its n:<tool> counts after they
+-- are returned), calls.reserved (the permit's reserved after their costs
+-- are). nil and the answer when the permit's counters cannot hold them,
+-- or (unless `reads_only`: get_permit.lua) the sets pending_write writes
+-- are of another type.
+local function pending_counts(keys, calls, reads_only)
+  calls.tools, calls.n = {}, {}
+  local cost, names = 0, {'reserved'}
+  for _, c in ipairs(calls) do
+    local tool = c.a.tool
+    if not calls.tools[tool] then
+      calls.tools[tool] = 0
+      names[#names + 1] = 'n:' .. tool
+    end
+    calls.tools[tool] = calls.tools[tool] + 1
+    cost = cost + c.a.cost
+  end
+  if #calls == 0 then
+    return calls
+  end
+  local q = read_permit(keys[1], unpack(names))
+  if not q or q.unreadable or not q.reserved then
+    return nil, UNREADABLE_PERMIT
+  end
+  if not reads_only and not approvals_ready(keys) then
+    return nil, APPROVALS_OF_ANOTHER_TYPE
+  end
+  for tool, held in pairs(calls.tools) do
+    local n = q['n:' .. tool]
+    if not n or n < held then
+      return nil, {'ERR', 'STORE_UNAVAILABLE', 'permit counters disagree with its pending calls'}
+    end
+    calls.n[tool] = n - held
+  end
+  if q.reserved < cost then
+    return nil, {'ERR', 'STORE_UNAVAILABLE', 'permit counters disagree with its pending calls'}
+  end
+  calls.reserved = q.reserved - cost
+  return calls
+end
+
+-- The pending calls (keys[8]) whose deadline is before `upto` (a
+-- ZRANGEBYLEX bound: "(" .. the member of `now + 1` for those past their
+-- deadline at `now`, "+" for all), each checked against its record, with
+-- their counters (pending_counts): {key, a} each, in (deadline, key)
+-- order, and by_key. None on a permit without approval rules (p.appr
+-- unset), where nothing is read. nil and the answer when a member names
+-- no pending call in its place, or a record cannot be read.
+local function pending_read(keys, p, upto, reads_only)
+  local calls = {by_key = {}}
+  if p.appr then
+    for _, member in ipairs(redis.call('ZRANGEBYLEX', keys[8], '-', upto)) do
+      local key = string.sub(member, 17)
+      local a = key ~= '' and load_attempt(keys[2], key)
+      if not a or not is_pending(a.state) or member ~= at15(a.lease) .. ':' .. key then
+        return nil, PENDING_SET_DISAGREES
+      end
+      calls[#calls + 1] = {key = key, a = a}
+      calls.by_key[key] = a
+    end
+  end
+  return pending_counts(keys, calls, reads_only)
+end
+
+-- Writes the denial of the pending calls `calls` (checked by pending_read
+-- or pending_counts): each one past its deadline at `now` lapses (denied
+-- at its deadline, by nobody: domain, Ledger::lapse), any other is denied
+-- as `deny` says ({reason, by, at}); its slot and cost come back, and it
+-- leaves the pending set, and the awaiting set and the approvals index if
+-- it was awaiting, and the duplicate guard's index (keys[4]) as a release
+-- does. Each `a` of `calls` is changed to what is written, and
+-- p's counters (reserved, n:<tool>, where p has them) to theirs.
+local function pending_write(keys, p, calls, now, deny)
+  if #calls == 0 then
+    return
+  end
+  for _, c in ipairs(calls) do
+    local a, key = c.a, c.key
+    local was, ap = a.state, a.ap
+    if a.lease <= now then
+      ap.reason, ap.by, ap.at = lapse_reason(was), '', a.lease
+    else
+      ap.reason, ap.by, ap.at = deny.reason, deny.by, deny.at
+    end
+    a.state = DENIED
+    save_attempt(keys[2], key, a)
+    -- Never sent: it leaves the duplicate guard's index as a released
+    -- call does, the earlier key it repeated taking its place
+    -- (Ledger::dup_forget).
+    local dup_key = dup_field(a.tool, a.fp)
+    if redis.call('HGET', keys[4], dup_key) == key then
+      if a.dup_of ~= '' then
+        redis.call('HSET', keys[4], dup_key, a.dup_of)
+      else
+        redis.call('HDEL', keys[4], dup_key)
+      end
+    end
+    redis.call('ZREM', keys[8], at15(a.lease) .. ':' .. key)
+    if was == AWAITING then
+      redis.call('ZREM', keys[9], at15(a.created) .. ':' .. key)
+      redis.call('ZREM', keys[10], index_member(keys, a.created, key))
+    end
+  end
+  local fields = {'reserved', int(calls.reserved)}
+  p.reserved = p.reserved and calls.reserved
+  for tool, n in pairs(calls.n) do
+    fields[#fields + 1] = 'n:' .. tool
+    fields[#fields + 1] = int(n)
+    if p['n:' .. tool] then
+      p['n:' .. tool] = n
+    end
+  end
+  redis.call('HSET', keys[1], unpack(fields))
+end
+
+-- Writes every lapse due at `now` (Ledger::lapse), as every transition
+-- does first: nil, or the answer when the pending set cannot be read
+-- (nothing is written then). The calls lapsed are returned, by key.
+local function lapse(keys, p, now)
+  local calls, refused = pending_read(keys, p, '(' .. at15(now + 1))
+  if not calls then
+    return nil, refused
+  end
+  pending_write(keys, p, calls, now)
+  return calls.by_key
 end

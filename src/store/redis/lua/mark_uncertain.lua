@@ -8,6 +8,9 @@
 -- KEYS[5]  <prefix>:{P}:held
 -- KEYS[6]  <prefix>:uncertain:{T}:t:<tenant>  KEYS[7]  <prefix>:uncertain:{T}
 --          (the uncertain index's shards of the permit: lib.lua)
+-- KEYS[8]  <prefix>:{P}:pending    KEYS[9]  <prefix>:{P}:awaiting
+-- KEYS[10] <prefix>:approvals:{T}:t:<tenant>  (the approvals index's shard:
+--          the lapses due are written first, lib.lua: lapse)
 -- ARGV[1]  now (ms; "" = Redis's clock)  ARGV[2]  idempotency key
 -- ARGV[3]  attempt id (16 bytes)   ARGV[4]  reason (non-empty)
 -- ARGV[5]  the caller's tenant     ARGV[6]  the caller's agent key id (""
@@ -20,15 +23,22 @@
 -- {"ERR", "ATTEMPT_STATE_CONFLICT", state} |
 -- {"ERR", "STORE_UNAVAILABLE", why} (a permit field or the attempt record
 -- not as atmost writes it, the attempt's member missing from the open or
--- held set, a key of another type; nothing is written then).
+-- held set, a pending member that names no pending call, a key of another
+-- type; nothing is written then, but the lapses due, written first:
+-- lib.lua, lapse).
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"client deadline exceeded"}
 
 local now, key = clock(ARGV[1]), ARGV[2]
-local p, refused = permit_for(KEYS, now, ARGV[5], ARGV[6], 'upol')
+local p, refused = permit_for(KEYS, now, ARGV[5], ARGV[6], 'upol', 'appr')
 if refused then
   return refused
 end
 local hold = p.upol == true
+-- The lapses due first (lib.lua: lapse).
+local lapsed, unreadable = lapse(KEYS, p, now)
+if not lapsed then
+  return unreadable
+end
 local a = load_attempt(KEYS[2], key)
 if a == false then
   return UNREADABLE_ATTEMPT
@@ -57,6 +67,6 @@ if a.state == RESERVED then
   open_add(KEYS, hold, a, key, a.usince)
   save_attempt(KEYS[2], key, a)
 elseif a.state ~= UNCERTAIN then
-  return {'ERR', 'ATTEMPT_STATE_CONFLICT', a.state}
+  return {'ERR', 'ATTEMPT_STATE_CONFLICT', (observed_state(a, now))}
 end
 return {'OK', attempt_reply(a, key, now)}

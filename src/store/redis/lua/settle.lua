@@ -9,6 +9,9 @@
 -- KEYS[5]  <prefix>:{P}:held
 -- KEYS[6]  <prefix>:uncertain:{T}:t:<tenant>  KEYS[7]  <prefix>:uncertain:{T}
 --          (the uncertain index's shards of the permit: lib.lua)
+-- KEYS[8]  <prefix>:{P}:pending    KEYS[9]  <prefix>:{P}:awaiting
+-- KEYS[10] <prefix>:approvals:{T}:t:<tenant>  (the approvals index's shard:
+--          the lapses due are written first, lib.lua: lapse)
 -- ARGV[1]  now (ms; "" = Redis's clock)  ARGV[2]  idempotency key
 -- ARGV[3]  attempt id, 16 bytes (for Resolve, "" settles whatever attempt
 --          the key holds; required by the service with NotSent)
@@ -32,17 +35,30 @@
 -- writes it, the attempt record of another shape, a guard pointer that is
 -- no key, a key of another type), records that disagree with the open
 -- attempt (its member missing from the open or held set, the open count
--- not the open set's, less reserved than its cost, no slot counted), or
--- the permit gone while its attempts remain. Nothing is written then.
+-- not the open set's, less reserved than its cost, no slot counted), a
+-- pending member that names no pending call, or the permit gone while its
+-- attempts remain. Nothing is written then (but the lapses due, which are
+-- written first: lib.lua, lapse). A call that needed approval settles as
+-- any other once claimed (its approval kept); one still pending or denied
+-- is a state conflict.
 -- Example: ARGV={"1767225600000","order-42",<uuid>,"succeeded","ok","","<uuid>","holder","86400000"}
 
 local now, key, outcome, payload = clock(ARGV[1]), ARGV[2], ARGV[4], ARGV[5]
 local a = load_attempt(KEYS[2], key)
 local tool = a and a.tool or ''
 local p, refused = permit_for(KEYS, now, ARGV[10], ARGV[11], 'budget',
-  'committed', 'reserved', 'n:' .. tool, 't:' .. tool, 'upol')
+  'committed', 'reserved', 'n:' .. tool, 't:' .. tool, 'upol', 'appr')
 if refused then
   return refused
+end
+-- The lapses due first (a call that needed approval and was not claimed
+-- in time is DENIED, not settled).
+local lapsed, unreadable = lapse(KEYS, p, now)
+if not lapsed then
+  return unreadable
+end
+if a and lapsed[key] then
+  a = lapsed[key]
 end
 if a == false then
   return UNREADABLE_ATTEMPT
@@ -153,7 +169,7 @@ if open == 0 then
   local at = forget_at(p.exp, tonumber(ARGV[9]), now)
   redis.call('HSET', KEYS[1], 'reserved', int(reserved), 'committed',
     int(committed), 'n:' .. tool, int(calls), 'open', '0', 'fa', at)
-  unpin(KEYS, at)
+  unpin(KEYS, at, p.appr)
 else
   redis.call('HSET', KEYS[1], 'reserved', int(reserved), 'committed',
     int(committed), 'n:' .. tool, int(calls), 'open', int(open))
