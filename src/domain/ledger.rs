@@ -75,8 +75,6 @@ pub struct Ledger {
     /// next transition writes it ([`Ledger::lapse`]), returning their slots
     /// and costs, so no background job is needed.
     pending: BTreeSet<(Millis, Key)>,
-    /// The latest `now` a command ran at ([`Ledger::clock`]).
-    latest: Millis,
     /// The attempts AWAITING_APPROVAL, by (created_at, key): ListApprovals'
     /// order.
     awaiting: BTreeSet<(Millis, Key)>,
@@ -255,7 +253,6 @@ impl Ledger {
             holders: vec![Arc::from("")],
             open_change: OpenChange::default(),
             pending: BTreeSet::new(),
-            latest: 0,
             awaiting: BTreeSet::new(),
             awaiting_change: Vec::new(),
         }
@@ -288,16 +285,6 @@ impl Ledger {
 
     pub fn permit(&self) -> &Permit {
         &self.permit
-    }
-
-    /// The instant a command at `now` runs at: never earlier than one that
-    /// ran before it. A caller that read its clock before taking its turn
-    /// (the memory store reads it before its lock) could otherwise run
-    /// after a command that saw a deadline pass, at an instant before it:
-    /// approve a call another reader was told had lapsed.
-    pub fn clock(&mut self, now: Millis) -> Millis {
-        self.latest = self.latest.max(now);
-        self.latest
     }
 
     /// Stops new keys; a call still awaiting approval (or approved and

@@ -141,9 +141,6 @@ impl MemoryStore {
             return Err(not_found());
         }
         let bytes = ledger.approx_bytes();
-        // Never earlier than a command on this permit that ran before: its
-        // clock was read before the lock.
-        let now = ledger.clock(now);
         let out = f(ledger, full, now);
         inner.bytes = inner.bytes - bytes + ledger.approx_bytes();
         let after = self.place(ledger);
@@ -463,7 +460,6 @@ impl Store for MemoryStore {
                 continue;
             };
             let bytes = ledger.approx_bytes();
-            let now = ledger.clock(now);
             ledger.write_lapses(now);
             inner.bytes = inner.bytes - bytes + ledger.approx_bytes();
             let tenant = ledger.permit().tenant.clone();
@@ -604,12 +600,12 @@ mod tests {
         assert_eq!(page.next, None);
     }
 
-    /// A command whose clock was read before another's, and runs after
-    /// it, runs at the later instant: once a reader was told a request
-    /// lapsed, an Approve read a moment earlier cannot revive it.
+    /// Once the requester was told its request lapsed (its Authorize
+    /// wrote the lapse), an Approve whose clock was read a moment earlier
+    /// and runs later cannot revive it.
     #[tokio::test]
     async fn a_late_approve_cannot_revive_a_lapse_another_reader_saw() {
-        use crate::domain::{ApprovalRule, ApproveCmd, AttemptState, GetAttemptCmd};
+        use crate::domain::{ApprovalRule, ApproveCmd, AttemptState};
         let store = MemoryStore::new(RETENTION);
         let mut p = permit(7);
         p.expires_at = T0 + 100_000;
@@ -635,15 +631,12 @@ mod tests {
             .authorize(&Scope::default(), &cmd, T0, new_id(T0))
             .await
             .expect("asked");
-        let read = GetAttemptCmd {
-            permit_id: permit_id.clone(),
-            idempotency_key: "k".into(),
-        };
+        // The requester asks again at the deadline: its denial, replayed.
         let seen = store
-            .get_attempt(&Scope::default(), &read, T0 + 1_000)
+            .authorize(&Scope::default(), &cmd, T0 + 1_000, new_id(T0 + 1_000))
             .await
-            .expect("read");
-        assert_eq!(seen.state, AttemptState::Denied);
+            .expect("asked again");
+        assert_eq!(seen.attempt.state, AttemptState::Denied);
         let approve = ApproveCmd {
             permit_id,
             idempotency_key: "k".into(),
