@@ -29,6 +29,17 @@
 //! NotSent if never forwarded, MarkUncertain or nothing once the response
 //! is lost). Two more [`Holes`] break that gateway.
 //!
+//! With [`Bounds::approvers`] the permit's tool needs human approval for
+//! every call (issue 27): an Authorize reserves the slot and the cost and
+//! answers AWAIT_APPROVAL; approvers (keys of their own, never an agent's)
+//! Approve or Deny what they see listed, as ListApprovals shows it or as
+//! it showed it a while ago (a decision may come on a stale listing); a
+//! request lapses at its deadline, an approval unclaimed at its claim
+//! deadline; the requester asks again with the same key and holder token,
+//! and its Authorize claims the approved call (one DISPATCH, redelivered
+//! to the same token if its answer is lost). The operator may revoke the
+//! permit. Two more [`Holes`] break approval.
+//!
 //! What the agents do is the clients' contract (docs/clients.md), written
 //! here as a state machine: the model checks the protocol those rules and
 //! the Ledger make together, not the clients' code.
@@ -36,9 +47,10 @@
 #![forbid(unsafe_code)]
 
 use atmost::domain::{
-    AttemptState, AuthorizeCmd, CommitCmd, Decision, DuplicateGuard, Error, GuardMode,
-    LEASE_EXPIRED, Ledger, MarkUncertainCmd, Millis, Outcome, Permit, PermitStatus, Quotas,
-    ResolveCmd, Scope, UncertainPolicy,
+    APPROVAL_EXPIRED, APPROVAL_UNCLAIMED, ApprovalRule, ApproveCmd, AttemptState, AuthorizeCmd,
+    CommitCmd, DENIED, Decision, DenyCmd, DuplicateGuard, Error, GuardMode, LEASE_EXPIRED, Ledger,
+    MarkUncertainCmd, Millis, Outcome, PERMIT_REVOKED, Permit, PermitStatus, Quotas, ResolveCmd,
+    Scope, UncertainPolicy,
 };
 use stateright::{Model, Property};
 use std::collections::BTreeMap;
@@ -57,6 +69,10 @@ pub const TICK_MS: Millis = 1_000;
 /// A lease lasts two steps; the permit expires after three.
 pub const LEASE_TICKS: u8 = 2;
 pub const EXPIRY_TICKS: u8 = 3;
+/// A call needing approval waits two steps for it (at most until the
+/// permit expires); approved, it may be claimed for a lease from the
+/// approval, or until the request's own deadline if that is later.
+pub const APPROVAL_WAIT_TICKS: u8 = 2;
 const T0: Millis = 1_767_225_600_000;
 const PERMIT_ID: &str = "0190f3a2-7b1c-7d4e-8f00-0123456789ab";
 /// Most attempts ListUncertain returns in one page (the model never holds
@@ -119,6 +135,18 @@ pub struct Bounds {
     /// The agents are HTTP clients behind one gateway, each call one
     /// request (one ext_proc stream): see [`Phase::Forwarded`].
     pub gateway: bool,
+    /// Approvals every call of the tool needs (1 or 2; 0: no approval
+    /// rule, every call dispatches at once).
+    pub approvers: u8,
+    /// Approvers, each with its own key (`approver-0`, ...), none an
+    /// agent's.
+    pub approver_keys: u8,
+    /// Times an agent told AWAIT_APPROVAL asks again (the same request,
+    /// key and holder token), each with its own `tries`.
+    pub polls: u8,
+    /// The operator may revoke the permit (once), which denies every
+    /// pending call.
+    pub revoke: bool,
 }
 
 impl Bounds {
@@ -137,6 +165,10 @@ impl Bounds {
         leaks: 1,
         ticks: 3,
         gateway: false,
+        approvers: 0,
+        approver_keys: 0,
+        polls: 0,
+        revoke: false,
     };
 
     /// ... the same under the budget (no leaked id: the holder check is
@@ -160,6 +192,10 @@ impl Bounds {
         leaks: 0,
         ticks: 3,
         gateway: false,
+        approvers: 0,
+        approver_keys: 0,
+        polls: 0,
+        revoke: false,
     };
 
     /// A fourth search: two requests behind the gateway under the cap, of
@@ -178,11 +214,78 @@ impl Bounds {
         leaks: 0,
         ticks: 3,
         gateway: true,
+        approvers: 0,
+        approver_keys: 0,
+        polls: 0,
+        revoke: false,
+    };
+
+    /// Human approval (issue 27), three more searches, every call
+    /// needing approval. Two agents on one key or two, each asking once
+    /// more after AWAIT_APPROVAL, one approver, over a network that loses
+    /// one message, under the cap (a pending call holds its slot: another
+    /// key is refused) ...
+    pub const APPROVALS: Bounds = Bounds {
+        limit: Limit::Cap,
+        agents: 2,
+        calls: 1,
+        tries: 1,
+        crashes: 0,
+        losses: 1,
+        duplicates: 0,
+        leaks: 0,
+        ticks: 3,
+        gateway: false,
+        approvers: 1,
+        approver_keys: 1,
+        polls: 1,
+        revoke: false,
+    };
+
+    /// ... one agent that crashes and restarts, with or without its
+    /// memory, its call needing two approvers, the operator free to
+    /// revoke the permit ...
+    pub const APPROVALS_RESTARTS: Bounds = Bounds {
+        limit: Limit::Cap,
+        agents: 1,
+        calls: 1,
+        tries: 1,
+        crashes: 1,
+        losses: 1,
+        duplicates: 0,
+        leaks: 0,
+        ticks: 3,
+        gateway: false,
+        approvers: 2,
+        approver_keys: 2,
+        polls: 1,
+        revoke: true,
+    };
+
+    /// ... and one agent that retries each RPC once: a claim whose answer
+    /// was lost is redelivered to the same holder token, which sends it.
+    pub const APPROVALS_RETRIES: Bounds = Bounds {
+        tries: 2,
+        crashes: 0,
+        approvers: 1,
+        approver_keys: 1,
+        revoke: false,
+        ..Self::APPROVALS_RESTARTS
+    };
+
+    /// Two requests behind the gateway, every call needing one approval:
+    /// the door answers the first 202 (AWAITING_APPROVAL), and a request
+    /// of the same key, once approved, claims it.
+    pub const GATEWAY_APPROVALS: Bounds = Bounds {
+        approvers: 1,
+        approver_keys: 1,
+        ..Self::GATEWAY
     };
 }
 
-/// The protocol holes of issue 24, put back for the test that shows the
-/// check finds them. Neither is reachable otherwise.
+/// The protocol holes of issue 24, broken gateways and broken approvals,
+/// put back for the tests that show the check finds them. None is
+/// reachable otherwise.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Holes {
     /// Hole 1: the store does not know which agent calls (every agent key
@@ -205,6 +308,14 @@ pub struct Holes {
     /// A gateway that commits NotSent when the tool's response is lost
     /// (taking the lost response for a request that never left).
     pub gateway_not_sent_after_lost_response: bool,
+    /// A client that takes AWAIT_APPROVAL for a go (it got an attempt id)
+    /// and sends within a lease from then.
+    pub client_sends_on_await_approval: bool,
+    /// The approver role not kept from agents' keys, and Approve run
+    /// without the caller's key id (as in dev mode, where every caller is
+    /// the empty key id and the store cannot tell the requester from an
+    /// approver): an agent approves its own call.
+    pub requester_approves: bool,
 }
 
 /// The model: bounds, and which holes are planted.
@@ -231,6 +342,20 @@ fn parse_attempt(id: &str) -> Option<Gen> {
 
 fn agent_name(agent: u8) -> String {
     format!("agent-{agent}")
+}
+
+fn approver_name(approver: u8) -> String {
+    format!("approver-{approver}")
+}
+
+/// Who approved a call, as a bit of [`Fate::approvals`]: approvers first,
+/// agents from bit 8.
+fn approver_bit(approver: u8) -> u16 {
+    1 << approver
+}
+
+fn agent_bit(agent: u8) -> u16 {
+    1 << (8 + agent)
 }
 
 // === the state ===
@@ -283,6 +408,19 @@ pub enum Phase {
         restored: bool,
         maybe_sent: bool,
         tries: u8,
+        /// Times it asked again after AWAIT_APPROVAL.
+        polls: u8,
+    },
+    /// Told AWAIT_APPROVAL (with the attempt's id, if its own): it asks
+    /// again later with the same key and holder token, gives up or
+    /// crashes.
+    Awaiting {
+        key: Key,
+        token: u8,
+        restored: bool,
+        maybe_sent: bool,
+        polls: u8,
+        attempt: Option<Gen>,
     },
     /// Told REPLAY of an UNCERTAIN attempt, with its id when atmost gave
     /// it: the agent accepts it, or settles what it was handed.
@@ -356,6 +494,11 @@ pub enum Reply {
         uncertain: bool,
     },
     InProgress,
+    /// AWAIT_APPROVAL: pending (or approved for another agent to claim),
+    /// with the attempt's id if this agent requested it.
+    AwaitApproval {
+        attempt: Option<Gen>,
+    },
     /// Any other refusal (cap, budget, expired, a holder mismatch, ...).
     Refused,
     Settled,
@@ -375,6 +518,12 @@ pub struct Fate {
     pub settled: Option<AttemptState>,
     /// The gateway forwarded it and lost the tool's response.
     pub response_lost: bool,
+    /// The store answered DISPATCH for it (at once, or its claim once
+    /// approved).
+    pub dispatched: bool,
+    /// It needed approval: who approved it, as the store accepted each
+    /// approval (an [`approver_bit`] or an [`agent_bit`]).
+    pub approvals: u16,
 }
 
 impl Fate {
@@ -416,6 +565,23 @@ pub struct World {
     /// Behind the gateway, the store refused an outcome of an earlier
     /// attempt of a key reserved again since.
     pub stale_refused: bool,
+    /// A call was sent without the approvals it needs, by distinct
+    /// approvers none of which is its requester, all given before.
+    pub sent_unapproved: bool,
+    /// A call needing approval was sent while the store did not hold that
+    /// attempt of its key RESERVED, for its request, with its approvals.
+    pub sent_not_as_approved: bool,
+    /// An attempt was sent by an agent other than the one that reserved
+    /// it.
+    pub sent_by_another: bool,
+    // Witnesses of approval.
+    pub approved_sent: bool,
+    pub two_approvals: bool,
+    pub denied: bool,
+    /// An approver denied a call already approved (a stale listing).
+    pub denied_approved: bool,
+    /// A requester that lost its claim's answer holds it, redelivered.
+    pub claim_redelivered: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -504,6 +670,27 @@ pub enum Action {
     Resolve {
         attempt: Gen,
     },
+    /// An agent told AWAIT_APPROVAL asks again: the same request.
+    Poll {
+        agent: u8,
+    },
+    /// An approver approves a call it saw listed AWAITING_APPROVAL (now,
+    /// or earlier: the store decides what its approval still counts for).
+    Approve {
+        approver: u8,
+        attempt: Gen,
+    },
+    /// An approver denies a call it saw listed.
+    Deny {
+        attempt: Gen,
+    },
+    /// Only with [`Holes::requester_approves`]: an agent approves its own
+    /// pending call.
+    SelfApprove {
+        agent: u8,
+    },
+    /// The operator revokes the permit.
+    Revoke,
     Tick,
 }
 
@@ -544,7 +731,27 @@ impl Protocol {
             tenant: String::new(),
             // Open to every agent of the tenant: the case of hole 1.
             agents: Vec::new(),
-            approval_per_tool: Default::default(),
+            // Every call, when approval is on.
+            approval_per_tool: (self.bounds.approvers > 0)
+                .then(|| {
+                    let rule = ApprovalRule {
+                        cost_at_least: None,
+                        wait_ms: Millis::from(APPROVAL_WAIT_TICKS) * TICK_MS,
+                        approvers: u32::from(self.bounds.approvers),
+                    };
+                    (TOOL.to_owned(), rule)
+                })
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// An approver's key: an admin-like scope, never an agent's.
+    fn approver_scope(approver: u8) -> Scope {
+        Scope {
+            tenant: String::new(),
+            agent: None,
+            key_id: approver_name(approver),
         }
     }
 
@@ -599,18 +806,18 @@ impl Protocol {
                             (Decision::Dispatch, Some(attempt)) => {
                                 if a.redelivered {
                                     s.world.redelivered = true;
+                                } else if let Some(fate) = s.world.fates.get_mut(&attempt) {
+                                    // The claim of an approved call. Behind
+                                    // the gateway, by any request of the
+                                    // gateway's key (a client's retry: the
+                                    // door answered the first 202), which
+                                    // holds it from now on.
+                                    fate.dispatched = true;
+                                    if self.bounds.gateway {
+                                        fate.reserved_by = agent;
+                                    }
                                 } else {
-                                    s.world.reservations[usize::from(key)] += 1;
-                                    s.world.fates.insert(
-                                        attempt,
-                                        Fate {
-                                            reserved_by: agent,
-                                            runs: 0,
-                                            charged: false,
-                                            settled: None,
-                                            response_lost: false,
-                                        },
-                                    );
+                                    s.world.reserve(key, attempt, agent, true);
                                 }
                                 Reply::Dispatch {
                                     attempt,
@@ -619,8 +826,14 @@ impl Protocol {
                                 }
                             }
                             (Decision::Dispatch, None) => panic!("a DISPATCH without an id: {a:?}"),
-                            (Decision::AwaitApproval, _) => {
-                                unreachable!("the model's permit has no approval rule")
+                            (Decision::AwaitApproval, attempt) => {
+                                // A new request's first answer: it reserved.
+                                if let Some(attempt) = attempt
+                                    && !s.world.fates.contains_key(&attempt)
+                                {
+                                    s.world.reserve(key, attempt, agent, false);
+                                }
+                                Reply::AwaitApproval { attempt }
                             }
                             (Decision::Replay, attempt) => Reply::Replay {
                                 attempt,
@@ -725,6 +938,11 @@ impl Protocol {
                     };
                     a.report(key, attempt, report, &mut s.net, agent);
                 } else {
+                    s.world.claim_redelivered |= redelivered
+                        && s.world
+                            .fates
+                            .get(&attempt)
+                            .is_some_and(|f| f.approvals != 0);
                     let deadline = if restored && self.holes.client_sends_on_any_redelivery {
                         now + LEASE_TICKS
                     } else {
@@ -738,6 +956,41 @@ impl Protocol {
                     if let Some(j) = &mut a.journal {
                         j.maybe_sent = true;
                     }
+                }
+            }
+            (
+                Phase::Authorizing { key, .. },
+                Reply::AwaitApproval {
+                    attempt: Some(attempt),
+                },
+            ) if self.holes.client_sends_on_await_approval => {
+                a.phase = Phase::Holding {
+                    key,
+                    attempt,
+                    deadline: now + LEASE_TICKS,
+                };
+                if let Some(j) = &mut a.journal {
+                    j.maybe_sent = true;
+                }
+            }
+            (
+                Phase::Authorizing {
+                    key,
+                    token,
+                    restored,
+                    maybe_sent,
+                    polls,
+                    ..
+                },
+                Reply::AwaitApproval { attempt },
+            ) => {
+                a.phase = Phase::Awaiting {
+                    key,
+                    token,
+                    restored,
+                    maybe_sent,
+                    polls,
+                    attempt,
                 }
             }
             (
@@ -789,6 +1042,7 @@ impl Protocol {
             }
             Phase::Idle => {}
             Phase::Replayed { .. } => unreachable!("the door hands no REPLAY over"),
+            Phase::Awaiting { .. } => unreachable!("the door answers 202 and ends the stream"),
             Phase::Authorizing { tries, .. } | Phase::Reporting { tries, .. } => {
                 let answered = s.net.iter().any(
                     |m| matches!(m, Msg::Reply { agent: to, seq, .. } if *to == agent && *seq == a.seq),
@@ -846,6 +1100,54 @@ impl Protocol {
                     .is_some_and(|f| f.reserved_by == agent && f.runs == 0),
             }
     }
+}
+
+/// What the ledger's attempts hold, as each reads at the state's time.
+struct Held {
+    /// Slots: calls pending approval, dispatched and not given back.
+    slots: u64,
+    /// Money reserved: calls pending, RESERVED or UNCERTAIN.
+    reserved: i64,
+    committed: i64,
+}
+
+fn held(s: &State) -> Held {
+    let mut h = Held {
+        slots: 0,
+        reserved: 0,
+        committed: 0,
+    };
+    for key in KEYS {
+        let Ok(a) = s.ledger.get_attempt(key, ms(s.now)) else {
+            continue;
+        };
+        match a.state {
+            AttemptState::AwaitingApproval
+            | AttemptState::Approved
+            | AttemptState::Reserved
+            | AttemptState::Uncertain => {
+                h.slots += 1;
+                h.reserved += a.cost;
+            }
+            AttemptState::Succeeded => {
+                h.slots += 1;
+                h.committed += a.receipt.map_or(0, |r| r.cost);
+            }
+            AttemptState::Failed => h.slots += 1,
+            AttemptState::Released | AttemptState::Denied => {}
+        }
+    }
+    h
+}
+
+/// Whether a key's attempt reads DENIED for `reason`.
+fn denied_for(s: &State, reason: &str) -> bool {
+    KEYS.iter().any(|key| {
+        s.ledger.get_attempt(key, ms(s.now)).is_ok_and(|a| {
+            a.state == AttemptState::Denied
+                && a.approval.is_some_and(|ap| ap.denial_reason == reason)
+        })
+    })
 }
 
 /// The sequence number of a request whose answer its agent never reads
@@ -910,6 +1212,7 @@ impl Agent {
             restored,
             maybe_sent: journal.maybe_sent,
             tries: 1,
+            polls: 0,
         };
         self.send(
             net,
@@ -941,6 +1244,24 @@ impl Agent {
 }
 
 impl World {
+    /// `agent`'s Authorize reserved `attempt` of `key`: at once (a
+    /// DISPATCH), or pending approval.
+    fn reserve(&mut self, key: Key, attempt: Gen, agent: u8, dispatched: bool) {
+        self.reservations[usize::from(key)] += 1;
+        self.fates.insert(
+            attempt,
+            Fate {
+                reserved_by: agent,
+                runs: 0,
+                charged: false,
+                settled: None,
+                response_lost: false,
+                dispatched,
+                approvals: 0,
+            },
+        );
+    }
+
     /// The tool runs a call of `key` (of `attempt`, when the caller knows
     /// it) and answers `result`; `Uncertain`: it took effect, and its answer
     /// is lost.
@@ -963,7 +1284,10 @@ impl World {
     fn settle(&mut self, attempt: Gen, state: AttemptState) {
         let settled = matches!(
             state,
-            AttemptState::Succeeded | AttemptState::Failed | AttemptState::Released
+            AttemptState::Succeeded
+                | AttemptState::Failed
+                | AttemptState::Released
+                | AttemptState::Denied
         );
         if let Some(fate) = self.fates.get_mut(&attempt) {
             match fate.settled {
@@ -1046,6 +1370,17 @@ impl Model for Protocol {
                     }
                 }
                 Phase::Holding { .. } => actions.push(Action::TooLate { agent }),
+                Phase::Awaiting { polls, attempt, .. } => {
+                    // Later (a decision may come first, or none), the same
+                    // request again; or the agent stops waiting.
+                    if polls < self.bounds.polls {
+                        actions.push(Action::Poll { agent });
+                    }
+                    actions.push(Action::GiveUp { agent });
+                    if self.holes.requester_approves && attempt.is_some() {
+                        actions.push(Action::SelfApprove { agent });
+                    }
+                }
                 Phase::Forwarded { .. } => unreachable!("only behind the gateway"),
                 Phase::Replayed { attempt, .. } => {
                     actions.push(Action::Accept { agent });
@@ -1114,6 +1449,37 @@ impl Model for Protocol {
         for listed in s.ledger.uncertain_after(None, PAGE, ms(s.now)) {
             if let Some(attempt) = parse_attempt(&listed.attempt_id) {
                 actions.push(Action::Resolve { attempt });
+            }
+        }
+        if self.bounds.revoke && s.ledger.permit().status == PermitStatus::Active {
+            actions.push(Action::Revoke);
+        }
+        // The approvers' ListApprovals: what is AWAITING_APPROVAL now, or
+        // was when an approver listed it (every call that needed approval:
+        // its decision may come after another's, a lapse, a claim). Each
+        // approver approves a call once; any one may deny it, once.
+        if self.bounds.approvers > 0 {
+            let now = ms(s.now);
+            for (attempt, fate) in &s.world.fates {
+                let Ok(a) = s.ledger.get_attempt(KEYS[usize::from(attempt.0)], now) else {
+                    continue;
+                };
+                // Its key's attempt now (a released key reserved again is
+                // another's call), as the store records it: decided or not.
+                if a.attempt_id != attempt_id(*attempt) || a.approval.is_none() {
+                    continue;
+                }
+                for approver in 0..self.bounds.approver_keys {
+                    if fate.approvals & approver_bit(approver) == 0 {
+                        actions.push(Action::Approve {
+                            approver,
+                            attempt: *attempt,
+                        });
+                    }
+                }
+                if fate.settled.is_none() {
+                    actions.push(Action::Deny { attempt: *attempt });
+                }
             }
         }
         if s.now < self.bounds.ticks {
@@ -1197,20 +1563,81 @@ impl Model for Protocol {
                 },
             ),
             Property::always(
-                "an attempt never settled stays RESERVED or UNCERTAIN",
+                "an attempt never settled stays RESERVED or UNCERTAIN, or before its DISPATCH pending or DENIED",
                 |_: &Protocol, s: &State| {
                     let now = ms(s.now);
                     s.world
                         .fates
                         .iter()
                         .filter(|(_, fate)| fate.settled.is_none())
-                        .all(|(g, _)| {
+                        .all(|(g, fate)| {
                             matches!(
                                 s.ledger.get_attempt(KEYS[usize::from(g.0)], now),
                                 Ok(a) if a.attempt_id == attempt_id(*g)
-                                    && matches!(a.state, AttemptState::Reserved | AttemptState::Uncertain)
+                                    && if fate.dispatched {
+                                        matches!(a.state, AttemptState::Reserved | AttemptState::Uncertain)
+                                    } else {
+                                        // Denied only by a lapse or a revocation.
+                                        a.state.is_pending() || a.state == AttemptState::Denied
+                                    }
                             )
                         })
+                },
+            ),
+            Property::always(
+                "every call sent was approved first, by enough approvers none of which is its requester",
+                |_: &Protocol, s: &State| !s.world.sent_unapproved,
+            ),
+            Property::always(
+                "a call is sent only as the attempt approved for its request",
+                |_: &Protocol, s: &State| !s.world.sent_not_as_approved,
+            ),
+            // The three below only where calls need approval: without it no
+            // attempt is ever DENIED, and the other properties check the cap
+            // and the money already (these hold there too, but would make
+            // those searches about half as slow again).
+            Property::always(
+                "a key whose attempt was DENIED never dispatches nor sends",
+                |p: &Protocol, s: &State| {
+                    if p.bounds.approvers == 0 {
+                        return true;
+                    }
+                    let now = ms(s.now);
+                    s.world.fates.iter().all(|(g, fate)| {
+                        let denied = fate.settled == Some(AttemptState::Denied)
+                            || matches!(
+                                s.ledger.get_attempt(KEYS[usize::from(g.0)], now),
+                                Ok(a) if a.attempt_id == attempt_id(*g) && a.state == AttemptState::Denied
+                            );
+                        // Its key replays the denial: never reserved again.
+                        !denied
+                            || (!fate.dispatched
+                                && !fate.sent()
+                                && s.world.reservations[usize::from(g.0)] == g.1 + 1)
+                    })
+                },
+            ),
+            Property::always(
+                "an attempt is sent only by the agent that reserved it",
+                |_: &Protocol, s: &State| !s.world.sent_by_another,
+            ),
+            Property::always(
+                "calls pending, approved and dispatched never exceed the cap",
+                |p: &Protocol, s: &State| {
+                    p.bounds.approvers == 0 || held(s).slots <= p.bounds.limit.cap()
+                },
+            ),
+            Property::always(
+                "the ledger holds slots and money only for calls pending, open or settled",
+                |p: &Protocol, s: &State| {
+                    if p.bounds.approvers == 0 {
+                        return true;
+                    }
+                    let v = s.ledger.view(ms(s.now));
+                    let h = held(s);
+                    v.usage[0].calls_made == h.slots
+                        && v.budget_reserved == h.reserved
+                        && v.budget_committed == h.committed
                 },
             ),
             Property::always(
@@ -1254,6 +1681,37 @@ impl Model for Protocol {
             Property::sometimes(
                 "a forward whose response was lost is resolved",
                 |_: &Protocol, s: &State| s.world.lost_response_resolved,
+            ),
+            Property::sometimes(
+                "an approved call is claimed and sent",
+                |_: &Protocol, s: &State| s.world.approved_sent,
+            ),
+            Property::sometimes(
+                "a call is approved by two approvers",
+                |_: &Protocol, s: &State| s.world.two_approvals,
+            ),
+            Property::sometimes("an approver denies a call", |_: &Protocol, s: &State| {
+                s.world.denied
+            }),
+            Property::sometimes(
+                "an approver denies a call already approved",
+                |_: &Protocol, s: &State| s.world.denied_approved,
+            ),
+            Property::sometimes(
+                "a request nobody decided lapses",
+                |_: &Protocol, s: &State| denied_for(s, APPROVAL_EXPIRED),
+            ),
+            Property::sometimes(
+                "an approved call nobody claimed lapses",
+                |_: &Protocol, s: &State| denied_for(s, APPROVAL_UNCLAIMED),
+            ),
+            Property::sometimes(
+                "a revocation denies a pending call",
+                |_: &Protocol, s: &State| denied_for(s, PERMIT_REVOKED),
+            ),
+            Property::sometimes(
+                "a lost claim is redelivered to its requester, to send",
+                |_: &Protocol, s: &State| s.world.claim_redelivered,
             ),
         ]
     }
@@ -1306,7 +1764,9 @@ impl Protocol {
                 let Phase::Holding { key, attempt, .. } = a.phase else {
                     return None;
                 };
+                self.sends(s, agent, key, attempt);
                 s.world.run(key, Some(attempt), result);
+                let a = &mut s.agents[usize::from(agent)];
                 a.report(key, attempt, result, &mut s.net, agent);
             }
             Action::Forward { agent, result } => {
@@ -1320,6 +1780,9 @@ impl Protocol {
                 };
                 if !Self::reserved(s, agent, key, attempt) {
                     s.world.forwarded_unreserved = true;
+                }
+                if let Some(attempt) = attempt {
+                    self.sends(s, agent, key, attempt);
                 }
                 s.world.run(key, attempt, result);
                 let a = &mut s.agents[usize::from(agent)];
@@ -1471,9 +1934,130 @@ impl Protocol {
                 s.world.lost_response_resolved |= fate.response_lost;
                 s.world.settle(attempt, state);
             }
+            Action::Poll { agent } => {
+                let a = &mut s.agents[usize::from(agent)];
+                let Phase::Awaiting {
+                    key,
+                    token,
+                    restored,
+                    maybe_sent,
+                    polls,
+                    ..
+                } = a.phase
+                else {
+                    return None;
+                };
+                a.phase = Phase::Authorizing {
+                    key,
+                    token,
+                    restored,
+                    maybe_sent,
+                    tries: 1,
+                    polls: polls + 1,
+                };
+                a.send(&mut s.net, agent, Request::Authorize { key, token });
+            }
+            Action::Approve { approver, attempt } => {
+                self.approve(s, &Self::approver_scope(approver), attempt)?;
+                let fate = s.world.fates.get_mut(&attempt)?;
+                fate.approvals |= approver_bit(approver);
+                s.world.two_approvals |= fate.approvals.count_ones() >= 2;
+            }
+            Action::SelfApprove { agent } => {
+                let Phase::Awaiting {
+                    attempt: Some(attempt),
+                    ..
+                } = s.agents[usize::from(agent)].phase
+                else {
+                    return None;
+                };
+                // The hole: the store is told no key id (as in dev mode).
+                let scope = Scope {
+                    tenant: String::new(),
+                    agent: None,
+                    key_id: String::new(),
+                };
+                self.approve(s, &scope, attempt)?;
+                s.world.fates.get_mut(&attempt)?.approvals |= agent_bit(agent);
+            }
+            Action::Deny { attempt } => {
+                let key = KEYS[usize::from(attempt.0)];
+                let now = ms(s.now);
+                let was = s.ledger.get_attempt(key, now).ok()?.state;
+                let cmd = DenyCmd {
+                    permit_id: PERMIT_ID.into(),
+                    idempotency_key: key.into(),
+                    attempt_id: attempt_id(attempt),
+                    reason: DENIED.into(),
+                };
+                let state = s
+                    .ledger
+                    .deny(&Self::approver_scope(0), &cmd, now)
+                    .ok()?
+                    .attempt
+                    .state;
+                s.world.denied = true;
+                s.world.denied_approved |= was == AttemptState::Approved;
+                s.world.settle(attempt, state);
+            }
+            Action::Revoke => {
+                s.ledger.revoke(ms(s.now));
+            }
             Action::Tick => s.now += 1,
         }
         Some(())
+    }
+
+    /// An approval of `attempt` by `scope`; `None` unless the store
+    /// accepted it as a new one (a repeat answers the same, changing
+    /// nothing).
+    fn approve(&self, s: &mut State, scope: &Scope, attempt: Gen) -> Option<()> {
+        let key = KEYS[usize::from(attempt.0)];
+        let now = ms(s.now);
+        let approvals =
+            |a: atmost::domain::Attempt| a.approval.map_or(0, |ap| ap.approved_by.len());
+        let before = approvals(s.ledger.get_attempt(key, now).ok()?);
+        let cmd = ApproveCmd {
+            permit_id: PERMIT_ID.into(),
+            idempotency_key: key.into(),
+            attempt_id: attempt_id(attempt),
+        };
+        let after = approvals(s.ledger.approve(scope, &cmd, now).ok()?);
+        (after > before).then_some(())
+    }
+
+    /// `agent` sends `attempt` of `key` (the tool is about to run it):
+    /// what the world records of who sent what, and with which approvals.
+    fn sends(&self, s: &mut State, agent: u8, key: Key, attempt: Gen) {
+        let needed = usize::from(self.bounds.approvers);
+        let fate = s.world.fates.get(&attempt).copied();
+        if fate.is_some_and(|f| f.reserved_by != agent) {
+            s.world.sent_by_another = true;
+        }
+        if needed == 0 {
+            return;
+        }
+        // Approved, before now, by distinct approvers none of which is
+        // the requester: as the approvers really did.
+        let approved = fate.is_some_and(|f| {
+            (f.approvals & !agent_bit(f.reserved_by)).count_ones() as usize >= needed
+        });
+        s.world.sent_unapproved |= !approved;
+        s.world.approved_sent |= approved;
+        // ... and as the store holds it: this attempt of the key, for
+        // this request, claimed, with its approvals recorded.
+        let as_approved = s
+            .ledger
+            .get_attempt(KEYS[usize::from(key)], ms(s.now))
+            .is_ok_and(|a| {
+                a.attempt_id == attempt_id(attempt)
+                    && a.state == AttemptState::Reserved
+                    && a.request_fingerprint == KEYS[usize::from(key)].as_bytes()
+                    && a.approval.is_some_and(|ap| {
+                        ap.approved_by.len() >= needed && ap.approvers_needed as usize == needed
+                    })
+            });
+        s.world.sent_not_as_approved |= !as_approved;
     }
 }
 

@@ -1,6 +1,9 @@
 //! `atmost-model`: the protocol's model check at bounds of your choice
 //! (defaults: [`Bounds::AGENTS`]): `cargo run -p atmost-model --release --
-//! --agents 3 --calls 2`; `--gateway` puts the agents behind the gateway.
+//! --agents 3 --calls 2`; `--gateway` puts the agents behind the gateway;
+//! `--approvers 1 --approver-keys 1 --polls 1` makes every call wait for
+//! approval ([`Bounds::APPROVALS`]; `--revoke` lets the operator revoke
+//! the permit).
 //! Prints the states explored and each property's verdict (a witness the
 //! bounds never reach is "not reached", which is no failure); exits 1 if
 //! an always-property fails.
@@ -36,6 +39,18 @@ struct Args {
     /// search.
     #[arg(long)]
     gateway: bool,
+    /// Approvals every call needs (1 or 2; 0: no approval rule).
+    #[arg(long, default_value_t = Bounds::AGENTS.approvers)]
+    approvers: u8,
+    /// Approvers, each with its own key.
+    #[arg(long, default_value_t = Bounds::AGENTS.approver_keys)]
+    approver_keys: u8,
+    /// Times an agent told AWAIT_APPROVAL asks again.
+    #[arg(long, default_value_t = Bounds::AGENTS.polls)]
+    polls: u8,
+    /// The operator may revoke the permit.
+    #[arg(long)]
+    revoke: bool,
     /// Put hole 1 back (the store ignores which agent calls).
     #[arg(long)]
     hole_1: bool,
@@ -51,6 +66,12 @@ struct Args {
     /// A gateway that commits NotSent once the tool's response is lost.
     #[arg(long)]
     gateway_not_sent_after_lost_response: bool,
+    /// A client that sends on AWAIT_APPROVAL.
+    #[arg(long)]
+    client_sends_on_await_approval: bool,
+    /// Agents approve their own calls, the store told no key id.
+    #[arg(long)]
+    requester_approves: bool,
     /// Checker threads (default: every core).
     #[arg(long)]
     threads: Option<usize>,
@@ -69,6 +90,10 @@ fn main() {
         leaks: a.leaks,
         ticks: a.ticks,
         gateway: a.gateway,
+        approvers: a.approvers,
+        approver_keys: a.approver_keys,
+        polls: a.polls,
+        revoke: a.revoke,
     };
     let protocol = Protocol::new(bounds).with_holes(Holes {
         store_ignores_the_agent: a.hole_1,
@@ -76,6 +101,8 @@ fn main() {
         settle_ignores_the_holder: a.settle_ignores_the_holder,
         gateway_forwards_before_dispatch: a.gateway_forwards_before_dispatch,
         gateway_not_sent_after_lost_response: a.gateway_not_sent_after_lost_response,
+        client_sends_on_await_approval: a.client_sends_on_await_approval,
+        requester_approves: a.requester_approves,
     });
     let threads = a
         .threads

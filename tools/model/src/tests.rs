@@ -1,7 +1,9 @@
 //! The checks `scripts/test.sh` runs: every state within [`Bounds::AGENTS`],
-//! [`Bounds::AGENTS_BUDGET`], [`Bounds::RESTARTS`] and [`Bounds::GATEWAY`]
-//! with no hole planted, then each hole of issue 24 put back and found, and
-//! each broken gateway.
+//! [`Bounds::AGENTS_BUDGET`], [`Bounds::RESTARTS`], [`Bounds::GATEWAY`]
+//! and the approval searches ([`Bounds::APPROVALS`],
+//! [`Bounds::APPROVALS_RESTARTS`], [`Bounds::APPROVALS_RETRIES`]) with no
+//! hole planted, then each hole of issue 24 put back and found, each
+//! broken gateway, and each broken approval.
 
 use super::*;
 use stateright::{Checker, HasDiscoveries};
@@ -267,4 +269,141 @@ fn it_finds_a_gateway_that_commits_not_sent_after_a_lost_response() {
         .filter(|a| matches!(a, Action::Forward { .. }))
         .count();
     assert_eq!(forwards, 2, "{:#?}", paths[1]);
+}
+
+/// Human approval: two agents on one key or two, one approver; the
+/// promise and the approval properties hold in every state, and each
+/// path of a request is reached (approved and sent, denied, also once
+/// approved, lapsed unanswered, lapsed unclaimed, a second key refused
+/// while one waits).
+#[test]
+fn calls_awaiting_approval_keep_the_promise_in_every_state() {
+    holds_everywhere(
+        Bounds::APPROVALS,
+        &[
+            "a lease runs out",
+            "a new key is refused by the limit at one call",
+            "the operator resolves an attempt",
+            "an approved call is claimed and sent",
+            "an approver denies a call",
+            "an approver denies a call already approved",
+            "a request nobody decided lapses",
+            "an approved call nobody claimed lapses",
+        ],
+    );
+}
+
+/// Two approvers, an agent that crashes and restarts while it waits or
+/// holds its claim, and a revocation.
+#[test]
+fn an_agent_awaiting_two_approvers_restarts_and_keeps_the_promise_in_every_state() {
+    holds_everywhere(
+        Bounds::APPROVALS_RESTARTS,
+        &[
+            "a lease runs out",
+            "the operator resolves an attempt",
+            "a restarted agent settles an earlier run's attempt",
+            "an approved call is claimed and sent",
+            "a call is approved by two approvers",
+            "an approver denies a call",
+            "an approver denies a call already approved",
+            "a request nobody decided lapses",
+            "an approved call nobody claimed lapses",
+            "a revocation denies a pending call",
+        ],
+    );
+}
+
+/// A claim whose answer is lost is asked for again with the same holder
+/// token: redelivered, and sent once.
+#[test]
+fn an_agent_that_retries_its_claim_keeps_the_promise_in_every_state() {
+    holds_everywhere(
+        Bounds::APPROVALS_RETRIES,
+        &[
+            "a lost DISPATCH is redelivered",
+            "a lost claim is redelivered to its requester, to send",
+            "an approved call is claimed and sent",
+            "a request nobody decided lapses",
+            "an approved call nobody claimed lapses",
+        ],
+    );
+}
+
+const APPROVED_FIRST: &str =
+    "every call sent was approved first, by enough approvers none of which is its requester";
+
+/// A client that takes AWAIT_APPROVAL for a go: it sends a call nobody
+/// approved.
+#[test]
+fn it_finds_a_client_that_sends_on_await_approval() {
+    let path = finds(
+        Bounds::APPROVALS,
+        Holes {
+            client_sends_on_await_approval: true,
+            ..Holes::default()
+        },
+        APPROVED_FIRST,
+    );
+    assert!(
+        path.iter().any(|a| matches!(a, Action::Send { .. }))
+            && !path.iter().any(|a| matches!(a, Action::Approve { .. })),
+        "{path:#?}"
+    );
+}
+
+/// An agent's key that may approve, and a store told no key id: the
+/// requester approves its own call, which is then claimed and sent.
+#[test]
+fn it_finds_a_requester_that_approves_its_own_call() {
+    let path = finds(
+        Bounds::APPROVALS,
+        Holes {
+            requester_approves: true,
+            ..Holes::default()
+        },
+        APPROVED_FIRST,
+    );
+    assert!(
+        path.iter().any(|a| matches!(a, Action::SelfApprove { .. }))
+            && !path.iter().any(|a| matches!(a, Action::Approve { .. })),
+        "{path:#?}"
+    );
+}
+
+/// Hole 1 with approval: the store does not know which agent calls, so
+/// another agent's Authorize of the same key claims the approved call and
+/// sends it.
+#[test]
+fn it_finds_hole_1_another_agent_claims_an_approved_call() {
+    let path = finds(
+        Bounds::APPROVALS,
+        Holes {
+            store_ignores_the_agent: true,
+            ..Holes::default()
+        },
+        "an attempt is sent only by the agent that reserved it",
+    );
+    assert!(
+        path.iter().any(|a| matches!(a, Action::Approve { .. })),
+        "{path:#?}"
+    );
+}
+
+/// Behind the gateway, every call needing approval: the door answers 202
+/// and forwards nothing; a request of the same key (the client's retry)
+/// claims the approved call, forwarded once.
+#[test]
+fn requests_behind_the_gateway_awaiting_approval_keep_the_promise_in_every_state() {
+    holds_everywhere(
+        Bounds::GATEWAY_APPROVALS,
+        &[
+            "a new key is refused by the limit at one call",
+            "an approved call is claimed and sent",
+            "an approver denies a call",
+            "a request nobody decided lapses",
+            "an approved call nobody claimed lapses",
+            "a forward whose response was lost is resolved",
+        ],
+    );
 }
