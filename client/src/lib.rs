@@ -38,7 +38,8 @@
 //!         request_fingerprint: b"sha256 of the request".to_vec(),
 //!         cost: 500,
 //!         holder_token: Vec::new(),
-//!     , ..Default::default() })
+//!         ..Default::default()
+//!     })
 //!     .await;
 //! match answer {
 //!     Ok(r) if r.decision() == pb::Decision::Dispatch => { /* send the call */ }
